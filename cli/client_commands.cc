@@ -1,0 +1,132 @@
+// submit, status, cancel: short-lived clients of the coordinator.
+#include <signal.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include "cli/commands.h"
+#include "cli/coordinator_client.h"
+#include "cli/status_view.h"
+#include "common/status_macros.h"
+#include "placement/job_spec.h"
+#include "protocol/rpc_client.h"
+
+namespace shardline::cli {
+namespace {
+
+using protocol::Str;
+
+void HandleStop(int) { StopRequested().store(true); }
+
+absl::StatusOr<std::unique_ptr<protocol::RpcClient>> Connect(const ClientOptions& client) {
+  return protocol::RpcClient::Connect(client.coordinator, client.cluster_id, "cli");
+}
+
+int Fail(const absl::Status& status) {
+  std::cerr << "error: " << status.message() << "\n";
+  return 1;
+}
+
+}  // namespace
+
+std::atomic<bool>& StopRequested() {
+  static std::atomic<bool> stop{false};
+  return stop;
+}
+
+void InstallStopHandlers() {
+  struct sigaction action {};
+  action.sa_handler = HandleStop;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+}
+
+// Fetches the status (of one job, or of all when `job_id` is empty).
+absl::StatusOr<std::unique_ptr<protocol::Message>> FetchStatus(protocol::RpcClient& client,
+                                                               const std::string& job_id,
+                                                               std::chrono::milliseconds timeout) {
+  auto message = client.NewMessage();
+  message->payload().initStatusRequest().setJobId(job_id);
+  return client.Call(*message, timeout);
+}
+
+int Submit(const ClientOptions& client_options, const SubmitOptions& options) {
+  std::ifstream in(options.spec_path);
+  if (!in) return Fail(absl::NotFoundError("cannot read job spec " + options.spec_path));
+  std::stringstream text;
+  text << in.rdbuf();
+  // Validate here too: the user sees the error before anything reaches the cluster.
+  auto spec = placement::ParseJobSpec(text.str(), options.spec_path);
+  if (!spec.ok()) return Fail(spec.status());
+
+  auto client = Connect(client_options);
+  if (!client.ok()) return Fail(client.status());
+  auto message = (*client)->NewMessage();
+  auto submit = message->payload().initSubmitJob();
+  submit.setSpecYaml(text.str());
+  submit.setSourceName(options.spec_path);
+  auto reply = (*client)->Call(*message, client_options.timeout);
+  if (!reply.ok()) return Fail(reply.status());
+  const std::string job_id = Str((*reply)->envelope().getPayload().getSubmitJobReply().getJobId());
+  std::cout << "submitted job " << job_id << "\n";
+  if (!options.wait) return 0;
+
+  const auto deadline = std::chrono::steady_clock::now() + options.wait_timeout;
+  std::string last_phase;
+  while (!StopRequested().load()) {
+    auto status = FetchStatus(**client, job_id, client_options.timeout);
+    if (!status.ok()) return Fail(status.status());
+    auto job = (*status)->envelope().getPayload().getClusterStatus().getJobs()[0];
+    const std::string state = Str(job.getState());
+    const std::string phase = state + " " + Str(job.getPhase());
+    if (phase != last_phase) {
+      std::cout << "  " << phase << (job.getError().size() ? ": " + Str(job.getError()) : "")
+                << std::endl;
+      last_phase = phase;
+    }
+    if (state == "succeeded" || state == "failed" || state == "cancelled") {
+      std::cout << "\n" << FormatJob(job);
+      return state == "succeeded" ? 0 : 1;
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      return Fail(absl::DeadlineExceededError("job " + job_id + " still " + state + " after " +
+                                              std::to_string(options.wait_timeout.count()) + " s"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  return 130;
+}
+
+int Status(const ClientOptions& client_options, const StatusOptions& options) {
+  auto client = Connect(client_options);
+  if (!client.ok()) return Fail(client.status());
+  auto reply = FetchStatus(**client, options.job_id, client_options.timeout);
+  if (!reply.ok()) return Fail(reply.status());
+  auto status = (*reply)->envelope().getPayload().getClusterStatus();
+  if (options.json) {
+    std::cout << StatusToJson(status).dump(2) << "\n";
+  } else if (!options.job_id.empty()) {
+    std::cout << FormatJob(status.getJobs()[0]);
+  } else {
+    std::cout << FormatCluster(status, client_options.coordinator);
+  }
+  return 0;
+}
+
+int Cancel(const ClientOptions& client_options, const std::string& job_id) {
+  auto client = Connect(client_options);
+  if (!client.ok()) return Fail(client.status());
+  auto message = (*client)->NewMessage();
+  message->payload().initCancelJob().setJobId(job_id);
+  auto reply = (*client)->Call(*message, client_options.timeout);
+  if (!reply.ok()) return Fail(reply.status());
+  std::cout << "cancelled job " << job_id << "\n";
+  return 0;
+}
+
+}  // namespace shardline::cli

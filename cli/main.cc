@@ -1,0 +1,196 @@
+// The one `shardline` binary: every daemon and tool is a subcommand.
+#include <fstream>
+#include <iostream>
+
+#include "CLI/CLI.hpp"
+#include "cli/commands.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "coordinator/coordinator.h"
+#include "spdlog/spdlog.h"
+#include "worker/actor/actor.h"
+#include "worker/agent/agent.h"
+
+namespace shardline::cli {
+namespace {
+
+constexpr const char* kDefaultCoordinator = "tcp://127.0.0.1:5555";
+
+std::string DefaultCoordinator() {
+  const char* env = std::getenv("SHARDLINE_COORDINATOR");
+  return env ? env : kDefaultCoordinator;
+}
+
+int RunCoordinator(coordinator::CoordinatorOptions options, const std::string& endpoint_file) {
+  auto coordinator = coordinator::Coordinator::Create(std::move(options), SteadyClock::Get());
+  if (!coordinator.ok()) {
+    spdlog::error("{}", ToString(coordinator.status().message()));
+    std::cerr << "error: " << coordinator.status().message() << "\n";
+    return 1;
+  }
+  if (!endpoint_file.empty()) {
+    // Written whole then renamed: whoever waits for the file never reads half an endpoint.
+    const std::string tmp = endpoint_file + ".tmp";
+    std::ofstream(tmp) << (*coordinator)->endpoint();
+    std::rename(tmp.c_str(), endpoint_file.c_str());
+  }
+  InstallStopHandlers();
+  auto status = (*coordinator)->Run(StopRequested());
+  if (!status.ok()) {
+    std::cerr << "error: " << status.message() << "\n";
+    return 1;
+  }
+  return 0;
+}
+
+int RunAgent(agent::AgentOptions options) {
+  auto agent = agent::Agent::Create(std::move(options));
+  if (!agent.ok()) {
+    std::cerr << "error: " << agent.status().message() << "\n";
+    return 1;
+  }
+  InstallStopHandlers();
+  auto status = (*agent)->Run(StopRequested());
+  if (!status.ok()) {
+    spdlog::error("{}", ToString(status.message()));
+    std::cerr << "error: " << status.message() << "\n";
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int Main(int argc, char** argv) {
+  CLI::App app{"Shardline: shard transformer models across devices and hosts"};
+  app.require_subcommand(1);
+  std::string log_level = "info";
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off")
+      ->capture_default_str();
+
+  // ---- daemons ----
+  coordinator::CoordinatorOptions coordinator_options;
+  std::string endpoint_file;
+  int64_t heartbeat_interval_ms = 1000, heartbeat_timeout_ms = 5000;
+  auto* coordinator_cmd = app.add_subcommand("coordinator", "Run the coordinator daemon");
+  coordinator_cmd->add_option("--listen", coordinator_options.listen, "ZeroMQ endpoint to bind (port 0: any)")
+      ->capture_default_str();
+  coordinator_cmd->add_option("--metrics", coordinator_options.metrics_address,
+                              "HOST:PORT of the Prometheus endpoint (empty: none)")
+      ->capture_default_str();
+  coordinator_cmd->add_option("--state-dir", coordinator_options.state_dir,
+                              "Directory for the job history");
+  coordinator_cmd->add_option("--cluster-id", coordinator_options.cluster_id)->capture_default_str();
+  coordinator_cmd->add_option("--heartbeat-interval-ms", heartbeat_interval_ms)
+      ->check(CLI::Range(10, 600000))->capture_default_str();
+  coordinator_cmd->add_option("--heartbeat-timeout-ms", heartbeat_timeout_ms)
+      ->check(CLI::Range(20, 3600000))->capture_default_str();
+  coordinator_cmd->add_option("--endpoint-file", endpoint_file,
+                              "Write the bound endpoint here once listening");
+  coordinator_cmd->add_option("--log-level", log_level);
+
+  agent::AgentOptions agent_options;
+  double connect_timeout_s = 30;
+  auto* agent_cmd = app.add_subcommand("agent", "Run a node agent");
+  agent_cmd->add_option("--coordinator", agent_options.coordinator)->default_val(DefaultCoordinator());
+  agent_cmd->add_option("--devices", agent_options.devices, "cpu:N, cuda or auto")->capture_default_str();
+  agent_cmd->add_option("--node-id", agent_options.node_id, "Default: the host name");
+  agent_cmd->add_option("--metrics", agent_options.metrics_address)->capture_default_str();
+  agent_cmd->add_option("--cluster-id", agent_options.cluster_id)->capture_default_str();
+  agent_cmd->add_option("--log-dir", agent_options.log_dir, "One log file per actor here");
+  agent_cmd->add_option("--connect-timeout-s", connect_timeout_s,
+                        "Give up when the first registration fails this long")
+      ->check(CLI::Range(0.1, 86400.0))->capture_default_str();
+  agent_cmd->add_option("--log-level", log_level);
+
+  actor::ActorOptions actor_options;
+  auto* actor_cmd = app.add_subcommand("actor", "Run one actor (spawned by an agent)");
+  actor_cmd->group("");  // internal: not listed in --help
+  actor_cmd->add_option("--coordinator", actor_options.coordinator)->required();
+  actor_cmd->add_option("--cluster-id", actor_options.cluster_id);
+  actor_cmd->add_option("--job", actor_options.job_id)->required();
+  actor_cmd->add_option("--generation", actor_options.generation)->required();
+  actor_cmd->add_option("--rank", actor_options.rank)->required();
+  actor_cmd->add_option("--node-id", actor_options.node_id)->required();
+  actor_cmd->add_option("--device", actor_options.device);
+  actor_cmd->add_option("--metrics", actor_options.metrics_address);
+  actor_cmd->add_option("--log-level", log_level);
+
+  // ---- clients ----
+  ClientOptions client;
+  client.coordinator = DefaultCoordinator();
+  double timeout_s = 5;
+  auto add_client_options = [&](CLI::App* cmd) {
+    cmd->add_option("--coordinator", client.coordinator, "Coordinator endpoint ($SHARDLINE_COORDINATOR)")
+        ->capture_default_str();
+    cmd->add_option("--cluster-id", client.cluster_id)->capture_default_str();
+    cmd->add_option("--timeout-s", timeout_s, "How long to wait for the coordinator")
+        ->check(CLI::Range(0.01, 3600.0))->capture_default_str();
+  };
+
+  SubmitOptions submit_options;
+  int64_t wait_timeout_s = 3600;
+  auto* submit_cmd = app.add_subcommand("submit", "Submit a job spec (YAML)");
+  submit_cmd->add_option("spec", submit_options.spec_path, "Job spec file")->required();
+  submit_cmd->add_flag("--wait", submit_options.wait, "Follow the job to its end");
+  submit_cmd->add_option("--wait-timeout-s", wait_timeout_s)->capture_default_str();
+  add_client_options(submit_cmd);
+
+  StatusOptions status_options;
+  auto* status_cmd = app.add_subcommand("status", "Show nodes, devices, jobs and actors");
+  status_cmd->add_option("job", status_options.job_id, "Show one job in detail");
+  status_cmd->add_flag("--json", status_options.json, "Machine-readable output");
+  add_client_options(status_cmd);
+
+  std::string cancel_job;
+  auto* cancel_cmd = app.add_subcommand("cancel", "Cancel a job");
+  cancel_cmd->add_option("job", cancel_job)->required();
+  add_client_options(cancel_cmd);
+
+  UpOptions up_options;
+  auto* up_cmd = app.add_subcommand("up", "Start a local cluster on this machine and run the default job");
+  up_cmd->add_option("--devices", up_options.devices, "CPU devices of the local node")
+      ->capture_default_str();
+  up_cmd->add_option("--job", up_options.job_path, "Run this job spec instead of the default");
+  up_cmd->add_option("--work-dir", up_options.work_dir, "Logs and state here (default: a temp dir)");
+  up_cmd->add_flag("--keep", up_options.keep, "Keep the logs and state after success");
+  up_cmd->add_option("--log-level", log_level);
+
+  CLI11_PARSE(app, argc, argv);
+
+  const std::string component = app.get_subcommands().front()->get_name();
+  if (auto status = InitLogging(component, log_level); !status.ok()) {
+    std::cerr << "error: " << status.message() << "\n";
+    return 2;
+  }
+  client.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+
+  if (*coordinator_cmd) {
+    coordinator_options.heartbeat_interval = std::chrono::milliseconds(heartbeat_interval_ms);
+    coordinator_options.heartbeat_timeout = std::chrono::milliseconds(heartbeat_timeout_ms);
+    return RunCoordinator(std::move(coordinator_options), endpoint_file);
+  }
+  if (*agent_cmd) {
+    agent_options.connect_timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(connect_timeout_s * 1000));
+    agent_options.log_level = log_level;
+    return RunAgent(std::move(agent_options));
+  }
+  if (*actor_cmd) return actor::RunActor(actor_options);
+  if (*submit_cmd) {
+    submit_options.wait_timeout = std::chrono::seconds(wait_timeout_s);
+    InstallStopHandlers();
+    return Submit(client, submit_options);
+  }
+  if (*status_cmd) return Status(client, status_options);
+  if (*cancel_cmd) return Cancel(client, cancel_job);
+  if (*up_cmd) {
+    up_options.log_level = log_level;
+    return Up(up_options);
+  }
+  return 2;
+}
+
+}  // namespace shardline::cli
+
+int main(int argc, char** argv) { return shardline::cli::Main(argc, argv); }

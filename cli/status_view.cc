@@ -1,0 +1,191 @@
+#include "cli/status_view.h"
+
+#include <cstdio>
+#include <map>
+#include <sstream>
+#include <vector>
+
+#include "protocol/envelope.h"
+
+namespace shardline::cli {
+namespace {
+
+using protocol::Str;
+
+std::string DeviceLabel(wire::Device::Reader d) {
+  return std::string(d.getKind() == wire::DeviceKind::CUDA ? "cuda:" : "cpu:") +
+         std::to_string(d.getIndex());
+}
+
+std::string Fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
+  return buf;
+}
+
+// A plain text table: columns padded to their widest cell.
+class Table {
+ public:
+  explicit Table(std::vector<std::string> header) { rows_.push_back(std::move(header)); }
+  void Add(std::vector<std::string> row) { rows_.push_back(std::move(row)); }
+  std::string Render() const {
+    std::vector<size_t> width;
+    for (const auto& row : rows_) {
+      if (width.size() < row.size()) width.resize(row.size(), 0);
+      for (size_t c = 0; c < row.size(); ++c) width[c] = std::max(width[c], row[c].size());
+    }
+    std::string out;
+    for (const auto& row : rows_) {
+      std::string line;
+      for (size_t c = 0; c < row.size(); ++c) {
+        line += row[c];
+        if (c + 1 < row.size()) line += std::string(width[c] - row[c].size() + 2, ' ');
+      }
+      out += line + "\n";
+    }
+    return out;
+  }
+
+ private:
+  std::vector<std::vector<std::string>> rows_;
+};
+
+}  // namespace
+
+std::string FormatBytes(uint64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB"};
+  int u = 0;
+  uint64_t v = bytes;
+  while (u < 3 && v >= 1024 && v % 1024 == 0) {
+    v /= 1024;
+    ++u;
+  }
+  return std::to_string(v) + " " + units[u];
+}
+
+nlohmann::json StatusToJson(wire::ClusterStatus::Reader status) {
+  nlohmann::json out;
+  out["cluster_id"] = Str(status.getClusterId());
+  out["coordinator_uptime_ms"] = status.getCoordinatorUptimeMs();
+  out["nodes"] = nlohmann::json::array();
+  for (auto node : status.getNodes()) {
+    nlohmann::json n = {{"node_id", Str(node.getNodeId())},
+                        {"hostname", Str(node.getHostname())},
+                        {"address", Str(node.getAddress())},
+                        {"state", Str(node.getState())},
+                        {"last_heartbeat_ago_ms", node.getLastHeartbeatAgoMs()},
+                        {"metrics_address", Str(node.getMetricsAddress())},
+                        {"busy_devices", node.getActors()}};
+    n["devices"] = nlohmann::json::array();
+    for (auto d : node.getDevices()) {
+      n["devices"].push_back({{"device", DeviceLabel(d)},
+                              {"memory_bytes", d.getMemoryBytes()},
+                              {"name", Str(d.getName())}});
+    }
+    out["nodes"].push_back(n);
+  }
+  out["jobs"] = nlohmann::json::array();
+  for (auto job : status.getJobs()) {
+    nlohmann::json j = {{"job_id", Str(job.getJobId())},
+                        {"name", Str(job.getName())},
+                        {"kind", Str(job.getKind())},
+                        {"state", Str(job.getState())},
+                        {"phase", Str(job.getPhase())},
+                        {"generation", job.getGeneration()},
+                        {"world_size", job.getWorldSize()},
+                        {"backend", Str(job.getBackend())},
+                        {"error", Str(job.getError())},
+                        {"submitted_unix_ms", job.getSubmittedUnixMs()},
+                        {"finished_unix_ms", job.getFinishedUnixMs()}};
+    j["actors"] = nlohmann::json::array();
+    for (auto a : job.getActors()) {
+      j["actors"].push_back({{"rank", a.getRank()},
+                             {"node_id", Str(a.getNodeId())},
+                             {"device", DeviceLabel(a.getDevice())},
+                             {"pid", a.getPid()},
+                             {"state", Str(a.getState())},
+                             {"detail", Str(a.getDetail())},
+                             {"metrics_address", Str(a.getMetricsAddress())}});
+    }
+    j["results"] = nlohmann::json::array();
+    for (auto r : job.getResults()) {
+      j["results"].push_back({{"op", Str(r.getOp())},
+                              {"bytes", r.getBytes()},
+                              {"ranks", r.getRanks()},
+                              {"seconds", r.getSeconds()},
+                              {"algorithm_gbps", r.getAlgorithmGBps()},
+                              {"bus_gbps", r.getBusGBps()},
+                              {"ok", r.getOk()},
+                              {"detail", Str(r.getDetail())}});
+    }
+    out["jobs"].push_back(j);
+  }
+  return out;
+}
+
+std::string FormatCluster(wire::ClusterStatus::Reader status, const std::string& endpoint) {
+  std::ostringstream out;
+  out << "Cluster " << Str(status.getClusterId()) << " (coordinator " << endpoint << ", up "
+      << Fixed(status.getCoordinatorUptimeMs() / 1000.0, 1) << " s)\n\n";
+  Table nodes({"NODE", "STATE", "ADDRESS", "DEVICES", "BUSY", "LAST HEARTBEAT", "METRICS"});
+  for (auto node : status.getNodes()) {
+    std::map<std::string, int> kinds;
+    for (auto d : node.getDevices()) kinds[d.getKind() == wire::DeviceKind::CUDA ? "cuda" : "cpu"]++;
+    std::string devices;
+    for (const auto& [kind, count] : kinds) {
+      devices += (devices.empty() ? "" : ", ") + std::to_string(count) + " " + kind;
+    }
+    nodes.Add({Str(node.getNodeId()), Str(node.getState()), Str(node.getAddress()), devices,
+               std::to_string(node.getActors()),
+               Fixed(node.getLastHeartbeatAgoMs() / 1000.0, 1) + " s ago",
+               Str(node.getMetricsAddress())});
+  }
+  out << "Nodes\n" << (status.getNodes().size() ? nodes.Render() : "  (none registered)\n");
+  Table jobs({"JOB", "KIND", "STATE", "PHASE", "GEN", "ACTORS", "BACKEND", "NOTE"});
+  for (auto job : status.getJobs()) {
+    std::map<std::string, int> states;
+    for (auto a : job.getActors()) states[Str(a.getState())]++;
+    std::string actors;
+    for (const auto& [state, count] : states) {
+      actors += (actors.empty() ? "" : " ") + std::to_string(count) + " " + state;
+    }
+    if (actors.empty()) actors = std::to_string(job.getWorldSize()) + " wanted";
+    jobs.Add({Str(job.getJobId()), Str(job.getKind()), Str(job.getState()), Str(job.getPhase()),
+              std::to_string(job.getGeneration()), actors, Str(job.getBackend()),
+              Str(job.getError())});
+  }
+  out << "\nJobs\n" << (status.getJobs().size() ? jobs.Render() : "  (none)\n");
+  return out.str();
+}
+
+std::string FormatJob(wire::JobStatus::Reader job) {
+  std::ostringstream out;
+  out << "Job " << Str(job.getJobId()) << ": " << Str(job.getState());
+  if (job.getPhase().size()) out << " (" << Str(job.getPhase()) << ")";
+  out << ", generation " << job.getGeneration() << ", " << job.getWorldSize() << " actors, "
+      << Str(job.getBackend()) << "\n";
+  if (job.getError().size()) out << "  " << Str(job.getError()) << "\n";
+  Table actors({"RANK", "NODE", "DEVICE", "PID", "STATE", "DETAIL"});
+  for (auto a : job.getActors()) {
+    actors.Add({std::to_string(a.getRank()), Str(a.getNodeId()), DeviceLabel(a.getDevice()),
+                a.getPid() ? std::to_string(a.getPid()) : "-", Str(a.getState()),
+                Str(a.getDetail())});
+  }
+  if (job.getActors().size()) out << "\n" << actors.Render();
+  if (job.getResults().size()) out << "\n" << FormatResults(job);
+  return out.str();
+}
+
+std::string FormatResults(wire::JobStatus::Reader job) {
+  Table table({"OP", "SIZE", "RANKS", "TIME (us)", "ALGBW (GB/s)", "BUSBW (GB/s)", "CHECK"});
+  for (auto r : job.getResults()) {
+    const bool timed = r.getBytes() > 0;
+    table.Add({Str(r.getOp()), timed ? FormatBytes(r.getBytes()) : "-",
+               std::to_string(r.getRanks()), Fixed(r.getSeconds() * 1e6, 1),
+               timed ? Fixed(r.getAlgorithmGBps(), 3) : "-", timed ? Fixed(r.getBusGBps(), 3) : "-",
+               r.getOk() ? "ok" : "FAILED " + Str(r.getDetail())});
+  }
+  return table.Render();
+}
+
+}  // namespace shardline::cli

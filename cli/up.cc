@@ -1,0 +1,256 @@
+// `shardline up`: a whole cluster on this machine (a coordinator and one agent as child
+// processes on loopback), the default job run on it with live progress, then a clean shutdown.
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include "cli/commands.h"
+#include "cli/coordinator_client.h"
+#include "cli/status_view.h"
+#include "common/process.h"
+#include "common/status_macros.h"
+#include "placement/job_spec.h"
+
+namespace shardline::cli {
+namespace {
+
+using protocol::Str;
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+std::string ReadFile(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+std::string Tail(const fs::path& path, size_t lines) {
+  std::vector<std::string> all;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) all.push_back(line);
+  std::string out;
+  for (size_t i = all.size() > lines ? all.size() - lines : 0; i < all.size(); ++i) {
+    out += "    " + all[i] + "\n";
+  }
+  return out;
+}
+
+// The child daemons of one `up`; stopping them is the destructor's job, so that every way out
+// (success, failure, Ctrl-C) leaves no process behind.
+class LocalCluster {
+ public:
+  explicit LocalCluster(fs::path dir) : dir_(std::move(dir)) {}
+  ~LocalCluster() { Stop(); }
+
+  absl::Status Start(int devices, const std::string& log_level) {
+    const std::string self = SelfExecutable();
+    SpawnOptions coordinator;
+    coordinator.argv = {self, "coordinator", "--listen", "tcp://127.0.0.1:0",
+                        "--endpoint-file", (dir_ / "endpoint").string(),
+                        "--metrics", "127.0.0.1:0", "--state-dir", (dir_ / "state").string(),
+                        "--log-level", log_level};
+    coordinator.log_path = (dir_ / "coordinator.log").string();
+    ASSIGN_OR_RETURN(coordinator_pid_, Spawn(coordinator));
+    // The coordinator writes its endpoint once it listens.
+    const auto deadline = std::chrono::steady_clock::now() + 15s;
+    while (!fs::exists(dir_ / "endpoint")) {
+      auto exited = TryReap(coordinator_pid_);
+      if (exited.ok() && exited->has_value()) {
+        coordinator_pid_ = 0;
+        return absl::InternalError("the coordinator exited (" + (*exited)->Describe() +
+                                   "):\n" + Tail(dir_ / "coordinator.log", 10));
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        return absl::DeadlineExceededError("the coordinator did not start within 15 s; see " +
+                                           (dir_ / "coordinator.log").string());
+      }
+      std::this_thread::sleep_for(20ms);
+    }
+    endpoint_ = ReadFile(dir_ / "endpoint");
+    SpawnOptions agent;
+    agent.argv = {self, "agent", "--coordinator", endpoint_, "--devices",
+                  "cpu:" + std::to_string(devices), "--node-id", "local", "--metrics",
+                  "127.0.0.1:0", "--log-dir", (dir_ / "actors").string(), "--log-level",
+                  log_level};
+    agent.log_path = (dir_ / "agent.log").string();
+    ASSIGN_OR_RETURN(agent_pid_, Spawn(agent));
+    return absl::OkStatus();
+  }
+
+  void Stop() {
+    // The agent first: it kills its actors on the way out.
+    if (agent_pid_ > 0) Terminate(agent_pid_, 5s);
+    if (coordinator_pid_ > 0) Terminate(coordinator_pid_, 5s);
+    agent_pid_ = coordinator_pid_ = 0;
+  }
+
+  const std::string& endpoint() const { return endpoint_; }
+  const fs::path& dir() const { return dir_; }
+
+ private:
+  fs::path dir_;
+  std::string endpoint_;
+  pid_t coordinator_pid_ = 0;
+  pid_t agent_pid_ = 0;
+};
+
+void PrintProgress(wire::JobStatus::Reader job, size_t* results_shown, std::string* last_phase,
+                   std::chrono::steady_clock::time_point started) {
+  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  char stamp[32];
+  std::snprintf(stamp, sizeof(stamp), "[%6.1fs] ", elapsed);
+  const std::string phase = Str(job.getState()) + (job.getPhase().size() ? "/" + Str(job.getPhase()) : "");
+  if (phase != *last_phase) {
+    std::cout << stamp << "job " << Str(job.getJobId()) << " " << phase;
+    if (Str(job.getState()) == "pending" && job.getError().size()) std::cout << " (" << Str(job.getError()) << ")";
+    std::cout << std::endl;
+    *last_phase = phase;
+  }
+  auto results = job.getResults();
+  // One line per finished op: its largest size, the figure people compare.
+  for (; *results_shown < results.size(); ++*results_shown) {
+    auto r = results[*results_shown];
+    const bool last_of_op = *results_shown + 1 == results.size() ||
+                            Str(results[*results_shown + 1].getOp()) != Str(r.getOp());
+    if (!last_of_op) continue;
+    char line[200];
+    if (r.getBytes() > 0) {
+      std::snprintf(line, sizeof(line), "%-15s up to %-9s bus bandwidth %7.3f GB/s  %s",
+                    Str(r.getOp()).c_str(), FormatBytes(r.getBytes()).c_str(), r.getBusGBps(),
+                    r.getOk() ? "verified" : "MISMATCH");
+    } else {
+      std::snprintf(line, sizeof(line), "%-15s %8.1f us  %s", Str(r.getOp()).c_str(),
+                    r.getSeconds() * 1e6, r.getOk() ? "ok" : "FAILED");
+    }
+    std::cout << stamp << line << std::endl;
+  }
+}
+
+}  // namespace
+
+std::string DefaultJobYaml(int actors) {
+  return "# The default job of `shardline up`: a health check of every collective.\n"
+         "name: comm-check\n"
+         "kind: comm-check\n"
+         "actors: " + std::to_string(actors) + "\n"
+         "devices: cpu\n"
+         "comm_check:\n"
+         "  min_bytes: 4\n"
+         "  max_bytes: 64MiB\n"
+         "  iterations: 3\n";
+}
+
+int Up(const UpOptions& options) {
+  if (options.devices < 2 || options.devices > 256) {
+    std::cerr << "error: --devices must be in 2..256, got " << options.devices << "\n";
+    return 2;
+  }
+  std::string yaml = DefaultJobYaml(options.devices);
+  std::string source = "the default job";
+  if (!options.job_path.empty()) {
+    std::ifstream in(options.job_path);
+    if (!in) {
+      std::cerr << "error: cannot read job spec " << options.job_path << "\n";
+      return 2;
+    }
+    yaml = ReadFile(options.job_path);
+    source = options.job_path;
+  }
+  auto spec = placement::ParseJobSpec(yaml, source);
+  if (!spec.ok()) {
+    std::cerr << "error: " << spec.status().message() << "\n";
+    return 2;
+  }
+  if (spec->actors > options.devices) {
+    std::cerr << "error: " << source << " wants " << spec->actors << " actors but --devices is "
+              << options.devices << "\n";
+    return 2;
+  }
+
+  fs::path dir = options.work_dir;
+  if (dir.empty()) {
+    std::string tmpl = (fs::temp_directory_path() / "shardline-up-XXXXXX").string();
+    if (!mkdtemp(tmpl.data())) {
+      std::cerr << "error: cannot create a work directory under /tmp\n";
+      return 1;
+    }
+    dir = tmpl;
+  }
+  fs::create_directories(dir);
+  InstallStopHandlers();
+  const auto started = std::chrono::steady_clock::now();
+  int exit_code = 1;
+  {
+    LocalCluster cluster(dir);
+    std::cout << "Starting a local cluster: coordinator + 1 agent with " << options.devices
+              << " CPU devices (logs in " << dir.string() << ")" << std::endl;
+    if (auto status = cluster.Start(options.devices, options.log_level); !status.ok()) {
+      std::cerr << "error: " << status.message() << "\n";
+      return 1;
+    }
+    auto client = protocol::RpcClient::Connect(cluster.endpoint(), "shardline", "cli");
+    if (!client.ok()) {
+      std::cerr << "error: " << client.status().message() << "\n";
+      return 1;
+    }
+    auto message = (*client)->NewMessage();
+    auto submit = message->payload().initSubmitJob();
+    submit.setSpecYaml(yaml);
+    submit.setSourceName(source);
+    auto reply = (*client)->Call(*message, 10s);
+    if (!reply.ok()) {
+      std::cerr << "error: submitting " << source << ": " << reply.status().message() << "\n";
+      return 1;
+    }
+    const std::string job_id = Str((*reply)->envelope().getPayload().getSubmitJobReply().getJobId());
+    std::cout << "Coordinator " << cluster.endpoint() << "; submitted " << source << " as job "
+              << job_id << " (" << spec->actors << " actors)" << std::endl;
+
+    size_t results_shown = 0;
+    std::string last_phase;
+    std::string final_state;
+    while (final_state.empty()) {
+      if (StopRequested().load()) {
+        std::cout << "\nInterrupted: cancelling job " << job_id << " and stopping the cluster"
+                  << std::endl;
+        auto cancel = (*client)->NewMessage();
+        cancel->payload().initCancelJob().setJobId(job_id);
+        (void)(*client)->Call(*cancel, 2s);
+        return 130;
+      }
+      auto status = FetchStatus(**client, job_id, 5s);
+      if (!status.ok()) {
+        std::cerr << "error: " << status.status().message() << "\n";
+        return 1;
+      }
+      auto job = (*status)->envelope().getPayload().getClusterStatus().getJobs()[0];
+      PrintProgress(job, &results_shown, &last_phase, started);
+      const std::string state = Str(job.getState());
+      if (state == "succeeded" || state == "failed" || state == "cancelled") {
+        final_state = state;
+        std::cout << "\n" << FormatJob(job) << std::endl;
+        exit_code = state == "succeeded" ? 0 : 1;
+      } else {
+        std::this_thread::sleep_for(200ms);
+      }
+    }
+    cluster.Stop();
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  if (exit_code == 0) {
+    std::cout << "Done in " << static_cast<int>(seconds + 0.5) << " s; the cluster is shut down."
+              << std::endl;
+    if (!options.keep && options.work_dir.empty()) fs::remove_all(dir);
+  } else {
+    std::cout << "The job did not succeed; logs kept in " << dir.string() << std::endl;
+  }
+  return exit_code;
+}
+
+}  // namespace shardline::cli

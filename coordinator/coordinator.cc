@@ -1,0 +1,945 @@
+#include "coordinator/coordinator.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <kj/exception.h>
+
+#include "common/status_macros.h"
+#include "nlohmann/json.hpp"
+#include "spdlog/spdlog.h"
+
+namespace shardline::coordinator {
+namespace {
+
+using protocol::Str;
+using Payload = wire::Envelope::Payload;
+
+constexpr auto kPollInterval = std::chrono::milliseconds(20);
+constexpr auto kGaugeInterval = std::chrono::milliseconds(250);
+
+std::string Text(absl::string_view s) { return ToString(s); }
+
+capnp::Text::Reader CapText(const std::string& s) { return capnp::Text::Reader(s.data(), s.size()); }
+
+void FillDevice(wire::Device::Builder out, const DeviceInfo& device) {
+  out.setKind(device.kind == DeviceInfo::Kind::kCuda ? wire::DeviceKind::CUDA
+                                                     : wire::DeviceKind::CPU);
+  out.setIndex(static_cast<uint32_t>(device.index));
+  out.setMemoryBytes(device.memory_bytes);
+  out.setName(CapText(device.name));
+}
+
+DeviceInfo ReadDevice(wire::Device::Reader in) {
+  DeviceInfo device;
+  device.kind = in.getKind() == wire::DeviceKind::CUDA ? DeviceInfo::Kind::kCuda
+                                                       : DeviceInfo::Kind::kCpu;
+  device.index = static_cast<int>(in.getIndex());
+  device.memory_bytes = in.getMemoryBytes();
+  device.name = Str(in.getName());
+  return device;
+}
+
+double SecondsBetween(TimePoint a, TimePoint b) { return Seconds(b - a); }
+
+std::string FormatSeconds(double s) {
+  std::ostringstream out;
+  out.precision(1);
+  out << std::fixed << s << " s";
+  return out.str();
+}
+
+// Writes `content` to `path` atomically: a reader sees the old file or the new one, never half.
+absl::Status WriteFileAtomically(const std::filesystem::path& path, const std::string& content) {
+  const auto tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << content;
+    out.flush();
+    if (!out) return absl::InternalError("cannot write " + tmp);
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) return absl::InternalError("cannot rename " + tmp + " to " + path.string() + ": " +
+                                     ec.message());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOptions options,
+                                                                 const Clock* clock) {
+  if (options.heartbeat_timeout <= options.heartbeat_interval) {
+    return absl::InvalidArgumentError("heartbeat timeout (" +
+                                      std::to_string(options.heartbeat_timeout.count()) +
+                                      " ms) must exceed the heartbeat interval (" +
+                                      std::to_string(options.heartbeat_interval.count()) + " ms)");
+  }
+  if (!options.state_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(std::filesystem::path(options.state_dir) / "jobs", ec);
+    if (ec) {
+      return absl::InvalidArgumentError("state dir " + options.state_dir +
+                                        " cannot be created: " + ec.message());
+    }
+  }
+  ASSIGN_OR_RETURN(auto channel, protocol::Channel::Bind(options.listen));
+  ASSIGN_OR_RETURN(auto metrics_server, monitoring::MetricsServer::Start(options.metrics_address));
+  auto coordinator = std::unique_ptr<Coordinator>(
+      new Coordinator(std::move(options), clock, std::move(channel), std::move(metrics_server)));
+  RETURN_IF_ERROR(coordinator->LoadHistory());
+  return coordinator;
+}
+
+Coordinator::Coordinator(CoordinatorOptions options, const Clock* clock,
+                         std::unique_ptr<protocol::Channel> channel,
+                         std::unique_ptr<monitoring::MetricsServer> metrics_server)
+    : options_(std::move(options)),
+      clock_(clock),
+      started_(clock->Now()),
+      channel_(std::move(channel)),
+      metrics_server_(std::move(metrics_server)),
+      wire_metrics_(metrics_server_->registry(), {{"component", "coordinator"}}),
+      metrics_(metrics_server_->registry(), {{"component", "coordinator"}}),
+      membership_(options_.heartbeat_timeout) {}
+
+Coordinator::~Coordinator() = default;
+
+absl::Status Coordinator::Run(const std::atomic<bool>& stop) {
+  spdlog::info("coordinator of cluster '{}' listening on {}, metrics on {}", options_.cluster_id,
+               endpoint(), metrics_server_->address());
+  while (!stop.load()) {
+    auto frame = channel_->Receive(kPollInterval);
+    if (!frame.ok()) {
+      spdlog::error("receive failed: {}", Text(frame.status().message()));
+    } else if (frame->has_value()) {
+      HandleFrame(**frame);
+      // Drain what is queued before the periodic work, but keep that work on time under load.
+      for (int i = 0; i < 256; ++i) {
+        auto more = channel_->Receive(std::chrono::milliseconds(0));
+        if (!more.ok() || !more->has_value()) break;
+        HandleFrame(**more);
+      }
+    }
+    const TimePoint now = clock_->Now();
+    auto dead = membership_.ExpireSilentNodes(now);
+    if (!dead.empty()) OnNodesDead(dead);
+    for (const auto& get : kv_.ExpireParked(now)) {
+      metrics_.OnKvOperation("wait_timeout");
+      ReplyError(get.peer, get.request_id,
+                 absl::DeadlineExceededError("key '" + get.key + "' was not set in time"));
+    }
+    CheckDeadlines();
+    TryStartPendingJobs();
+    if (now - last_gauge_update_ >= kGaugeInterval) {
+      UpdateGauges();
+      last_gauge_update_ = now;
+    }
+  }
+  for (auto& [id, job] : jobs_) {
+    if (job.state == JobState::kRunning) EndJob(job, JobState::kFailed, "coordinator shut down");
+  }
+  spdlog::info("coordinator stopped");
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The wire
+
+void Coordinator::HandleFrame(protocol::Frame& frame) {
+  auto decoded = protocol::Decode(frame.bytes.data(), frame.bytes.size(), options_.cluster_id);
+  if (!decoded.ok()) {
+    wire_metrics_.OnDecodeError(protocol::DecodeFailureName(decoded.failure));
+    spdlog::debug("refused a frame: {}", Text(decoded.status.message()));
+    ReplyError(frame.peer, decoded.request_id, decoded.status);
+    return;
+  }
+  const auto& message = *decoded.message;
+  wire_metrics_.OnReceived(protocol::PayloadName(message.which()));
+  try {
+    Dispatch(frame.peer, message);
+  } catch (const kj::Exception& e) {
+    // A message that passed the structural check can still hold e.g. an unterminated text.
+    wire_metrics_.OnDecodeError("garbage");
+    ReplyError(frame.peer, message.request_id(),
+               absl::InvalidArgumentError(std::string("malformed ") +
+                                          std::string(protocol::PayloadName(message.which())) +
+                                          ": " + e.getDescription().cStr()));
+  }
+}
+
+void Coordinator::Dispatch(const std::string& peer, const protocol::Message& message) {
+  const auto payload = message.envelope().getPayload();
+  const uint64_t id = message.request_id();
+  absl::Status status;
+  switch (payload.which()) {
+    case Payload::REGISTER_NODE: status = OnRegisterNode(peer, id, payload.getRegisterNode()); break;
+    case Payload::HEARTBEAT: status = OnHeartbeat(peer, id, payload.getHeartbeat()); break;
+    case Payload::SUBMIT_JOB: status = OnSubmitJob(peer, id, payload.getSubmitJob()); break;
+    case Payload::STATUS_REQUEST:
+      status = OnStatusRequest(peer, id, payload.getStatusRequest());
+      break;
+    case Payload::CANCEL_JOB: status = OnCancelJob(peer, id, payload.getCancelJob()); break;
+    case Payload::ACTOR_EXITED: status = OnActorExited(peer, id, payload.getActorExited()); break;
+    case Payload::REGISTER_ACTOR:
+      status = OnRegisterActor(peer, id, payload.getRegisterActor());
+      break;
+    case Payload::KV_REQUEST:
+      status = OnKvRequest(peer, id, Str(message.envelope().getSender()), payload.getKvRequest());
+      break;
+    case Payload::COMM_READY: status = OnCommReady(peer, id, payload.getCommReady()); break;
+    case Payload::COMM_FAILED: status = OnCommFailed(peer, id, payload.getCommFailed()); break;
+    case Payload::STEP_REPORT: status = OnStepReport(peer, id, payload.getStepReport()); break;
+    case Payload::ACTOR_DONE: status = OnActorDone(peer, id, payload.getActorDone()); break;
+    case Payload::ERROR:
+    case Payload::ACK:
+      return;  // peers answer our pushes; nothing waits for those answers
+    default:
+      wire_metrics_.OnDecodeError("unexpected");
+      status = absl::InvalidArgumentError("the coordinator does not accept " +
+                                          std::string(protocol::PayloadName(payload.which())) +
+                                          " messages");
+  }
+  if (!status.ok()) {
+    spdlog::warn("{} from {}: {}", protocol::PayloadName(payload.which()),
+                 Str(message.envelope().getSender()), Text(status.message()));
+    ReplyError(peer, id, status);
+  }
+}
+
+std::unique_ptr<protocol::Outgoing> Coordinator::NewMessage(uint64_t request_id) {
+  return std::make_unique<protocol::Outgoing>(options_.cluster_id, "coordinator", request_id);
+}
+
+void Coordinator::Send(const std::string& peer, protocol::Outgoing& message) {
+  wire_metrics_.OnSent(protocol::PayloadName(message.envelope().getPayload().which()));
+  auto status = channel_->Send(message, peer);
+  if (!status.ok()) spdlog::debug("send failed: {}", Text(status.message()));
+}
+
+void Coordinator::ReplyError(const std::string& peer, uint64_t request_id,
+                             const absl::Status& status) {
+  auto reply = NewMessage(request_id);
+  protocol::SetError(reply->payload(), status);
+  Send(peer, *reply);
+}
+
+void Coordinator::ReplyAck(const std::string& peer, uint64_t request_id) {
+  if (request_id == 0) return;
+  auto reply = NewMessage(request_id);
+  reply->payload().setAck();
+  Send(peer, *reply);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Membership
+
+absl::Status Coordinator::OnRegisterNode(const std::string& peer, uint64_t request_id,
+                                         wire::RegisterNode::Reader request) {
+  NodeInfo node;
+  node.node_id = Str(request.getNodeId());
+  node.instance_id = Str(request.getInstanceId());
+  node.hostname = Str(request.getHostname());
+  node.address = Str(request.getAddress());
+  node.metrics_address = Str(request.getMetricsAddress());
+  node.pid = request.getPid();
+  node.peer = peer;
+  for (auto device : request.getDevices()) node.devices.push_back(ReadDevice(device));
+  NodeInfo replaced;
+  replaced.node_id.clear();
+  RETURN_IF_ERROR(membership_.Register(node, clock_->Now(), &replaced));
+  if (!replaced.node_id.empty() && replaced.alive && replaced.instance_id != node.instance_id) {
+    // A restarted agent has lost the actors it had: jobs that ran there cannot go on.
+    spdlog::warn("node {} came back as a new agent (instance {} -> {})", node.node_id,
+                 replaced.instance_id, node.instance_id);
+    FailJobsOnNode(node.node_id, "its agent restarted");
+  } else {
+    spdlog::info("node {} registered from {} with {} devices", node.node_id, node.address,
+                 node.devices.size());
+  }
+  auto reply = NewMessage(request_id);
+  auto body = reply->payload().initRegisterNodeReply();
+  body.setHeartbeatIntervalMs(static_cast<uint32_t>(options_.heartbeat_interval.count()));
+  body.setHeartbeatTimeoutMs(static_cast<uint32_t>(options_.heartbeat_timeout.count()));
+  Send(peer, *reply);
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::OnHeartbeat(const std::string& peer, uint64_t request_id,
+                                      wire::Heartbeat::Reader request) {
+  const std::string node_id = Str(request.getNodeId());
+  RETURN_IF_ERROR(membership_.Heartbeat(node_id, Str(request.getInstanceId()), clock_->Now()));
+  membership_.Find(node_id)->peer = peer;  // the agent may have reconnected
+  ReplyAck(peer, request_id);
+  return absl::OkStatus();
+}
+
+void Coordinator::OnNodesDead(const std::vector<std::string>& node_ids) {
+  for (const auto& node_id : node_ids) {
+    const NodeInfo* node = membership_.Find(node_id);
+    const double silent = node ? SecondsBetween(node->last_heartbeat, clock_->Now()) : 0;
+    spdlog::warn("node {} is dead: no heartbeat for {}", node_id, FormatSeconds(silent));
+    metrics_.OnHeartbeatMissed();
+    FailJobsOnNode(node_id, "no heartbeat for " + FormatSeconds(silent));
+  }
+}
+
+void Coordinator::FailJobsOnNode(const std::string& node_id, const std::string& reason) {
+  for (auto& [id, job] : jobs_) {
+    if (job.state != JobState::kRunning) continue;
+    std::string ranks;
+    for (auto& actor : job.actors) {
+      if (actor.node_id != node_id || actor.state == ActorState::kSucceeded) continue;
+      actor.state = ActorState::kLost;
+      actor.detail = "node " + node_id + " lost: " + reason;
+      ranks += (ranks.empty() ? "rank " : ", rank ") + std::to_string(actor.rank);
+    }
+    if (ranks.empty()) continue;
+    EndJob(job, JobState::kFailed,
+           "generation " + std::to_string(job.generation) + " lost " + ranks + " on node " +
+               node_id + ": " + reason);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Jobs
+
+absl::Status Coordinator::OnSubmitJob(const std::string& peer, uint64_t request_id,
+                                      wire::SubmitJob::Reader request) {
+  const std::string yaml = Str(request.getSpecYaml());
+  std::string source = Str(request.getSourceName());
+  if (source.empty()) source = "job spec";
+  ASSIGN_OR_RETURN(placement::JobSpec spec, placement::ParseJobSpec(yaml, source));
+  Job job;
+  job.id = spec.name + "-" + std::to_string(next_job_number_++);
+  job.spec = spec;
+  job.spec_yaml = yaml;
+  job.backend = std::string(placement::BackendName(placement::ResolveBackend(spec)));
+  job.submitted_unix_ms = UnixMillis();
+  job.waiting_reason = "waiting for devices";
+  spdlog::info("job {} submitted: {} on {} {} actors", job.id, placement::JobKindName(spec.kind),
+               spec.actors, placement::DeviceKindName(spec.devices));
+  const std::string id = job.id;
+  jobs_[id] = std::move(job);
+  job_order_.push_back(id);
+  Persist(jobs_[id]);
+  auto reply = NewMessage(request_id);
+  reply->payload().initSubmitJobReply().setJobId(CapText(id));
+  Send(peer, *reply);
+  TryStartPendingJobs();
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::OnCancelJob(const std::string& peer, uint64_t request_id,
+                                      wire::CancelJob::Reader request) {
+  const std::string id = Str(request.getJobId());
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return absl::NotFoundError("no job '" + id + "'");
+  if (!IsFinal(it->second.state)) EndJob(it->second, JobState::kCancelled, "cancelled by user");
+  ReplyAck(peer, request_id);
+  return absl::OkStatus();
+}
+
+void Coordinator::TryStartPendingJobs() {
+  for (const auto& id : job_order_) {
+    Job& job = jobs_[id];
+    if (job.state != JobState::kPending) continue;
+    const auto wanted = job.spec.devices == placement::DeviceKind::kCuda ? DeviceInfo::Kind::kCuda
+                                                                         : DeviceInfo::Kind::kCpu;
+    // Ranks fill one node's devices before the next: neighbouring ranks (a later TP group)
+    // share a node.
+    std::vector<std::pair<std::string, int>> placement;
+    int alive_total = 0;
+    for (auto& [node_id, node] : membership_.mutable_nodes()) {
+      if (!node.alive) continue;
+      for (size_t d = 0; d < node.devices.size(); ++d) {
+        if (node.devices[d].kind != wanted) continue;
+        ++alive_total;
+        if (node.devices[d].busy_job.empty() &&
+            placement.size() < static_cast<size_t>(job.spec.actors)) {
+          placement.emplace_back(node_id, static_cast<int>(d));
+        }
+      }
+    }
+    const std::string kind(placement::DeviceKindName(job.spec.devices));
+    if (placement.size() < static_cast<size_t>(job.spec.actors)) {
+      job.waiting_reason = "waiting for " + std::to_string(job.spec.actors) + " free " + kind +
+                           " devices (" + std::to_string(placement.size()) + " free of " +
+                           std::to_string(alive_total) + " alive)";
+      // First come, first served: a later, smaller job does not overtake.
+      return;
+    }
+    StartGeneration(job, placement);
+  }
+}
+
+void Coordinator::StartGeneration(Job& job,
+                                  const std::vector<std::pair<std::string, int>>& placement) {
+  const TimePoint now = clock_->Now();
+  job.generation += 1;
+  job.state = JobState::kRunning;
+  job.phase = Phase::kSpawning;
+  job.waiting_reason.clear();
+  job.generation_started = now;
+  job.bootstrap_deadline = now + job.spec.bootstrap_timeout;
+  job.run_deadline = now + job.spec.run_timeout;
+  job.actors.clear();
+  job.groups.clear();
+  GroupRecord world{"world", "world", {}, {}, 0};
+  std::map<std::string, std::vector<int>> ranks_by_node;
+  for (size_t rank = 0; rank < placement.size(); ++rank) {
+    const auto& [node_id, device_slot] = placement[rank];
+    NodeInfo* node = membership_.Find(node_id);
+    node->devices[device_slot].busy_job = job.id;
+    ActorRecord actor;
+    actor.rank = static_cast<int>(rank);
+    actor.node_id = node_id;
+    actor.device = node->devices[device_slot];
+    job.actors.push_back(actor);
+    world.ranks.push_back(static_cast<int>(rank));
+    ranks_by_node[node_id].push_back(static_cast<int>(rank));
+  }
+  job.groups.push_back(world);
+  for (const auto& [node_id, ranks] : ranks_by_node) {
+    NodeInfo* node = membership_.Find(node_id);
+    auto message = NewMessage(0);
+    auto spawn = message->payload().initSpawnActors();
+    spawn.setJobId(CapText(job.id));
+    spawn.setGeneration(job.generation);
+    auto list = spawn.initActors(static_cast<unsigned>(ranks.size()));
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      list[i].setRank(static_cast<uint32_t>(ranks[i]));
+      FillDevice(list[i].initDevice(), job.actors[ranks[i]].device);
+    }
+    Send(node->peer, *message);
+  }
+  spdlog::info("job {} generation {}: spawning {} actors on {} nodes", job.id, job.generation,
+               placement.size(), ranks_by_node.size());
+  Persist(job);
+}
+
+absl::StatusOr<ActorRecord*> Coordinator::FindActor(const std::string& job_id, uint32_t generation,
+                                                    uint32_t rank) {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError("no job '" + job_id + "'");
+  Job& job = it->second;
+  if (job.state != JobState::kRunning) {
+    return absl::FailedPreconditionError("job " + job_id + " is " +
+                                         std::string(JobStateName(job.state)));
+  }
+  if (generation != job.generation) {
+    return absl::FailedPreconditionError("job " + job_id + " is at generation " +
+                                         std::to_string(job.generation) + ", not " +
+                                         std::to_string(generation));
+  }
+  if (rank >= job.actors.size()) {
+    return absl::OutOfRangeError("job " + job_id + " has no rank " + std::to_string(rank) +
+                                 " (world size " + std::to_string(job.actors.size()) + ")");
+  }
+  return &job.actors[rank];
+}
+
+absl::Status Coordinator::OnRegisterActor(const std::string& peer, uint64_t request_id,
+                                          wire::RegisterActor::Reader request) {
+  const std::string job_id = Str(request.getJobId());
+  ASSIGN_OR_RETURN(ActorRecord * actor,
+                   FindActor(job_id, request.getGeneration(), request.getRank()));
+  if (Str(request.getNodeId()) != actor->node_id) {
+    return absl::PermissionDeniedError("rank " + std::to_string(actor->rank) +
+                                       " belongs on node " + actor->node_id + ", not " +
+                                       Str(request.getNodeId()));
+  }
+  if (actor->state != ActorState::kSpawning) {
+    return absl::AlreadyExistsError("rank " + std::to_string(actor->rank) +
+                                    " is already registered");
+  }
+  Job& job = jobs_[job_id];
+  actor->state = ActorState::kBootstrapping;
+  actor->peer = peer;
+  actor->pid = request.getPid();
+  actor->address = Str(request.getAddress());
+  actor->metrics_address = Str(request.getMetricsAddress());
+  if (job.phase == Phase::kSpawning) job.phase = Phase::kBootstrapping;
+
+  auto reply = NewMessage(request_id);
+  auto assignment = reply->payload().initAssignment();
+  assignment.setJobId(CapText(job.id));
+  assignment.setGeneration(job.generation);
+  assignment.setRank(static_cast<uint32_t>(actor->rank));
+  assignment.setWorldSize(static_cast<uint32_t>(job.actors.size()));
+  assignment.setKind(CapText(std::string(placement::JobKindName(job.spec.kind))));
+  assignment.setSpecYaml(CapText(job.spec_yaml));
+  assignment.setBackend(CapText(job.backend));
+  FillDevice(assignment.initDevice(), actor->device);
+  assignment.setStorePrefix(CapText(job.StorePrefix()));
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(job.bootstrap_deadline -
+                                                                          clock_->Now());
+  assignment.setBootstrapTimeoutMs(static_cast<uint32_t>(std::max<int64_t>(left.count(), 1)));
+  auto groups = assignment.initGroups(static_cast<unsigned>(job.groups.size()));
+  for (size_t g = 0; g < job.groups.size(); ++g) {
+    groups[g].setKind(CapText(job.groups[g].kind));
+    groups[g].setId(CapText(job.groups[g].id));
+    auto ranks = groups[g].initRanks(static_cast<unsigned>(job.groups[g].ranks.size()));
+    for (size_t r = 0; r < job.groups[g].ranks.size(); ++r) {
+      ranks.set(static_cast<unsigned>(r), static_cast<uint32_t>(job.groups[g].ranks[r]));
+    }
+  }
+  Send(peer, *reply);
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::OnKvRequest(const std::string& peer, uint64_t request_id,
+                                      const std::string& sender,
+                                      wire::KvRequest::Reader request) {
+  const std::string key = Str(request.getKey());
+  if (key.empty()) return absl::InvalidArgumentError("kv: empty key");
+  switch (request.getOp()) {
+    case wire::KvOp::SET: {
+      metrics_.OnKvOperation("set");
+      for (const auto& waiting : kv_.Set(key, Str(request.getValue()))) {
+        auto reply = NewMessage(waiting.request_id);
+        reply->payload().initKvReply().setValue(protocol::AsData(*kv_.Get(key)));
+        Send(waiting.peer, *reply);
+      }
+      ReplyAck(peer, request_id);
+      return absl::OkStatus();
+    }
+    case wire::KvOp::GET: {
+      metrics_.OnKvOperation("get");
+      if (auto value = kv_.Get(key)) {
+        auto reply = NewMessage(request_id);
+        reply->payload().initKvReply().setValue(protocol::AsData(*value));
+        Send(peer, *reply);
+      } else {
+        kv_.Park({key, peer, request_id, sender,
+                  clock_->Now() + std::chrono::milliseconds(request.getWaitMs())});
+      }
+      return absl::OkStatus();
+    }
+    case wire::KvOp::ADD: {
+      metrics_.OnKvOperation("add");
+      ASSIGN_OR_RETURN(int64_t value, kv_.Add(key, request.getDelta()));
+      auto reply = NewMessage(request_id);
+      reply->payload().initKvReply().setNumber(value);
+      Send(peer, *reply);
+      return absl::OkStatus();
+    }
+  }
+  return absl::InvalidArgumentError("kv: unknown operation " +
+                                    std::to_string(static_cast<int>(request.getOp())));
+}
+
+absl::Status Coordinator::OnCommReady(const std::string& peer, uint64_t request_id,
+                                      wire::CommReady::Reader report) {
+  const std::string job_id = Str(report.getJobId());
+  ASSIGN_OR_RETURN(ActorRecord * actor,
+                   FindActor(job_id, report.getGeneration(), report.getRank()));
+  Job& job = jobs_[job_id];
+  const std::string group_id = Str(report.getGroupId());
+  auto group = std::find_if(job.groups.begin(), job.groups.end(),
+                            [&](const GroupRecord& g) { return g.id == group_id; });
+  if (group == job.groups.end()) {
+    return absl::NotFoundError("job " + job_id + " has no group '" + group_id + "'");
+  }
+  group->ready.insert(actor->rank);
+  if (group->ready.size() == group->ranks.size()) {
+    group->bootstrap_seconds = SecondsBetween(job.generation_started, clock_->Now());
+    metrics_.ObserveBootstrap(group->kind, group->bootstrap_seconds);
+    spdlog::info("job {} generation {}: group {} ready in {:.3f} s", job.id, job.generation,
+                 group->id, group->bootstrap_seconds);
+  }
+  // An actor is ready once every group it belongs to is.
+  bool actor_ready = true;
+  for (const auto& g : job.groups) {
+    if (std::find(g.ranks.begin(), g.ranks.end(), actor->rank) != g.ranks.end() &&
+        !g.ready.count(actor->rank)) {
+      actor_ready = false;
+    }
+  }
+  if (actor_ready && actor->state == ActorState::kBootstrapping) {
+    actor->state = ActorState::kRunning;
+  }
+  const bool all_ready = std::all_of(job.groups.begin(), job.groups.end(), [](const auto& g) {
+    return g.ready.size() == g.ranks.size();
+  });
+  if (all_ready && job.phase != Phase::kRunning) {
+    job.phase = Phase::kRunning;
+    spdlog::info("job {} generation {}: all communicators ready", job.id, job.generation);
+  }
+  ReplyAck(peer, request_id);
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::OnCommFailed(const std::string& peer, uint64_t request_id,
+                                       wire::CommFailed::Reader report) {
+  const std::string job_id = Str(report.getJobId());
+  ASSIGN_OR_RETURN(ActorRecord * actor,
+                   FindActor(job_id, report.getGeneration(), report.getRank()));
+  actor->state = ActorState::kFailed;
+  actor->detail = Str(report.getMessage());
+  ReplyAck(peer, request_id);
+  EndJob(jobs_[job_id], JobState::kFailed,
+         "rank " + std::to_string(actor->rank) + " (node " + actor->node_id +
+             ") could not join group " + Str(report.getGroupId()) + ": " + actor->detail);
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::OnStepReport(const std::string& peer, uint64_t request_id,
+                                       wire::StepReport::Reader report) {
+  const std::string job_id = Str(report.getJobId());
+  ASSIGN_OR_RETURN(ActorRecord * actor,
+                   FindActor(job_id, report.getGeneration(), report.getRank()));
+  (void)actor;
+  Job& job = jobs_[job_id];
+  for (auto r : report.getResults()) {
+    CollectiveResultRecord result;
+    result.op = Str(r.getOp());
+    result.bytes = r.getBytes();
+    result.ranks = r.getRanks();
+    result.seconds = r.getSeconds();
+    result.algorithm_gbps = r.getAlgorithmGBps();
+    result.bus_gbps = r.getBusGBps();
+    result.ok = r.getOk();
+    result.detail = Str(r.getDetail());
+    job.results.push_back(std::move(result));
+  }
+  ReplyAck(peer, request_id);
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::OnActorDone(const std::string& peer, uint64_t request_id,
+                                      wire::ActorDone::Reader report) {
+  const std::string job_id = Str(report.getJobId());
+  ASSIGN_OR_RETURN(ActorRecord * actor,
+                   FindActor(job_id, report.getGeneration(), report.getRank()));
+  Job& job = jobs_[job_id];
+  ReplyAck(peer, request_id);
+  if (report.getOk()) {
+    actor->state = ActorState::kSucceeded;
+    actor->detail = Str(report.getMessage());
+    MaybeFinishJob(job);
+  } else {
+    actor->state = ActorState::kFailed;
+    actor->detail = Str(report.getMessage());
+    EndJob(job, JobState::kFailed,
+           "rank " + std::to_string(actor->rank) + " (node " + actor->node_id +
+               ") failed: " + actor->detail);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::OnActorExited(const std::string& peer, uint64_t request_id,
+                                        wire::ActorExited::Reader report) {
+  ReplyAck(peer, request_id);
+  const std::string job_id = Str(report.getJobId());
+  const std::string how = Str(report.getDescription());
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end() || it->second.generation != report.getGeneration() ||
+      report.getRank() >= it->second.actors.size()) {
+    return absl::OkStatus();  // an actor of a generation already ended: nothing to do
+  }
+  Job& job = it->second;
+  ActorRecord& actor = job.actors[report.getRank()];
+  actor.exited = true;
+  if (job.state != JobState::kRunning) return absl::OkStatus();
+  const bool clean = !report.getSignaled() && report.getCode() == 0;
+  if (actor.state == ActorState::kSucceeded && clean) return absl::OkStatus();
+  actor.state = ActorState::kFailed;
+  actor.detail = "exited: " + how;
+  EndJob(job, JobState::kFailed,
+         "rank " + std::to_string(actor.rank) + " (node " + actor.node_id + ", pid " +
+             std::to_string(report.getPid()) + ") " + how +
+             (clean ? " before reporting its result" : ""));
+  return absl::OkStatus();
+}
+
+void Coordinator::MaybeFinishJob(Job& job) {
+  const bool all_done = std::all_of(job.actors.begin(), job.actors.end(), [](const auto& a) {
+    return a.state == ActorState::kSucceeded;
+  });
+  if (!all_done) return;
+  const bool all_ok = std::all_of(job.results.begin(), job.results.end(),
+                                  [](const auto& r) { return r.ok; });
+  if (all_ok) {
+    EndJob(job, JobState::kSucceeded, "");
+  } else {
+    std::string bad;
+    for (const auto& r : job.results) {
+      if (!r.ok) bad += (bad.empty() ? "" : "; ") + r.op + " " + std::to_string(r.bytes) + " B: " + r.detail;
+    }
+    EndJob(job, JobState::kFailed, "results did not verify: " + bad);
+  }
+}
+
+void Coordinator::EndJob(Job& job, JobState state, const std::string& error) {
+  if (IsFinal(job.state)) return;
+  const bool was_running = job.state == JobState::kRunning;
+  job.state = state;
+  job.error = error;
+  job.phase = Phase::kNone;
+  job.finished_unix_ms = UnixMillis();
+  if (was_running) {
+    metrics_.OnGeneration(state == JobState::kSucceeded ? "completed" : "aborted");
+    std::set<std::string> nodes;
+    for (auto& actor : job.actors) {
+      nodes.insert(actor.node_id);
+      if (actor.state != ActorState::kSucceeded && actor.state != ActorState::kFailed &&
+          actor.state != ActorState::kLost) {
+        actor.state = ActorState::kFailed;
+        if (actor.detail.empty()) actor.detail = "aborted with its generation";
+      }
+    }
+    for (const auto& node_id : nodes) {
+      const NodeInfo* node = membership_.Find(node_id);
+      if (!node || !node->alive) continue;
+      auto message = NewMessage(0);
+      auto abort = message->payload().initAbortGeneration();
+      abort.setJobId(CapText(job.id));
+      abort.setGeneration(job.generation);
+      abort.setReason(CapText(state == JobState::kSucceeded ? "job succeeded" : error));
+      Send(node->peer, *message);
+    }
+    FreeDevices(job);
+    kv_.ErasePrefix("job/" + job.id + "/");
+  }
+  if (state == JobState::kSucceeded) {
+    spdlog::info("job {} succeeded", job.id);
+  } else {
+    spdlog::warn("job {} {}: {}", job.id, JobStateName(state), error);
+  }
+  Persist(job);
+}
+
+void Coordinator::FreeDevices(const Job& job) {
+  for (auto& [node_id, node] : membership_.mutable_nodes()) {
+    for (auto& device : node.devices) {
+      if (device.busy_job == job.id) device.busy_job.clear();
+    }
+  }
+}
+
+void Coordinator::CheckDeadlines() {
+  const TimePoint now = clock_->Now();
+  for (auto& [id, job] : jobs_) {
+    if (job.state != JobState::kRunning) continue;
+    if (job.phase != Phase::kRunning && now >= job.bootstrap_deadline) {
+      std::string missing;
+      for (const auto& group : job.groups) {
+        for (int rank : group.ranks) {
+          if (group.ready.count(rank)) continue;
+          const ActorRecord& actor = job.actors[rank];
+          missing += (missing.empty() ? "" : "; ") + std::string("group ") + group.id + " rank " +
+                     std::to_string(rank) + " (node " + actor.node_id + ", " +
+                     DeviceLabel(actor.device) +
+                     (actor.pid ? ", pid " + std::to_string(actor.pid) : std::string()) + ", " +
+                     std::string(ActorStateName(actor.state)) + ")";
+        }
+      }
+      EndJob(job, JobState::kFailed,
+             "bootstrap of generation " + std::to_string(job.generation) + " timed out after " +
+                 FormatSeconds(Seconds(job.spec.bootstrap_timeout)) + ": not ready: " + missing);
+    } else if (now >= job.run_deadline) {
+      EndJob(job, JobState::kFailed,
+             "run timeout of " + FormatSeconds(Seconds(job.spec.run_timeout)) + " reached");
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Status, persistence, metrics
+
+absl::Status Coordinator::OnStatusRequest(const std::string& peer, uint64_t request_id,
+                                          wire::StatusRequest::Reader request) {
+  const std::string job_id = Str(request.getJobId());
+  if (!job_id.empty() && !jobs_.count(job_id)) return absl::NotFoundError("no job '" + job_id + "'");
+  auto reply = NewMessage(request_id);
+  FillStatus(reply->payload().initClusterStatus(), job_id);
+  Send(peer, *reply);
+  return absl::OkStatus();
+}
+
+void Coordinator::FillStatus(wire::ClusterStatus::Builder status, const std::string& job_id) {
+  const TimePoint now = clock_->Now();
+  status.setClusterId(CapText(options_.cluster_id));
+  status.setCoordinatorUptimeMs(static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(now - started_).count()));
+  const auto& nodes = membership_.nodes();
+  auto node_list = status.initNodes(static_cast<unsigned>(nodes.size()));
+  unsigned n = 0;
+  for (const auto& [id, node] : nodes) {
+    auto out = node_list[n++];
+    out.setNodeId(CapText(node.node_id));
+    out.setHostname(CapText(node.hostname));
+    out.setAddress(CapText(node.address));
+    out.setState(node.alive ? "alive" : "dead");
+    out.setMetricsAddress(CapText(node.metrics_address));
+    out.setLastHeartbeatAgoMs(static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(now - node.last_heartbeat).count()));
+    auto devices = out.initDevices(static_cast<unsigned>(node.devices.size()));
+    uint32_t busy = 0;
+    for (size_t d = 0; d < node.devices.size(); ++d) {
+      FillDevice(devices[d], node.devices[d]);
+      busy += node.devices[d].busy_job.empty() ? 0 : 1;
+    }
+    out.setActors(busy);
+  }
+  std::vector<const Job*> selected;
+  for (const auto& id : job_order_) {
+    if (job_id.empty() || id == job_id) selected.push_back(&jobs_.at(id));
+  }
+  auto job_list = status.initJobs(static_cast<unsigned>(selected.size()));
+  for (size_t j = 0; j < selected.size(); ++j) {
+    const Job& job = *selected[j];
+    auto out = job_list[j];
+    out.setJobId(CapText(job.id));
+    out.setName(CapText(job.spec.name));
+    out.setKind(CapText(std::string(placement::JobKindName(job.spec.kind))));
+    out.setState(CapText(std::string(JobStateName(job.state))));
+    out.setGeneration(job.generation);
+    out.setWorldSize(static_cast<uint32_t>(job.spec.actors));
+    out.setError(CapText(job.state == JobState::kPending ? job.waiting_reason : job.error));
+    out.setSubmittedUnixMs(job.submitted_unix_ms);
+    out.setFinishedUnixMs(job.finished_unix_ms);
+    out.setPhase(CapText(std::string(PhaseName(job.phase))));
+    out.setBackend(CapText(job.backend));
+    auto actors = out.initActors(static_cast<unsigned>(job.actors.size()));
+    for (size_t a = 0; a < job.actors.size(); ++a) {
+      const ActorRecord& actor = job.actors[a];
+      actors[a].setRank(static_cast<uint32_t>(actor.rank));
+      actors[a].setNodeId(CapText(actor.node_id));
+      FillDevice(actors[a].initDevice(), actor.device);
+      actors[a].setPid(actor.pid);
+      actors[a].setState(CapText(std::string(ActorStateName(actor.state))));
+      actors[a].setDetail(CapText(actor.detail));
+      actors[a].setMetricsAddress(CapText(actor.metrics_address));
+    }
+    auto results = out.initResults(static_cast<unsigned>(job.results.size()));
+    for (size_t r = 0; r < job.results.size(); ++r) {
+      const auto& result = job.results[r];
+      results[r].setOp(CapText(result.op));
+      results[r].setBytes(result.bytes);
+      results[r].setRanks(result.ranks);
+      results[r].setSeconds(result.seconds);
+      results[r].setAlgorithmGBps(result.algorithm_gbps);
+      results[r].setBusGBps(result.bus_gbps);
+      results[r].setOk(result.ok);
+      results[r].setDetail(CapText(result.detail));
+    }
+  }
+}
+
+void Coordinator::Persist(const Job& job) {
+  if (options_.state_dir.empty()) return;
+  nlohmann::json record = {
+      {"id", job.id},
+      {"spec_yaml", job.spec_yaml},
+      {"state", JobStateName(job.state)},
+      {"error", job.error},
+      {"generation", job.generation},
+      {"submitted_unix_ms", job.submitted_unix_ms},
+      {"finished_unix_ms", job.finished_unix_ms},
+  };
+  nlohmann::json results = nlohmann::json::array();
+  for (const auto& r : job.results) {
+    results.push_back({{"op", r.op}, {"bytes", r.bytes}, {"ranks", r.ranks},
+                       {"seconds", r.seconds}, {"algorithm_gbps", r.algorithm_gbps},
+                       {"bus_gbps", r.bus_gbps}, {"ok", r.ok}, {"detail", r.detail}});
+  }
+  record["results"] = results;
+  const auto path = std::filesystem::path(options_.state_dir) / "jobs" / (job.id + ".json");
+  auto status = WriteFileAtomically(path, record.dump(2));
+  if (!status.ok()) spdlog::error("persisting job {}: {}", job.id, Text(status.message()));
+}
+
+absl::Status Coordinator::LoadHistory() {
+  if (options_.state_dir.empty()) return absl::OkStatus();
+  const auto dir = std::filesystem::path(options_.state_dir) / "jobs";
+  std::vector<Job> loaded;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() != ".json") continue;
+    const std::string where = entry.path().string();
+    try {
+      std::ifstream in(entry.path());
+      const auto record = nlohmann::json::parse(in);
+      Job job;
+      job.id = record.at("id").get<std::string>();
+      job.spec_yaml = record.at("spec_yaml").get<std::string>();
+      auto spec = placement::ParseJobSpec(job.spec_yaml, where);
+      if (!spec.ok()) {
+        spdlog::error("skipping {}: {}", where, Text(spec.status().message()));
+        continue;
+      }
+      job.spec = *spec;
+      job.backend = std::string(placement::BackendName(placement::ResolveBackend(job.spec)));
+      const std::string state = record.at("state").get<std::string>();
+      job.error = record.value("error", "");
+      job.generation = record.value("generation", 0u);
+      job.submitted_unix_ms = record.value("submitted_unix_ms", int64_t{0});
+      job.finished_unix_ms = record.value("finished_unix_ms", int64_t{0});
+      for (const auto& r : record.value("results", nlohmann::json::array())) {
+        job.results.push_back({r.at("op"), r.at("bytes"), r.at("ranks"), r.at("seconds"),
+                               r.at("algorithm_gbps"), r.at("bus_gbps"), r.at("ok"),
+                               r.value("detail", "")});
+      }
+      if (state == "succeeded") {
+        job.state = JobState::kSucceeded;
+      } else if (state == "cancelled") {
+        job.state = JobState::kCancelled;
+      } else if (state == "pending") {
+        job.state = JobState::kPending;  // still wanted: it starts when devices come
+      } else {
+        job.state = JobState::kFailed;
+        if (state == "running") {
+          job.error = "the coordinator restarted while generation " +
+                      std::to_string(job.generation) + " was running";
+          job.finished_unix_ms = UnixMillis();
+        }
+      }
+      loaded.push_back(std::move(job));
+    } catch (const std::exception& e) {
+      spdlog::error("skipping unreadable job record {}: {}", where, e.what());
+    }
+  }
+  std::sort(loaded.begin(), loaded.end(), [](const Job& a, const Job& b) {
+    return a.submitted_unix_ms < b.submitted_unix_ms;
+  });
+  for (auto& job : loaded) {
+    const auto dash = job.id.rfind('-');
+    if (dash != std::string::npos) {
+      next_job_number_ = std::max<uint64_t>(next_job_number_,
+                                            std::strtoull(job.id.c_str() + dash + 1, nullptr, 10) + 1);
+    }
+    job_order_.push_back(job.id);
+    const std::string id = job.id;
+    jobs_[id] = std::move(job);
+    Persist(jobs_[id]);
+  }
+  if (!loaded.empty()) spdlog::info("loaded {} jobs from {}", loaded.size(), dir.string());
+  return absl::OkStatus();
+}
+
+void Coordinator::UpdateGauges() {
+  std::map<std::string, int64_t> nodes, actors, jobs;
+  std::map<std::pair<std::string, std::string>, int64_t> devices;
+  for (const auto& [id, node] : membership_.nodes()) {
+    nodes[node.alive ? "alive" : "dead"] += 1;
+    for (const auto& device : node.devices) {
+      const std::string kind = device.kind == DeviceInfo::Kind::kCuda ? "cuda" : "cpu";
+      const std::string state = !node.alive ? "dead" : device.busy_job.empty() ? "free" : "busy";
+      devices[{kind, state}] += 1;
+    }
+  }
+  for (const auto& [id, job] : jobs_) {
+    jobs[std::string(JobStateName(job.state))] += 1;
+    if (job.state != JobState::kRunning) continue;
+    for (const auto& actor : job.actors) actors[std::string(ActorStateName(actor.state))] += 1;
+  }
+  metrics_.SetNodes(nodes);
+  metrics_.SetDevices(devices);
+  metrics_.SetActors(actors);
+  metrics_.SetJobs(jobs);
+}
+
+}  // namespace shardline::coordinator

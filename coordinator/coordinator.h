@@ -1,0 +1,122 @@
+// The coordinator daemon: membership, jobs and their generations, communicator bootstrap and
+// its key-value store, all served from one ROUTER socket by one event-loop thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/clock.h"
+#include "coordinator/job.h"
+#include "coordinator/kv_store.h"
+#include "coordinator/membership.h"
+#include "monitoring/metrics.h"
+#include "monitoring/metrics_server.h"
+#include "protocol/channel.h"
+#include "protocol/envelope.h"
+
+namespace shardline::coordinator {
+
+struct CoordinatorOptions {
+  std::string listen = "tcp://127.0.0.1:5555";  // port 0 picks a free one
+  std::string metrics_address = "127.0.0.1:0";  // empty: no metrics endpoint
+  std::string state_dir;                         // empty: nothing persisted
+  std::string cluster_id = "shardline";
+  std::chrono::milliseconds heartbeat_interval{1000};
+  std::chrono::milliseconds heartbeat_timeout{5000};
+};
+
+class Coordinator {
+ public:
+  // Binds the socket and the metrics endpoint and loads the job history from the state dir.
+  // Errors name what could not be opened (a port in use, an unwritable state dir).
+  static absl::StatusOr<std::unique_ptr<Coordinator>> Create(CoordinatorOptions options,
+                                                             const Clock* clock);
+  ~Coordinator();
+
+  // Serves until `stop` is set; then aborts running generations and returns.
+  absl::Status Run(const std::atomic<bool>& stop);
+
+  const std::string& endpoint() const { return channel_->endpoint(); }
+  std::string metrics_address() const { return metrics_server_->address(); }
+
+ private:
+  Coordinator(CoordinatorOptions options, const Clock* clock,
+              std::unique_ptr<protocol::Channel> channel,
+              std::unique_ptr<monitoring::MetricsServer> metrics_server);
+
+  // ---- the wire ----
+  void HandleFrame(protocol::Frame& frame);
+  void Dispatch(const std::string& peer, const protocol::Message& message);
+  void Send(const std::string& peer, protocol::Outgoing& message);
+  void ReplyError(const std::string& peer, uint64_t request_id, const absl::Status& status);
+  void ReplyAck(const std::string& peer, uint64_t request_id);
+  std::unique_ptr<protocol::Outgoing> NewMessage(uint64_t request_id);
+
+  // ---- handlers (one per request payload) ----
+  absl::Status OnRegisterNode(const std::string& peer, uint64_t request_id,
+                              wire::RegisterNode::Reader request);
+  absl::Status OnHeartbeat(const std::string& peer, uint64_t request_id,
+                           wire::Heartbeat::Reader request);
+  absl::Status OnSubmitJob(const std::string& peer, uint64_t request_id,
+                           wire::SubmitJob::Reader request);
+  absl::Status OnStatusRequest(const std::string& peer, uint64_t request_id,
+                               wire::StatusRequest::Reader request);
+  absl::Status OnCancelJob(const std::string& peer, uint64_t request_id,
+                           wire::CancelJob::Reader request);
+  absl::Status OnActorExited(const std::string& peer, uint64_t request_id,
+                             wire::ActorExited::Reader report);
+  absl::Status OnRegisterActor(const std::string& peer, uint64_t request_id,
+                               wire::RegisterActor::Reader request);
+  absl::Status OnKvRequest(const std::string& peer, uint64_t request_id, const std::string& sender,
+                           wire::KvRequest::Reader request);
+  absl::Status OnCommReady(const std::string& peer, uint64_t request_id,
+                           wire::CommReady::Reader report);
+  absl::Status OnCommFailed(const std::string& peer, uint64_t request_id,
+                            wire::CommFailed::Reader report);
+  absl::Status OnStepReport(const std::string& peer, uint64_t request_id,
+                            wire::StepReport::Reader report);
+  absl::Status OnActorDone(const std::string& peer, uint64_t request_id,
+                           wire::ActorDone::Reader report);
+
+  // ---- jobs ----
+  // The job's actor of (generation, rank), or an error saying why the report is stale or bad.
+  absl::StatusOr<ActorRecord*> FindActor(const std::string& job_id, uint32_t generation,
+                                         uint32_t rank);
+  void TryStartPendingJobs();
+  void StartGeneration(Job& job, const std::vector<std::pair<std::string, int>>& placement);
+  // Ends the current generation: aborts its actors, frees its devices, records `error`.
+  void EndJob(Job& job, JobState state, const std::string& error);
+  void MaybeFinishJob(Job& job);
+  void CheckDeadlines();
+  void OnNodesDead(const std::vector<std::string>& node_ids);
+  // Marks the node's unfinished actors lost and fails their jobs, saying `reason`.
+  void FailJobsOnNode(const std::string& node_id, const std::string& reason);
+  void FreeDevices(const Job& job);
+
+  // ---- persistence and metrics ----
+  absl::Status LoadHistory();
+  void Persist(const Job& job);
+  void UpdateGauges();
+  void FillStatus(wire::ClusterStatus::Builder status, const std::string& job_id);
+
+  CoordinatorOptions options_;
+  const Clock* clock_;
+  TimePoint started_;
+  std::unique_ptr<protocol::Channel> channel_;
+  std::unique_ptr<monitoring::MetricsServer> metrics_server_;
+  monitoring::WireMetrics wire_metrics_;
+  monitoring::CoordinatorMetrics metrics_;
+  Membership membership_;
+  KvStore kv_;
+  std::map<std::string, Job> jobs_;
+  std::vector<std::string> job_order_;  // submission order: pending jobs start first-come
+  uint64_t next_job_number_ = 1;
+  TimePoint last_gauge_update_;
+};
+
+}  // namespace shardline::coordinator

@@ -1,0 +1,68 @@
+// Which nodes are in the cluster, their devices, and whether they are alive. Pure bookkeeping:
+// the clock is passed in and nothing here does I/O, so timeouts are tested without sleeping.
+// Not thread-safe: owned by the coordinator's event loop.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/clock.h"
+
+namespace shardline::coordinator {
+
+struct DeviceInfo {
+  enum class Kind { kCpu, kCuda };
+  Kind kind = Kind::kCpu;
+  int index = 0;
+  uint64_t memory_bytes = 0;
+  std::string name;
+  std::string busy_job;  // the job whose actor holds this device; empty when free
+};
+
+std::string DeviceLabel(const DeviceInfo& device);  // "cpu:0", "cuda:3"
+
+struct NodeInfo {
+  std::string node_id;
+  std::string instance_id;  // distinguishes a restarted agent from a second agent
+  std::string hostname;
+  std::string address;
+  std::string metrics_address;
+  std::string peer;  // ROUTER routing id of the agent's connection
+  uint32_t pid = 0;
+  std::vector<DeviceInfo> devices;
+  bool alive = true;
+  TimePoint last_heartbeat;
+};
+
+class Membership {
+ public:
+  explicit Membership(std::chrono::milliseconds heartbeat_timeout)
+      : heartbeat_timeout_(heartbeat_timeout) {}
+
+  // Adds or replaces a node. A second agent claiming the id of a node that is alive (another
+  // instance, heartbeat within the timeout) is refused with AlreadyExists; a node that comes back
+  // (dead, or the same instance re-registering) replaces its old entry. On replacement, the
+  // returned `replaced` holds the old entry so that the caller can fail its actors.
+  absl::Status Register(NodeInfo node, TimePoint now, NodeInfo* replaced);
+
+  // NotFound when the node is unknown, dead or another instance: the agent must register again.
+  absl::Status Heartbeat(const std::string& node_id, const std::string& instance_id,
+                         TimePoint now);
+
+  // Marks nodes silent past the timeout dead and returns their ids (each once).
+  std::vector<std::string> ExpireSilentNodes(TimePoint now);
+
+  NodeInfo* Find(const std::string& node_id);
+  const std::map<std::string, NodeInfo>& nodes() const { return nodes_; }
+  std::map<std::string, NodeInfo>& mutable_nodes() { return nodes_; }
+  std::chrono::milliseconds heartbeat_timeout() const { return heartbeat_timeout_; }
+
+ private:
+  std::chrono::milliseconds heartbeat_timeout_;
+  std::map<std::string, NodeInfo> nodes_;  // ordered: placement and status list nodes stably
+};
+
+}  // namespace shardline::coordinator

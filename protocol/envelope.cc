@@ -1,0 +1,151 @@
+#include "protocol/envelope.h"
+
+#include <cstring>
+
+#include <kj/exception.h>
+
+namespace shardline::protocol {
+namespace {
+
+// Bounds on what a frame may make the decoder walk: a message is at most kMaxFrameBytes, and no
+// schema of ours nests deeper than a few levels.
+capnp::ReaderOptions BoundedOptions() {
+  capnp::ReaderOptions options;
+  options.traversalLimitInWords = kMaxFrameBytes / sizeof(capnp::word);
+  options.nestingLimit = 16;
+  return options;
+}
+
+DecodeResult Refuse(DecodeFailure failure, std::string message, uint64_t request_id = 0) {
+  DecodeResult result;
+  result.failure = failure;
+  const bool precondition = failure == DecodeFailure::kVersion || failure == DecodeFailure::kCluster;
+  result.status = precondition ? absl::FailedPreconditionError(std::move(message))
+                               : absl::InvalidArgumentError(std::move(message));
+  result.request_id = request_id;
+  return result;
+}
+
+}  // namespace
+
+std::string_view DecodeFailureName(DecodeFailure failure) {
+  switch (failure) {
+    case DecodeFailure::kNone: return "none";
+    case DecodeFailure::kTruncated: return "truncated";
+    case DecodeFailure::kGarbage: return "garbage";
+    case DecodeFailure::kOversized: return "oversized";
+    case DecodeFailure::kVersion: return "version";
+    case DecodeFailure::kCluster: return "cluster";
+  }
+  return "unknown";
+}
+
+DecodeResult Decode(const void* data, size_t size, std::string_view expected_cluster) {
+  if (size > kMaxFrameBytes) {
+    return Refuse(DecodeFailure::kOversized, "frame of " + std::to_string(size) +
+                                                 " bytes exceeds the limit of " +
+                                                 std::to_string(kMaxFrameBytes));
+  }
+  if (size < 16 || size % sizeof(capnp::word) != 0) {
+    return Refuse(DecodeFailure::kTruncated,
+                  "frame of " + std::to_string(size) + " bytes is not a whole Cap'n Proto message");
+  }
+  auto message = std::make_unique<Message>();
+  // ZeroMQ gives no alignment guarantee; Cap'n Proto needs word alignment.
+  message->words_ = kj::heapArray<capnp::word>(size / sizeof(capnp::word));
+  std::memcpy(message->words_.begin(), data, size);
+  try {
+    // The segment table must account for exactly the bytes we got: fewer means truncated.
+    const size_t expected_words = capnp::expectedSizeInWordsFromPrefix(message->words_.asPtr());
+    if (expected_words > message->words_.size()) {
+      return Refuse(DecodeFailure::kTruncated,
+                    "frame holds " + std::to_string(size) + " bytes but its header announces " +
+                        std::to_string(expected_words * sizeof(capnp::word)));
+    }
+    message->reader_ =
+        std::make_unique<capnp::FlatArrayMessageReader>(message->words_.asPtr(), BoundedOptions());
+    message->envelope_ = message->reader_->getRoot<wire::Envelope>();
+    // Walks every pointer once, so that a malformed message fails here and not in a handler.
+    (void)message->envelope_.totalSize();
+  } catch (const kj::Exception& e) {
+    return Refuse(DecodeFailure::kGarbage,
+                  std::string("malformed message: ") + e.getDescription().cStr());
+  }
+  const auto envelope = message->envelope_;
+  const uint64_t request_id = envelope.getRequestId();
+  if (envelope.getProtocolVersion() != wire::PROTOCOL_VERSION) {
+    return Refuse(DecodeFailure::kVersion,
+                  "protocol version " + std::to_string(envelope.getProtocolVersion()) +
+                      " is not supported (this peer speaks version " +
+                      std::to_string(wire::PROTOCOL_VERSION) + ")",
+                  request_id);
+  }
+  try {
+    if (!expected_cluster.empty() && Str(envelope.getClusterId()) != expected_cluster) {
+      return Refuse(DecodeFailure::kCluster,
+                    "message for cluster '" + Str(envelope.getClusterId()) +
+                        "' reached cluster '" + std::string(expected_cluster) + "'",
+                    request_id);
+    }
+    (void)envelope.getSender().cStr();
+  } catch (const kj::Exception& e) {
+    return Refuse(DecodeFailure::kGarbage,
+                  std::string("malformed header: ") + e.getDescription().cStr(), request_id);
+  }
+  DecodeResult result;
+  result.request_id = request_id;
+  result.message = std::move(message);
+  return result;
+}
+
+Outgoing::Outgoing(std::string_view cluster_id, std::string_view sender, uint64_t request_id)
+    : envelope_(builder_.initRoot<wire::Envelope>()) {
+  envelope_.setProtocolVersion(wire::PROTOCOL_VERSION);
+  envelope_.setClusterId(capnp::Text::Reader(cluster_id.data(), cluster_id.size()));
+  envelope_.setSender(capnp::Text::Reader(sender.data(), sender.size()));
+  envelope_.setRequestId(request_id);
+}
+
+std::string_view PayloadName(wire::Envelope::Payload::Which which) {
+  using W = wire::Envelope::Payload::Which;
+  switch (which) {
+    case W::ERROR: return "error";
+    case W::ACK: return "ack";
+    case W::REGISTER_NODE: return "register_node";
+    case W::REGISTER_NODE_REPLY: return "register_node_reply";
+    case W::HEARTBEAT: return "heartbeat";
+    case W::SUBMIT_JOB: return "submit_job";
+    case W::SUBMIT_JOB_REPLY: return "submit_job_reply";
+    case W::STATUS_REQUEST: return "status_request";
+    case W::CLUSTER_STATUS: return "cluster_status";
+    case W::CANCEL_JOB: return "cancel_job";
+    case W::SPAWN_ACTORS: return "spawn_actors";
+    case W::ABORT_GENERATION: return "abort_generation";
+    case W::ACTOR_EXITED: return "actor_exited";
+    case W::REGISTER_ACTOR: return "register_actor";
+    case W::ASSIGNMENT: return "assignment";
+    case W::KV_REQUEST: return "kv_request";
+    case W::KV_REPLY: return "kv_reply";
+    case W::COMM_READY: return "comm_ready";
+    case W::COMM_FAILED: return "comm_failed";
+    case W::STEP_REPORT: return "step_report";
+    case W::ACTOR_DONE: return "actor_done";
+    case W::SHUTDOWN: return "shutdown";
+  }
+  return "unknown";
+}
+
+void SetError(wire::Envelope::Payload::Builder payload, const absl::Status& status) {
+  auto error = payload.initError();
+  error.setCode(static_cast<uint32_t>(status.code()));
+  const auto message = status.message();
+  error.setMessage(capnp::Text::Reader(message.data(), message.size()));
+}
+
+absl::Status ErrorToStatus(wire::Error::Reader error) {
+  auto code = static_cast<absl::StatusCode>(error.getCode());
+  if (code == absl::StatusCode::kOk) code = absl::StatusCode::kUnknown;
+  return absl::Status(code, Str(error.getMessage()));
+}
+
+}  // namespace shardline::protocol

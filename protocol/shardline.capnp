@@ -1,0 +1,284 @@
+# Every control message of Shardline. One ZeroMQ frame carries one Envelope.
+# Compatibility: fields are only ever added (new ordinals), never renumbered; a breaking change
+# bumps `protocolVersion` below, and peers of another version are refused with an error reply.
+@0xf03e18e6711f6ee9;
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("shardline::wire");
+
+const protocolVersion :UInt32 = 1;
+
+struct Envelope {
+  protocolVersion @0 :UInt32;
+  clusterId @1 :Text;
+  sender @2 :Text;        # "coordinator", "agent/NODE", "actor/JOB/GEN/RANK", "cli"
+  requestId @3 :UInt64;   # a reply echoes its request's id; 0 for messages that expect no reply
+
+  payload :union {
+    error @4 :Error;
+    ack @5 :Void;
+    registerNode @6 :RegisterNode;
+    registerNodeReply @7 :RegisterNodeReply;
+    heartbeat @8 :Heartbeat;
+    submitJob @9 :SubmitJob;
+    submitJobReply @10 :SubmitJobReply;
+    statusRequest @11 :StatusRequest;
+    clusterStatus @12 :ClusterStatus;
+    cancelJob @13 :CancelJob;
+    spawnActors @14 :SpawnActors;
+    abortGeneration @15 :AbortGeneration;
+    actorExited @16 :ActorExited;
+    registerActor @17 :RegisterActor;
+    assignment @18 :Assignment;
+    kvRequest @19 :KvRequest;
+    kvReply @20 :KvReply;
+    commReady @21 :CommReady;
+    commFailed @22 :CommFailed;
+    stepReport @23 :StepReport;
+    actorDone @24 :ActorDone;
+    shutdown @25 :Shutdown;
+  }
+}
+
+# A failed request. `code` is an absl::StatusCode.
+struct Error {
+  code @0 :UInt32;
+  message @1 :Text;
+}
+
+enum DeviceKind {
+  cpu @0;
+  cuda @1;
+}
+
+struct Device {
+  kind @0 :DeviceKind;
+  index @1 :UInt32;
+  memoryBytes @2 :UInt64;
+  name @3 :Text;
+}
+
+# ---- membership (agent -> coordinator) ----
+
+struct RegisterNode {
+  nodeId @0 :Text;
+  instanceId @1 :Text;      # new at every agent start: tells a restarted agent from a second one
+  hostname @2 :Text;
+  address @3 :Text;         # the node's address that reaches the coordinator
+  devices @4 :List(Device);
+  metricsAddress @5 :Text;
+  pid @6 :UInt32;
+}
+
+struct RegisterNodeReply {
+  heartbeatIntervalMs @0 :UInt32;
+  heartbeatTimeoutMs @1 :UInt32;
+}
+
+# Answered by `ack`, or by an error NOT_FOUND when the coordinator no longer knows the node (it
+# restarted, or declared the node dead): the agent then registers again.
+struct Heartbeat {
+  nodeId @0 :Text;
+  instanceId @1 :Text;
+  runningActors @2 :UInt32;
+}
+
+# ---- jobs (cli -> coordinator) ----
+
+struct SubmitJob {
+  specYaml @0 :Text;
+  sourceName @1 :Text;      # the file name, for error messages
+}
+
+struct SubmitJobReply {
+  jobId @0 :Text;
+}
+
+struct StatusRequest {
+  jobId @0 :Text;           # empty: every job
+}
+
+struct CancelJob {
+  jobId @0 :Text;
+}
+
+struct ClusterStatus {
+  clusterId @0 :Text;
+  nodes @1 :List(NodeStatus);
+  jobs @2 :List(JobStatus);
+  coordinatorUptimeMs @3 :UInt64;
+}
+
+struct NodeStatus {
+  nodeId @0 :Text;
+  hostname @1 :Text;
+  address @2 :Text;
+  state @3 :Text;           # alive | dead
+  devices @4 :List(Device);
+  lastHeartbeatAgoMs @5 :UInt64;
+  metricsAddress @6 :Text;
+  actors @7 :UInt32;
+}
+
+struct JobStatus {
+  jobId @0 :Text;
+  name @1 :Text;
+  kind @2 :Text;
+  state @3 :Text;           # pending | running | succeeded | failed | cancelled
+  generation @4 :UInt32;
+  worldSize @5 :UInt32;
+  error @6 :Text;
+  submittedUnixMs @7 :Int64;
+  finishedUnixMs @8 :Int64;
+  phase @9 :Text;           # within running: spawning | registering | bootstrapping | running
+  actors @10 :List(ActorStatus);
+  results @11 :List(CollectiveResult);
+  backend @12 :Text;
+}
+
+struct ActorStatus {
+  rank @0 :UInt32;
+  nodeId @1 :Text;
+  device @2 :Device;
+  pid @3 :UInt32;
+  state @4 :Text;           # spawning | registered | bootstrapping | ready | running | succeeded | failed | lost
+  detail @5 :Text;
+  metricsAddress @6 :Text;
+}
+
+# One (operation, size) of a comm-check, as rank 0 measured it; `ok` is every rank's verdict.
+struct CollectiveResult {
+  op @0 :Text;
+  bytes @1 :UInt64;
+  ranks @2 :UInt32;
+  seconds @3 :Float64;      # mean time of one operation
+  algorithmGBps @4 :Float64;
+  busGBps @5 :Float64;
+  ok @6 :Bool;
+  detail @7 :Text;          # what mismatched, when not ok
+}
+
+# ---- generations (coordinator <-> agent) ----
+
+struct SpawnActors {
+  jobId @0 :Text;
+  generation @1 :UInt32;
+  actors @2 :List(ActorSpawn);
+}
+
+struct ActorSpawn {
+  rank @0 :UInt32;
+  device @1 :Device;
+}
+
+# Kill every actor of the job's generation (all of the job's generations when 0).
+struct AbortGeneration {
+  jobId @0 :Text;
+  generation @1 :UInt32;
+  reason @2 :Text;
+}
+
+struct ActorExited {
+  jobId @0 :Text;
+  generation @1 :UInt32;
+  rank @2 :UInt32;
+  pid @3 :UInt32;
+  signaled @4 :Bool;
+  code @5 :Int32;           # exit code, or the signal when `signaled`
+  description @6 :Text;
+}
+
+# ---- actors (actor <-> coordinator) ----
+
+struct RegisterActor {
+  jobId @0 :Text;
+  generation @1 :UInt32;
+  rank @2 :UInt32;
+  nodeId @3 :Text;
+  pid @4 :UInt32;
+  address @5 :Text;         # where this actor's communicators listen
+  metricsAddress @6 :Text;
+}
+
+# Everything an actor needs to run its part. Later issues add the shard it holds (layers, slices)
+# as new fields; the groups already carry every parallel dimension.
+struct Assignment {
+  jobId @0 :Text;
+  generation @1 :UInt32;
+  rank @2 :UInt32;
+  worldSize @3 :UInt32;
+  kind @4 :Text;            # comm-check
+  specYaml @5 :Text;        # the job spec as submitted
+  backend @6 :Text;         # gloo | nccl
+  device @7 :Device;
+  groups @8 :List(Group);
+  storePrefix @9 :Text;     # key prefix of this job generation in the coordinator's store
+  bootstrapTimeoutMs @10 :UInt32;
+}
+
+struct Group {
+  kind @0 :Text;            # world | tp | pp | dp
+  id @1 :Text;              # unique in the generation, e.g. "world", "tp.0"
+  ranks @2 :List(UInt32);   # global ranks, in group order
+}
+
+enum KvOp {
+  set @0;
+  get @1;                   # waits up to waitMs for the key to be set
+  add @2;
+}
+
+struct KvRequest {
+  op @0 :KvOp;
+  key @1 :Text;
+  value @2 :Data;
+  delta @3 :Int64;
+  waitMs @4 :UInt32;
+}
+
+struct KvReply {
+  value @0 :Data;
+  number @1 :Int64;
+}
+
+struct CommReady {
+  jobId @0 :Text;
+  generation @1 :UInt32;
+  rank @2 :UInt32;
+  groupId @3 :Text;
+  seconds @4 :Float64;
+}
+
+struct CommFailed {
+  jobId @0 :Text;
+  generation @1 :UInt32;
+  rank @2 :UInt32;
+  groupId @3 :Text;
+  message @4 :Text;
+}
+
+# Asynchronous progress; never waited on by the sender beyond its ack.
+struct StepReport {
+  jobId @0 :Text;
+  generation @1 :UInt32;
+  rank @2 :UInt32;
+  step @3 :UInt64;
+  loss @4 :Float64;
+  tokensPerSecond @5 :Float64;
+  computeSeconds @6 :Float64;
+  commSeconds @7 :Float64;
+  bubbleSeconds @8 :Float64;
+  results @9 :List(CollectiveResult);
+}
+
+struct ActorDone {
+  jobId @0 :Text;
+  generation @1 :UInt32;
+  rank @2 :UInt32;
+  ok @3 :Bool;
+  message @4 :Text;
+}
+
+struct Shutdown {
+  reason @0 :Text;
+}

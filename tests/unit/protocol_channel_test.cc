@@ -1,0 +1,128 @@
+// Channels over real loopback sockets: ROUTER/DEALER exchange, request/reply matching, timeouts,
+// a port in use.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "protocol/channel.h"
+#include "protocol/rpc_client.h"
+
+namespace shardline::protocol {
+namespace {
+
+using namespace std::chrono_literals;
+
+TEST(ChannelTest, BindPicksAPortAndDealerReachesRouter) {
+  auto router = Channel::Bind("tcp://127.0.0.1:0");
+  ASSERT_TRUE(router.ok()) << router.status();
+  const std::string endpoint = (*router)->endpoint();
+  EXPECT_EQ(endpoint.rfind("tcp://127.0.0.1:", 0), 0u);
+  EXPECT_EQ(endpoint.find(":0"), std::string::npos);
+
+  auto dealer = Channel::Connect(endpoint);
+  ASSERT_TRUE(dealer.ok());
+  Outgoing hello("c", "test", 1);
+  hello.payload().initShutdown().setReason("hello");
+  ASSERT_TRUE((*dealer)->Send(hello).ok());
+
+  auto frame = (*router)->Receive(5s);
+  ASSERT_TRUE(frame.ok() && frame->has_value());
+  auto decoded = Decode((*frame)->bytes.data(), (*frame)->bytes.size(), "c");
+  ASSERT_TRUE(decoded.ok()) << decoded.status;
+  EXPECT_EQ(Str(decoded.message->envelope().getPayload().getShutdown().getReason()), "hello");
+
+  // And back, addressed by the routing id.
+  Outgoing reply("c", "coordinator", 1);
+  reply.payload().setAck();
+  ASSERT_TRUE((*router)->Send(reply, (*frame)->peer).ok());
+  auto back = (*dealer)->Receive(5s);
+  ASSERT_TRUE(back.ok() && back->has_value());
+}
+
+TEST(ChannelTest, ReceiveTimesOut) {
+  auto router = Channel::Bind("tcp://127.0.0.1:0");
+  ASSERT_TRUE(router.ok());
+  const auto start = std::chrono::steady_clock::now();
+  auto frame = (*router)->Receive(50ms);
+  ASSERT_TRUE(frame.ok());
+  EXPECT_FALSE(frame->has_value());
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 45ms);
+}
+
+TEST(ChannelTest, PortInUseIsAClearError) {
+  auto first = Channel::Bind("tcp://127.0.0.1:0");
+  ASSERT_TRUE(first.ok());
+  auto second = Channel::Bind((*first)->endpoint());
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_NE(std::string(second.status().message()).find("cannot listen on"), std::string::npos);
+  EXPECT_NE(std::string(second.status().message()).find("in use"), std::string::npos);
+}
+
+TEST(ChannelTest, BadEndpointIsAClearError) {
+  auto bad = Channel::Bind("tcp://no-such-host.invalid:12");
+  EXPECT_FALSE(bad.ok());
+  auto worse = Channel::Connect("carrier-pigeon://x");
+  EXPECT_FALSE(worse.ok());
+}
+
+TEST(RpcClientTest, CallMatchesRepliesAndKeepsPushes) {
+  auto router = Channel::Bind("tcp://127.0.0.1:0");
+  ASSERT_TRUE(router.ok());
+  Channel& server = **router;
+  std::thread coordinator([&server] {
+    // Answers one call: first a push and a stale reply, then the real reply.
+    auto frame = server.Receive(5s);
+    ASSERT_TRUE(frame.ok() && frame->has_value());
+    auto request = Decode((*frame)->bytes.data(), (*frame)->bytes.size(), "c");
+    ASSERT_TRUE(request.ok());
+    Outgoing push("c", "coordinator", 0);
+    push.payload().initShutdown().setReason("push");
+    ASSERT_TRUE(server.Send(push, (*frame)->peer).ok());
+    Outgoing stale("c", "coordinator", request.message->request_id() + 100);
+    stale.payload().setAck();
+    ASSERT_TRUE(server.Send(stale, (*frame)->peer).ok());
+    Outgoing reply("c", "coordinator", request.message->request_id());
+    reply.payload().initSubmitJobReply().setJobId("job-1");
+    ASSERT_TRUE(server.Send(reply, (*frame)->peer).ok());
+  });
+  auto client = RpcClient::Connect(server.endpoint(), "c", "cli");
+  ASSERT_TRUE(client.ok());
+  auto request = (*client)->NewMessage();
+  request->payload().initSubmitJob().setSpecYaml("x");
+  auto reply = (*client)->Call(*request, 5s);
+  coordinator.join();
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_EQ(Str((*reply)->envelope().getPayload().getSubmitJobReply().getJobId()), "job-1");
+  auto push = (*client)->NextMessage(1s);
+  ASSERT_TRUE(push.ok() && *push);
+  EXPECT_EQ((*push)->which(), wire::Envelope::Payload::SHUTDOWN);
+}
+
+TEST(RpcClientTest, UnreachableCoordinatorTimesOutNamingIt) {
+  // A port nobody listens on: bind then drop a router to learn a free port.
+  std::string endpoint;
+  {
+    auto router = Channel::Bind("tcp://127.0.0.1:0");
+    ASSERT_TRUE(router.ok());
+    endpoint = (*router)->endpoint();
+  }
+  auto client = RpcClient::Connect(endpoint, "c", "cli");
+  ASSERT_TRUE(client.ok());
+  auto request = (*client)->NewMessage();
+  request->payload().initStatusRequest();
+  auto reply = (*client)->Call(*request, 200ms);
+  ASSERT_FALSE(reply.ok());
+  EXPECT_EQ(reply.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(std::string(reply.status().message()).find(endpoint), std::string::npos);
+}
+
+TEST(LocalAddressTest, LoopbackReachesLoopback) {
+  auto address = LocalAddressFor("tcp://127.0.0.1:5555");
+  ASSERT_TRUE(address.ok()) << address.status();
+  EXPECT_EQ(*address, "127.0.0.1");
+  EXPECT_FALSE(LocalAddressFor("tcp://nohost").ok());
+}
+
+}  // namespace
+}  // namespace shardline::protocol

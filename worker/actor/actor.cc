@@ -1,0 +1,272 @@
+#include "worker/actor/actor.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+
+#include "common/status_macros.h"
+#include "monitoring/metrics.h"
+#include "monitoring/metrics_server.h"
+#include "placement/job_spec.h"
+#include "protocol/rpc_client.h"
+#include "spdlog/spdlog.h"
+#include "worker/actor/comm_check.h"
+#include "worker/actor/coordinator_store.h"
+#include "worker/comm/communicator.h"
+#include "worker/wire_observer.h"
+
+namespace shardline::actor {
+namespace {
+
+using protocol::Str;
+using namespace std::chrono_literals;
+
+constexpr auto kRegisterTimeout = 30s;
+constexpr auto kReportTimeout = 10s;
+
+class MeteredCollectives final : public comm::CommObserver {
+ public:
+  explicit MeteredCollectives(monitoring::ActorMetrics& metrics) : metrics_(metrics) {}
+  void OnOperation(std::string_view op, size_t bytes, double seconds, bool ok) override {
+    metrics_.OnOperation(op, bytes, seconds, ok);
+  }
+
+ private:
+  monitoring::ActorMetrics& metrics_;
+};
+
+// Everything one actor run holds; its methods are the steps of RunActor.
+class Actor {
+ public:
+  explicit Actor(const ActorOptions& options) : options_(options) {}
+
+  absl::Status Connect();
+  absl::Status Register();
+  absl::Status Bootstrap();
+  // The job itself; an error here is reported as the actor's failure.
+  absl::Status RunJob();
+  absl::Status ReportDone(bool ok, const std::string& message);
+
+ private:
+  template <typename Fill>
+  absl::Status Report(Fill fill) {
+    auto message = client_->NewMessage();
+    fill(message->payload());
+    ASSIGN_OR_RETURN(auto reply, client_->Call(*message, kReportTimeout));
+    (void)reply;
+    return absl::OkStatus();
+  }
+
+  const ActorOptions& options_;
+  std::string address_;
+  std::unique_ptr<monitoring::MetricsServer> metrics_server_;
+  std::unique_ptr<monitoring::WireMetrics> wire_metrics_;
+  std::unique_ptr<monitoring::ActorMetrics> actor_metrics_;
+  std::unique_ptr<worker::MeteredWire> wire_observer_;
+  std::unique_ptr<MeteredCollectives> collective_observer_;
+  std::unique_ptr<protocol::RpcClient> client_;
+
+  // From the assignment.
+  placement::JobSpec spec_;
+  std::string backend_;
+  std::string store_prefix_;
+  std::chrono::milliseconds bootstrap_timeout_{30000};
+  uint32_t world_size_ = 0;
+  int device_index_ = 0;
+  struct Group {
+    std::string kind, id;
+    std::vector<uint32_t> ranks;
+  };
+  std::vector<Group> groups_;
+  std::map<std::string, std::unique_ptr<comm::Communicator>> communicators_;  // by group id
+};
+
+absl::Status Actor::Connect() {
+  ASSIGN_OR_RETURN(address_, protocol::LocalAddressFor(options_.coordinator));
+  const std::string metrics_address =
+      options_.metrics_address.empty() ? address_ + ":0" : options_.metrics_address;
+  ASSIGN_OR_RETURN(metrics_server_, monitoring::MetricsServer::Start(metrics_address));
+  const monitoring::Labels labels = {{"component", "actor"},
+                                     {"job", options_.job_id},
+                                     {"rank", std::to_string(options_.rank)},
+                                     {"node", options_.node_id}};
+  wire_metrics_ = std::make_unique<monitoring::WireMetrics>(metrics_server_->registry(), labels);
+  actor_metrics_ = std::make_unique<monitoring::ActorMetrics>(metrics_server_->registry(), labels);
+  wire_observer_ = std::make_unique<worker::MeteredWire>(*wire_metrics_);
+  collective_observer_ = std::make_unique<MeteredCollectives>(*actor_metrics_);
+  const std::string sender = "actor/" + options_.job_id + "/" +
+                             std::to_string(options_.generation) + "/" +
+                             std::to_string(options_.rank);
+  ASSIGN_OR_RETURN(client_, protocol::RpcClient::Connect(options_.coordinator, options_.cluster_id,
+                                                         sender, wire_observer_.get()));
+  return absl::OkStatus();
+}
+
+absl::Status Actor::Register() {
+  auto message = client_->NewMessage();
+  auto request = message->payload().initRegisterActor();
+  request.setJobId(options_.job_id);
+  request.setGeneration(options_.generation);
+  request.setRank(options_.rank);
+  request.setNodeId(options_.node_id);
+  request.setPid(static_cast<uint32_t>(getpid()));
+  request.setAddress(address_);
+  request.setMetricsAddress(metrics_server_->address());
+  ASSIGN_OR_RETURN(auto reply, client_->Call(*message, kRegisterTimeout));
+  if (reply->which() != wire::Envelope::Payload::ASSIGNMENT) {
+    return absl::InternalError("register: expected an assignment, got " +
+                               std::string(protocol::PayloadName(reply->which())));
+  }
+  const auto assignment = reply->envelope().getPayload().getAssignment();
+  ASSIGN_OR_RETURN(spec_, placement::ParseJobSpec(Str(assignment.getSpecYaml()), "assignment"));
+  backend_ = Str(assignment.getBackend());
+  store_prefix_ = Str(assignment.getStorePrefix());
+  bootstrap_timeout_ = std::chrono::milliseconds(assignment.getBootstrapTimeoutMs());
+  world_size_ = assignment.getWorldSize();
+  device_index_ = static_cast<int>(assignment.getDevice().getIndex());
+  for (auto group : assignment.getGroups()) {
+    Group g{Str(group.getKind()), Str(group.getId()), {}};
+    for (auto r : group.getRanks()) g.ranks.push_back(r);
+    groups_.push_back(std::move(g));
+  }
+  spdlog::info("rank {}/{} of job {} generation {}: {} backend, {} groups", options_.rank,
+               world_size_, options_.job_id, options_.generation, backend_, groups_.size());
+  return absl::OkStatus();
+}
+
+absl::Status Actor::Bootstrap() {
+  // Fault injection for the liveness tests: stop this process at the start of bootstrap, as a
+  // SIGSTOP from outside would, at a moment the test cannot otherwise hit reliably.
+  if (const char* stop_rank = std::getenv("SHARDLINE_FAULT_STOP_RANK_AT_BOOTSTRAP")) {
+    if (std::to_string(options_.rank) == stop_rank) {
+      spdlog::warn("fault injection: rank {} stops itself before bootstrap", options_.rank);
+      ::raise(SIGSTOP);
+    }
+  }
+  CoordinatorStore store(*client_);
+  for (const auto& group : groups_) {
+    const auto me = std::find(group.ranks.begin(), group.ranks.end(), options_.rank);
+    if (me == group.ranks.end()) continue;
+    const int index = static_cast<int>(me - group.ranks.begin());
+    const int size = static_cast<int>(group.ranks.size());
+    comm::PrefixStore group_store(store_prefix_ + "/" + group.id, store);
+    const auto start = std::chrono::steady_clock::now();
+    absl::StatusOr<std::unique_ptr<comm::Communicator>> communicator;
+    if (backend_ == "nccl") {
+      comm::NcclOptions nccl;
+      nccl.device = device_index_;
+      nccl.timeout = bootstrap_timeout_;
+      communicator = comm::CreateNcclCommunicator(group_store, index, size, nccl);
+    } else {
+      comm::GlooOptions gloo;
+      gloo.hostname = address_;
+      gloo.timeout = bootstrap_timeout_;
+      communicator = comm::CreateGlooCommunicator(group_store, index, size, gloo);
+    }
+    if (!communicator.ok()) {
+      const std::string error = ToString(communicator.status().message());
+      spdlog::error("group {}: {}", group.id, error);
+      RETURN_IF_ERROR(Report([&](auto payload) {
+        auto failed = payload.initCommFailed();
+        failed.setJobId(options_.job_id);
+        failed.setGeneration(options_.generation);
+        failed.setRank(options_.rank);
+        failed.setGroupId(group.id);
+        failed.setMessage(error);
+      }));
+      return Annotate(communicator.status(), "joining group " + group.id);
+    }
+    (*communicator)->set_observer(collective_observer_.get());
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    RETURN_IF_ERROR(Report([&](auto payload) {
+      auto ready = payload.initCommReady();
+      ready.setJobId(options_.job_id);
+      ready.setGeneration(options_.generation);
+      ready.setRank(options_.rank);
+      ready.setGroupId(group.id);
+      ready.setSeconds(seconds);
+    }));
+    spdlog::info("group {} ({} of {}) ready in {:.3f} s", group.id, index, size, seconds);
+    communicators_[group.id] = std::move(*communicator);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Actor::RunJob() {
+  auto world = communicators_.find("world");
+  if (world == communicators_.end()) return absl::InternalError("no world group assigned");
+  std::string mismatch;
+  uint64_t step = 0;
+  auto on_op_done = [&](const std::vector<CommCheckResult>& results) {
+    ++step;
+    actor_metrics_->SetStep(static_cast<int64_t>(step));
+    if (options_.rank != 0) return;
+    // Rank 0 speaks for all: the results are already agreed across ranks.
+    auto status = Report([&](auto payload) {
+      auto report = payload.initStepReport();
+      report.setJobId(options_.job_id);
+      report.setGeneration(options_.generation);
+      report.setRank(options_.rank);
+      report.setStep(step);
+      auto list = report.initResults(static_cast<unsigned>(results.size()));
+      for (size_t i = 0; i < results.size(); ++i) {
+        list[i].setOp(results[i].op);
+        list[i].setBytes(results[i].bytes);
+        list[i].setRanks(static_cast<uint32_t>(results[i].ranks));
+        list[i].setSeconds(results[i].seconds);
+        list[i].setAlgorithmGBps(results[i].algorithm_gbps);
+        list[i].setBusGBps(results[i].bus_gbps);
+        list[i].setOk(results[i].ok);
+        list[i].setDetail(results[i].detail);
+      }
+    });
+    if (!status.ok()) spdlog::warn("step report: {}", ToString(status.message()));
+  };
+  ASSIGN_OR_RETURN(auto results,
+                   RunCommCheck(*world->second, spec_.comm_check, on_op_done, &mismatch));
+  if (!mismatch.empty()) return absl::DataLossError(mismatch);
+  spdlog::info("comm-check done: {} results", results.size());
+  return absl::OkStatus();
+}
+
+absl::Status Actor::ReportDone(bool ok, const std::string& message) {
+  return Report([&](auto payload) {
+    auto done = payload.initActorDone();
+    done.setJobId(options_.job_id);
+    done.setGeneration(options_.generation);
+    done.setRank(options_.rank);
+    done.setOk(ok);
+    done.setMessage(message);
+  });
+}
+
+}  // namespace
+
+int RunActor(const ActorOptions& options) {
+  Actor actor(options);
+  if (auto status = actor.Connect(); !status.ok()) {
+    spdlog::error("actor start: {}", ToString(status.message()));
+    return 2;
+  }
+  if (auto status = actor.Register(); !status.ok()) {
+    spdlog::error("registering with {}: {}", options.coordinator, ToString(status.message()));
+    return 2;
+  }
+  if (auto status = actor.Bootstrap(); !status.ok()) {
+    spdlog::error("bootstrap: {}", ToString(status.message()));
+    return 1;
+  }
+  const absl::Status run = actor.RunJob();
+  if (!run.ok()) spdlog::error("job: {}", ToString(run.message()));
+  if (auto status = actor.ReportDone(run.ok(), run.ok() ? "" : ToString(run.message()));
+      !status.ok()) {
+    spdlog::error("reporting the result: {}", ToString(status.message()));
+    return 2;
+  }
+  return run.ok() ? 0 : 1;
+}
+
+}  // namespace shardline::actor

@@ -1,0 +1,284 @@
+#include "worker/agent/agent.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <random>
+
+#include "common/process.h"
+#include "common/status_macros.h"
+#include "spdlog/spdlog.h"
+#include "worker/wire_observer.h"
+
+namespace shardline::agent {
+namespace {
+
+using protocol::Str;
+using Payload = wire::Envelope::Payload;
+using SteadyTime = std::chrono::steady_clock::time_point;
+
+std::string Hostname() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
+  return buf;
+}
+
+std::string RandomInstanceId() {
+  std::random_device rd;
+  std::mt19937_64 rng((static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(getpid()));
+  char buf[17];
+  snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(rng()));
+  return buf;
+}
+
+std::string DeviceArg(wire::Device::Reader device) {
+  return std::string(device.getKind() == wire::DeviceKind::CUDA ? "cuda:" : "cpu:") +
+         std::to_string(device.getIndex());
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(AgentOptions options) {
+  if (options.node_id.empty()) options.node_id = Hostname();
+  if (options.actor_binary.empty()) options.actor_binary = SelfExecutable();
+  ASSIGN_OR_RETURN(auto devices, DiscoverDevices(options.devices));
+  if (!options.log_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(options.log_dir, ec);
+    if (ec) return absl::InvalidArgumentError("log dir " + options.log_dir + ": " + ec.message());
+  }
+  ASSIGN_OR_RETURN(auto metrics_server, monitoring::MetricsServer::Start(options.metrics_address));
+  auto agent = std::unique_ptr<Agent>(
+      new Agent(std::move(options), std::move(devices), std::move(metrics_server)));
+  ASSIGN_OR_RETURN(agent->address_, protocol::LocalAddressFor(agent->options_.coordinator));
+  ASSIGN_OR_RETURN(agent->client_,
+                   protocol::RpcClient::Connect(agent->options_.coordinator,
+                                                agent->options_.cluster_id,
+                                                "agent/" + agent->options_.node_id,
+                                                agent->wire_observer_.get()));
+  return agent;
+}
+
+Agent::Agent(AgentOptions options, std::vector<LocalDevice> devices,
+             std::unique_ptr<monitoring::MetricsServer> metrics_server)
+    : options_(std::move(options)),
+      devices_(std::move(devices)),
+      instance_id_(RandomInstanceId()),
+      metrics_server_(std::move(metrics_server)),
+      wire_metrics_(metrics_server_->registry(),
+                    {{"component", "agent"}, {"node", options_.node_id}}),
+      metrics_(metrics_server_->registry(), {{"component", "agent"}, {"node", options_.node_id}}),
+      wire_observer_(std::make_unique<worker::MeteredWire>(wire_metrics_)) {}
+
+Agent::~Agent() { KillActors("", 0); }
+
+absl::Status Agent::SendRegistration() {
+  auto message = client_->NewMessage();
+  auto request = message->payload().initRegisterNode();
+  request.setNodeId(options_.node_id);
+  request.setInstanceId(instance_id_);
+  request.setHostname(Hostname());
+  request.setAddress(address_);
+  request.setMetricsAddress(metrics_server_->address());
+  request.setPid(static_cast<uint32_t>(getpid()));
+  auto list = request.initDevices(static_cast<unsigned>(devices_.size()));
+  for (size_t i = 0; i < devices_.size(); ++i) {
+    list[i].setKind(devices_[i].kind);
+    list[i].setIndex(static_cast<uint32_t>(devices_[i].index));
+    list[i].setMemoryBytes(devices_[i].memory_bytes);
+    list[i].setName(devices_[i].name);
+  }
+  ASSIGN_OR_RETURN(register_request_, client_->Send(*message));
+  register_sent_ = std::chrono::steady_clock::now();
+  return absl::OkStatus();
+}
+
+absl::Status Agent::Run(const std::atomic<bool>& stop) {
+  spdlog::info("agent for node {} ({} devices) connecting to {}, metrics on {}", options_.node_id,
+               devices_.size(), options_.coordinator, metrics_server_->address());
+  const SteadyTime started = std::chrono::steady_clock::now();
+  constexpr auto kRegisterRetry = std::chrono::seconds(1);
+  while (!stop.load() && !shutdown_requested_) {
+    const SteadyTime now = std::chrono::steady_clock::now();
+    if (!registered_) {
+      if (!ever_registered_ && now - started > options_.connect_timeout) {
+        return absl::DeadlineExceededError(
+            "could not register node " + options_.node_id + " with the coordinator at " +
+            options_.coordinator + " within " +
+            std::to_string(options_.connect_timeout.count()) +
+            " ms (is it running and reachable?)");
+      }
+      if (register_request_ == 0 || now - register_sent_ > kRegisterRetry) {
+        RETURN_IF_ERROR(SendRegistration());
+      }
+    } else {
+      if (now - last_ack_ > heartbeat_timeout_) {
+        spdlog::error("coordinator silent for {} ms: killing {} actors and registering again",
+                      std::chrono::duration_cast<std::chrono::milliseconds>(now - last_ack_).count(),
+                      children_.size());
+        metrics_.OnCoordinatorLost();
+        KillActors("", 0);
+        registered_ = false;
+        register_request_ = 0;
+      } else if (now >= next_heartbeat_) {
+        auto message = client_->NewMessage();
+        auto heartbeat = message->payload().initHeartbeat();
+        heartbeat.setNodeId(options_.node_id);
+        heartbeat.setInstanceId(instance_id_);
+        heartbeat.setRunningActors(static_cast<uint32_t>(children_.size()));
+        auto sent = client_->Send(*message);
+        if (sent.ok()) metrics_.OnHeartbeatSent();
+        next_heartbeat_ = now + heartbeat_interval_;
+      }
+    }
+    auto message = client_->NextMessage(std::chrono::milliseconds(20));
+    if (!message.ok()) {
+      spdlog::error("receive: {}", ToString(message.status().message()));
+    } else if (*message) {
+      RETURN_IF_ERROR(Handle(**message));
+    }
+    ReapActors();
+  }
+  KillActors("", 0);
+  ReapActors();
+  spdlog::info("agent for node {} stopped", options_.node_id);
+  return absl::OkStatus();
+}
+
+absl::Status Agent::Handle(const protocol::Message& message) {
+  const auto payload = message.envelope().getPayload();
+  const auto now = std::chrono::steady_clock::now();
+  switch (payload.which()) {
+    case Payload::REGISTER_NODE_REPLY: {
+      if (message.request_id() != register_request_) return absl::OkStatus();
+      const auto reply = payload.getRegisterNodeReply();
+      heartbeat_interval_ = std::chrono::milliseconds(reply.getHeartbeatIntervalMs());
+      heartbeat_timeout_ = std::chrono::milliseconds(reply.getHeartbeatTimeoutMs());
+      registered_ = ever_registered_ = true;
+      last_ack_ = now;
+      next_heartbeat_ = now + heartbeat_interval_;
+      spdlog::info("registered node {} (heartbeat every {} ms, timeout {} ms)", options_.node_id,
+                   heartbeat_interval_.count(), heartbeat_timeout_.count());
+      return absl::OkStatus();
+    }
+    case Payload::ERROR: {
+      const absl::Status error = protocol::ErrorToStatus(payload.getError());
+      if (message.request_id() == register_request_ && !registered_) {
+        // Refused registration: another live agent holds this node id, or our devices are bad.
+        return absl::Status(error.code(), "the coordinator refused node " + options_.node_id +
+                                              ": " + ToString(error.message()));
+      }
+      if (error.code() == absl::StatusCode::kNotFound && registered_) {
+        spdlog::warn("coordinator no longer knows this node ({}): registering again",
+                     ToString(error.message()));
+        registered_ = false;
+        register_request_ = 0;
+      } else {
+        spdlog::warn("coordinator answered: {}", ToString(error.message()));
+      }
+      return absl::OkStatus();
+    }
+    case Payload::ACK:
+      last_ack_ = now;
+      return absl::OkStatus();
+    case Payload::SPAWN_ACTORS:
+      last_ack_ = now;
+      SpawnActors(payload.getSpawnActors());
+      return absl::OkStatus();
+    case Payload::ABORT_GENERATION: {
+      const auto abort = payload.getAbortGeneration();
+      spdlog::info("aborting job {} generation {}: {}", Str(abort.getJobId()),
+                   abort.getGeneration(), Str(abort.getReason()));
+      KillActors(Str(abort.getJobId()), abort.getGeneration());
+      return absl::OkStatus();
+    }
+    case Payload::SHUTDOWN:
+      spdlog::info("shutdown requested: {}", Str(payload.getShutdown().getReason()));
+      shutdown_requested_ = true;
+      return absl::OkStatus();
+    default:
+      spdlog::warn("ignoring unexpected {} from the coordinator",
+                   protocol::PayloadName(payload.which()));
+      return absl::OkStatus();
+  }
+}
+
+void Agent::SpawnActors(wire::SpawnActors::Reader request) {
+  const std::string job_id = Str(request.getJobId());
+  const uint32_t generation = request.getGeneration();
+  for (auto actor : request.getActors()) {
+    SpawnOptions spawn;
+    spawn.argv = {options_.actor_binary,
+                  "actor",
+                  "--coordinator", options_.coordinator,
+                  "--cluster-id", options_.cluster_id,
+                  "--job", job_id,
+                  "--generation", std::to_string(generation),
+                  "--rank", std::to_string(actor.getRank()),
+                  "--node-id", options_.node_id,
+                  "--device", DeviceArg(actor.getDevice()),
+                  "--log-level", options_.log_level};
+    if (!options_.log_dir.empty()) {
+      spawn.log_path = (std::filesystem::path(options_.log_dir) /
+                        (job_id + ".g" + std::to_string(generation) + ".rank" +
+                         std::to_string(actor.getRank()) + ".log"))
+                           .string();
+    }
+    Child child{job_id, generation, actor.getRank()};
+    auto pid = Spawn(spawn);
+    if (!pid.ok()) {
+      spdlog::error("spawning rank {} of {}: {}", actor.getRank(), job_id,
+                    ToString(pid.status().message()));
+      ReportExit(0, child, "could not be spawned: " + ToString(pid.status().message()), false, 127);
+      continue;
+    }
+    spdlog::info("spawned rank {} of job {} generation {} as pid {}", actor.getRank(), job_id,
+                 generation, *pid);
+    children_[*pid] = child;
+  }
+  metrics_.SetActorsRunning(static_cast<int64_t>(children_.size()));
+}
+
+void Agent::KillActors(const std::string& job_id, uint32_t generation) {
+  for (const auto& [pid, child] : children_) {
+    if (!job_id.empty() && child.job_id != job_id) continue;
+    if (generation != 0 && child.generation != generation) continue;
+    // SIGKILL: an actor being aborted may be stopped or stuck in a collective.
+    ::kill(pid, SIGKILL);
+  }
+}
+
+void Agent::ReapActors() {
+  for (auto it = children_.begin(); it != children_.end();) {
+    auto reaped = TryReap(it->first);
+    if (!reaped.ok() || !reaped->has_value()) {
+      ++it;
+      continue;
+    }
+    const ExitStatus status = **reaped;
+    spdlog::info("rank {} of job {} (pid {}) {}", it->second.rank, it->second.job_id, it->first,
+                 status.Describe());
+    metrics_.OnActorExit(status);
+    ReportExit(it->first, it->second, status.Describe(), status.signaled, status.code);
+    it = children_.erase(it);
+    metrics_.SetActorsRunning(static_cast<int64_t>(children_.size()));
+  }
+}
+
+void Agent::ReportExit(pid_t pid, const Child& child, const std::string& description,
+                       bool signaled, int code) {
+  auto message = client_->NewMessage();
+  auto report = message->payload().initActorExited();
+  report.setJobId(child.job_id);
+  report.setGeneration(child.generation);
+  report.setRank(child.rank);
+  report.setPid(static_cast<uint32_t>(pid));
+  report.setSignaled(signaled);
+  report.setCode(code);
+  report.setDescription(description);
+  auto sent = client_->Send(*message);
+  if (!sent.ok()) spdlog::warn("reporting an exit: {}", ToString(sent.status().message()));
+}
+
+}  // namespace shardline::agent

@@ -1,0 +1,86 @@
+// The node agent: registers this node's devices with the coordinator, heartbeats, spawns one
+// actor process per assigned device, reaps them and reports every exit at once. It kills its
+// actors when their generation is aborted, when the coordinator is gone past the heartbeat
+// timeout, and when it stops; actors also die with it (PR_SET_PDEATHSIG), so none is orphaned.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "monitoring/metrics.h"
+#include "monitoring/metrics_server.h"
+#include "protocol/rpc_client.h"
+#include "worker/agent/devices.h"
+
+namespace shardline::agent {
+
+struct AgentOptions {
+  std::string coordinator = "tcp://127.0.0.1:5555";
+  std::string cluster_id = "shardline";
+  std::string node_id;        // default: the host name
+  std::string devices = "auto";
+  std::string metrics_address = "127.0.0.1:0";
+  // How long to keep trying the first registration before giving up with an error.
+  std::chrono::milliseconds connect_timeout{std::chrono::seconds(30)};
+  std::string actor_binary;   // default: this executable
+  std::string log_dir;        // actor logs (one file per actor); empty: inherit stderr
+  std::string log_level = "info";
+};
+
+class Agent {
+ public:
+  static absl::StatusOr<std::unique_ptr<Agent>> Create(AgentOptions options);
+  ~Agent();
+
+  // Serves until `stop` is set or the coordinator asks it to shut down. Returns an error when
+  // the first registration fails (unreachable coordinator, node id taken).
+  absl::Status Run(const std::atomic<bool>& stop);
+
+ private:
+  struct Child {
+    std::string job_id;
+    uint32_t generation = 0;
+    uint32_t rank = 0;
+  };
+
+  Agent(AgentOptions options, std::vector<LocalDevice> devices,
+        std::unique_ptr<monitoring::MetricsServer> metrics_server);
+
+  absl::Status SendRegistration();
+  absl::Status Handle(const protocol::Message& message);
+  void SpawnActors(wire::SpawnActors::Reader request);
+  void KillActors(const std::string& job_id, uint32_t generation);  // generation 0: all
+  void ReapActors();
+  void ReportExit(pid_t pid, const Child& child, const std::string& description, bool signaled,
+                  int code);
+
+  AgentOptions options_;
+  std::vector<LocalDevice> devices_;
+  std::string instance_id_;
+  std::string address_;
+  std::unique_ptr<monitoring::MetricsServer> metrics_server_;
+  monitoring::WireMetrics wire_metrics_;
+  monitoring::AgentMetrics metrics_;
+  std::unique_ptr<protocol::WireObserver> wire_observer_;
+  std::unique_ptr<protocol::RpcClient> client_;
+  std::map<pid_t, Child> children_;
+
+  bool registered_ = false;
+  bool ever_registered_ = false;
+  uint64_t register_request_ = 0;
+  std::chrono::steady_clock::time_point register_sent_;
+  std::chrono::steady_clock::time_point last_ack_;
+  std::chrono::steady_clock::time_point next_heartbeat_;
+  std::chrono::milliseconds heartbeat_interval_{1000};
+  std::chrono::milliseconds heartbeat_timeout_{5000};
+  bool shutdown_requested_ = false;
+};
+
+}  // namespace shardline::agent
