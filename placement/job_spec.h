@@ -1,0 +1,78 @@
+// JobSpec: what a user submits (`shardline submit job.yaml`), parsed and validated from YAML.
+// The first job kind is the communication check, which runs every collective over a range of
+// message sizes between N actors and compares results with a reference; training jobs come later.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace shardline::placement {
+
+enum class JobKind { kCommCheck };
+enum class DeviceKind { kCpu, kCuda };
+// kAuto picks by device: NCCL on CUDA, Gloo on CPU (see ResolveBackend).
+enum class Backend { kAuto, kGloo, kNccl };
+
+// The operations a comm-check can run, in the order it runs and reports them.
+inline constexpr std::array<std::string_view, 9> kCommCheckOps = {
+    "all_reduce_sum", "all_reduce_avg", "all_reduce_max", "all_reduce_min", "all_gather",
+    "reduce_scatter", "broadcast",      "send_recv",      "barrier",
+};
+
+// Messages are f32 tensors, so sizes are whole elements of 4 bytes.
+inline constexpr int64_t kCommCheckElementBytes = 4;
+// Larger messages add run time without exercising anything new, and 1 GiB per buffer already needs
+// several GiB per actor (input, output, reference).
+inline constexpr int64_t kCommCheckMaxBytes = int64_t{1} << 30;
+inline constexpr int kMaxActors = 65536;
+
+struct CommCheckSpec {
+  int64_t min_bytes = 4;         // smallest message (1 f32 element)
+  int64_t max_bytes = 64 << 20;  // largest message
+  int iterations = 3;            // timed iterations per (op, size), after 1 warm-up
+  // Empty means all of kCommCheckOps; otherwise a subset, each op at most once.
+  std::vector<std::string> ops;
+  // Also test a few element counts that are not powers of two (see CommCheckSizesBytes).
+  bool uneven_sizes = true;
+};
+
+struct JobSpec {
+  std::string name;  // [a-z0-9-_]{1,63}: it becomes part of metric labels and file names
+  JobKind kind = JobKind::kCommCheck;
+  int actors = 0;  // number of actor processes (the world size)
+  DeviceKind devices = DeviceKind::kCpu;
+  Backend backend = Backend::kAuto;
+  std::chrono::milliseconds bootstrap_timeout{30000};  // YAML: bootstrap_timeout_s
+  std::chrono::milliseconds run_timeout{600000};       // YAML: run_timeout_s
+  CommCheckSpec comm_check;                            // only meaningful for kCommCheck
+};
+
+// Parses and validates a job spec. Every error is InvalidArgument in the form
+// "SOURCE:LINE:COL: PATH: message" (see yaml_reader.h); `source_name` is the SOURCE.
+absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::string& source_name);
+// Reads `path` and parses it; NotFound naming the path when the file does not exist.
+absl::StatusOr<JobSpec> LoadJobSpecFile(const std::string& path);
+
+// The YAML spellings: "comm-check"; "cpu", "cuda"; "auto", "gloo", "nccl".
+std::string_view JobKindName(JobKind kind);
+std::string_view DeviceKindName(DeviceKind kind);
+std::string_view BackendName(Backend backend);
+
+// The backend the actors will actually use: kGloo or kNccl, never kAuto.
+Backend ResolveBackend(const JobSpec& spec);
+
+// The message sizes, in bytes, that a comm-check tests: min_bytes·4^k up to max_bytes, max_bytes
+// itself, and, when uneven_sizes is set, the element counts 3, 1000, 65537 and 4194305 (×4 bytes)
+// that fall in [min_bytes, max_bytes]. Those counts divide evenly by no power-of-two world size and
+// leave ragged last chunks in the backends' pipelined algorithms, which is where chunking bugs
+// live; 3 is smaller than most world sizes, so some ranks get empty reduce_scatter shards. Sorted,
+// unique, every one a multiple of 4. Expects a validated spec.
+std::vector<int64_t> CommCheckSizesBytes(const CommCheckSpec& spec);
+
+}  // namespace shardline::placement
