@@ -1,0 +1,164 @@
+// Every Prometheus metric family Shardline exports, declared in this one place.
+//
+// Each struct below is built once per process from the registry of its MetricsServer and the
+// constant labels that say who is reporting (job, rank, node, component), and offers methods in
+// the caller's vocabulary; no caller touches a prometheus type beyond handing the registry in.
+//
+// Thread-safety: every method of every struct is safe to call concurrently from any thread
+// (prometheus-cpp metrics are atomic; the label caches here take a short mutex).
+// Lifetime: a struct keeps its registry alive; it is neither copyable nor movable.
+// Label values: each label has a small vocabulary (the k* lists below). Values outside a closed
+// vocabulary are counted under its catch-all value; an open label (message type, collective op)
+// takes at most kMaxLabelValues distinct values and folds the rest into "other", so that a bug
+// can never create unbounded series. Both cases log one warning per unexpected value.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "common/process.h"
+
+namespace prometheus {
+class Counter;
+class Gauge;
+class Registry;
+}  // namespace prometheus
+
+namespace shardline::monitoring {
+
+// Constant labels carried by every series of a struct, e.g. {{"component", "agent"},
+// {"node", "host-3"}}. Names must be valid Prometheus label names that do not start with "__";
+// they come from our code, so an invalid one is a bug and prometheus-cpp throws
+// std::invalid_argument from the constructor.
+using Labels = std::map<std::string, std::string>;
+
+// Largest number of distinct values an open label takes before folding into "other".
+inline constexpr size_t kMaxLabelValues = 64;
+
+inline constexpr std::array<std::string_view, 6> kDecodeErrorReasons = {
+    "truncated", "garbage", "oversized", "version", "cluster", "unexpected"};
+inline constexpr std::array<std::string_view, 2> kNodeStates = {"alive", "dead"};
+inline constexpr std::array<std::string_view, 8> kActorStates = {
+    "spawning", "registered", "bootstrapping", "ready", "running", "succeeded", "failed", "lost"};
+inline constexpr std::array<std::string_view, 5> kJobStates = {"pending", "running", "succeeded",
+                                                               "failed", "cancelled"};
+inline constexpr std::array<std::string_view, 4> kKvOperations = {"set", "get", "add",
+                                                                  "wait_timeout"};
+inline constexpr std::array<std::string_view, 2> kGenerationOutcomes = {"completed", "aborted"};
+inline constexpr std::array<std::string_view, 4> kGroupKinds = {"world", "tp", "pp", "dp"};
+inline constexpr std::array<std::string_view, 3> kActorExitOutcomes = {"success", "failure",
+                                                                       "signal"};
+
+namespace detail {
+class LabeledCounters;
+class LabeledHistograms;
+class SnapshotGauges;
+}  // namespace detail
+
+// Envelopes in and out of a ZeroMQ socket; used by the coordinator, the agent and the actor.
+class WireMetrics {
+ public:
+  WireMetrics(std::shared_ptr<prometheus::Registry> registry, const Labels& constant_labels);
+  ~WireMetrics();
+  WireMetrics(const WireMetrics&) = delete;
+  WireMetrics& operator=(const WireMetrics&) = delete;
+
+  // `type` is the Envelope payload's name ("register", "heartbeat", ...).
+  void OnReceived(std::string_view type);
+  void OnSent(std::string_view type);
+  // `reason` is one of kDecodeErrorReasons; anything else counts as "unexpected".
+  void OnDecodeError(std::string_view reason);
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<detail::LabeledCounters> received_;
+  std::unique_ptr<detail::LabeledCounters> sent_;
+  std::unique_ptr<detail::LabeledCounters> decode_errors_;
+};
+
+// The coordinator's view of the cluster. The Set* methods take a full snapshot, counted by
+// state: a state absent from the snapshot is set to 0, so a series never keeps a stale count.
+class CoordinatorMetrics {
+ public:
+  CoordinatorMetrics(std::shared_ptr<prometheus::Registry> registry, const Labels& constant_labels);
+  ~CoordinatorMetrics();
+  CoordinatorMetrics(const CoordinatorMetrics&) = delete;
+  CoordinatorMetrics& operator=(const CoordinatorMetrics&) = delete;
+
+  void SetNodes(const std::map<std::string, int64_t>& by_state);  // kNodeStates
+  // Keyed by (kind, state), e.g. {{"cuda", "assigned"}, 8}; both vocabularies are open.
+  void SetDevices(const std::map<std::pair<std::string, std::string>, int64_t>& by_kind_state);
+  void SetActors(const std::map<std::string, int64_t>& by_state);  // kActorStates
+  void SetJobs(const std::map<std::string, int64_t>& by_state);    // kJobStates
+
+  void OnHeartbeatMissed();
+  void OnKvOperation(std::string_view op);      // kKvOperations
+  void OnGeneration(std::string_view outcome);  // kGenerationOutcomes, open
+  // Time from the first member's Assignment to the group's last CommReady.
+  void ObserveBootstrap(std::string_view group_kind, double seconds);  // kGroupKinds
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<detail::SnapshotGauges> nodes_;
+  std::unique_ptr<detail::SnapshotGauges> devices_;
+  std::unique_ptr<detail::SnapshotGauges> actors_;
+  std::unique_ptr<detail::SnapshotGauges> jobs_;
+  prometheus::Counter* heartbeats_missed_;  // owned by the registry
+  std::unique_ptr<detail::LabeledCounters> kv_operations_;
+  std::unique_ptr<detail::LabeledCounters> generations_;
+  std::unique_ptr<detail::LabeledHistograms> bootstrap_seconds_;
+};
+
+// One node agent.
+class AgentMetrics {
+ public:
+  AgentMetrics(std::shared_ptr<prometheus::Registry> registry, const Labels& constant_labels);
+  ~AgentMetrics();
+  AgentMetrics(const AgentMetrics&) = delete;
+  AgentMetrics& operator=(const AgentMetrics&) = delete;
+
+  void SetActorsRunning(int64_t count);
+  void OnActorExit(std::string_view outcome);  // kActorExitOutcomes; else counts as "failure"
+  void OnActorExit(const ExitStatus& status);  // success, signal, or failure (non-zero code)
+  void OnHeartbeatSent();
+  void OnCoordinatorLost();
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Gauge* actors_running_;  // the unlabelled series are owned by the registry
+  std::unique_ptr<detail::LabeledCounters> actor_exits_;
+  prometheus::Counter* heartbeats_sent_;
+  prometheus::Counter* coordinator_lost_;
+};
+
+// One actor (one rank): its collectives and, for training jobs, its progress.
+class ActorMetrics {
+ public:
+  ActorMetrics(std::shared_ptr<prometheus::Registry> registry, const Labels& constant_labels);
+  ~ActorMetrics();
+  ActorMetrics(const ActorMetrics&) = delete;
+  ActorMetrics& operator=(const ActorMetrics&) = delete;
+
+  // One collective call: `op` is "allreduce", "allgather", "reduce_scatter", "broadcast",
+  // "send", "recv", ...; `bytes` is this rank's buffer size. A failed call counts only as an
+  // error: its bytes never moved and its time (often a timeout) would skew the latency buckets.
+  void OnOperation(std::string_view op, size_t bytes, double seconds, bool ok);
+  void SetStep(int64_t step);
+  void SetLoss(double loss);
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<detail::LabeledCounters> collective_bytes_;
+  std::unique_ptr<detail::LabeledHistograms> collective_seconds_;
+  std::unique_ptr<detail::LabeledCounters> collective_errors_;
+  prometheus::Gauge* step_;  // owned by the registry
+  prometheus::Gauge* loss_;
+};
+
+}  // namespace shardline::monitoring
