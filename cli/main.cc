@@ -126,6 +126,7 @@ int Main(int argc, char** argv) {
     cmd->add_option("--cluster-id", client.cluster_id)->capture_default_str();
     cmd->add_option("--timeout-s", timeout_s, "How long to wait for the coordinator")
         ->check(CLI::Range(0.01, 3600.0))->capture_default_str();
+    cmd->add_option("--log-level", log_level);
   };
 
   SubmitOptions submit_options;

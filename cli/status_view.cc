@@ -67,6 +67,7 @@ nlohmann::json StatusToJson(wire::ClusterStatus::Reader status) {
   nlohmann::json out;
   out["cluster_id"] = Str(status.getClusterId());
   out["coordinator_uptime_ms"] = status.getCoordinatorUptimeMs();
+  out["metrics_address"] = Str(status.getMetricsAddress());
   out["nodes"] = nlohmann::json::array();
   for (auto node : status.getNodes()) {
     nlohmann::json n = {{"node_id", Str(node.getNodeId())},

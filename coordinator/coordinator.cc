@@ -189,6 +189,7 @@ void Coordinator::Dispatch(const std::string& peer, const protocol::Message& mes
     case Payload::KV_REQUEST:
       status = OnKvRequest(peer, id, Str(message.envelope().getSender()), payload.getKvRequest());
       break;
+    case Payload::COMM_JOIN: status = OnCommJoin(peer, id, payload.getCommJoin()); break;
     case Payload::COMM_READY: status = OnCommReady(peer, id, payload.getCommReady()); break;
     case Payload::COMM_FAILED: status = OnCommFailed(peer, id, payload.getCommFailed()); break;
     case Payload::STEP_REPORT: status = OnStepReport(peer, id, payload.getStepReport()); break;
@@ -288,15 +289,19 @@ void Coordinator::OnNodesDead(const std::vector<std::string>& node_ids) {
 
 void Coordinator::FailJobsOnNode(const std::string& node_id, const std::string& reason) {
   for (auto& [id, job] : jobs_) {
-    if (job.state != JobState::kRunning) continue;
     std::string ranks;
     for (auto& actor : job.actors) {
-      if (actor.node_id != node_id || actor.state == ActorState::kSucceeded) continue;
+      // An actor whose exit was never reported went down with its node, even when its
+      // generation had already ended for another reason.
+      if (actor.node_id != node_id || actor.exited || actor.state == ActorState::kSucceeded ||
+          actor.state == ActorState::kLost) {
+        continue;
+      }
       actor.state = ActorState::kLost;
       actor.detail = "node " + node_id + " lost: " + reason;
       ranks += (ranks.empty() ? "rank " : ", rank ") + std::to_string(actor.rank);
     }
-    if (ranks.empty()) continue;
+    if (ranks.empty() || job.state != JobState::kRunning) continue;
     EndJob(job, JobState::kFailed,
            "generation " + std::to_string(job.generation) + " lost " + ranks + " on node " +
                node_id + ": " + reason);
@@ -387,7 +392,8 @@ void Coordinator::StartGeneration(Job& job,
   job.run_deadline = now + job.spec.run_timeout;
   job.actors.clear();
   job.groups.clear();
-  GroupRecord world{"world", "world", {}, {}, 0};
+  GroupRecord world;
+  world.kind = world.id = "world";
   std::map<std::string, std::vector<int>> ranks_by_node;
   for (size_t rank = 0; rank < placement.size(); ++rank) {
     const auto& [node_id, device_slot] = placement[rank];
@@ -456,7 +462,7 @@ absl::Status Coordinator::OnRegisterActor(const std::string& peer, uint64_t requ
                                     " is already registered");
   }
   Job& job = jobs_[job_id];
-  actor->state = ActorState::kBootstrapping;
+  actor->state = ActorState::kRegistered;
   actor->peer = peer;
   actor->pid = request.getPid();
   actor->address = Str(request.getAddress());
@@ -529,6 +535,24 @@ absl::Status Coordinator::OnKvRequest(const std::string& peer, uint64_t request_
   }
   return absl::InvalidArgumentError("kv: unknown operation " +
                                     std::to_string(static_cast<int>(request.getOp())));
+}
+
+absl::Status Coordinator::OnCommJoin(const std::string& peer, uint64_t request_id,
+                                     wire::CommJoin::Reader report) {
+  const std::string job_id = Str(report.getJobId());
+  ASSIGN_OR_RETURN(ActorRecord * actor,
+                   FindActor(job_id, report.getGeneration(), report.getRank()));
+  Job& job = jobs_[job_id];
+  const std::string group_id = Str(report.getGroupId());
+  auto group = std::find_if(job.groups.begin(), job.groups.end(),
+                            [&](const GroupRecord& g) { return g.id == group_id; });
+  if (group == job.groups.end()) {
+    return absl::NotFoundError("job " + job_id + " has no group '" + group_id + "'");
+  }
+  group->joined.insert(actor->rank);
+  if (actor->state == ActorState::kRegistered) actor->state = ActorState::kBootstrapping;
+  ReplyAck(peer, request_id);
+  return absl::OkStatus();
 }
 
 absl::Status Coordinator::OnCommReady(const std::string& peer, uint64_t request_id,
@@ -725,21 +749,35 @@ void Coordinator::CheckDeadlines() {
   for (auto& [id, job] : jobs_) {
     if (job.state != JobState::kRunning) continue;
     if (job.phase != Phase::kRunning && now >= job.bootstrap_deadline) {
-      std::string missing;
+      // Name the members that never came; those that came and waited are only counted.
+      std::string report;
       for (const auto& group : job.groups) {
+        std::string missing, waited;
         for (int rank : group.ranks) {
           if (group.ready.count(rank)) continue;
           const ActorRecord& actor = job.actors[rank];
-          missing += (missing.empty() ? "" : "; ") + std::string("group ") + group.id + " rank " +
+          if (group.joined.count(rank)) {
+            waited += (waited.empty() ? "" : ", ") + std::to_string(rank);
+            continue;
+          }
+          const char* why = actor.state == ActorState::kSpawning ? "never registered"
+                                                                  : "never joined";
+          missing += (missing.empty() ? "" : "; ") + std::string("rank ") +
                      std::to_string(rank) + " (node " + actor.node_id + ", " +
                      DeviceLabel(actor.device) +
                      (actor.pid ? ", pid " + std::to_string(actor.pid) : std::string()) + ", " +
-                     std::string(ActorStateName(actor.state)) + ")";
+                     why + ")";
         }
+        if (missing.empty() && waited.empty()) continue;
+        report += (report.empty() ? "" : "; ") + std::string("group ") + group.id +
+                  (missing.empty() ? "" : " is missing " + missing) +
+                  (waited.empty() ? " did not connect"
+                                  : (missing.empty() ? ": ranks " : ", while ranks ") + waited +
+                                        " joined and waited");
       }
       EndJob(job, JobState::kFailed,
              "bootstrap of generation " + std::to_string(job.generation) + " timed out after " +
-                 FormatSeconds(Seconds(job.spec.bootstrap_timeout)) + ": not ready: " + missing);
+                 FormatSeconds(Seconds(job.spec.bootstrap_timeout)) + ": " + report);
     } else if (now >= job.run_deadline) {
       EndJob(job, JobState::kFailed,
              "run timeout of " + FormatSeconds(Seconds(job.spec.run_timeout)) + " reached");
@@ -763,6 +801,7 @@ absl::Status Coordinator::OnStatusRequest(const std::string& peer, uint64_t requ
 void Coordinator::FillStatus(wire::ClusterStatus::Builder status, const std::string& job_id) {
   const TimePoint now = clock_->Now();
   status.setClusterId(CapText(options_.cluster_id));
+  status.setMetricsAddress(CapText(metrics_server_->address()));
   status.setCoordinatorUptimeMs(static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::milliseconds>(now - started_).count()));
   const auto& nodes = membership_.nodes();

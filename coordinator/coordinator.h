@@ -74,6 +74,8 @@ class Coordinator {
                                wire::RegisterActor::Reader request);
   absl::Status OnKvRequest(const std::string& peer, uint64_t request_id, const std::string& sender,
                            wire::KvRequest::Reader request);
+  absl::Status OnCommJoin(const std::string& peer, uint64_t request_id,
+                          wire::CommJoin::Reader report);
   absl::Status OnCommReady(const std::string& peer, uint64_t request_id,
                            wire::CommReady::Reader report);
   absl::Status OnCommFailed(const std::string& peer, uint64_t request_id,

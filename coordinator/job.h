@@ -43,7 +43,8 @@ struct GroupRecord {
   std::string kind;  // world | tp | pp | dp
   std::string id;
   std::vector<int> ranks;
-  std::set<int> ready;  // ranks that reported CommReady
+  std::set<int> joined;  // ranks that started joining (CommJoin)
+  std::set<int> ready;   // ranks that reported CommReady
   double bootstrap_seconds = 0;
 };
 

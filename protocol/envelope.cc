@@ -131,6 +131,7 @@ std::string_view PayloadName(wire::Envelope::Payload::Which which) {
     case W::STEP_REPORT: return "step_report";
     case W::ACTOR_DONE: return "actor_done";
     case W::SHUTDOWN: return "shutdown";
+    case W::COMM_JOIN: return "comm_join";
   }
   return "unknown";
 }

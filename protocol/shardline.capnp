@@ -37,6 +37,7 @@ struct Envelope {
     stepReport @23 :StepReport;
     actorDone @24 :ActorDone;
     shutdown @25 :Shutdown;
+    commJoin @26 :CommJoin;
   }
 }
 
@@ -107,6 +108,7 @@ struct ClusterStatus {
   nodes @1 :List(NodeStatus);
   jobs @2 :List(JobStatus);
   coordinatorUptimeMs @3 :UInt64;
+  metricsAddress @4 :Text;  # the coordinator's Prometheus endpoint
 }
 
 struct NodeStatus {
@@ -239,6 +241,15 @@ struct KvRequest {
 struct KvReply {
   value @0 :Data;
   number @1 :Int64;
+}
+
+# Sent as an actor starts joining a group: a group that times out can then tell the members
+# that never came from those that came and waited.
+struct CommJoin {
+  jobId @0 :Text;
+  generation @1 :UInt32;
+  rank @2 :UInt32;
+  groupId @3 :Text;
 }
 
 struct CommReady {

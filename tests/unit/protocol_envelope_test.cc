@@ -41,7 +41,7 @@ void FillValue(capnp::DynamicStruct::Builder parent, capnp::StructSchema::Field 
     }
     case capnp::schema::Type::ENUM: {
       auto enumerants = type.asEnum().getEnumerants();
-      parent.set(field, enumerants[enumerants.size() - 1]);
+      parent.set(field, capnp::DynamicEnum(enumerants[enumerants.size() - 1]));
       break;
     }
     case capnp::schema::Type::STRUCT:

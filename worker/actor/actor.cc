@@ -25,6 +25,9 @@ using namespace std::chrono_literals;
 
 constexpr auto kRegisterTimeout = 30s;
 constexpr auto kReportTimeout = 10s;
+// The actor's own bootstrap timeouts run this much past the coordinator's deadline: when a peer
+// is missing, the coordinator (which knows who) gives the verdict, not a rank that only timed out.
+constexpr auto kBootstrapSlack = 5s;
 
 class MeteredCollectives final : public comm::CommObserver {
  public:
@@ -153,16 +156,23 @@ absl::Status Actor::Bootstrap() {
     const int size = static_cast<int>(group.ranks.size());
     comm::PrefixStore group_store(store_prefix_ + "/" + group.id, store);
     const auto start = std::chrono::steady_clock::now();
+    RETURN_IF_ERROR(Report([&](auto payload) {
+      auto join = payload.initCommJoin();
+      join.setJobId(options_.job_id);
+      join.setGeneration(options_.generation);
+      join.setRank(options_.rank);
+      join.setGroupId(group.id);
+    }));
     absl::StatusOr<std::unique_ptr<comm::Communicator>> communicator;
     if (backend_ == "nccl") {
       comm::NcclOptions nccl;
       nccl.device = device_index_;
-      nccl.timeout = bootstrap_timeout_;
+      nccl.timeout = bootstrap_timeout_ + kBootstrapSlack;
       communicator = comm::CreateNcclCommunicator(group_store, index, size, nccl);
     } else {
       comm::GlooOptions gloo;
       gloo.hostname = address_;
-      gloo.timeout = bootstrap_timeout_;
+      gloo.timeout = std::max<std::chrono::milliseconds>(bootstrap_timeout_ + kBootstrapSlack, 30s);
       communicator = comm::CreateGlooCommunicator(group_store, index, size, gloo);
     }
     if (!communicator.ok()) {

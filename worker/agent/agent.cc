@@ -103,6 +103,7 @@ absl::Status Agent::Run(const std::atomic<bool>& stop) {
     const SteadyTime now = std::chrono::steady_clock::now();
     if (!registered_) {
       if (!ever_registered_ && now - started > options_.connect_timeout) {
+        if (!last_refusal_.empty()) return absl::AlreadyExistsError(last_refusal_);
         return absl::DeadlineExceededError(
             "could not register node " + options_.node_id + " with the coordinator at " +
             options_.coordinator + " within " +
@@ -165,9 +166,16 @@ absl::Status Agent::Handle(const protocol::Message& message) {
     case Payload::ERROR: {
       const absl::Status error = protocol::ErrorToStatus(payload.getError());
       if (message.request_id() == register_request_ && !registered_) {
-        // Refused registration: another live agent holds this node id, or our devices are bad.
-        return absl::Status(error.code(), "the coordinator refused node " + options_.node_id +
-                                              ": " + ToString(error.message()));
+        // Refused: another live agent holds this node id, or our devices are bad. An agent
+        // restarted after a crash is refused until its old entry times out, so keep trying
+        // until the connect timeout and then give the coordinator's reason.
+        last_refusal_ = "the coordinator refused node " + options_.node_id + ": " +
+                        ToString(error.message());
+        spdlog::warn("{}", last_refusal_);
+        if (error.code() == absl::StatusCode::kInvalidArgument) {
+          return absl::InvalidArgumentError(last_refusal_);
+        }
+        return absl::OkStatus();
       }
       if (error.code() == absl::StatusCode::kNotFound && registered_) {
         spdlog::warn("coordinator no longer knows this node ({}): registering again",

@@ -81,6 +81,7 @@ class Agent {
   std::chrono::milliseconds heartbeat_interval_{1000};
   std::chrono::milliseconds heartbeat_timeout_{5000};
   bool shutdown_requested_ = false;
+  std::string last_refusal_;  // why the coordinator refused the last registration
 };
 
 }  // namespace shardline::agent

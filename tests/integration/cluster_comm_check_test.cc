@@ -1,0 +1,117 @@
+// comm-check across real processes: a coordinator, two agents with two CPU devices each, four
+// actors running every collective over every size, each verified against a local reference.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <thread>
+
+#include "placement/job_spec.h"
+#include "protocol/rpc_client.h"
+#include "tests/integration/local_cluster.h"
+#include "worker/actor/coordinator_store.h"
+#include "worker/comm/communicator.h"
+
+namespace shardline::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+TEST(ClusterCommCheckTest, TwoAgentsTwoDevicesEachRunEveryCollective) {
+  LocalCluster cluster;
+  ASSERT_TRUE(cluster.StartCoordinator().ok());
+  ASSERT_TRUE(cluster.StartAgent("node-a", "cpu:2").ok());
+  ASSERT_TRUE(cluster.StartAgent("node-b", "cpu:2").ok());
+  ASSERT_TRUE(cluster.WaitForAliveNodes(2, 20s).ok());
+
+  auto job_id = cluster.Submit(
+      "name: check\nkind: comm-check\nactors: 4\ndevices: cpu\n"
+      "comm_check:\n  min_bytes: 4\n  max_bytes: 1MiB\n  iterations: 2\n  uneven_sizes: true\n");
+  ASSERT_TRUE(job_id.ok()) << job_id.status();
+  auto job = cluster.WaitForJobEnd(*job_id, 180s);
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_EQ((*job)["state"], "succeeded") << job->dump(2) << cluster.Log("coordinator");
+
+  // Ranks fill node-a first: ranks 0,1 there, 2,3 on node-b.
+  std::set<std::string> nodes;
+  for (const auto& actor : (*job)["actors"]) {
+    EXPECT_EQ(actor["state"], "succeeded");
+    nodes.insert(actor["node_id"].get<std::string>());
+  }
+  EXPECT_EQ(nodes, (std::set<std::string>{"node-a", "node-b"}));
+  EXPECT_EQ((*job)["actors"][0]["node_id"], "node-a");
+  EXPECT_EQ((*job)["actors"][3]["node_id"], "node-b");
+
+  // Every op at every size, every one verified.
+  placement::CommCheckSpec spec;
+  spec.min_bytes = 4;
+  spec.max_bytes = 1 << 20;
+  const auto sizes = placement::CommCheckSizesBytes(spec);
+  std::map<std::string, int> per_op;
+  std::set<uint64_t> all_reduce_sizes;
+  for (const auto& result : (*job)["results"]) {
+    EXPECT_TRUE(result["ok"].get<bool>()) << result.dump();
+    EXPECT_EQ(result["ranks"], 4);
+    per_op[result["op"].get<std::string>()]++;
+    if (result["op"] == "all_reduce_sum") all_reduce_sizes.insert(result["bytes"].get<uint64_t>());
+    if (result["bytes"].get<uint64_t>() >= (1u << 20)) EXPECT_GT(result["bus_gbps"].get<double>(), 0);
+  }
+  for (auto op : placement::kCommCheckOps) {
+    EXPECT_EQ(per_op[std::string(op)], op == "barrier" ? 1 : static_cast<int>(sizes.size())) << op;
+  }
+  // Uneven element counts were exercised (3 and 1000 and 65537 elements).
+  EXPECT_TRUE(all_reduce_sizes.count(12));
+  EXPECT_TRUE(all_reduce_sizes.count(4000));
+  EXPECT_TRUE(all_reduce_sizes.count(262148));
+}
+
+TEST(ClusterCommCheckTest, NcclUniqueIdIsFannedOutThroughTheCoordinator) {
+  if (!comm::NcclBuilt()) GTEST_SKIP() << "this build has no NCCL (configured without CUDA)";
+  LocalCluster cluster;
+  ASSERT_TRUE(cluster.StartCoordinator().ok());
+  // Three ranks, each with its own connection, exchange the id through the coordinator's store
+  // the way actors do; ncclGetUniqueId needs no GPU.
+  constexpr int kRanks = 3;
+  std::vector<std::string> ids(kRanks);
+  std::vector<absl::Status> errors(kRanks);
+  std::vector<std::thread> ranks;
+  for (int rank = 0; rank < kRanks; ++rank) {
+    ranks.emplace_back([&, rank] {
+      auto client = protocol::RpcClient::Connect(cluster.endpoint(), "shardline",
+                                                 "actor/test/1/" + std::to_string(rank));
+      if (!client.ok()) {
+        errors[rank] = client.status();
+        return;
+      }
+      actor::CoordinatorStore store(**client);
+      comm::PrefixStore group(std::string("job/nccl-test/gen/1/world"), store);
+      auto id = comm::ExchangeNcclUniqueId(group, rank, 20s);
+      if (id.ok()) ids[rank] = *id; else errors[rank] = id.status();
+    });
+  }
+  for (auto& t : ranks) t.join();
+  for (int rank = 0; rank < kRanks; ++rank) ASSERT_TRUE(errors[rank].ok()) << errors[rank];
+  ASSERT_EQ(ids[0].size(), 128u);
+  EXPECT_NE(ids[0], std::string(128, '\0'));
+  EXPECT_EQ(ids[1], ids[0]);
+  EXPECT_EQ(ids[2], ids[0]);
+}
+
+TEST(ClusterCommCheckTest, CudaJobWaitsForCudaDevicesAndSaysSo) {
+  LocalCluster cluster;
+  ASSERT_TRUE(cluster.StartCoordinator().ok());
+  ASSERT_TRUE(cluster.StartAgent("cpu-only", "cpu:2").ok());
+  ASSERT_TRUE(cluster.WaitForAliveNodes(1, 20s).ok());
+  auto job_id = cluster.Submit("name: gpu\nkind: comm-check\nactors: 2\ndevices: cuda\n");
+  ASSERT_TRUE(job_id.ok()) << job_id.status();
+  std::this_thread::sleep_for(300ms);
+  auto job = cluster.Job(*job_id);
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ((*job)["state"], "pending");
+  EXPECT_EQ((*job)["backend"], "nccl");
+  EXPECT_NE((*job)["error"].get<std::string>().find("2 free cuda devices (0 free of 0 alive)"),
+            std::string::npos)
+      << job->dump();
+}
+
+}  // namespace
+}  // namespace shardline::testing

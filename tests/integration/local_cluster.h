@@ -1,0 +1,86 @@
+// The one fixture of the multi-process tests: a real coordinator and real agents (and through
+// them real actors) as processes of the built `shardline` binary, on loopback, ephemeral ports,
+// in a fresh temporary directory. Nothing is mocked. Everything it started is killed on
+// destruction.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
+
+namespace shardline::testing {
+
+// Path of the `shardline` binary under test ($SHARDLINE_BINARY, set by ctest).
+std::string ShardlineBinary();
+// The repository root ($SHARDLINE_SOURCE_DIR).
+std::string SourceDir();
+
+struct CommandResult {
+  int exit_code = -1;  // 128 + signal when killed
+  std::string output;  // stdout and stderr together
+};
+
+// Runs `shardline ARGS...` to completion (killed after `timeout`).
+CommandResult RunShardline(const std::vector<std::string>& args,
+                           std::chrono::milliseconds timeout = std::chrono::seconds(60),
+                           const std::vector<std::pair<std::string, std::string>>& env = {});
+
+// True while a process with this pid exists (and is not a zombie).
+bool ProcessAlive(pid_t pid);
+
+class LocalCluster {
+ public:
+  struct Options {
+    std::chrono::milliseconds heartbeat_interval{200};
+    std::chrono::milliseconds heartbeat_timeout{1500};
+  };
+
+  LocalCluster() : LocalCluster(Options{}) {}
+  explicit LocalCluster(Options options);
+  ~LocalCluster();
+
+  // Starts the coordinator and waits until it listens (it writes its endpoint file).
+  absl::Status StartCoordinator();
+  // Starts an agent; returns its pid. `env` is added to its (and its actors') environment.
+  absl::StatusOr<pid_t> StartAgent(const std::string& node_id, const std::string& devices,
+                                   const std::vector<std::pair<std::string, std::string>>& env = {},
+                                   const std::vector<std::string>& extra_args = {});
+  // Waits until `count` nodes are alive.
+  absl::Status WaitForAliveNodes(int count, std::chrono::milliseconds timeout);
+
+  absl::StatusOr<std::string> Submit(const std::string& yaml);
+  absl::StatusOr<nlohmann::json> Status();
+  absl::StatusOr<nlohmann::json> Job(const std::string& job_id);
+  // Polls the job until `done(job)` holds; returns the job, or DeadlineExceeded with its last
+  // state.
+  absl::StatusOr<nlohmann::json> WaitForJob(const std::string& job_id,
+                                            const std::function<bool(const nlohmann::json&)>& done,
+                                            std::chrono::milliseconds timeout);
+  // Waits for the job to reach a final state.
+  absl::StatusOr<nlohmann::json> WaitForJobEnd(const std::string& job_id,
+                                               std::chrono::milliseconds timeout);
+
+  const std::string& endpoint() const { return endpoint_; }
+  std::string metrics_address();  // the coordinator's, from its status
+  const std::string& dir() const { return dir_; }
+  pid_t coordinator_pid() const { return coordinator_pid_; }
+  // The log of a process started here ("coordinator", "agent-NODE").
+  std::string Log(const std::string& name) const;
+
+ private:
+  Options options_;
+  std::string dir_;
+  std::string endpoint_;
+  pid_t coordinator_pid_ = 0;
+  std::map<std::string, pid_t> agents_;  // by node id
+};
+
+}  // namespace shardline::testing

@@ -1,0 +1,90 @@
+// `shardline up` end to end, as a user runs it: the real binary, its real children.
+#include <signal.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "common/process.h"
+#include "tests/integration/local_cluster.h"
+
+namespace shardline::testing {
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+// Pids of live processes whose command line mentions `needle`.
+std::vector<pid_t> ProcessesMentioning(const std::string& needle) {
+  std::vector<pid_t> found;
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(entry.path() / "cmdline");
+    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (cmdline.find(needle) != std::string::npos && ProcessAlive(std::stoi(name))) {
+      found.push_back(std::stoi(name));
+    }
+  }
+  return found;
+}
+
+TEST(UpTest, DefaultJobRunsToTheEndAndShutsDownCleanly) {
+  const std::string work_dir = fs::temp_directory_path() / ("shardline-up-test-" + std::to_string(getpid()));
+  auto result = RunShardline({"up", "--work-dir", work_dir, "--keep"}, 900s);
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("with 4 CPU devices"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("succeeded"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("Done in"), std::string::npos) << result.output;
+  // The default job goes up to 64 MiB with every op verified.
+  EXPECT_NE(result.output.find("all_reduce_sum  up to 64 MiB"), std::string::npos)
+      << result.output;
+  EXPECT_EQ(result.output.find("MISMATCH"), std::string::npos) << result.output;
+  EXPECT_EQ(result.output.find("FAILED"), std::string::npos) << result.output;
+  // Nothing it started is left running.
+  EXPECT_TRUE(ProcessesMentioning(work_dir).empty());
+  fs::remove_all(work_dir);
+}
+
+TEST(UpTest, CtrlCStopsEverything) {
+  const std::string work_dir = fs::temp_directory_path() / ("shardline-up-int-" + std::to_string(getpid()));
+  SpawnOptions spawn;
+  spawn.argv = {ShardlineBinary(), "up", "--devices", "2", "--work-dir", work_dir};
+  spawn.log_path = work_dir + ".out";
+  auto pid = Spawn(spawn);
+  ASSERT_TRUE(pid.ok());
+  // Wait until the job is underway: actors exist.
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (std::chrono::steady_clock::now() < deadline &&
+         ProcessesMentioning("comm-check-1").empty()) {
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_FALSE(ProcessesMentioning("comm-check-1").empty()) << "no actor appeared";
+  ASSERT_EQ(::kill(*pid, SIGINT), 0);
+  auto exited = WaitFor(*pid, 30s);
+  ASSERT_TRUE(exited.ok() && exited->has_value());
+  EXPECT_EQ((*exited)->code, 130);
+  std::ifstream out(spawn.log_path);
+  std::string text((std::istreambuf_iterator<char>(out)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("Interrupted"), std::string::npos) << text;
+  EXPECT_TRUE(ProcessesMentioning(work_dir).empty());
+  EXPECT_TRUE(ProcessesMentioning("comm-check-1").empty());
+  fs::remove_all(work_dir);
+  fs::remove(spawn.log_path);
+}
+
+TEST(UpTest, RunsAGivenJobSpec) {
+  auto result = RunShardline(
+      {"up", "--devices", "2", "--job", SourceDir() + "/examples/comm-check-small.yaml"}, 300s);
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("succeeded"), std::string::npos) << result.output;
+  auto too_many = RunShardline(
+      {"up", "--devices", "2", "--job", SourceDir() + "/examples/comm-check.yaml"}, 60s);
+  EXPECT_EQ(too_many.exit_code, 2);
+  EXPECT_NE(too_many.output.find("wants 4 actors but --devices is 2"), std::string::npos)
+      << too_many.output;
+}
+
+}  // namespace
+}  // namespace shardline::testing
