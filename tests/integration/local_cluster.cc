@@ -39,12 +39,12 @@ std::string MakeTempDir() {
 
 std::string ShardlineBinary() {
   const char* path = std::getenv("SHARDLINE_BINARY");
-  return path ? path : "shardline";
+  return path ? path : SHARDLINE_BINARY_PATH;
 }
 
 std::string SourceDir() {
   const char* path = std::getenv("SHARDLINE_SOURCE_DIR");
-  return path ? path : ".";
+  return path ? path : SHARDLINE_SOURCE_PATH;
 }
 
 CommandResult RunShardline(const std::vector<std::string>& args, std::chrono::milliseconds timeout,

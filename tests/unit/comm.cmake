@@ -1,0 +1,12 @@
+# Communicator tests (worker/comm).
+shardline_test(comm_store_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/comm_store_test.cc
+  LIBS shardline_comm LABELS unit TIMEOUT 60)
+shardline_test(comm_gloo_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/comm_gloo_test.cc
+  LIBS shardline_comm LABELS unit TIMEOUT 120)
+if(SHARDLINE_CUDA)
+  shardline_test(comm_nccl_test
+    SOURCES ${CMAKE_CURRENT_LIST_DIR}/comm_nccl_test.cc
+    LIBS shardline_comm shardline_nccl LABELS unit TIMEOUT 120)
+endif()

@@ -1,0 +1,533 @@
+// GlooCommunicator: ranks as threads over one InMemoryStore (world sizes 2, 3, 4), every
+// collective, reduce op and dtype against a locally computed reference; failures (missing peer,
+// timeout, Abort); and one run with ranks as forked processes over a FileStore.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "worker/comm/communicator.h"
+#include "worker/comm/file_store.h"
+#include "worker/comm/store.h"
+
+namespace shardline::comm {
+namespace {
+
+using ::testing::AnyOf;
+using ::testing::HasSubstr;
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+constexpr ReduceOp kAllOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin};
+
+GlooOptions TestOptions(milliseconds timeout = milliseconds(20000)) {
+  GlooOptions options;
+  options.hostname = "127.0.0.1";
+  options.timeout = timeout;
+  return options;
+}
+
+// Runs body(comm) on `n` threads, one communicator per rank, all bootstrapped over one store.
+void RunRanks(int n, const std::function<void(Communicator&)>& body,
+              const GlooOptions& options = TestOptions()) {
+  InMemoryStore store;
+  std::vector<absl::Status> bootstrap(n);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < n; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto comm = CreateGlooCommunicator(store, rank, n, options);
+      if (!comm.ok()) {
+        bootstrap[rank] = comm.status();
+        return;
+      }
+      EXPECT_EQ((*comm)->rank(), rank);
+      EXPECT_EQ((*comm)->size(), n);
+      EXPECT_EQ((*comm)->backend(), "gloo");
+      body(**comm);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int rank = 0; rank < n; ++rank) {
+    ASSERT_TRUE(bootstrap[rank].ok()) << "rank " << rank << ": " << bootstrap[rank];
+  }
+}
+
+template <typename T>
+struct TypeOf;
+template <>
+struct TypeOf<float> {
+  static constexpr DType kDType = DType::kFloat32;
+};
+template <>
+struct TypeOf<double> {
+  static constexpr DType kDType = DType::kFloat64;
+};
+template <>
+struct TypeOf<int32_t> {
+  static constexpr DType kDType = DType::kInt32;
+};
+template <>
+struct TypeOf<int64_t> {
+  static constexpr DType kDType = DType::kInt64;
+};
+
+// Small integers (negative too, for min/max): every sum, and every average's single rounding,
+// is the same whatever the order of reduction, so results must match exactly.
+template <typename T>
+T Value(int rank, size_t i, int salt = 0) {
+  return static_cast<T>(static_cast<int64_t>((rank * 7 + i * 3 + salt * 5) % 17) - 8);
+}
+
+template <typename T>
+T Reduce(ReduceOp op, int n, size_t i, int salt = 0) {
+  T acc = Value<T>(0, i, salt);
+  for (int r = 1; r < n; ++r) {
+    const T v = Value<T>(r, i, salt);
+    switch (op) {
+      case ReduceOp::kSum:
+      case ReduceOp::kAvg: acc = static_cast<T>(acc + v); break;
+      case ReduceOp::kMax: acc = std::max(acc, v); break;
+      case ReduceOp::kMin: acc = std::min(acc, v); break;
+    }
+  }
+  if (op == ReduceOp::kAvg) acc = static_cast<T>(acc / static_cast<T>(n));
+  return acc;
+}
+
+// Element counts: tiny, odd, not a multiple of the world size, past one 512 KiB segment, and
+// several MiB.
+template <typename T>
+std::vector<size_t> Counts() {
+  return {1, 3, 1000, 65537, (3u << 20) / sizeof(T) + 7};
+}
+
+// Compares without gtest's per-element output (millions of elements); reports the first mismatch.
+template <typename T>
+void ExpectEqualVectors(const std::vector<T>& got, const std::vector<T>& want,
+                        const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i] != want[i]) {
+      ADD_FAILURE() << what << ": element " << i << " is " << got[i] << ", want " << want[i];
+      return;
+    }
+  }
+}
+
+class GlooWorldTest : public ::testing::TestWithParam<int> {};
+
+template <typename T>
+void CheckAllReduce(Communicator& comm) {
+  const int n = comm.size();
+  for (size_t count : Counts<T>()) {
+    for (ReduceOp op : kAllOps) {
+      std::vector<T> data(count), want(count);
+      for (size_t i = 0; i < count; ++i) {
+        data[i] = Value<T>(comm.rank(), i);
+        want[i] = Reduce<T>(op, n, i);
+      }
+      const std::string what = "all_reduce " + std::string(ReduceOpName(op)) + " " +
+                               std::string(DTypeName(TypeOf<T>::kDType)) + " x" +
+                               std::to_string(count) + " rank " + std::to_string(comm.rank());
+      ASSERT_TRUE(comm.AllReduce(data.data(), count, TypeOf<T>::kDType, op).ok()) << what;
+      ExpectEqualVectors(data, want, what);
+    }
+  }
+}
+
+TEST_P(GlooWorldTest, AllReduceEveryOpDTypeAndSize) {
+  RunRanks(GetParam(), [](Communicator& comm) {
+    CheckAllReduce<float>(comm);
+    CheckAllReduce<double>(comm);
+    CheckAllReduce<int32_t>(comm);
+    CheckAllReduce<int64_t>(comm);
+  });
+}
+
+template <typename T>
+void CheckAllGather(Communicator& comm) {
+  const int n = comm.size();
+  for (size_t count : Counts<T>()) {
+    std::vector<T> send(count), recv(count * n), want(count * n);
+    for (size_t i = 0; i < count; ++i) send[i] = Value<T>(comm.rank(), i);
+    for (int r = 0; r < n; ++r) {
+      for (size_t i = 0; i < count; ++i) want[r * count + i] = Value<T>(r, i);
+    }
+    const std::string what = "all_gather " + std::string(DTypeName(TypeOf<T>::kDType)) + " x" +
+                             std::to_string(count);
+    ASSERT_TRUE(comm.AllGather(send.data(), recv.data(), count, TypeOf<T>::kDType).ok()) << what;
+    ExpectEqualVectors(recv, want, what);
+  }
+}
+
+TEST_P(GlooWorldTest, AllGatherEveryDTypeAndSize) {
+  RunRanks(GetParam(), [](Communicator& comm) {
+    CheckAllGather<float>(comm);
+    CheckAllGather<double>(comm);
+    CheckAllGather<int32_t>(comm);
+    CheckAllGather<int64_t>(comm);
+  });
+}
+
+template <typename T>
+void CheckReduceScatter(Communicator& comm) {
+  const int n = comm.size();
+  for (size_t count : Counts<T>()) {
+    for (ReduceOp op : kAllOps) {
+      // Element j of block b is element b*count+j of the full vector.
+      std::vector<T> send(count * n), recv(count, T(99)), want(count);
+      for (size_t i = 0; i < send.size(); ++i) send[i] = Value<T>(comm.rank(), i);
+      for (size_t j = 0; j < count; ++j) want[j] = Reduce<T>(op, n, comm.rank() * count + j);
+      const std::string what = "reduce_scatter " + std::string(ReduceOpName(op)) + " " +
+                               std::string(DTypeName(TypeOf<T>::kDType)) + " x" +
+                               std::to_string(count) + " rank " + std::to_string(comm.rank());
+      ASSERT_TRUE(comm.ReduceScatter(send.data(), recv.data(), count, TypeOf<T>::kDType, op).ok())
+          << what;
+      ExpectEqualVectors(recv, want, what);
+    }
+  }
+}
+
+TEST_P(GlooWorldTest, ReduceScatterEveryOpDTypeAndSize) {
+  RunRanks(GetParam(), [](Communicator& comm) {
+    CheckReduceScatter<float>(comm);
+    CheckReduceScatter<double>(comm);
+    CheckReduceScatter<int32_t>(comm);
+    CheckReduceScatter<int64_t>(comm);
+  });
+}
+
+template <typename T>
+void CheckBroadcast(Communicator& comm) {
+  for (int root = 0; root < comm.size(); ++root) {
+    for (size_t count : Counts<T>()) {
+      std::vector<T> data(count), want(count);
+      for (size_t i = 0; i < count; ++i) {
+        data[i] = Value<T>(comm.rank(), i, /*salt=*/root);
+        want[i] = Value<T>(root, i, root);
+      }
+      const std::string what = "broadcast from " + std::to_string(root) + " " +
+                               std::string(DTypeName(TypeOf<T>::kDType)) + " x" +
+                               std::to_string(count);
+      ASSERT_TRUE(comm.Broadcast(data.data(), count, TypeOf<T>::kDType, root).ok()) << what;
+      ExpectEqualVectors(data, want, what);
+    }
+  }
+}
+
+TEST_P(GlooWorldTest, BroadcastFromEveryRoot) {
+  RunRanks(GetParam(), [](Communicator& comm) {
+    CheckBroadcast<float>(comm);
+    CheckBroadcast<int64_t>(comm);
+  });
+  RunRanks(GetParam(), [](Communicator& comm) {
+    CheckBroadcast<double>(comm);
+    CheckBroadcast<int32_t>(comm);
+  });
+}
+
+TEST_P(GlooWorldTest, SendRecvRing) {
+  RunRanks(GetParam(), [](Communicator& comm) {
+    const int n = comm.size();
+    const int right = (comm.rank() + 1) % n;
+    const int left = (comm.rank() + n - 1) % n;
+    // Several messages in a row, small and large, must arrive in order.
+    for (size_t count : {size_t{1}, size_t{1000}, size_t{(2u << 20) + 3}, size_t{5}}) {
+      std::vector<int32_t> send(count), recv(count, -1), want(count);
+      for (size_t i = 0; i < count; ++i) {
+        send[i] = Value<int32_t>(comm.rank(), i, static_cast<int>(count % 13));
+        want[i] = Value<int32_t>(left, i, static_cast<int>(count % 13));
+      }
+      // Send completes only once the peer has posted its Recv: alternate to avoid a cycle.
+      if (comm.rank() % 2 == 0) {
+        ASSERT_TRUE(comm.Send(send.data(), count, DType::kInt32, right).ok());
+        ASSERT_TRUE(comm.Recv(recv.data(), count, DType::kInt32, left).ok());
+      } else {
+        ASSERT_TRUE(comm.Recv(recv.data(), count, DType::kInt32, left).ok());
+        ASSERT_TRUE(comm.Send(send.data(), count, DType::kInt32, right).ok());
+      }
+      ExpectEqualVectors(recv, want, "ring x" + std::to_string(count));
+    }
+  });
+}
+
+TEST_P(GlooWorldTest, BarrierWaitsForTheLastRank) {
+  std::mutex mu;
+  std::vector<Clock::duration> waited;
+  RunRanks(GetParam(), [&](Communicator& comm) {
+    ASSERT_TRUE(comm.Barrier().ok());  // line everyone up first
+    if (comm.rank() == comm.size() - 1) std::this_thread::sleep_for(milliseconds(200));
+    const auto start = Clock::now();
+    ASSERT_TRUE(comm.Barrier().ok());
+    if (comm.rank() != comm.size() - 1) {
+      std::lock_guard<std::mutex> lock(mu);
+      waited.push_back(Clock::now() - start);
+    }
+  });
+  ASSERT_EQ(waited.size(), static_cast<size_t>(GetParam() - 1));
+  for (auto w : waited) EXPECT_GE(w, milliseconds(150));
+}
+
+TEST_P(GlooWorldTest, ObserverSeesEveryOperation) {
+  struct Call {
+    std::string op;
+    size_t bytes;
+    bool ok;
+  };
+  class Recorder : public CommObserver {
+   public:
+    void OnOperation(std::string_view op, size_t bytes, double seconds, bool ok) override {
+      EXPECT_GE(seconds, 0.0);
+      calls.push_back({std::string(op), bytes, ok});
+    }
+    std::vector<Call> calls;
+  };
+  const int n = GetParam();
+  RunRanks(n, [&](Communicator& comm) {
+    Recorder recorder;
+    comm.set_observer(&recorder);
+    std::vector<float> data(1000, 1.0f), gathered(1000 * n), block(1000);
+    std::vector<float> full(1000 * n, 1.0f);
+    ASSERT_TRUE(comm.AllReduce(data.data(), 1000, DType::kFloat32, ReduceOp::kSum).ok());
+    ASSERT_TRUE(comm.AllGather(data.data(), gathered.data(), 1000, DType::kFloat32).ok());
+    ASSERT_TRUE(
+        comm.ReduceScatter(full.data(), block.data(), 1000, DType::kFloat32, ReduceOp::kSum).ok());
+    ASSERT_TRUE(comm.Broadcast(data.data(), 10, DType::kFloat64, 0).ok());
+    if (comm.rank() == 0) {
+      ASSERT_TRUE(comm.Send(data.data(), 7, DType::kFloat32, 1).ok());
+    }
+    if (comm.rank() == 1) {
+      ASSERT_TRUE(comm.Recv(data.data(), 7, DType::kFloat32, 0).ok());
+    }
+    ASSERT_TRUE(comm.Barrier().ok());
+    EXPECT_FALSE(comm.AllReduce(data.data(), 8, DType::kBFloat16, ReduceOp::kSum).ok());
+
+    std::vector<std::string> ops;
+    for (const Call& c : recorder.calls) ops.push_back(c.op);
+    std::vector<std::string> want_ops = {"all_reduce", "all_gather", "reduce_scatter", "broadcast"};
+    if (comm.rank() == 0) want_ops.push_back("send");
+    if (comm.rank() == 1) want_ops.push_back("recv");
+    want_ops.push_back("barrier");
+    want_ops.push_back("all_reduce");
+    ASSERT_EQ(ops, want_ops);
+    EXPECT_EQ(recorder.calls[0].bytes, 4000u);
+    EXPECT_EQ(recorder.calls[1].bytes, 4000u);
+    EXPECT_EQ(recorder.calls[2].bytes, 4000u * n);  // reduce_scatter: the whole input
+    EXPECT_EQ(recorder.calls[3].bytes, 80u);
+    if (comm.rank() <= 1) {
+      EXPECT_EQ(recorder.calls[4].bytes, 28u);
+    }
+    EXPECT_EQ(recorder.calls[ops.size() - 2].bytes, 0u);
+    for (size_t i = 0; i + 1 < recorder.calls.size(); ++i) EXPECT_TRUE(recorder.calls[i].ok);
+    EXPECT_FALSE(recorder.calls.back().ok);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooWorldTest, ::testing::Values(2, 3, 4),
+                         [](const auto& info) { return "n" + std::to_string(info.param); });
+
+TEST(GlooTest, WorldOfOne) {
+  RunRanks(1, [](Communicator& comm) {
+    std::vector<double> data = {1, 2, 3}, out(3);
+    ASSERT_TRUE(comm.AllReduce(data.data(), 3, DType::kFloat64, ReduceOp::kAvg).ok());
+    EXPECT_EQ(data, (std::vector<double>{1, 2, 3}));
+    ASSERT_TRUE(comm.AllGather(data.data(), out.data(), 3, DType::kFloat64).ok());
+    EXPECT_EQ(out, data);
+    ASSERT_TRUE(comm.ReduceScatter(data.data(), out.data(), 3, DType::kFloat64, ReduceOp::kSum).ok());
+    EXPECT_EQ(out, data);
+    ASSERT_TRUE(comm.Broadcast(data.data(), 3, DType::kFloat64, 0).ok());
+    ASSERT_TRUE(comm.Barrier().ok());
+  });
+}
+
+TEST(GlooTest, UnsupportedDTypeAndBadArgumentsAreInvalidArgument) {
+  RunRanks(2, [](Communicator& comm) {
+    std::vector<uint16_t> half(8);
+    auto status = comm.AllReduce(half.data(), 8, DType::kBFloat16, ReduceOp::kSum);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(status.message()), HasSubstr("bf16"));
+    status = comm.ReduceScatter(half.data(), half.data(), 4, DType::kFloat16, ReduceOp::kSum);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(status.message()), HasSubstr("f16"));
+    std::vector<float> data(4);
+    status = comm.Broadcast(data.data(), 4, DType::kFloat32, 2);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(status.message()), HasSubstr("root"));
+    status = comm.Send(data.data(), 4, DType::kFloat32, comm.rank());
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    // The communicator still works after rejected calls.
+    EXPECT_TRUE(comm.AllReduce(data.data(), 4, DType::kFloat32, ReduceOp::kSum).ok());
+  });
+}
+
+TEST(GlooTest, PeerThatNeverJoinsIsDeadlineExceededNamingIt) {
+  InMemoryStore store;
+  const GlooOptions options = TestOptions(milliseconds(500));
+  std::vector<absl::Status> results(2);
+  std::vector<std::thread> threads;
+  const auto start = Clock::now();
+  for (int rank = 0; rank < 2; ++rank) {  // rank 2 of 3 never starts
+    threads.emplace_back([&, rank] {
+      results[rank] = CreateGlooCommunicator(store, rank, 3, options).status();
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_LT(Clock::now() - start, milliseconds(5000));
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(results[rank].code(), absl::StatusCode::kDeadlineExceeded) << results[rank];
+    const std::string message(results[rank].message());
+    EXPECT_THAT(message, HasSubstr("rank 2")) << message;
+    EXPECT_THAT(message, HasSubstr("500 ms")) << message;
+    EXPECT_THAT(message, HasSubstr("gloo bootstrap of rank " + std::to_string(rank))) << message;
+  }
+}
+
+TEST(GlooTest, BadRankIsInvalidArgument) {
+  InMemoryStore store;
+  auto comm = CreateGlooCommunicator(store, 3, 3, TestOptions());
+  EXPECT_EQ(comm.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(GlooTest, RecvWithoutSendTimesOut) {
+  std::atomic<bool> done{false};
+  RunRanks(2, [&](Communicator& comm) {
+    if (comm.rank() != 0) {
+      // Stay connected but silent: a closed connection would be Unavailable, not a timeout.
+      while (!done) std::this_thread::sleep_for(milliseconds(5));
+      return;
+    }
+    std::vector<float> data(16);
+    const auto start = Clock::now();
+    auto status = comm.Recv(data.data(), 16, DType::kFloat32, 1);
+    EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+    EXPECT_THAT(std::string(status.message()), HasSubstr("recv of 16 f32 on rank 0 of 2"));
+    EXPECT_GE(Clock::now() - start, milliseconds(250));
+    done = true;
+  }, TestOptions(milliseconds(300)));
+}
+
+TEST(GlooTest, AbortFailsLaterCallsAtOnce) {
+  RunRanks(2, [](Communicator& comm) {
+    std::vector<float> data(100, 1.0f);
+    ASSERT_TRUE(comm.AllReduce(data.data(), 100, DType::kFloat32, ReduceOp::kSum).ok());
+    comm.Abort();
+    comm.Abort();  // idempotent
+    const auto start = Clock::now();
+    auto status = comm.AllReduce(data.data(), 100, DType::kFloat32, ReduceOp::kSum);
+    EXPECT_EQ(status.code(), absl::StatusCode::kAborted) << status;
+    EXPECT_THAT(std::string(status.message()), HasSubstr("all_reduce of 100 f32 on rank"));
+    EXPECT_EQ(comm.Barrier().code(), absl::StatusCode::kAborted);
+    EXPECT_EQ(comm.Send(data.data(), 1, DType::kFloat32, 1 - comm.rank()).code(),
+              absl::StatusCode::kAborted);
+    EXPECT_LT(Clock::now() - start, milliseconds(1000));
+  });
+}
+
+TEST(GlooTest, AbortWakesAPendingRecvAndThePeerFailsFast) {
+  std::atomic<Communicator*> rank0{nullptr};
+  RunRanks(2, [&](Communicator& comm) {
+    std::vector<float> data(1000, 1.0f);
+    ASSERT_TRUE(comm.Barrier().ok());
+    if (comm.rank() == 0) {
+      rank0 = &comm;
+      std::thread aborter([&] {
+        std::this_thread::sleep_for(milliseconds(200));
+        comm.Abort();
+      });
+      const auto start = Clock::now();
+      auto status = comm.Recv(data.data(), 1000, DType::kFloat32, 1);  // rank 1 never sends
+      aborter.join();
+      EXPECT_EQ(status.code(), absl::StatusCode::kAborted) << status;
+      EXPECT_LT(Clock::now() - start, milliseconds(5000));
+    } else {
+      // The aborted rank closes its connections, so this fails well before the 20 s timeout.
+      std::this_thread::sleep_for(milliseconds(400));
+      const auto start = Clock::now();
+      auto status = comm.AllReduce(data.data(), 1000, DType::kFloat32, ReduceOp::kSum);
+      EXPECT_FALSE(status.ok());
+      EXPECT_THAT(status.code(),
+                  AnyOf(absl::StatusCode::kUnavailable, absl::StatusCode::kAborted))
+          << status;
+      EXPECT_LT(Clock::now() - start, milliseconds(5000)) << status;
+    }
+  });
+}
+
+// Ranks as processes: forked before this process has any Gloo thread, bootstrapped through a
+// FileStore directory, as they would be on one host without a coordinator.
+int RunForkedRank(const std::string& dir, int rank, int n) {
+  auto files = FileStore::Open(dir);
+  if (!files.ok()) {
+    fprintf(stderr, "rank %d: %s\n", rank, files.status().ToString().c_str());
+    return 2;
+  }
+  PrefixStore store("forked", **files);
+  auto comm = CreateGlooCommunicator(store, rank, n, TestOptions());
+  if (!comm.ok()) {
+    fprintf(stderr, "rank %d: %s\n", rank, comm.status().ToString().c_str());
+    return 3;
+  }
+  const size_t count = 100003;
+  std::vector<float> data(count), block(count), full(count * n);
+  for (size_t i = 0; i < count; ++i) data[i] = Value<float>(rank, i);
+  for (size_t i = 0; i < full.size(); ++i) full[i] = Value<float>(rank, i);
+  if (!(*comm)->AllReduce(data.data(), count, DType::kFloat32, ReduceOp::kSum).ok()) return 4;
+  if (!(*comm)->ReduceScatter(full.data(), block.data(), count, DType::kFloat32, ReduceOp::kMax)
+           .ok()) {
+    return 5;
+  }
+  for (size_t i = 0; i < count; ++i) {
+    if (data[i] != Reduce<float>(ReduceOp::kSum, n, i)) return 6;
+    if (block[i] != Reduce<float>(ReduceOp::kMax, n, rank * count + i)) return 7;
+  }
+  return (*comm)->Barrier().ok() ? 0 : 8;
+}
+
+TEST(GlooProcessTest, ThreeForkedProcesses) {
+  char pattern[] = "/tmp/shardline_gloo_fork_XXXXXX";
+  ASSERT_NE(mkdtemp(pattern), nullptr);
+  const std::string dir = pattern;
+  constexpr int kRanks = 3;
+  std::vector<pid_t> children;
+  for (int rank = 0; rank < kRanks; ++rank) {
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) _exit(RunForkedRank(dir, rank, kRanks));  // never back into gtest
+    children.push_back(pid);
+  }
+  const auto deadline = Clock::now() + std::chrono::seconds(60);
+  for (int rank = 0; rank < kRanks; ++rank) {
+    int status = 0;
+    pid_t done = 0;
+    while ((done = waitpid(children[rank], &status, WNOHANG)) == 0 && Clock::now() < deadline) {
+      std::this_thread::sleep_for(milliseconds(20));
+    }
+    if (done == 0) {
+      for (pid_t pid : children) kill(pid, SIGKILL);
+      ADD_FAILURE() << "rank " << rank << " did not finish within 60 s";
+      waitpid(children[rank], &status, 0);
+      continue;
+    }
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "rank " << rank << " exited with status " << status << " (exit code "
+        << (WIFEXITED(status) ? WEXITSTATUS(status) : -1) << ")";
+  }
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace shardline::comm
