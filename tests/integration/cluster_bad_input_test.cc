@@ -7,7 +7,6 @@
 #include <regex>
 #include <thread>
 
-#include "monitoring/testing/http_get.h"
 #include "protocol/channel.h"
 #include "protocol/envelope.h"
 #include "tests/integration/local_cluster.h"
@@ -21,19 +20,6 @@ std::string WriteTemp(const std::string& dir, const std::string& name, const std
   const std::string path = dir + "/" + name;
   std::ofstream(path) << text;
   return path;
-}
-
-// Sum of every sample of `metric` in a Prometheus text exposition.
-double SumOfSamples(const std::string& exposition, const std::string& metric) {
-  double sum = 0;
-  std::istringstream lines(exposition);
-  for (std::string line; std::getline(lines, line);) {
-    if (line.rfind(metric, 0) != 0) continue;
-    const char next = line[metric.size()];
-    if (next != '{' && next != ' ') continue;
-    sum += std::stod(line.substr(line.rfind(' ') + 1));
-  }
-  return sum;
 }
 
 TEST(ClusterBadInputTest, TenThousandGarbageFramesDoNotStopTheCoordinator) {
@@ -127,13 +113,16 @@ TEST(ClusterBadInputTest, TenThousandGarbageFramesDoNotStopTheCoordinator) {
   EXPECT_EQ((*job)["state"], "succeeded") << job->dump();
 
   // And every refused frame was counted.
-  auto metrics = monitoring::testing::HttpGet(cluster.metrics_address(), "/metrics");
-  ASSERT_TRUE(metrics.ok()) << metrics.status();
-  const double decode_errors = SumOfSamples(metrics->body, "shardline_decode_errors_total");
-  EXPECT_GE(decode_errors, kFrames * 3 / 5 + 2);
-  EXPECT_NE(metrics->body.find("reason=\"oversized\""), std::string::npos);
-  EXPECT_NE(metrics->body.find("reason=\"version\""), std::string::npos);
-  EXPECT_NE(metrics->body.find("reason=\"truncated\""), std::string::npos);
+  const std::string metrics = cluster.metrics_address();
+  EXPECT_GE(ScrapeSum(metrics, "shardline_decode_errors_total"), kFrames * 3 / 5 + 2);
+  EXPECT_EQ(ScrapeSum(metrics, "shardline_decode_errors_total", "reason=\"oversized\""), 2);
+  // Corrupted frames may land on any reason; the well-formed ones of another version or cluster
+  // are each counted where they belong.
+  EXPECT_GE(ScrapeSum(metrics, "shardline_decode_errors_total", "reason=\"version\""),
+            kFrames / 5);
+  EXPECT_GE(ScrapeSum(metrics, "shardline_decode_errors_total", "reason=\"cluster\""),
+            kFrames / 5);
+  EXPECT_GT(ScrapeSum(metrics, "shardline_decode_errors_total", "reason=\"truncated\""), 0);
 }
 
 TEST(ClusterBadInputTest, SpecErrorsNameTheKeyAndLine) {

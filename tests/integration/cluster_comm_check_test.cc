@@ -2,7 +2,9 @@
 // actors running every collective over every size, each verified against a local reference.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "placement/job_spec.h"
@@ -111,6 +113,95 @@ TEST(ClusterCommCheckTest, CudaJobWaitsForCudaDevicesAndSaysSo) {
   EXPECT_NE((*job)["error"].get<std::string>().find("2 free cuda devices (0 free of 0 alive)"),
             std::string::npos)
       << job->dump();
+}
+
+TEST(ClusterCommCheckTest, EveryProcessServesItsMetricsAndCancelStopsTheJob) {
+  LocalCluster cluster;
+  ASSERT_TRUE(cluster.StartCoordinator().ok());
+  ASSERT_TRUE(cluster.StartAgent("metered", "cpu:2").ok());
+  ASSERT_TRUE(cluster.WaitForAliveNodes(1, 20s).ok());
+  auto job_id = cluster.Submit(
+      "name: metered\nkind: comm-check\nactors: 2\n"
+      "comm_check:\n  min_bytes: 4MiB\n  max_bytes: 4MiB\n  iterations: 1000\n"
+      "  uneven_sizes: false\n  ops: [all_reduce_sum]\n");
+  ASSERT_TRUE(job_id.ok()) << job_id.status();
+  auto job = cluster.WaitForJob(
+      *job_id, [](const nlohmann::json& j) { return j["phase"] == "running"; }, 60s);
+  ASSERT_TRUE(job.ok()) << job.status();
+
+  // Polls a metric until `ok` holds (up to 5 s); returns the last value. Counters and the
+  // coordinator's gauges (refreshed every 250 ms) get there on their own schedule.
+  auto eventually = [](const std::string& address, const std::string& metric,
+                       const std::string& labels, const std::function<bool(double)>& ok) {
+    double value = -1;
+    for (int i = 0; i < 100; ++i) {
+      value = ScrapeSum(address, metric, labels);
+      if (ok(value)) break;
+      std::this_thread::sleep_for(50ms);
+    }
+    return value;
+  };
+  auto positive = [](double v) { return v > 0; };
+  auto equals = [](double want) { return [want](double v) { return v == want; }; };
+
+  // An actor: bytes moved by its all-reduces, labelled with its job and rank.
+  const std::string actor = (*job)["actors"][0]["metrics_address"];
+  EXPECT_GT(eventually(actor, "shardline_collective_bytes_total", "op=\"all_reduce\"", positive), 0);
+  EXPECT_GE(eventually(actor, "shardline_collective_seconds_count", "rank=\"0\"", positive), 1);
+  // The agent: heartbeats sent, actors running.
+  auto status = cluster.Status();
+  ASSERT_TRUE(status.ok());
+  const std::string agent = (*status)["nodes"][0]["metrics_address"];
+  EXPECT_GT(eventually(agent, "shardline_agent_heartbeats_sent_total", "node=\"metered\"", positive), 0);
+  EXPECT_EQ(eventually(agent, "shardline_agent_actors_running", "node=\"metered\"", equals(2)), 2);
+  // The coordinator: cluster gauges, the bootstrap histogram, the store, the wire.
+  const std::string coordinator = cluster.metrics_address();
+  EXPECT_EQ(eventually(coordinator, "shardline_nodes", "state=\"alive\"", equals(1)), 1);
+  EXPECT_EQ(eventually(coordinator, "shardline_actors", "state=\"running\"", equals(2)), 2);
+  EXPECT_EQ(eventually(coordinator, "shardline_bootstrap_seconds_count", "group_kind=\"world\"",
+                       equals(1)), 1);
+  EXPECT_GT(eventually(coordinator, "shardline_kv_operations_total", "op=\"set\"", positive), 0);
+  EXPECT_GT(eventually(coordinator, "shardline_messages_received_total", "type=\"heartbeat\"",
+                       positive), 0);
+
+  auto cancel = RunShardline({"cancel", *job_id, "--coordinator", cluster.endpoint()});
+  EXPECT_EQ(cancel.exit_code, 0) << cancel.output;
+  auto ended = cluster.WaitForJobEnd(*job_id, 10s);
+  ASSERT_TRUE(ended.ok());
+  EXPECT_EQ((*ended)["state"], "cancelled");
+  for (const auto& a : (*ended)["actors"]) {
+    const pid_t pid = a["pid"].get<pid_t>();
+    for (int i = 0; i < 200 && ProcessAlive(pid); ++i) std::this_thread::sleep_for(25ms);
+    EXPECT_FALSE(ProcessAlive(pid)) << "actor " << pid << " outlived its cancelled job";
+  }
+}
+
+TEST(ClusterCommCheckTest, RestartedCoordinatorKeepsItsHistoryAndAgentsRejoin) {
+  LocalCluster cluster;
+  ASSERT_TRUE(cluster.StartCoordinator().ok());
+  ASSERT_TRUE(cluster.StartAgent("steadfast", "cpu:2").ok());
+  ASSERT_TRUE(cluster.WaitForAliveNodes(1, 20s).ok());
+  auto first = cluster.Submit("name: before\nkind: comm-check\nactors: 2\n"
+                              "comm_check:\n  max_bytes: 4KiB\n");
+  ASSERT_TRUE(first.ok());
+  auto done = cluster.WaitForJobEnd(*first, 60s);
+  ASSERT_TRUE(done.ok());
+  ASSERT_EQ((*done)["state"], "succeeded");
+
+  ASSERT_TRUE(cluster.RestartCoordinator().ok());
+  // The agent's heartbeats are refused by the new coordinator; it registers again.
+  ASSERT_TRUE(cluster.WaitForAliveNodes(1, 20s).ok()) << cluster.Log("agent-steadfast");
+  auto history = cluster.Job(*first);
+  ASSERT_TRUE(history.ok()) << history.status();
+  EXPECT_EQ((*history)["state"], "succeeded");
+  EXPECT_EQ((*history)["results"].size(), (*done)["results"].size());
+  auto second = cluster.Submit("name: after\nkind: comm-check\nactors: 2\n"
+                               "comm_check:\n  max_bytes: 4KiB\n");
+  ASSERT_TRUE(second.ok());
+  EXPECT_NE(*second, *first);
+  auto again = cluster.WaitForJobEnd(*second, 60s);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ((*again)["state"], "succeeded");
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "cli/status_view.h"
 #include "common/process.h"
 #include "common/status_macros.h"
+#include "monitoring/testing/http_get.h"
 #include "protocol/rpc_client.h"
 
 namespace shardline::testing {
@@ -75,6 +76,27 @@ CommandResult RunShardline(const std::vector<std::string>& args, std::chrono::mi
   return result;
 }
 
+double SumOfSamples(const std::string& exposition, const std::string& metric,
+                    const std::string& labels) {
+  double sum = -1;
+  std::istringstream lines(exposition);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind(metric, 0) != 0 || line.size() <= metric.size()) continue;
+    const char next = line[metric.size()];
+    if (next != '{' && next != ' ') continue;
+    if (!labels.empty() && line.find(labels) == std::string::npos) continue;
+    sum = std::max(sum, 0.0) + std::stod(line.substr(line.rfind(' ') + 1));
+  }
+  return sum;
+}
+
+double ScrapeSum(const std::string& address, const std::string& metric,
+                 const std::string& labels) {
+  auto response = monitoring::testing::HttpGet(address, "/metrics");
+  if (!response.ok() || response->status != 200) return -1;
+  return SumOfSamples(response->body, metric, labels);
+}
+
 bool ProcessAlive(pid_t pid) {
   if (pid <= 0) return false;
   if (::kill(pid, 0) != 0) return false;
@@ -133,6 +155,15 @@ absl::Status LocalCluster::StartCoordinator() {
   }
   endpoint_ = ReadFile(endpoint_file);
   return absl::OkStatus();
+}
+
+absl::Status LocalCluster::RestartCoordinator() {
+  if (coordinator_pid_ > 0) {
+    ::kill(coordinator_pid_, SIGKILL);
+    (void)WaitFor(coordinator_pid_, 10s);
+    coordinator_pid_ = 0;
+  }
+  return StartCoordinator();
 }
 
 absl::StatusOr<pid_t> LocalCluster::StartAgent(

@@ -33,6 +33,14 @@ CommandResult RunShardline(const std::vector<std::string>& args,
                            std::chrono::milliseconds timeout = std::chrono::seconds(60),
                            const std::vector<std::pair<std::string, std::string>>& env = {});
 
+// Sum of the samples of `metric` whose label set contains `labels` (all when empty) in a
+// Prometheus text exposition; -1 when there is none.
+double SumOfSamples(const std::string& exposition, const std::string& metric,
+                    const std::string& labels = "");
+// The same over a GET of http://ADDRESS/metrics; -1 when it cannot be fetched.
+double ScrapeSum(const std::string& address, const std::string& metric,
+                 const std::string& labels = "");
+
 // True while a process with this pid exists (and is not a zombie).
 bool ProcessAlive(pid_t pid);
 
@@ -49,6 +57,8 @@ class LocalCluster {
 
   // Starts the coordinator and waits until it listens (it writes its endpoint file).
   absl::Status StartCoordinator();
+  // kill -9 the coordinator, then start it again on the same endpoint and state dir.
+  absl::Status RestartCoordinator();
   // Starts an agent; returns its pid. `env` is added to its (and its actors') environment.
   absl::StatusOr<pid_t> StartAgent(const std::string& node_id, const std::string& devices,
                                    const std::vector<std::pair<std::string, std::string>>& env = {},
