@@ -1,0 +1,25 @@
+// Causal multi-head self-attention on the CPU (conventions: see matmul.h).
+//
+// Layout as llm.c: qkv is (B,T,3,NH,HS) — for each token, all heads' queries, then keys, then
+// values — out is (B,T,NH,HS). The kernels work on whichever NH heads qkv holds, so tensor
+// parallelism splits heads by giving each rank the qkv of its own heads (the output of its
+// column-parallel QKV projection, laid out per head group the same way) and NH = heads per rank.
+//
+// The forward is blocked with an online softmax (flash-attention style): per (b, head), a tile of
+// 64 queries walks the tiles of 64 keys at or before it, so K and V tiles stay in L1/L2 and the
+// (T,T) score matrix is never stored. Only the log-sum-exp per query row is kept (B·NH·T floats);
+// the backward recomputes the probabilities from it. Threads (OpenMP) take whole (b, head) pairs,
+// so each head's work is private and the result does not depend on the thread count.
+#pragma once
+
+namespace shardline::kernels::cpu {
+
+// out (B,T,NH,HS) = softmax(q·kᵀ/√HS + causal mask)·v per (b, head); lse (B,NH,T) is written for
+// the backward pass.
+void AttentionForward(float* out, float* lse, const float* qkv, int B, int T, int NH, int HS);
+
+// dout is (B,T,NH,HS); dqkv (B,T,3,NH,HS) accumulates. out and lse are the forward's.
+void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                       const float* lse, int B, int T, int NH, int HS);
+
+}  // namespace shardline::kernels::cpu

@@ -1,0 +1,18 @@
+// Pointwise ops: GELU (tanh form, as GPT-2) and the residual add (conventions: see matmul.h).
+#pragma once
+
+#include <cstdint>
+
+namespace shardline::kernels::cpu {
+
+// out, inp are (n): out = 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).
+void GeluForward(float* out, const float* inp, int64_t n);
+// dinp (n) += gelu'(inp)·dout.
+void GeluBackward(float* dinp, const float* inp, const float* dout, int64_t n);
+
+// out = inp1 + inp2, all (n). out may alias either input (x = x + f(x) in place).
+void ResidualForward(float* out, const float* inp1, const float* inp2, int64_t n);
+// dinp1 += dout; dinp2 += dout (either may be null).
+void ResidualBackward(float* dinp1, float* dinp2, const float* dout, int64_t n);
+
+}  // namespace shardline::kernels::cpu

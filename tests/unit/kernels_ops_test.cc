@@ -1,0 +1,523 @@
+// Every CPU kernel but attention (kernels_attention_test.cc): forward against a naive double
+// reference, backward against central finite differences (see kernels_test_util.h for the method
+// and the default tolerance), and the accumulate (+=) contract of every backward.
+//
+// Forward tolerances: |f32 kernel − double reference| <= 1e-5 + 1e-4·|ref| for single-pass ops;
+// GEMM-based ones use 1e-4 + 1e-4·|ref| (sums of up to a few hundred f32 products).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <span>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/cross_entropy.h"
+#include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/embedding.h"
+#include "kernels/cpu/layernorm.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/optimizer.h"
+#include "kernels/cpu/softmax.h"
+#include "tests/unit/kernels_test_util.h"
+
+namespace shardline::kernels::cpu {
+namespace {
+
+using testing::ExpectClose;
+using testing::ExpectGradientMatches;
+using testing::GradTolerance;
+using testing::RandomVector;
+using testing::WeightedSum;
+
+constexpr float kPrefill = 0.25f;  // gradients start here to check that backward adds
+
+std::vector<float> Prefilled(size_t n) { return std::vector<float>(n, kPrefill); }
+std::vector<float> MinusPrefill(std::vector<float> g) {
+  for (float& x : g) x -= kPrefill;
+  return g;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Matmul and bias add
+
+std::vector<double> MatmulReference(const std::vector<float>& inp, const std::vector<float>& weight,
+                                    const float* bias, int N, int C, int OC) {
+  std::vector<double> out(static_cast<size_t>(N) * OC);
+  for (int n = 0; n < N; ++n) {
+    for (int o = 0; o < OC; ++o) {
+      double s = bias != nullptr ? bias[o] : 0.0;
+      for (int c = 0; c < C; ++c) s += static_cast<double>(inp[n * C + c]) * weight[o * C + c];
+      out[n * OC + o] = s;
+    }
+  }
+  return out;
+}
+
+TEST(MatmulTest, ForwardMatchesReference) {
+  for (auto [N, C, OC] : {std::tuple{7, 5, 3}, std::tuple{1, 1, 1}, std::tuple{130, 96, 200}}) {
+    const auto inp = RandomVector(N * C, 1);
+    const auto weight = RandomVector(OC * C, 2);
+    const auto bias = RandomVector(OC, 3);
+    std::vector<float> out(N * OC, 123.0f);  // garbage: forward overwrites
+    MatmulForward(out.data(), inp.data(), weight.data(), bias.data(), N, C, OC);
+    ExpectClose(out, MatmulReference(inp, weight, bias.data(), N, C, OC), 1e-4, 1e-4, "matmul+bias");
+    std::fill(out.begin(), out.end(), 123.0f);
+    MatmulForward(out.data(), inp.data(), weight.data(), nullptr, N, C, OC);
+    ExpectClose(out, MatmulReference(inp, weight, nullptr, N, C, OC), 1e-4, 1e-4, "matmul");
+  }
+}
+
+TEST(MatmulTest, BackwardMatchesFiniteDifferencesAndAccumulates) {
+  const int N = 4, C = 5, OC = 3;
+  auto inp = RandomVector(N * C, 4);
+  auto weight = RandomVector(OC * C, 5);
+  auto bias = RandomVector(OC, 6);
+  const auto w = RandomVector(N * OC, 7);
+  auto loss = [&] {
+    std::vector<float> out(N * OC);
+    MatmulForward(out.data(), inp.data(), weight.data(), bias.data(), N, C, OC);
+    return WeightedSum(out, w);
+  };
+  auto dinp = Prefilled(N * C), dweight = Prefilled(OC * C), dbias = Prefilled(OC);
+  MatmulBackward(dinp.data(), dweight.data(), dbias.data(), w.data(), inp.data(), weight.data(), N, C,
+                 OC);
+  ExpectGradientMatches(loss, inp, MinusPrefill(dinp), "matmul dinp");
+  ExpectGradientMatches(loss, weight, MinusPrefill(dweight), "matmul dweight");
+  ExpectGradientMatches(loss, bias, MinusPrefill(dbias), "matmul dbias");
+
+  // Null gradients are skipped; the others are still computed.
+  auto dweight2 = Prefilled(OC * C);
+  MatmulBackward(nullptr, dweight2.data(), nullptr, w.data(), inp.data(), weight.data(), N, C, OC);
+  EXPECT_EQ(dweight2, dweight);
+}
+
+TEST(BiasAddTest, ForwardAndBackward) {
+  const int N = 300, C = 300;  // above the threading threshold: column blocks across threads
+  const auto bias = RandomVector(C, 8);
+  auto out = RandomVector(N * C, 9);
+  std::vector<double> expected(out.begin(), out.end());
+  for (int n = 0; n < N; ++n)
+    for (int c = 0; c < C; ++c) expected[n * C + c] += bias[c];
+  BiasAddForward(out.data(), bias.data(), N, C);
+  ExpectClose(out, expected, 1e-6, 1e-6, "bias add");
+
+  const auto dout = RandomVector(N * C, 10);
+  auto dbias = Prefilled(C);
+  BiasAddBackward(dbias.data(), dout.data(), N, C);
+  std::vector<double> ref(C, kPrefill);
+  for (int n = 0; n < N; ++n)
+    for (int c = 0; c < C; ++c) ref[c] += dout[n * C + c];
+  ExpectClose(dbias, ref, 1e-4, 1e-4, "bias add dbias");
+}
+
+// ---------------------------------------------------------------------------------------------
+// LayerNorm
+
+struct LayerNormRef {
+  std::vector<double> out, mean, rstd, dinp, dweight, dbias;
+};
+
+LayerNormRef LayerNormReference(const std::vector<float>& inp, const std::vector<float>& weight,
+                                const std::vector<float>& bias, const std::vector<float>& dout,
+                                int N, int C) {
+  LayerNormRef r;
+  r.out.resize(N * C);
+  r.dinp.resize(N * C);
+  r.dweight.assign(C, 0.0);
+  r.dbias.assign(C, 0.0);
+  for (int n = 0; n < N; ++n) {
+    double m = 0, v = 0;
+    for (int c = 0; c < C; ++c) m += inp[n * C + c];
+    m /= C;
+    for (int c = 0; c < C; ++c) v += (inp[n * C + c] - m) * (inp[n * C + c] - m);
+    v /= C;
+    const double s = 1.0 / std::sqrt(v + 1e-5);
+    r.mean.push_back(m);
+    r.rstd.push_back(s);
+    double gm = 0, gnm = 0;
+    for (int c = 0; c < C; ++c) {
+      const double norm = (inp[n * C + c] - m) * s;
+      r.out[n * C + c] = norm * weight[c] + bias[c];
+      const double g = weight[c] * static_cast<double>(dout[n * C + c]);
+      gm += g;
+      gnm += g * norm;
+      r.dweight[c] += norm * dout[n * C + c];
+      r.dbias[c] += dout[n * C + c];
+    }
+    gm /= C;
+    gnm /= C;
+    for (int c = 0; c < C; ++c) {
+      const double norm = (inp[n * C + c] - m) * s;
+      r.dinp[n * C + c] = s * (weight[c] * static_cast<double>(dout[n * C + c]) - gm - norm * gnm);
+    }
+  }
+  return r;
+}
+
+TEST(LayerNormTest, ForwardMatchesReference) {
+  for (auto [N, C] : {std::pair{3, 8}, std::pair{96, 512}}) {  // the second one runs threaded
+    auto inp = RandomVector(N * C, 11, -2.0f, 3.0f);
+    const auto weight = RandomVector(C, 12), bias = RandomVector(C, 13);
+    const auto dout = RandomVector(N * C, 14);
+    std::vector<float> out(N * C), mean(N), rstd(N);
+    LayerNormForward(out.data(), mean.data(), rstd.data(), inp.data(), weight.data(), bias.data(), N, C);
+    const LayerNormRef ref = LayerNormReference(inp, weight, bias, dout, N, C);
+    ExpectClose(out, ref.out, 1e-5, 1e-4, "layernorm out");
+    ExpectClose(mean, ref.mean, 1e-5, 1e-4, "layernorm mean");
+    ExpectClose(rstd, ref.rstd, 1e-5, 1e-4, "layernorm rstd");
+    // Backward against the analytic double reference too, since finite differences at this size
+    // would take minutes.
+    auto dinp = Prefilled(N * C), dweight = Prefilled(C), dbias = Prefilled(C);
+    LayerNormBackward(dinp.data(), dweight.data(), dbias.data(), dout.data(), inp.data(), weight.data(),
+                      mean.data(), rstd.data(), N, C);
+    ExpectClose(MinusPrefill(dinp), ref.dinp, 1e-4, 1e-3, "layernorm dinp");
+    ExpectClose(MinusPrefill(dweight), ref.dweight, 1e-4, 1e-3, "layernorm dweight");
+    ExpectClose(MinusPrefill(dbias), ref.dbias, 1e-4, 1e-3, "layernorm dbias");
+  }
+}
+
+TEST(LayerNormTest, BackwardMatchesFiniteDifferences) {
+  const int N = 3, C = 6;
+  auto inp = RandomVector(N * C, 15, -2.0f, 2.0f);
+  auto weight = RandomVector(C, 16), bias = RandomVector(C, 17);
+  const auto w = RandomVector(N * C, 18);
+  auto loss = [&] {
+    std::vector<float> out(N * C), mean(N), rstd(N);
+    LayerNormForward(out.data(), mean.data(), rstd.data(), inp.data(), weight.data(), bias.data(), N, C);
+    return WeightedSum(out, w);
+  };
+  std::vector<float> out(N * C), mean(N), rstd(N);
+  LayerNormForward(out.data(), mean.data(), rstd.data(), inp.data(), weight.data(), bias.data(), N, C);
+  auto dinp = Prefilled(N * C), dweight = Prefilled(C), dbias = Prefilled(C);
+  LayerNormBackward(dinp.data(), dweight.data(), dbias.data(), w.data(), inp.data(), weight.data(),
+                    mean.data(), rstd.data(), N, C);
+  // h = 1e-3: layernorm is strongly curved for inputs near the row mean.
+  const GradTolerance tol{.atol = 3e-3, .rtol = 2e-2, .h = 1e-3f};
+  ExpectGradientMatches(loss, inp, MinusPrefill(dinp), "layernorm dinp", tol);
+  ExpectGradientMatches(loss, weight, MinusPrefill(dweight), "layernorm dweight", tol);
+  ExpectGradientMatches(loss, bias, MinusPrefill(dbias), "layernorm dbias", tol);
+}
+
+// ---------------------------------------------------------------------------------------------
+// GELU, residual, softmax
+
+double GeluReference(double x) {
+  return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+
+TEST(GeluTest, ForwardMatchesReference) {
+  const int64_t n = 50000;  // threaded
+  const auto inp = RandomVector(n, 19, -6.0f, 6.0f);
+  std::vector<float> out(n);
+  GeluForward(out.data(), inp.data(), n);
+  std::vector<double> ref(n);
+  for (int64_t i = 0; i < n; ++i) ref[i] = GeluReference(inp[i]);
+  ExpectClose(out, ref, 1e-6, 1e-5, "gelu");
+}
+
+TEST(GeluTest, BackwardMatchesFiniteDifferences) {
+  const int64_t n = 40;
+  auto inp = RandomVector(n, 20, -4.0f, 4.0f);
+  const auto w = RandomVector(n, 21);
+  auto loss = [&] {
+    std::vector<float> out(n);
+    GeluForward(out.data(), inp.data(), n);
+    return WeightedSum(out, w);
+  };
+  auto dinp = Prefilled(n);
+  GeluBackward(dinp.data(), inp.data(), w.data(), n);
+  ExpectGradientMatches(loss, inp, MinusPrefill(dinp), "gelu dinp");
+}
+
+TEST(ResidualTest, ForwardAndBackward) {
+  const int64_t n = 40000;
+  const auto a = RandomVector(n, 22), b = RandomVector(n, 23), dout = RandomVector(n, 24);
+  std::vector<float> out(n);
+  ResidualForward(out.data(), a.data(), b.data(), n);
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(out[i], a[i] + b[i]);
+  auto da = Prefilled(n), db = Prefilled(n);
+  ResidualBackward(da.data(), db.data(), dout.data(), n);
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(da[i], kPrefill + dout[i]);
+    ASSERT_EQ(db[i], kPrefill + dout[i]);
+  }
+  ResidualBackward(nullptr, da.data(), dout.data(), n);
+  EXPECT_EQ(da[0], kPrefill + dout[0] + dout[0]);
+}
+
+TEST(SoftmaxTest, ForwardMatchesReference) {
+  const int N = 5, C = 17;
+  const auto inp = RandomVector(N * C, 25, -20.0f, 20.0f);
+  std::vector<float> out(N * C);
+  SoftmaxForward(out.data(), inp.data(), N, C);
+  std::vector<double> ref(N * C);
+  for (int n = 0; n < N; ++n) {
+    double max = -INFINITY, sum = 0;
+    for (int c = 0; c < C; ++c) max = std::max(max, static_cast<double>(inp[n * C + c]));
+    for (int c = 0; c < C; ++c) sum += std::exp(inp[n * C + c] - max);
+    for (int c = 0; c < C; ++c) ref[n * C + c] = std::exp(inp[n * C + c] - max) / sum;
+  }
+  ExpectClose(out, ref, 1e-6, 1e-4, "softmax");
+}
+
+TEST(SoftmaxTest, BackwardMatchesFiniteDifferences) {
+  const int N = 3, C = 7;
+  auto inp = RandomVector(N * C, 26, -2.0f, 2.0f);
+  const auto w = RandomVector(N * C, 27);
+  auto loss = [&] {
+    std::vector<float> out(N * C);
+    SoftmaxForward(out.data(), inp.data(), N, C);
+    return WeightedSum(out, w);
+  };
+  std::vector<float> out(N * C);
+  SoftmaxForward(out.data(), inp.data(), N, C);
+  auto dinp = Prefilled(N * C);
+  SoftmaxBackward(dinp.data(), w.data(), out.data(), N, C);
+  ExpectGradientMatches(loss, inp, MinusPrefill(dinp), "softmax dinp");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Embeddings
+
+TEST(EmbeddingTest, EncoderForwardMatchesReference) {
+  const int B = 2, T = 3, C = 4, V = 5;
+  const std::vector<int32_t> tokens = {0, 4, 4, 2, 1, 0};
+  const auto wte = RandomVector(V * C, 28), wpe = RandomVector(T * C, 29);
+  std::vector<float> out(B * T * C);
+  EncoderForward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C, V);
+  std::vector<double> ref(B * T * C);
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t)
+      for (int c = 0; c < C; ++c)
+        ref[(b * T + t) * C + c] =
+            static_cast<double>(wte[tokens[b * T + t] * C + c]) + wpe[t * C + c];
+  ExpectClose(out, ref, 1e-6, 1e-6, "encoder");
+}
+
+TEST(EmbeddingTest, EncoderBackwardMatchesFiniteDifferences) {
+  const int B = 2, T = 3, C = 4, V = 5;
+  const std::vector<int32_t> tokens = {0, 4, 4, 2, 4, 0};  // repeats: the scatter must add them
+  auto wte = RandomVector(V * C, 30), wpe = RandomVector(T * C, 31);
+  const auto w = RandomVector(B * T * C, 32);
+  auto loss = [&] {
+    std::vector<float> out(B * T * C);
+    EncoderForward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C, V);
+    return WeightedSum(out, w);
+  };
+  auto dwte = Prefilled(V * C), dwpe = Prefilled(T * C);
+  EncoderBackward(dwte.data(), dwpe.data(), w.data(), tokens.data(), B, T, C, V);
+  ExpectGradientMatches(loss, wte, MinusPrefill(dwte), "encoder dwte");
+  ExpectGradientMatches(loss, wpe, MinusPrefill(dwpe), "encoder dwpe");
+}
+
+TEST(EmbeddingTest, VocabShardsSumToTheFullEmbedding) {
+  const int N = 64, C = 600, V = 11;  // N·C above the threading threshold
+  std::vector<int32_t> tokens(N);
+  for (int n = 0; n < N; ++n) tokens[n] = (n * 7) % V;
+  const auto wte = RandomVector(V * C, 33), dout = RandomVector(N * C, 34);
+  std::vector<float> full(N * C);
+  TokenEmbeddingForward(full.data(), tokens.data(), wte.data(), N, C, 0, V);
+  std::vector<float> dfull(V * C, 0.0f);
+  TokenEmbeddingBackward(dfull.data(), dout.data(), tokens.data(), N, C, 0, V);
+
+  const int bounds[] = {0, 4, 8, V};  // three uneven shards
+  std::vector<float> sum(N * C, 0.0f);
+  for (int s = 0; s < 3; ++s) {
+    const int v0 = bounds[s], v1 = bounds[s + 1];
+    std::vector<float> part(N * C, 99.0f);
+    TokenEmbeddingForward(part.data(), tokens.data(), wte.data() + v0 * C, N, C, v0, v1);
+    for (int i = 0; i < N * C; ++i) sum[i] += part[i];
+    std::vector<float> dshard((v1 - v0) * C, 0.0f);
+    TokenEmbeddingBackward(dshard.data(), dout.data(), tokens.data(), N, C, v0, v1);
+    EXPECT_TRUE(std::equal(dshard.begin(), dshard.end(), dfull.begin() + v0 * C))
+        << "shard [" << v0 << "," << v1 << ") gradient differs from the full one's rows";
+  }
+  EXPECT_EQ(sum, full);
+}
+
+TEST(EmbeddingTest, ValidateTokensNamesTheBadOne) {
+  const std::vector<int32_t> tokens = {1, 2, 50257, 0};
+  EXPECT_TRUE(ValidateTokens(tokens.data(), 2, 50257).ok());
+  absl::Status s = ValidateTokens(tokens.data(), 4, 50257);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(s.message()), "token 50257 at position 2 is outside the vocabulary [0, 50257)");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cross-entropy
+
+TEST(CrossEntropyTest, ForwardMatchesReference) {
+  const int N = 6, V = 50;
+  const auto logits = RandomVector(N * V, 35, -8.0f, 8.0f);
+  const std::vector<int32_t> targets = {0, 49, 7, 7, -1, 23};
+  std::vector<float> losses(N), lse(N);
+  CrossEntropyForward(losses.data(), lse.data(), logits.data(), targets.data(), N, V);
+  std::vector<double> ref_loss(N), ref_lse(N);
+  for (int n = 0; n < N; ++n) {
+    double max = -INFINITY, sum = 0;
+    for (int v = 0; v < V; ++v) max = std::max(max, static_cast<double>(logits[n * V + v]));
+    for (int v = 0; v < V; ++v) sum += std::exp(logits[n * V + v] - max);
+    ref_lse[n] = max + std::log(sum);
+    ref_loss[n] = targets[n] < 0 ? 0.0 : ref_lse[n] - logits[n * V + targets[n]];
+  }
+  ExpectClose(losses, ref_loss, 1e-5, 1e-5, "cross-entropy loss");
+  ExpectClose(lse, ref_lse, 1e-5, 1e-5, "cross-entropy lse");
+  EXPECT_EQ(losses[4], 0.0f) << "a negative target is ignored";
+}
+
+TEST(CrossEntropyTest, BackwardMatchesFiniteDifferences) {
+  const int N = 3, V = 9;
+  auto logits = RandomVector(N * V, 36, -3.0f, 3.0f);
+  const std::vector<int32_t> targets = {2, 8, -1};
+  const std::vector<float> dlosses = {0.5f, -1.5f, 2.0f};
+  auto loss = [&] {
+    std::vector<float> losses(N), lse(N);
+    CrossEntropyForward(losses.data(), lse.data(), logits.data(), targets.data(), N, V);
+    return WeightedSum(losses, dlosses);
+  };
+  std::vector<float> losses(N), lse(N);
+  CrossEntropyForward(losses.data(), lse.data(), logits.data(), targets.data(), N, V);
+  auto dlogits = Prefilled(N * V);
+  CrossEntropyBackward(dlogits.data(), logits.data(), lse.data(), targets.data(), dlosses.data(), N, V);
+  ExpectGradientMatches(loss, logits, MinusPrefill(dlogits), "cross-entropy dlogits");
+  for (int v = 0; v < V; ++v) EXPECT_EQ(dlogits[2 * V + v], kPrefill) << "ignored row";
+}
+
+// The vocab-parallel recipe from cross_entropy.h with the all-reduces done by hand over shards.
+void ExpectShardedMatchesUnsharded(std::vector<int> bounds) {
+  const int N = 40, V = 1000;  // N·V above the threading threshold
+  const auto logits = RandomVector(N * V, 37, -10.0f, 10.0f);
+  std::vector<int32_t> targets(N);
+  for (int n = 0; n < N; ++n) targets[n] = n == 3 ? -1 : (n * 97) % V;
+  const auto dlosses = RandomVector(N, 38);
+  std::vector<float> losses(N), lse(N);
+  CrossEntropyForward(losses.data(), lse.data(), logits.data(), targets.data(), N, V);
+  std::vector<float> dlogits(N * V, 0.0f);
+  CrossEntropyBackward(dlogits.data(), logits.data(), lse.data(), targets.data(), dlosses.data(), N, V);
+
+  const int shards = static_cast<int>(bounds.size()) - 1;
+  // Each rank's logits shard is a column slice, i.e. a copy in the row-major layout.
+  std::vector<std::vector<float>> shard_logits(shards);
+  std::vector<std::vector<float>> max(shards, std::vector<float>(N)), sumexp = max, target = max;
+  for (int s = 0; s < shards; ++s) {
+    const int v0 = bounds[s], vs = bounds[s + 1] - bounds[s];
+    for (int n = 0; n < N; ++n)
+      for (int j = 0; j < vs; ++j) shard_logits[s].push_back(logits[n * V + v0 + j]);
+    CrossEntropyLocalStats(max[s].data(), sumexp[s].data(), target[s].data(), shard_logits[s].data(),
+                           targets.data(), N, vs, v0);
+  }
+  std::vector<float> global_max(N, -INFINITY), global_sum(N, 0.0f), global_target(N, 0.0f);
+  for (int s = 0; s < shards; ++s)  // all-reduce MAX
+    for (int n = 0; n < N; ++n) global_max[n] = std::max(global_max[n], max[s][n]);
+  for (int s = 0; s < shards; ++s) {
+    CrossEntropyRescaleSumExp(sumexp[s].data(), max[s].data(), global_max.data(), N);
+    for (int n = 0; n < N; ++n) {  // all-reduce SUM
+      global_sum[n] += sumexp[s][n];
+      global_target[n] += target[s][n];
+    }
+  }
+  std::vector<float> sharded_losses(N), sharded_lse(N);
+  CrossEntropyLossFromStats(sharded_losses.data(), sharded_lse.data(), global_max.data(),
+                            global_sum.data(), global_target.data(), targets.data(), N);
+  ExpectClose(sharded_losses, std::vector<double>(losses.begin(), losses.end()), 1e-5, 1e-5,
+              "sharded loss");
+  ExpectClose(sharded_lse, std::vector<double>(lse.begin(), lse.end()), 1e-5, 1e-6, "sharded lse");
+  for (int s = 0; s < shards; ++s) {
+    const int v0 = bounds[s], vs = bounds[s + 1] - bounds[s];
+    std::vector<float> dshard(N * vs, 0.0f);
+    CrossEntropyBackwardShard(dshard.data(), shard_logits[s].data(), sharded_lse.data(),
+                              targets.data(), dlosses.data(), N, vs, v0);
+    std::vector<double> expected;
+    for (int n = 0; n < N; ++n)
+      for (int j = 0; j < vs; ++j) expected.push_back(dlogits[n * V + v0 + j]);
+    ExpectClose(dshard, expected, 1e-7, 1e-4, "sharded dlogits, shard " + std::to_string(s));
+  }
+}
+
+TEST(CrossEntropyTest, TwoVocabShardsCombineToTheUnshardedResult) {
+  ExpectShardedMatchesUnsharded({0, 500, 1000});
+}
+
+TEST(CrossEntropyTest, ThreeUnevenVocabShardsCombineToTheUnshardedResult) {
+  ExpectShardedMatchesUnsharded({0, 1, 334, 1000});
+}
+
+// ---------------------------------------------------------------------------------------------
+// AdamW and clipping
+
+TEST(AdamWTest, MatchesReferenceOverSeveralSteps) {
+  const int64_t n = 40000;  // threaded
+  const AdamWConfig config{.learning_rate = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                           .weight_decay = 0.1f};
+  auto params = RandomVector(n, 39);
+  std::vector<float> m(n, 0.0f), v(n, 0.0f);
+  std::vector<double> rp(params.begin(), params.end()), rm(n, 0.0), rv(n, 0.0);
+  for (int step = 1; step <= 3; ++step) {
+    const auto grads = RandomVector(n, 40 + step);
+    ASSERT_TRUE(AdamWUpdate(params.data(), grads.data(), m.data(), v.data(), n, config, step).ok());
+    for (int64_t i = 0; i < n; ++i) {
+      const double g = grads[i];
+      rm[i] = 0.9 * rm[i] + 0.1 * g;
+      rv[i] = 0.95 * rv[i] + 0.05 * g * g;
+      const double mh = rm[i] / (1 - std::pow(0.9, step));
+      const double vh = rv[i] / (1 - std::pow(0.95, step));
+      rp[i] -= 1e-2 * (mh / (std::sqrt(vh) + 1e-8) + 0.1 * rp[i]);
+    }
+  }
+  ExpectClose(params, rp, 1e-5, 1e-5, "adamw params");
+  ExpectClose(m, rm, 1e-6, 1e-5, "adamw m");
+  ExpectClose(v, rv, 1e-6, 1e-5, "adamw v");
+}
+
+TEST(AdamWTest, WeightDecayIsDecoupledFromTheGradient) {
+  // A zero gradient leaves the moments at zero; only the decay moves the weight.
+  float param = 2.0f, grad = 0.0f, m = 0.0f, v = 0.0f;
+  const AdamWConfig config{.learning_rate = 0.1f, .weight_decay = 0.5f};
+  ASSERT_TRUE(AdamWUpdate(&param, &grad, &m, &v, 1, config, 1).ok());
+  EXPECT_FLOAT_EQ(param, 2.0f - 0.1f * 0.5f * 2.0f);
+}
+
+TEST(AdamWTest, RejectsBadStepAndHyperParameters) {
+  float p = 0, g = 0, m = 0, v = 0;
+  EXPECT_EQ(AdamWUpdate(&p, &g, &m, &v, 1, AdamWConfig{}, 0).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(AdamWUpdate(&p, &g, &m, &v, 1, AdamWConfig{.beta2 = 1.0f}, 1).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(AdamWUpdate(&p, &g, &m, &v, 1, AdamWConfig{.eps = 0.0f}, 1).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(GlobalNormClipTest, ClipsAllGradientsByTheirJointNorm) {
+  auto a = RandomVector(50000, 50), b = RandomVector(7, 51);
+  double ref = 0;
+  for (float x : a) ref += static_cast<double>(x) * x;
+  for (float x : b) ref += static_cast<double>(x) * x;
+  ref = std::sqrt(ref);
+  const auto a0 = a, b0 = b;
+  std::vector<std::span<float>> grads = {a, b};
+  const double norm = GlobalNormClip(grads, 1.0).value();
+  EXPECT_NEAR(norm, ref, 1e-9 * ref);
+  const double scale = 1.0 / (ref + 1e-6);
+  std::vector<double> ea(a0.begin(), a0.end()), eb(b0.begin(), b0.end());
+  for (double& x : ea) x *= scale;
+  for (double& x : eb) x *= scale;
+  ExpectClose(a, ea, 1e-7, 1e-6, "clipped a");
+  ExpectClose(b, eb, 1e-7, 1e-6, "clipped b");
+  // Already under the limit: untouched.
+  const auto before = a;
+  EXPECT_NEAR(GlobalNormClip(grads, 10.0).value(), 1.0, 1e-5);
+  EXPECT_EQ(a, before);
+  EXPECT_EQ(GlobalNormClip(grads, 0.0).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(GlobalNormClipTest, NonFiniteNormLeavesGradientsForTheCallerToSkip) {
+  std::vector<float> a = {1.0f, INFINITY, 2.0f};
+  std::vector<std::span<float>> grads = {a};
+  EXPECT_FALSE(std::isfinite(GlobalNormClip(grads, 1.0).value()));
+  EXPECT_EQ(a[0], 1.0f);
+  EXPECT_EQ(a[2], 2.0f);
+}
+
+}  // namespace
+}  // namespace shardline::kernels::cpu
