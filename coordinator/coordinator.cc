@@ -19,6 +19,7 @@ using Payload = wire::Envelope::Payload;
 
 constexpr auto kPollInterval = std::chrono::milliseconds(20);
 constexpr auto kGaugeInterval = std::chrono::milliseconds(250);
+constexpr auto kMaxKvWait = std::chrono::minutes(10);
 
 std::string Text(absl::string_view s) { return ToString(s); }
 
@@ -519,8 +520,9 @@ absl::Status Coordinator::OnKvRequest(const std::string& peer, uint64_t request_
         reply->payload().initKvReply().setValue(protocol::AsData(*value));
         Send(peer, *reply);
       } else {
-        kv_.Park({key, peer, request_id, sender,
-                  clock_->Now() + std::chrono::milliseconds(request.getWaitMs())});
+        // A peer cannot park a request for longer than any bootstrap may take.
+        const auto wait = std::min(std::chrono::milliseconds(request.getWaitMs()), kMaxKvWait);
+        kv_.Park({key, peer, request_id, sender, clock_->Now() + wait});
       }
       return absl::OkStatus();
     }

@@ -55,7 +55,9 @@ TEST(ClusterCommCheckTest, TwoAgentsTwoDevicesEachRunEveryCollective) {
     EXPECT_EQ(result["ranks"], 4);
     per_op[result["op"].get<std::string>()]++;
     if (result["op"] == "all_reduce_sum") all_reduce_sizes.insert(result["bytes"].get<uint64_t>());
-    if (result["bytes"].get<uint64_t>() >= (1u << 20)) EXPECT_GT(result["bus_gbps"].get<double>(), 0);
+    if (result["bytes"].get<uint64_t>() >= (1u << 20)) {
+      EXPECT_GT(result["bus_gbps"].get<double>(), 0);
+    }
   }
   for (auto op : placement::kCommCheckOps) {
     EXPECT_EQ(per_op[std::string(op)], op == "barrier" ? 1 : static_cast<int>(sizes.size())) << op;
