@@ -19,7 +19,7 @@ using Payload = wire::Envelope::Payload;
 
 constexpr auto kPollInterval = std::chrono::milliseconds(20);
 constexpr auto kGaugeInterval = std::chrono::milliseconds(250);
-constexpr auto kMaxKvWait = std::chrono::minutes(10);
+constexpr std::chrono::milliseconds kMaxKvWait = std::chrono::minutes(10);
 
 std::string Text(absl::string_view s) { return ToString(s); }
 
