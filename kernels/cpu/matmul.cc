@@ -1,10 +1,10 @@
 #include "kernels/cpu/matmul.h"
 
-#include <cblas.h>
 
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/cpu/blas.h"
 #include "kernels/cpu/parallel.h"
 
 namespace shardline::kernels::cpu {
@@ -21,18 +21,18 @@ void MatmulForward(float* out, const float* inp, const float* weight, const floa
     for (int n = 0; n < N; ++n) std::copy(bias, bias + OC, out + int64_t{n} * OC);
     beta = 1.0f;
   }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, beta,
+  Sgemm()(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, beta,
               out, OC);
 }
 
 void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                     const float* weight, int N, int C, int OC) {
   if (dinp != nullptr && N > 0 && C > 0) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C,
+    Sgemm()(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C,
                 1.0f, dinp, C);
   }
   if (dweight != nullptr && OC > 0 && C > 0) {
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C,
+    Sgemm()(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C,
                 1.0f, dweight, C);
   }
   if (dbias != nullptr) BiasAddBackward(dbias, dout, N, OC);
