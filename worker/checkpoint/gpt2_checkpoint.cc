@@ -1,0 +1,148 @@
+#include "worker/checkpoint/gpt2_checkpoint.h"
+
+#include <charconv>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "worker/checkpoint/safetensors_reader.h"
+#include "worker/checkpoint/safetensors_writer.h"
+
+namespace shardline::checkpoint {
+namespace {
+
+constexpr char kFormat[] = "shardline";
+constexpr char kFormatVersion[] = "1";
+constexpr char kModel[] = "gpt2";
+
+// The metadata keys that hold the config, and where each lives in it.
+struct ConfigKey {
+  const char* key;
+  int64_t Gpt2Config::*field;
+};
+constexpr ConfigKey kConfigKeys[] = {
+    {"n_layer", &Gpt2Config::n_layer},       {"n_embd", &Gpt2Config::n_embd},
+    {"n_head", &Gpt2Config::n_head},         {"d_ff", &Gpt2Config::d_ff},
+    {"vocab_size", &Gpt2Config::vocab_size}, {"n_positions", &Gpt2Config::n_positions},
+};
+
+}  // namespace
+
+std::vector<Gpt2TensorSpec> Gpt2TensorSpecs(const Gpt2Config& config) {
+  const int64_t c = config.n_embd;
+  const int64_t f = config.d_ff;
+  std::vector<Gpt2TensorSpec> specs = {{"wte", {config.vocab_size, c}},
+                                       {"wpe", {config.n_positions, c}}};
+  for (int64_t l = 0; l < config.n_layer; ++l) {
+    const std::string h = absl::StrCat("h.", l, ".");
+    specs.push_back({h + "ln1.w", {c}});
+    specs.push_back({h + "ln1.b", {c}});
+    specs.push_back({h + "qkv.w", {3 * c, c}});
+    specs.push_back({h + "qkv.b", {3 * c}});
+    specs.push_back({h + "attn_proj.w", {c, c}});
+    specs.push_back({h + "attn_proj.b", {c}});
+    specs.push_back({h + "ln2.w", {c}});
+    specs.push_back({h + "ln2.b", {c}});
+    specs.push_back({h + "fc.w", {f, c}});
+    specs.push_back({h + "fc.b", {f}});
+    specs.push_back({h + "fc_proj.w", {c, f}});
+    specs.push_back({h + "fc_proj.b", {c}});
+  }
+  specs.push_back({"lnf.w", {c}});
+  specs.push_back({"lnf.b", {c}});
+  return specs;
+}
+
+absl::Status ValidateGpt2Config(const Gpt2Config& config) {
+  for (const ConfigKey& key : kConfigKeys) {
+    if (config.*key.field <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("GPT-2 config: ", key.key, " must be positive, got ", config.*key.field));
+    }
+  }
+  if (config.n_embd % config.n_head != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("GPT-2 config: n_head ", config.n_head,
+                                                   " does not divide n_embd ", config.n_embd));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteGpt2Checkpoint(const std::string& path, const Gpt2Weights& weights) {
+  RETURN_IF_ERROR(
+      Annotate(ValidateGpt2Config(weights.config), absl::StrCat("writing checkpoint ", path)));
+  SafetensorsWriter writer(path);
+  writer.SetMetadata("format", kFormat);
+  writer.SetMetadata("format_version", kFormatVersion);
+  writer.SetMetadata("model", kModel);
+  for (const ConfigKey& key : kConfigKeys) {
+    writer.SetMetadata(key.key, absl::StrCat(weights.config.*key.field));
+  }
+  for (const Gpt2TensorSpec& spec : Gpt2TensorSpecs(weights.config)) {
+    const auto it = weights.tensors.find(spec.name);
+    if (it == weights.tensors.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("writing checkpoint ", path, ": tensor '", spec.name, "' is missing"));
+    }
+    if (it->second.shape != spec.shape) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("writing checkpoint ", path, ": tensor '", spec.name, "' has shape ",
+                       ShapeString(it->second.shape), ", expected ", ShapeString(spec.shape)));
+    }
+    RETURN_IF_ERROR(writer.Add(it->second.View(spec.name)));
+  }
+  return writer.Finish();
+}
+
+absl::StatusOr<Gpt2Weights> ReadGpt2Checkpoint(const std::string& path) {
+  ASSIGN_OR_RETURN(SafetensorsReader reader, SafetensorsReader::Open(path));
+  const std::string where = absl::StrCat("checkpoint ", path);
+  const auto metadata = [&](const char* key) -> absl::StatusOr<std::string> {
+    const auto it = reader.metadata().find(key);
+    if (it == reader.metadata().end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": metadata key '", key, "' is missing (not a Shardline GPT-2 checkpoint? ",
+          "Hugging Face files load through ImportHfGpt2)"));
+    }
+    return it->second;
+  };
+  ASSIGN_OR_RETURN(const std::string format, metadata("format"));
+  ASSIGN_OR_RETURN(const std::string version, metadata("format_version"));
+  ASSIGN_OR_RETURN(const std::string model, metadata("model"));
+  if (format != kFormat || version != kFormatVersion || model != kModel) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": metadata says format '", format, "' version '", version, "' model '", model,
+        "', expected '", kFormat, "' version '", kFormatVersion, "' model '", kModel, "'"));
+  }
+  Gpt2Weights weights;
+  for (const ConfigKey& key : kConfigKeys) {
+    ASSIGN_OR_RETURN(const std::string text, metadata(key.key));
+    int64_t value = 0;
+    const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+    if (error != std::errc() || end != text.data() + text.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": metadata key '", key.key, "' is '",
+                                                     text, "', expected an integer"));
+    }
+    weights.config.*key.field = value;
+  }
+  RETURN_IF_ERROR(Annotate(ValidateGpt2Config(weights.config), where));
+  const std::vector<Gpt2TensorSpec> specs = Gpt2TensorSpecs(weights.config);
+  for (const Gpt2TensorSpec& spec : specs) {
+    ASSIGN_OR_RETURN(HostTensor tensor, reader.ReadFloat(spec.name));
+    if (tensor.shape != spec.shape) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": tensor '", spec.name, "' has shape ", ShapeString(tensor.shape),
+                       ", expected ", ShapeString(spec.shape), " for the config in its metadata"));
+    }
+    weights.tensors.emplace(spec.name, std::move(tensor));
+  }
+  if (reader.tensors().size() != specs.size()) {
+    for (const auto& [name, info] : reader.tensors()) {
+      if (!weights.tensors.contains(name)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": unexpected tensor '", name, "' for a GPT-2 of this config"));
+      }
+    }
+  }
+  return weights;
+}
+
+}  // namespace shardline::checkpoint

@@ -1,0 +1,365 @@
+#include "worker/model/gpt.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "kernels/cpu/cross_entropy.h"
+#include "kernels/cpu/embedding.h"
+#include "kernels/cpu/layernorm.h"
+#include "kernels/cpu/matmul.h"
+#include "worker/model/counter_rng.h"
+
+namespace shardline::model {
+namespace cpu = kernels::cpu;
+
+namespace {
+
+constexpr float kInitStd = 0.02f;
+
+bool EndsWith(const std::string& s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// Targets may be negative (ignored) but never >= V.
+absl::Status ValidateTargets(std::span<const int32_t> targets, int vocab) {
+  for (size_t i = 0; i < targets.size(); ++i) {
+    if (targets[i] >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat("target ", targets[i], " at position ", i,
+                                                     " is outside the vocabulary [0, ", vocab,
+                                                     ") (negative targets are ignored)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+GptModel::GptModel(const GptConfig& config, kernels::Allocator& allocator)
+    : config_(config), layout_(config), allocator_(&allocator) {}
+
+absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const GptConfig& config,
+                                                           kernels::Allocator& allocator) {
+  RETURN_IF_ERROR(config.Validate());
+  if (allocator.device() != kernels::Device::kCpu) {
+    return absl::InvalidArgumentError("GptModel runs on the CPU: it needs a CPU allocator");
+  }
+  std::unique_ptr<GptModel> model(new GptModel(config, allocator));
+  const int64_t n = model->layout_.total();
+  ASSIGN_OR_RETURN(model->params_, kernels::Tensor::Zeros({n}, DType::kFloat32, allocator));
+  ASSIGN_OR_RETURN(model->grads_, kernels::Tensor::Zeros({n}, DType::kFloat32, allocator));
+  return model;
+}
+
+absl::StatusOr<std::span<float>> GptModel::Param(const std::string& name) {
+  const ParamTensorInfo* info = layout_.Find(name);
+  if (info == nullptr) return absl::NotFoundError("GptModel has no parameter tensor '" + name + "'");
+  return params().subspan(info->offset, info->numel);
+}
+
+absl::StatusOr<std::span<float>> GptModel::Grad(const std::string& name) {
+  const ParamTensorInfo* info = layout_.Find(name);
+  if (info == nullptr) return absl::NotFoundError("GptModel has no parameter tensor '" + name + "'");
+  return grads().subspan(info->offset, info->numel);
+}
+
+absl::StatusOr<kernels::Tensor> GptModel::ParamTensor(const std::string& name) const {
+  const ParamTensorInfo* info = layout_.Find(name);
+  if (info == nullptr) return absl::NotFoundError("GptModel has no parameter tensor '" + name + "'");
+  ASSIGN_OR_RETURN(kernels::Tensor slice, params_.Slice(0, info->offset, info->numel));
+  return slice.Reshape(info->shape);
+}
+
+BlockParams GptModel::BlockParamsView(int layer) const {
+  // The views carry non-const pointers because the same struct points into the gradients; the
+  // forward only reads through them.
+  return layout_.Block(const_cast<float*>(params_.data<float>()), layer);
+}
+
+OuterParams GptModel::OuterParamsView() const {
+  return layout_.Outer(const_cast<float*>(params_.data<float>()));
+}
+
+void GptModel::InitGpt2(uint64_t seed) {
+  const float residual_std = kInitStd / std::sqrt(2.0f * static_cast<float>(config_.layers));
+  float* base = params_.data<float>();
+  for (const ParamTensorInfo& t : layout_.tensors()) {
+    float* p = base + t.offset;
+    if (t.shape.size() == 1) {
+      // LayerNorm gains start at 1; every bias (and LayerNorm bias) at 0.
+      const bool gain = EndsWith(t.name, "ln1.w") || EndsWith(t.name, "ln2.w") || t.name == "lnf.w";
+      std::fill(p, p + t.numel, gain ? 1.0f : 0.0f);
+      continue;
+    }
+    const bool residual_proj = EndsWith(t.name, "attn_proj.w") || EndsWith(t.name, "fc_proj.w");
+    const double std = residual_proj ? residual_std : kInitStd;
+    const uint64_t stream = NameHash(t.name);
+    const int64_t n = t.numel;
+#pragma omp parallel for schedule(static) if (n >= (int64_t{1} << 15))
+    for (int64_t i = 0; i < n; ++i) {
+      p[i] = static_cast<float>(std * NormalAt(seed, stream, static_cast<uint64_t>(i)));
+    }
+  }
+  // Moments of other weights would be meaningless for these ones.
+  adam_m_ = kernels::Tensor();
+  adam_v_ = kernels::Tensor();
+}
+
+void GptModel::ZeroGrad() {
+  std::fill(grads().begin(), grads().end(), 0.0f);
+}
+
+absl::Status GptModel::CheckBatch(int B, int T) const {
+  if (B < 1 || T < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("batch B=", B, " T=", T, ": both must be >= 1"));
+  }
+  if (T > config_.max_seq_len) {
+    return absl::InvalidArgumentError(absl::StrCat("sequence length T=", T,
+                                                   " is past the position table (max_seq_len ",
+                                                   config_.max_seq_len, ")"));
+  }
+  // The kernels index rows with int, and the logits (B·T·V) are the largest activation.
+  const int64_t rows = int64_t{B} * T;
+  if (rows * std::max(config_.vocab, 4 * config_.d_model) > (int64_t{1} << 40) ||
+      rows > INT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat("batch B=", B, " T=", T, " is too large"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GptModel::CheckRange(int first, int last, const char* what) const {
+  if (0 <= first && first <= last && last <= config_.layers) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(what, ": block range [", first, ", ", last,
+                                                 ") is not inside [0, ", config_.layers, "]"));
+}
+
+BlockDims GptModel::Dims(int B, int T) const {
+  return BlockDims{B, T, config_.d_model, config_.heads, config_.head_size(), config_.ff()};
+}
+
+absl::Status GptModel::PrepareBatch(int B, int T) {
+  RETURN_IF_ERROR(CheckBatch(B, T));
+  have_logits_ = have_loss_ = false;
+  if (acts_.B() == B && acts_.T() == T && acts_.with_grads()) return absl::OkStatus();
+  acts_ = GptActivations();  // free the old batch's buffers before taking new ones
+  ASSIGN_OR_RETURN(acts_, GptActivations::Allocate(config_, B, T, /*with_grads=*/true, *allocator_));
+  return absl::OkStatus();
+}
+
+float* GptModel::Residual(int layer) {
+  if (acts_.residual.empty() || layer < 0 || layer > config_.layers) return nullptr;
+  return acts_.residual[layer];
+}
+
+float* GptModel::ResidualGrad(int layer) {
+  if (acts_.dresidual.empty() || layer < 0 || layer > config_.layers) return nullptr;
+  return acts_.dresidual[layer];
+}
+
+std::span<const float> GptModel::Logits() const {
+  if (!have_logits_) return {};
+  return {acts_.logits, size_t(int64_t{acts_.B()} * acts_.T() * config_.vocab)};
+}
+
+void GptModel::Embed(GptActivations& acts, const int32_t* tokens) const {
+  const OuterParams o = OuterParamsView();
+  cpu::EncoderForward(acts.residual[0], tokens, o.wte, o.wpe, acts.B(), acts.T(), config_.d_model,
+                      config_.vocab);
+}
+
+void GptModel::Blocks(GptActivations& acts, int first, int last) const {
+  const BlockDims dims = Dims(acts.B(), acts.T());
+  for (int l = first; l < last; ++l) {
+    // Without an all-reduce BlockForward cannot fail.
+    BlockForward(dims, BlockParamsView(l), acts.residual[l], acts.residual[l + 1], acts.blocks[l])
+        .IgnoreError();
+  }
+}
+
+void GptModel::Head(GptActivations& acts) const {
+  const OuterParams o = OuterParamsView();
+  const int N = acts.B() * acts.T();
+  // x (B,T,C) → lnf (B,T,C) → logits (B,T,V) = lnf · lm_headᵀ.
+  cpu::LayerNormForward(acts.lnf, acts.lnf_mean, acts.lnf_rstd, acts.residual[config_.layers],
+                        o.lnf_w, o.lnf_b, N, config_.d_model);
+  cpu::MatmulForward(acts.logits, acts.lnf, o.lm_head, nullptr, N, config_.d_model, config_.vocab);
+}
+
+absl::Status GptModel::EmbedForward(std::span<const int32_t> tokens, int B, int T) {
+  RETURN_IF_ERROR(CheckBatch(B, T));
+  if (static_cast<int64_t>(tokens.size()) != int64_t{B} * T) {
+    return absl::InvalidArgumentError(absl::StrCat("tokens: ", tokens.size(),
+                                                   " values for a batch of B=", B, " T=", T));
+  }
+  RETURN_IF_ERROR(Annotate(cpu::ValidateTokens(tokens.data(), tokens.size(), config_.vocab),
+                           "tokens"));
+  RETURN_IF_ERROR(PrepareBatch(B, T));
+  tokens_.assign(tokens.begin(), tokens.end());
+  Embed(acts_, tokens_.data());
+  return absl::OkStatus();
+}
+
+absl::Status GptModel::BlocksForward(int first, int last) {
+  RETURN_IF_ERROR(CheckRange(first, last, "BlocksForward"));
+  if (acts_.residual.empty()) return absl::FailedPreconditionError("BlocksForward before PrepareBatch");
+  Blocks(acts_, first, last);
+  return absl::OkStatus();
+}
+
+absl::Status GptModel::HeadForward() {
+  if (acts_.residual.empty()) return absl::FailedPreconditionError("HeadForward before PrepareBatch");
+  Head(acts_);
+  have_logits_ = true;
+  have_loss_ = false;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<float> GptModel::LossForward(std::span<const int32_t> targets) {
+  if (!have_logits_) return absl::FailedPreconditionError("LossForward before HeadForward");
+  const int N = acts_.B() * acts_.T();
+  if (static_cast<int64_t>(targets.size()) != N) {
+    return absl::InvalidArgumentError(absl::StrCat("targets: ", targets.size(),
+                                                   " values for a batch of B=", acts_.B(),
+                                                   " T=", acts_.T()));
+  }
+  RETURN_IF_ERROR(ValidateTargets(targets, config_.vocab));
+  targets_.assign(targets.begin(), targets.end());
+  cpu::CrossEntropyForward(acts_.losses, acts_.lse, acts_.logits, targets_.data(), N,
+                           config_.vocab);
+  // Mean over the positions that count, summed in double so the loss does not depend on how many
+  // rows round the same way.
+  double sum = 0.0;
+  int64_t counted = 0;
+  for (int n = 0; n < N; ++n) {
+    if (targets_[n] < 0) continue;
+    sum += acts_.losses[n];
+    ++counted;
+  }
+  const float scale = counted > 0 ? 1.0f / static_cast<float>(counted) : 0.0f;
+  for (int n = 0; n < N; ++n) acts_.dlosses[n] = targets_[n] < 0 ? 0.0f : scale;
+  have_loss_ = true;
+  return counted > 0 ? static_cast<float>(sum / static_cast<double>(counted)) : 0.0f;
+}
+
+absl::StatusOr<float> GptModel::Forward(std::span<const int32_t> tokens,
+                                        std::span<const int32_t> targets, int B, int T) {
+  // Check the targets before any work, as the tokens are.
+  if (static_cast<int64_t>(targets.size()) != int64_t{B} * T) {
+    return absl::InvalidArgumentError(absl::StrCat("targets: ", targets.size(),
+                                                   " values for a batch of B=", B, " T=", T));
+  }
+  RETURN_IF_ERROR(ValidateTargets(targets, config_.vocab));
+  RETURN_IF_ERROR(ForwardLogits(tokens, B, T));
+  return LossForward(targets);
+}
+
+absl::Status GptModel::ForwardLogits(std::span<const int32_t> tokens, int B, int T) {
+  RETURN_IF_ERROR(EmbedForward(tokens, B, T));
+  Blocks(acts_, 0, config_.layers);
+  return HeadForward();
+}
+
+absl::Status GptModel::HeadBackward() {
+  if (!have_loss_) return absl::FailedPreconditionError("backward without a forward to the loss");
+  const OuterParams o = OuterParamsView();
+  const OuterParams g = layout_.Outer(grads_.data<float>());
+  const int N = acts_.B() * acts_.T();
+  const int C = config_.d_model;
+  const int64_t NC = int64_t{N} * C;
+  float* dx = acts_.dresidual[config_.layers];
+  std::fill(acts_.dlogits, acts_.dlogits + int64_t{N} * config_.vocab, 0.0f);
+  std::fill(acts_.dlnf, acts_.dlnf + NC, 0.0f);
+  std::fill(dx, dx + NC, 0.0f);
+  cpu::CrossEntropyBackward(acts_.dlogits, acts_.logits, acts_.lse, targets_.data(), acts_.dlosses,
+                            N, config_.vocab);
+  // With tied embeddings g.lm_head is g.wte: the head's gradient and the embedding's add up there.
+  cpu::MatmulBackward(acts_.dlnf, g.lm_head, nullptr, acts_.dlogits, acts_.lnf, o.lm_head, N, C,
+                      config_.vocab);
+  cpu::LayerNormBackward(dx, g.lnf_w, g.lnf_b, acts_.dlnf, acts_.residual[config_.layers], o.lnf_w,
+                         acts_.lnf_mean, acts_.lnf_rstd, N, C);
+  return absl::OkStatus();
+}
+
+absl::Status GptModel::BlocksBackward(int first, int last) {
+  RETURN_IF_ERROR(CheckRange(first, last, "BlocksBackward"));
+  if (acts_.dresidual.empty()) return absl::FailedPreconditionError("BlocksBackward before PrepareBatch");
+  const BlockDims dims = Dims(acts_.B(), acts_.T());
+  const int64_t NC = dims.N() * dims.C;
+  for (int l = last - 1; l >= first; --l) {
+    float* dx = acts_.dresidual[l];
+    std::fill(dx, dx + NC, 0.0f);
+    RETURN_IF_ERROR(BlockBackward(dims, BlockParamsView(l), layout_.Block(grads_.data<float>(), l),
+                                  acts_.residual[l], acts_.dresidual[l + 1], dx, acts_.blocks[l],
+                                  acts_.scratch));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GptModel::EmbedBackward() {
+  if (acts_.dresidual.empty() || tokens_.size() != size_t(acts_.B()) * acts_.T()) {
+    return absl::FailedPreconditionError("EmbedBackward without an EmbedForward of this batch");
+  }
+  const OuterParams g = layout_.Outer(grads_.data<float>());
+  cpu::EncoderBackward(g.wte, g.wpe, acts_.dresidual[0], tokens_.data(), acts_.B(), acts_.T(),
+                       config_.d_model, config_.vocab);
+  return absl::OkStatus();
+}
+
+absl::Status GptModel::Backward() {
+  RETURN_IF_ERROR(HeadBackward());
+  RETURN_IF_ERROR(BlocksBackward(0, config_.layers));
+  return EmbedBackward();
+}
+
+absl::StatusOr<double> GptModel::AdamWStep(const AdamWOptions& options, int64_t step) {
+  const int64_t n = num_params();
+  if (!adam_m_.defined()) {
+    ASSIGN_OR_RETURN(adam_m_, kernels::Tensor::Zeros({n}, DType::kFloat32, *allocator_));
+    ASSIGN_OR_RETURN(adam_v_, kernels::Tensor::Zeros({n}, DType::kFloat32, *allocator_));
+  }
+  const std::span<float> all_grads[] = {grads()};
+  double norm = 0.0;
+  if (options.max_grad_norm > 0.0) {
+    ASSIGN_OR_RETURN(norm, cpu::GlobalNormClip(all_grads, options.max_grad_norm));
+  } else {
+    const std::span<const float> read[] = {grads()};
+    norm = std::sqrt(cpu::GradSumOfSquares(read));
+  }
+  if (!std::isfinite(norm)) return norm;
+  float* p = params_.data<float>();
+  float* g = grads_.data<float>();
+  float* m = adam_m_.data<float>();
+  float* v = adam_v_.data<float>();
+  for (const ParamTensorInfo& t : layout_.tensors()) {
+    cpu::AdamWConfig config = options.adamw;
+    if (t.shape.size() < 2) config.weight_decay = 0.0f;
+    RETURN_IF_ERROR(Annotate(cpu::AdamWUpdate(p + t.offset, g + t.offset, m + t.offset,
+                                              v + t.offset, t.numel, config, step),
+                             "AdamW on " + t.name));
+  }
+  return norm;
+}
+
+absl::Status GptModel::ForwardInto(GptActivations& acts, std::span<const int32_t> tokens, int B,
+                                   int T) const {
+  RETURN_IF_ERROR(CheckBatch(B, T));
+  if (acts.B() != B || acts.T() != T) {
+    return absl::InvalidArgumentError(absl::StrCat("ForwardInto: activations are for B=", acts.B(),
+                                                   " T=", acts.T(), ", the batch is B=", B,
+                                                   " T=", T));
+  }
+  if (static_cast<int64_t>(tokens.size()) != int64_t{B} * T) {
+    return absl::InvalidArgumentError(absl::StrCat("tokens: ", tokens.size(),
+                                                   " values for a batch of B=", B, " T=", T));
+  }
+  RETURN_IF_ERROR(Annotate(cpu::ValidateTokens(tokens.data(), tokens.size(), config_.vocab),
+                           "tokens"));
+  Embed(acts, tokens.data());
+  Blocks(acts, 0, config_.layers);
+  Head(acts);
+  return absl::OkStatus();
+}
+
+}  // namespace shardline::model
