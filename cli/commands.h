@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <string>
 
 namespace shardline::cli {
@@ -40,6 +41,25 @@ struct UpOptions {
   std::string log_level = "info";
 };
 int Up(const UpOptions& options);
+
+struct TrainOptions {
+  std::string spec_path;
+  int64_t steps = 0;           // > 0 overrides the spec
+  std::string checkpoint_dir;  // non-empty overrides the spec
+};
+int Train(const TrainOptions& options);
+
+struct GenerateCommandOptions {
+  std::string checkpoint;  // a file, or a training run's checkpoint folder
+  std::string prompt;
+  int max_new_tokens = 64;
+  double temperature = 0;  // 0: greedy
+  int top_k = 0;
+  uint64_t seed = 0;
+  int hf_heads = 12;       // heads of a Hugging Face GPT-2 file (its tensors do not say)
+  bool no_kv_cache = false;
+};
+int Generate(const GenerateCommandOptions& options);
 
 // The embedded default job of `shardline up` for `actors` CPU actors.
 std::string DefaultJobYaml(int actors);

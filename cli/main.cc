@@ -157,6 +157,35 @@ int Main(int argc, char** argv) {
   up_cmd->add_flag("--keep", up_options.keep, "Keep the logs and state after success");
   up_cmd->add_option("--log-level", log_level);
 
+  TrainOptions train_options;
+  auto* train_cmd = app.add_subcommand("train", "Train a GPT on this machine (one device)");
+  train_cmd->add_option("spec", train_options.spec_path, "Training spec (YAML)")->required();
+  train_cmd->add_option("--steps", train_options.steps, "Override the spec's steps")
+      ->check(CLI::PositiveNumber);
+  train_cmd->add_option("--checkpoint-dir", train_options.checkpoint_dir,
+                        "Override the spec's checkpoint dir");
+  train_cmd->add_option("--log-level", log_level);
+
+  GenerateCommandOptions generate_options;
+  auto* generate_cmd = app.add_subcommand("generate", "Generate text from a checkpoint");
+  generate_cmd->add_option("--checkpoint", generate_options.checkpoint,
+                           "A checkpoint file or a training run's checkpoint folder")
+      ->required();
+  generate_cmd->add_option("--prompt", generate_options.prompt)->required();
+  generate_cmd->add_option("--max-new-tokens", generate_options.max_new_tokens)
+      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  generate_cmd->add_option("--temperature", generate_options.temperature, "0: greedy")
+      ->check(CLI::Range(0.0, 100.0))->capture_default_str();
+  generate_cmd->add_option("--top-k", generate_options.top_k, "0: all tokens")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  generate_cmd->add_option("--seed", generate_options.seed)->capture_default_str();
+  generate_cmd->add_option("--hf-heads", generate_options.hf_heads,
+                           "Heads of a Hugging Face GPT-2 checkpoint")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  generate_cmd->add_flag("--no-kv-cache", generate_options.no_kv_cache,
+                         "Recompute the whole sequence for every token (reference path)");
+  generate_cmd->add_option("--log-level", log_level);
+
   CLI11_PARSE(app, argc, argv);
 
   const std::string component = app.get_subcommands().front()->get_name();
@@ -185,6 +214,8 @@ int Main(int argc, char** argv) {
   }
   if (*status_cmd) return Status(client, status_options);
   if (*cancel_cmd) return Cancel(client, cancel_job);
+  if (*train_cmd) return Train(train_options);
+  if (*generate_cmd) return Generate(generate_options);
   if (*up_cmd) {
     up_options.log_level = log_level;
     return Up(up_options);

@@ -4,7 +4,7 @@ target_link_libraries(shardline_test_cluster PUBLIC shardline_cli)
 target_compile_definitions(shardline_test_cluster PRIVATE
   SHARDLINE_BINARY_PATH="$<TARGET_FILE:shardline>" SHARDLINE_SOURCE_PATH="${CMAKE_SOURCE_DIR}")
 
-foreach(name cluster_comm_check_test cluster_fault_test cluster_bad_input_test up_test)
+foreach(name cluster_comm_check_test cluster_fault_test cluster_bad_input_test up_test train_cli_test)
   shardline_test(${name}
     SOURCES ${CMAKE_CURRENT_LIST_DIR}/${name}.cc
     LIBS shardline_test_cluster shardline_monitoring_testing shardline_comm

@@ -1,0 +1,107 @@
+// `shardline train SPEC.yaml` and `shardline generate`: one device, no cluster needed.
+#include <cstdio>
+#include <iostream>
+
+#include "cli/commands.h"
+#include "common/status_macros.h"
+#include "kernels/allocator.h"
+#include "placement/train_spec.h"
+#include "worker/model/data/byte_tokenizer.h"
+#include "worker/model/inference.h"
+#include "worker/training/model_checkpoint.h"
+#include "worker/training/trainer.h"
+
+namespace shardline::cli {
+namespace {
+
+std::string Duration(double seconds) {
+  char buf[32];
+  const int s = static_cast<int>(seconds + 0.5);
+  if (s >= 3600) {
+    std::snprintf(buf, sizeof(buf), "%dh%02dm", s / 3600, s / 60 % 60);
+  } else {
+    std::snprintf(buf, sizeof(buf), "%dm%02ds", s / 60, s % 60);
+  }
+  return buf;
+}
+
+}  // namespace
+
+int Train(const TrainOptions& options) {
+  auto spec = placement::LoadTrainSpecFile(options.spec_path);
+  if (!spec.ok()) {
+    std::cerr << "error: " << spec.status().message() << "\n";
+    return 2;
+  }
+  if (options.steps > 0) spec->steps = options.steps;
+  if (!options.checkpoint_dir.empty()) spec->checkpoint_dir = options.checkpoint_dir;
+  std::cout << "Training " << spec->name << ": " << spec->model.layers << " layers, d_model "
+            << spec->model.d_model << ", " << spec->model.heads << " heads, " << spec->steps
+            << " steps of " << spec->batch << "×" << spec->seq_len << " tokens on "
+            << (spec->data.path.empty() ? "the synthetic corpus" : spec->data.path) << std::endl;
+  InstallStopHandlers();
+  auto result = training::Train(
+      *spec,
+      [](const training::TrainProgress& p) {
+        char line[256];
+        std::snprintf(line, sizeof(line),
+                      "step %6lld/%lld  loss %.4f  grad norm %.3f  %8.0f tok/s  elapsed %s  ETA %s",
+                      static_cast<long long>(p.step), static_cast<long long>(p.steps), p.loss,
+                      p.grad_norm, p.tokens_per_second, Duration(p.elapsed_seconds).c_str(),
+                      Duration(p.eta_seconds).c_str());
+        std::cout << line;
+        if (!p.checkpoint.empty()) std::cout << "  saved " << p.checkpoint;
+        std::cout << std::endl;
+      },
+      &StopRequested());
+  if (!result.ok()) {
+    std::cerr << "error: " << result.status().message() << "\n";
+    return 1;
+  }
+  std::printf("Final loss %.4f after %zu steps; peak parameter/activation memory %.1f MiB\n",
+              result->losses.back(), result->losses.size(), result->peak_bytes / 1048576.0);
+  if (!result->checkpoint.empty()) std::cout << "Checkpoint: " << result->checkpoint << "\n";
+  return StopRequested().load() ? 130 : 0;
+}
+
+int Generate(const GenerateCommandOptions& options) {
+  auto path = training::ResolveCheckpoint(options.checkpoint);
+  if (!path.ok()) {
+    std::cerr << "error: " << path.status().message() << "\n";
+    return 2;
+  }
+  kernels::CpuAllocator allocator;
+  auto gpt = training::LoadModel(*path, allocator, options.hf_heads);
+  if (!gpt.ok()) {
+    std::cerr << "error: " << gpt.status().message() << "\n";
+    return 1;
+  }
+  data::ByteTokenizer tokenizer;
+  if ((*gpt)->config().vocab < tokenizer.vocab_size()) {
+    std::cerr << "error: " << *path << " has a vocabulary of " << (*gpt)->config().vocab
+              << " tokens; `generate` speaks the byte tokenizer (" << tokenizer.vocab_size()
+              << ") only\n";
+    return 1;
+  }
+  const std::vector<data::Token> prompt = tokenizer.Encode(options.prompt);
+  model::GenerateOptions generate;
+  generate.max_new_tokens = options.max_new_tokens;
+  generate.sampling.temperature = static_cast<float>(options.temperature);
+  generate.sampling.top_k = options.top_k;
+  generate.sampling.seed = options.seed;
+  generate.use_kv_cache = !options.no_kv_cache;
+  auto tokens = model::Generate(**gpt, prompt, generate);
+  if (!tokens.ok()) {
+    std::cerr << "error: " << tokens.status().message() << "\n";
+    return 1;
+  }
+  auto text = tokenizer.Decode(*tokens);
+  if (!text.ok()) {
+    std::cerr << "error: " << text.status().message() << "\n";
+    return 1;
+  }
+  std::cout << options.prompt << *text << std::endl;
+  return 0;
+}
+
+}  // namespace shardline::cli

@@ -1,0 +1,111 @@
+#include "placement/train_spec.h"
+
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "placement/yaml_reader.h"
+
+namespace shardline::placement {
+namespace {
+
+// Past these, a single-device CPU run is not what the user meant; the numbers are generous.
+constexpr int64_t kMaxDim = 1 << 16;
+constexpr int64_t kMaxVocab = 1 << 20;
+
+absl::StatusOr<ModelSpec> ParseModel(const YamlMap& map) {
+  ModelSpec model;
+  ASSIGN_OR_RETURN(model.layers, map.RequiredInt64("layers", {.min = 1, .max = 1024}));
+  ASSIGN_OR_RETURN(model.heads, map.RequiredInt64("heads", {.min = 1, .max = 1024}));
+  ASSIGN_OR_RETURN(model.d_model, map.RequiredInt64("d_model", {.min = 1, .max = kMaxDim}));
+  ASSIGN_OR_RETURN(model.d_ff, map.OptionalInt64("d_ff", 4 * model.d_model, {.min = 1, .max = 4 * kMaxDim}));
+  ASSIGN_OR_RETURN(model.vocab, map.OptionalInt64("vocab", model.vocab, {.min = 2, .max = kMaxVocab}));
+  ASSIGN_OR_RETURN(model.max_seq_len, map.RequiredInt64("max_seq_len", {.min = 1, .max = kMaxDim}));
+  ASSIGN_OR_RETURN(model.tied_embeddings, map.OptionalBool("tied_embeddings", true));
+  if (model.d_model % model.heads != 0) {
+    return map.ErrorAt("d_model", absl::StrCat("d_model ", model.d_model,
+                                               " is not divisible by heads ", model.heads,
+                                               " (remainder ", model.d_model % model.heads, ")"));
+  }
+  if (model.vocab < 257) {
+    return map.ErrorAt("vocab", absl::StrCat("the byte tokenizer needs a vocab of at least 257 "
+                                             "(256 bytes + end-of-text), got ",
+                                             model.vocab));
+  }
+  return model;
+}
+
+absl::StatusOr<DataSpec> ParseData(const YamlMap& map) {
+  DataSpec data;
+  ASSIGN_OR_RETURN(data.path, map.OptionalString("path", ""));
+  ASSIGN_OR_RETURN(const YamlMap synthetic, map.OptionalMap("synthetic", {"seed", "bytes"}));
+  if (!data.path.empty() && map.Has("synthetic")) {
+    return map.ErrorAt("synthetic", "give either path or synthetic, not both");
+  }
+  ASSIGN_OR_RETURN(const int64_t seed, synthetic.OptionalInt64("seed", 1, {.min = 0}));
+  data.synthetic_seed = static_cast<uint64_t>(seed);
+  ASSIGN_OR_RETURN(data.synthetic_bytes,
+                   synthetic.OptionalBytes("bytes", data.synthetic_bytes,
+                                           {.min = 1024, .max = int64_t{1} << 32}));
+  return data;
+}
+
+absl::StatusOr<OptimizerSpec> ParseOptimizer(const YamlMap& map) {
+  OptimizerSpec o;
+  ASSIGN_OR_RETURN(o.lr, map.OptionalDouble("lr", o.lr, {.min = 0, .max = 10, .min_exclusive = true}));
+  ASSIGN_OR_RETURN(o.beta1, map.OptionalDouble("beta1", o.beta1, {.min = 0, .max = 0.999999}));
+  ASSIGN_OR_RETURN(o.beta2, map.OptionalDouble("beta2", o.beta2, {.min = 0, .max = 0.999999}));
+  ASSIGN_OR_RETURN(o.eps, map.OptionalDouble("eps", o.eps, {.min = 0, .max = 1, .min_exclusive = true}));
+  ASSIGN_OR_RETURN(o.weight_decay, map.OptionalDouble("weight_decay", o.weight_decay, {.min = 0, .max = 10}));
+  ASSIGN_OR_RETURN(o.grad_clip, map.OptionalDouble("grad_clip", o.grad_clip, {.min = 0}));
+  ASSIGN_OR_RETURN(o.warmup_steps, map.OptionalInt64("warmup_steps", 0, {.min = 0}));
+  return o;
+}
+
+}  // namespace
+
+absl::StatusOr<TrainSpec> ParseTrainSpec(const std::string& yaml_text,
+                                         const std::string& source_name) {
+  ASSIGN_OR_RETURN(const YamlMap map,
+                   YamlMap::Parse(yaml_text, source_name,
+                                  {"name", "model", "data", "optimizer", "steps", "batch",
+                                   "seq_len", "seed", "checkpoint", "log_interval"}));
+  TrainSpec spec;
+  ASSIGN_OR_RETURN(spec.name, map.RequiredString("name"));
+  ASSIGN_OR_RETURN(const YamlMap model,
+                   map.RequiredMap("model", {"layers", "heads", "d_model", "d_ff", "vocab",
+                                             "max_seq_len", "tied_embeddings"}));
+  ASSIGN_OR_RETURN(spec.model, ParseModel(model));
+  ASSIGN_OR_RETURN(const YamlMap data, map.OptionalMap("data", {"path", "synthetic"}));
+  ASSIGN_OR_RETURN(spec.data, ParseData(data));
+  ASSIGN_OR_RETURN(const YamlMap optimizer,
+                   map.OptionalMap("optimizer", {"lr", "beta1", "beta2", "eps", "weight_decay",
+                                                 "grad_clip", "warmup_steps"}));
+  ASSIGN_OR_RETURN(spec.optimizer, ParseOptimizer(optimizer));
+  ASSIGN_OR_RETURN(spec.steps, map.RequiredInt64("steps", {.min = 1, .max = int64_t{1} << 40}));
+  ASSIGN_OR_RETURN(spec.batch, map.RequiredInt64("batch", {.min = 1, .max = 1 << 20}));
+  ASSIGN_OR_RETURN(spec.seq_len, map.OptionalInt64("seq_len", spec.model.max_seq_len, {.min = 1}));
+  if (spec.seq_len > spec.model.max_seq_len) {
+    return map.ErrorAt("seq_len", absl::StrCat("seq_len ", spec.seq_len,
+                                               " is past the position table (model.max_seq_len ",
+                                               spec.model.max_seq_len, ")"));
+  }
+  ASSIGN_OR_RETURN(const int64_t seed, map.OptionalInt64("seed", 1, {.min = 0}));
+  spec.seed = static_cast<uint64_t>(seed);
+  ASSIGN_OR_RETURN(const YamlMap checkpoint, map.OptionalMap("checkpoint", {"dir", "interval"}));
+  ASSIGN_OR_RETURN(spec.checkpoint_dir, checkpoint.OptionalString("dir", ""));
+  ASSIGN_OR_RETURN(spec.checkpoint_interval, checkpoint.OptionalInt64("interval", 0, {.min = 0}));
+  ASSIGN_OR_RETURN(spec.log_interval, map.OptionalInt64("log_interval", 10, {.min = 1}));
+  return spec;
+}
+
+absl::StatusOr<TrainSpec> LoadTrainSpecFile(const std::string& path) {
+  ASSIGN_OR_RETURN(const std::string text, ReadTextFile(path));
+  ASSIGN_OR_RETURN(TrainSpec spec, ParseTrainSpec(text, path));
+  if (!spec.data.path.empty() && std::filesystem::path(spec.data.path).is_relative()) {
+    spec.data.path = (std::filesystem::path(path).parent_path() / spec.data.path).string();
+  }
+  return spec;
+}
+
+}  // namespace shardline::placement

@@ -1,0 +1,183 @@
+// The single-device training loop and model checkpoints: spec validation, the loss falling,
+// bit-identical reruns, and a bit-exact checkpoint round trip.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "kernels/allocator.h"
+#include "placement/train_spec.h"
+#include "worker/model/gpt.h"
+#include "worker/training/model_checkpoint.h"
+#include "worker/training/trainer.h"
+
+namespace shardline::training {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string TempDir(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / ("shardline-training-" + name + "-" +
+                                                    std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir.string();
+}
+
+constexpr const char* kTinySpec = R"(name: tiny
+model:
+  layers: 2
+  heads: 4
+  d_model: 32
+  max_seq_len: 32
+data:
+  synthetic:
+    seed: 7
+    bytes: 256KiB
+optimizer:
+  lr: 1.0e-2
+  warmup_steps: 5
+steps: 200
+batch: 4
+seq_len: 32
+seed: 3
+log_interval: 20
+)";
+
+placement::TrainSpec TinySpec() {
+  auto spec = placement::ParseTrainSpec(kTinySpec, "tiny.yaml");
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return *spec;
+}
+
+TEST(TrainSpecTest, InconsistentSizesAreErrorsBeforeAnyWork) {
+  auto heads = placement::ParseTrainSpec(
+      "name: x\nmodel:\n  layers: 1\n  heads: 3\n  d_model: 100\n  max_seq_len: 8\n"
+      "steps: 1\nbatch: 1\n",
+      "x.yaml");
+  ASSERT_FALSE(heads.ok());
+  EXPECT_NE(std::string(heads.status().message()).find("x.yaml:5:12: model.d_model: d_model 100 is "
+                                                      "not divisible by heads 3"),
+            std::string::npos)
+      << heads.status();
+  auto seq = placement::ParseTrainSpec(
+      "name: x\nmodel:\n  layers: 1\n  heads: 2\n  d_model: 8\n  max_seq_len: 8\n"
+      "steps: 1\nbatch: 1\nseq_len: 16\n",
+      "x.yaml");
+  ASSERT_FALSE(seq.ok());
+  EXPECT_NE(std::string(seq.status().message()).find("seq_len 16 is past the position table"),
+            std::string::npos)
+      << seq.status();
+  auto unknown = placement::ParseTrainSpec(std::string(kTinySpec) + "learning_rate: 3\n", "t.yaml");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(std::string(unknown.status().message()).find("learning_rate"), std::string::npos);
+}
+
+TEST(TrainerTest, MissingDataFileIsAClearError) {
+  placement::TrainSpec spec = TinySpec();
+  spec.data.path = "/nonexistent/corpus.txt";
+  auto result = Train(spec, nullptr);
+  ASSERT_FALSE(result.ok());
+  EXPECT_NE(std::string(result.status().message()).find("/nonexistent/corpus.txt"),
+            std::string::npos)
+      << result.status();
+}
+
+TEST(TrainerTest, LossFallsAndRerunsAreBitIdentical) {
+  const placement::TrainSpec spec = TinySpec();
+  std::vector<int64_t> reported;
+  auto first = Train(spec, [&](const TrainProgress& p) { reported.push_back(p.step); });
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_EQ(first->losses.size(), 200u);
+  // From ln(257) ≈ 5.55 at the start; measured 2.16 at step 200 for this config and seed
+  // (a bigram model of the corpus reaches about 1.6).
+  EXPECT_GT(first->losses.front(), 5.0f);
+  EXPECT_LT(first->losses.back(), 2.6f);
+  EXPECT_EQ(reported.size(), 10u);
+  EXPECT_EQ(reported.back(), 200);
+  EXPECT_GT(first->peak_bytes, 0);
+
+  auto second = Train(spec, nullptr);
+  ASSERT_TRUE(second.ok());
+  ASSERT_EQ(second->losses.size(), first->losses.size());
+  EXPECT_EQ(0, std::memcmp(first->losses.data(), second->losses.data(),
+                           first->losses.size() * sizeof(float)))
+      << "same seed, different losses";
+}
+
+TEST(ModelCheckpointTest, RoundTripIsBitExact) {
+  const std::string dir = TempDir("roundtrip");
+  kernels::CpuAllocator allocator;
+  model::GptConfig config;
+  config.layers = 2;
+  config.heads = 2;
+  config.d_model = 16;
+  config.vocab = 257;
+  config.max_seq_len = 16;
+  auto original = model::GptModel::Create(config, allocator);
+  ASSERT_TRUE(original.ok());
+  (*original)->InitGpt2(11);
+  const std::string path = dir + "/model.safetensors";
+  ASSERT_TRUE(SaveModel(**original, path).ok());
+
+  auto loaded = LoadModel(path, allocator);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_EQ((*loaded)->num_params(), (*original)->num_params());
+  EXPECT_EQ(0, std::memcmp((*loaded)->params().data(), (*original)->params().data(),
+                           sizeof(float) * (*original)->num_params()));
+  std::vector<int32_t> tokens(16), targets(16);
+  for (int i = 0; i < 16; ++i) {
+    tokens[i] = (i * 37) % 257;
+    targets[i] = (i * 37 + 5) % 257;
+  }
+  auto a = (*original)->Forward(tokens, targets, 1, 16);
+  auto b = (*loaded)->Forward(tokens, targets, 1, 16);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(*a, *b);
+  fs::remove_all(dir);
+}
+
+TEST(ModelCheckpointTest, TrainingWritesCheckpointsAndLatestPointsAtTheLast) {
+  placement::TrainSpec spec = TinySpec();
+  spec.steps = 10;
+  spec.checkpoint_dir = TempDir("run");
+  spec.checkpoint_interval = 4;
+  auto result = Train(spec, nullptr);
+  ASSERT_TRUE(result.ok()) << result.status();
+  for (const char* step : {"step-00000004", "step-00000008", "step-00000010"}) {
+    EXPECT_TRUE(fs::exists(fs::path(spec.checkpoint_dir) / step / "model.safetensors")) << step;
+  }
+  auto latest = ResolveCheckpoint(spec.checkpoint_dir);
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(*latest, result->checkpoint);
+  EXPECT_NE(latest->find("step-00000010"), std::string::npos);
+  fs::remove_all(spec.checkpoint_dir);
+}
+
+TEST(ModelCheckpointTest, DamagedOrMissingCheckpointsAreErrorsNamingTheFile) {
+  const std::string dir = TempDir("damaged");
+  kernels::CpuAllocator allocator;
+  EXPECT_EQ(ResolveCheckpoint(dir + "/nothing").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ResolveCheckpoint(dir).status().code(), absl::StatusCode::kNotFound);
+
+  model::GptConfig config;
+  config.layers = 1;
+  config.heads = 2;
+  config.d_model = 8;
+  config.vocab = 257;
+  config.max_seq_len = 8;
+  auto gpt = model::GptModel::Create(config, allocator);
+  ASSERT_TRUE(gpt.ok());
+  const std::string path = dir + "/model.safetensors";
+  ASSERT_TRUE(SaveModel(**gpt, path).ok());
+  fs::resize_file(path, fs::file_size(path) - 100);  // truncated
+  auto loaded = LoadModel(path, allocator);
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_NE(std::string(loaded.status().message()).find(path), std::string::npos)
+      << loaded.status();
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace shardline::training
