@@ -539,36 +539,45 @@ absl::Status Coordinator::OnKvRequest(const std::string& peer, uint64_t request_
                                     std::to_string(static_cast<int>(request.getOp())));
 }
 
-absl::Status Coordinator::OnCommJoin(const std::string& peer, uint64_t request_id,
-                                     wire::CommJoin::Reader report) {
-  const std::string job_id = Str(report.getJobId());
-  ASSIGN_OR_RETURN(ActorRecord * actor,
-                   FindActor(job_id, report.getGeneration(), report.getRank()));
+absl::StatusOr<Coordinator::GroupMember> Coordinator::FindGroupMember(const std::string& job_id,
+                                                                     uint32_t generation,
+                                                                     uint32_t rank,
+                                                                     const std::string& group_id) {
+  ASSIGN_OR_RETURN(ActorRecord * actor, FindActor(job_id, generation, rank));
   Job& job = jobs_[job_id];
-  const std::string group_id = Str(report.getGroupId());
   auto group = std::find_if(job.groups.begin(), job.groups.end(),
                             [&](const GroupRecord& g) { return g.id == group_id; });
   if (group == job.groups.end()) {
     return absl::NotFoundError("job " + job_id + " has no group '" + group_id + "'");
   }
-  group->joined.insert(actor->rank);
-  if (actor->state == ActorState::kRegistered) actor->state = ActorState::kBootstrapping;
+  if (std::find(group->ranks.begin(), group->ranks.end(), actor->rank) == group->ranks.end()) {
+    return absl::PermissionDeniedError("rank " + std::to_string(rank) + " is not a member of group " +
+                                       group_id);
+  }
+  return GroupMember{&job, actor, &*group};
+}
+
+absl::Status Coordinator::OnCommJoin(const std::string& peer, uint64_t request_id,
+                                     wire::CommJoin::Reader report) {
+  ASSIGN_OR_RETURN(GroupMember member,
+                   FindGroupMember(Str(report.getJobId()), report.getGeneration(),
+                                   report.getRank(), Str(report.getGroupId())));
+  member.group->joined.insert(member.actor->rank);
+  if (member.actor->state == ActorState::kRegistered) {
+    member.actor->state = ActorState::kBootstrapping;
+  }
   ReplyAck(peer, request_id);
   return absl::OkStatus();
 }
 
 absl::Status Coordinator::OnCommReady(const std::string& peer, uint64_t request_id,
                                       wire::CommReady::Reader report) {
-  const std::string job_id = Str(report.getJobId());
-  ASSIGN_OR_RETURN(ActorRecord * actor,
-                   FindActor(job_id, report.getGeneration(), report.getRank()));
-  Job& job = jobs_[job_id];
-  const std::string group_id = Str(report.getGroupId());
-  auto group = std::find_if(job.groups.begin(), job.groups.end(),
-                            [&](const GroupRecord& g) { return g.id == group_id; });
-  if (group == job.groups.end()) {
-    return absl::NotFoundError("job " + job_id + " has no group '" + group_id + "'");
-  }
+  ASSIGN_OR_RETURN(GroupMember member,
+                   FindGroupMember(Str(report.getJobId()), report.getGeneration(),
+                                   report.getRank(), Str(report.getGroupId())));
+  Job& job = *member.job;
+  ActorRecord* actor = member.actor;
+  GroupRecord* group = member.group;
   group->ready.insert(actor->rank);
   if (group->ready.size() == group->ranks.size()) {
     group->bootstrap_seconds = SecondsBetween(job.generation_started, clock_->Now());

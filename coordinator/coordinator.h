@@ -89,6 +89,15 @@ class Coordinator {
   // The job's actor of (generation, rank), or an error saying why the report is stale or bad.
   absl::StatusOr<ActorRecord*> FindActor(const std::string& job_id, uint32_t generation,
                                          uint32_t rank);
+  struct GroupMember {
+    Job* job;
+    ActorRecord* actor;
+    GroupRecord* group;
+  };
+  // The actor and its group for a report about group `group_id`; an error when the report is
+  // stale or the rank is not a member.
+  absl::StatusOr<GroupMember> FindGroupMember(const std::string& job_id, uint32_t generation,
+                                              uint32_t rank, const std::string& group_id);
   void TryStartPendingJobs();
   void StartGeneration(Job& job, const std::vector<std::pair<std::string, int>>& placement);
   // Ends the current generation: aborts its actors, frees its devices, records `error`.

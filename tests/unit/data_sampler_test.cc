@@ -80,7 +80,7 @@ TEST(SamplerTest, IsAPureFunctionOfSeedStepAndIndex) {
 TEST(SamplerTest, OffsetsArePinned) {
   // The data order is part of what a checkpoint resumes: a change here changes every run. If you
   // change the hash on purpose, update these values and say so in the change. The values were
-  // checked against an independent Python implementation of counter_hash.h.
+  // checked against an independent Python implementation of common/counter_hash.h.
   const TextDataset dataset = Corpus();
   const Sampler sampler = MakeSampler(dataset);
   EXPECT_EQ(sampler.Offset(0, 0), 3225u);

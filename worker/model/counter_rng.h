@@ -1,26 +1,15 @@
-// Counter-based randomness: every value is a pure function of (seed, stream, index), never of how
-// many values were drawn before or by which thread. That makes initialisation identical whatever
-// the thread count, and lets a shard of a tensor-parallel or pipeline plan draw exactly the
-// elements the unsharded model would (stream = the tensor's name, index = the global element).
+// The model's random draws on top of common/counter_hash.h: normal values at (seed, stream, index)
+// with stream = a tensor's name and index = the global element, so a shard of a tensor-parallel or
+// pipeline plan draws exactly the elements the unsharded model would.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 #include <string_view>
 
+#include "common/counter_hash.h"
+
 namespace shardline::model {
-
-// SplitMix64's finaliser (Steele, Lea, Flood 2014): a bijection on 64 bits with full avalanche.
-constexpr uint64_t Mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-constexpr uint64_t Hash3(uint64_t a, uint64_t b, uint64_t c) {
-  return Mix64(Mix64(Mix64(a) ^ b) ^ c);
-}
 
 // FNV-1a of a name: a stream id that stays put when tensors are added or reordered.
 constexpr uint64_t NameHash(std::string_view name) {

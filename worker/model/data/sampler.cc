@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "worker/model/data/counter_hash.h"
+#include "common/counter_hash.h"
 
 namespace shardline::data {
 

@@ -5,7 +5,7 @@
 //
 // Sample i of step s is the window of seq_len + 1 tokens at offset
 //   UniformBelow(Hash3(seed, s, i), size - seq_len)
-// (counter_hash.h): inputs are its first seq_len tokens, targets the last seq_len (shifted by one).
+// (common/counter_hash.h): inputs are its first seq_len tokens, targets the last seq_len (shifted by one).
 // Windows are drawn with replacement, so there are no epochs to track across restarts.
 #pragma once
 

@@ -1,12 +1,14 @@
-// Counter-based randomness: a value is a pure function of its coordinates, never of how many values
-// were drawn before. That is what lets any rank, in any plan, compute any sample of any step.
+// Counter-based randomness: a value is a pure function of its coordinates (seed, stream, index),
+// never of how many values were drawn before or by which thread. That is what lets any rank, in
+// any plan, compute any sample of any step, and initialise any shard of any tensor, exactly as the
+// unsharded run would.
 #pragma once
 
 #include <cstdint>
 
-namespace shardline::data {
+namespace shardline {
 
-// SplitMix64's finalizer (Steele, Lea, Flood 2014): a bijection on 64 bits with full avalanche.
+// SplitMix64's finaliser (Steele, Lea, Flood 2014): a bijection on 64 bits with full avalanche.
 constexpr uint64_t Mix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ULL;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
@@ -15,7 +17,7 @@ constexpr uint64_t Mix64(uint64_t x) {
 }
 
 // A 64-bit hash of (a, b, c). Chaining the bijection keeps distinct inputs apart except for
-// 2^-64-rare collisions, which only make two samples share an offset.
+// 2^-64-rare collisions.
 constexpr uint64_t Hash3(uint64_t a, uint64_t b, uint64_t c) {
   return Mix64(Mix64(Mix64(a) ^ b) ^ c);
 }
@@ -25,4 +27,4 @@ constexpr uint64_t UniformBelow(uint64_t x, uint64_t n) {
   return static_cast<uint64_t>((static_cast<unsigned __int128>(x) * n) >> 64);
 }
 
-}  // namespace shardline::data
+}  // namespace shardline
