@@ -1,0 +1,419 @@
+// One training step of a GPT (ZeroGrad + forward to the loss + backward + AdamW with clipping) on
+// the CPU, in tokens per second; bench/train_step_torch.py runs the same model in PyTorch and
+// bench/train_step_compare.py runs both in one run and prints the ratio.
+//
+//   train_step_bench [--layers 12] [--d-model 768] [--heads 12] [--seq 256] [--batch 4]
+//                    [--vocab 50304] [--steps 3] [--warmup 1] [--threads 2] [--kernels REPS]
+//
+// Prints per-phase times of the timed steps (the model's staged API, each phase timed on its own:
+// the kernels are synchronous, so wall time per phase adds up to the step) and one line
+//   RESULT impl=shardline tokens_per_s=... step_s=... peak_bytes=... peak_kind=allocator
+// where peak_bytes is the CpuAllocator's peak (parameters, gradients, AdamW moments, activations).
+//
+// --kernels REPS then times every kernel that one block's forward and backward and the head run
+// (kernels/cpu/ called directly on buffers of the model's shapes, the best of REPS runs each), so
+// that the phases can be split further: which GEMMs, attention, LayerNorm, GELU, cross-entropy.
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/allocator.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/cross_entropy.h"
+#include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/layernorm.h"
+#include "kernels/cpu/matmul.h"
+#include "worker/model/gpt.h"
+#include "worker/model/gpt_config.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  int layers = 12;
+  int d_model = 768;
+  int heads = 12;
+  int seq = 256;
+  int batch = 4;
+  int vocab = 50304;
+  int steps = 3;
+  int warmup = 1;
+  int threads = 2;
+  int kernels =
+      0;  // > 0: afterwards, time each kernel of one block and of the head, this many reps
+};
+
+[[noreturn]] void Usage(const char* why) {
+  std::fprintf(stderr,
+               "train_step_bench: %s\nusage: train_step_bench [--layers N] [--d-model N] "
+               "[--heads N] [--seq N] [--batch N] [--vocab N] [--steps N] [--warmup N] "
+               "[--threads N] [--kernels REPS]\n",
+               why);
+  std::exit(2);
+}
+
+Options Parse(int argc, char** argv) {
+  Options o;
+  struct Flag {
+    const char* name;
+    int* value;
+  };
+  const Flag flags[] = {{"--layers", &o.layers},   {"--d-model", &o.d_model},
+                        {"--heads", &o.heads},     {"--seq", &o.seq},
+                        {"--batch", &o.batch},     {"--vocab", &o.vocab},
+                        {"--steps", &o.steps},     {"--warmup", &o.warmup},
+                        {"--threads", &o.threads}, {"--kernels", &o.kernels}};
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) Usage("help");
+    bool known = false;
+    for (const Flag& f : flags) {
+      if (std::strcmp(argv[i], f.name) != 0) continue;
+      if (i + 1 >= argc) Usage((std::string(f.name) + " needs a value").c_str());
+      char* end = nullptr;
+      const long v = std::strtol(argv[++i], &end, 10);
+      if (*end != '\0' || v < 0 || v > (1L << 30)) {
+        Usage((std::string(f.name) + ": not a non-negative integer: " + argv[i]).c_str());
+      }
+      *f.value = static_cast<int>(v);
+      known = true;
+    }
+    if (!known) Usage((std::string("unknown argument ") + argv[i]).c_str());
+  }
+  if (o.steps < 1) Usage("--steps must be >= 1");
+  if (o.threads < 1) Usage("--threads must be >= 1");
+  if (o.batch < 1 || o.seq < 1) Usage("--batch and --seq must be >= 1");
+  return o;
+}
+
+void Check(const absl::Status& s, const char* what) {
+  if (s.ok()) return;
+  std::fprintf(stderr, "train_step_bench: %s: %s\n", what, s.ToString().c_str());
+  std::exit(1);
+}
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+enum Phase {
+  kZeroGrad,
+  kEmbedForward,
+  kBlocksForward,
+  kHeadForward,
+  kLossForward,
+  kHeadBackward,
+  kBlocksBackward,
+  kEmbedBackward,
+  kAdamW,
+  kNumPhases
+};
+constexpr const char* kPhaseNames[kNumPhases] = {"ZeroGrad",       "EmbedForward",  "BlocksForward",
+                                                 "HeadForward",    "LossForward",   "HeadBackward",
+                                                 "BlocksBackward", "EmbedBackward", "AdamWStep"};
+
+// Times fn: the best of `reps` runs, in seconds.
+template <typename Fn>
+double Best(int reps, Fn&& fn) {
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    const Clock::time_point a = Clock::now();
+    fn();
+    best = std::min(best, Seconds(a, Clock::now()));
+  }
+  return best;
+}
+
+// One block's and the head's kernels on the model's shapes, each timed on its own.
+void ProfileKernels(const Options& o, double step_s) {
+  namespace cpu = shardline::kernels::cpu;
+  const int B = o.batch, T = o.seq, C = o.d_model, NH = o.heads, HS = C / NH, F = 4 * C;
+  const int V = o.vocab, L = o.layers;
+  const int N = B * T;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto buffer = [&](int64_t n, float stddev) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v) x = stddev * normal(rng);
+    return v;
+  };
+  // Activations ~ N(0,1), weights ~ N(0,0.02), as in training.
+  auto x = buffer(int64_t{N} * C, 1), ln = buffer(int64_t{N} * C, 1), y = buffer(int64_t{N} * C, 1);
+  auto dx = buffer(int64_t{N} * C, 1), dln = buffer(int64_t{N} * C, 1);
+  auto mean = buffer(N, 0), rstd = buffer(N, 0);
+  auto qkv = buffer(int64_t{N} * 3 * C, 1), dqkv = buffer(int64_t{N} * 3 * C, 0);
+  auto atty = buffer(int64_t{N} * C, 1), datty = buffer(int64_t{N} * C, 1);
+  auto lse = buffer(int64_t{B} * NH * T, 0);
+  auto fch = buffer(int64_t{N} * F, 1), fch_gelu = buffer(int64_t{N} * F, 1);
+  auto dfch = buffer(int64_t{N} * F, 0), dfch_gelu = buffer(int64_t{N} * F, 1);
+  auto w_ln = buffer(C, 1), b_ln = buffer(C, 0), g_wln = buffer(C, 0), g_bln = buffer(C, 0);
+  auto w_qkv = buffer(int64_t{3} * C * C, 0.02f), b_qkv = buffer(3 * C, 0);
+  auto g_qkv = buffer(int64_t{3} * C * C, 0), g_bqkv = buffer(3 * C, 0);
+  auto w_proj = buffer(int64_t{C} * C, 0.02f), b_proj = buffer(C, 0),
+       g_proj = buffer(int64_t{C} * C, 0);
+  auto w_fc = buffer(int64_t{F} * C, 0.02f), b_fc = buffer(F, 0), g_fc = buffer(int64_t{F} * C, 0);
+  auto g_bfc = buffer(F, 0);
+  auto w_fcp = buffer(int64_t{C} * F, 0.02f), g_fcp = buffer(int64_t{C} * F, 0);
+  auto w_te = buffer(int64_t{V} * C, 0.02f), g_te = buffer(int64_t{V} * C, 0);
+  auto logits = buffer(int64_t{N} * V, 1), dlogits = buffer(int64_t{N} * V, 0);
+  auto losses = buffer(N, 0), lse_ce = buffer(N, 0), dlosses = std::vector<float>(N, 1.0f / N);
+  std::vector<int32_t> targets(N);
+  for (int n = 0; n < N; ++n) targets[n] = static_cast<int32_t>(rng() % V);
+  // A real forward's lse, so that the attention backward sees sane probabilities.
+  cpu::AttentionForward(atty.data(), lse.data(), qkv.data(), B, T, NH, HS);
+
+  struct Row {
+    std::string group, name;
+    double s;
+    double flops;  // 0 when not a GEMM
+  };
+  std::vector<Row> rows;
+  const int reps = o.kernels;
+  auto gemm = [](int64_t n, int64_t c, int64_t oc) { return 2.0 * n * c * oc; };
+  auto add = [&](const char* group, const char* name, double flops, auto&& fn) {
+    rows.push_back({group, name, Best(reps, fn), flops});
+  };
+  // Block forward, in BlockForward's order.
+  add("block fwd", "layernorm1", 0, [&] {
+    cpu::LayerNormForward(ln.data(), mean.data(), rstd.data(), x.data(), w_ln.data(), b_ln.data(),
+                          N, C);
+  });
+  add("block fwd", "gemm qkv", gemm(N, C, 3 * C),
+      [&] { cpu::MatmulForward(qkv.data(), ln.data(), w_qkv.data(), b_qkv.data(), N, C, 3 * C); });
+  add("block fwd", "attention", 0,
+      [&] { cpu::AttentionForward(atty.data(), lse.data(), qkv.data(), B, T, NH, HS); });
+  add("block fwd", "gemm attn_proj", gemm(N, C, C),
+      [&] { cpu::MatmulForward(y.data(), atty.data(), w_proj.data(), b_proj.data(), N, C, C); });
+  add("block fwd", "residual x2", 0, [&] {
+    cpu::ResidualForward(y.data(), y.data(), x.data(), int64_t{N} * C);
+    cpu::ResidualForward(y.data(), y.data(), x.data(), int64_t{N} * C);
+  });
+  add("block fwd", "layernorm2", 0, [&] {
+    cpu::LayerNormForward(ln.data(), mean.data(), rstd.data(), x.data(), w_ln.data(), b_ln.data(),
+                          N, C);
+  });
+  add("block fwd", "gemm fc", gemm(N, C, F),
+      [&] { cpu::MatmulForward(fch.data(), ln.data(), w_fc.data(), b_fc.data(), N, C, F); });
+  add("block fwd", "gelu", 0,
+      [&] { cpu::GeluForward(fch_gelu.data(), fch.data(), int64_t{N} * F); });
+  add("block fwd", "gemm fc_proj", gemm(N, F, C),
+      [&] { cpu::MatmulForward(y.data(), fch_gelu.data(), w_fcp.data(), b_proj.data(), N, F, C); });
+  // Block backward, in BlockBackward's order (its zero fills as one row).
+  add("block bwd", "zero scratch", 0, [&] {
+    std::fill(dx.begin(), dx.end(), 0.0f);
+    std::fill(dln.begin(), dln.end(), 0.0f);
+    std::fill(dfch.begin(), dfch.end(), 0.0f);
+    std::fill(dfch_gelu.begin(), dfch_gelu.end(), 0.0f);
+    std::fill(datty.begin(), datty.end(), 0.0f);
+    std::fill(dqkv.begin(), dqkv.end(), 0.0f);
+    std::fill(dln.begin(), dln.end(), 0.0f);
+  });
+  add("block bwd", "residual x2", 0, [&] {
+    cpu::ResidualBackward(dx.data(), nullptr, y.data(), int64_t{N} * C);
+    cpu::ResidualBackward(dx.data(), nullptr, y.data(), int64_t{N} * C);
+  });
+  add("block bwd", "gemm fc_proj", 2 * gemm(N, F, C), [&] {
+    cpu::MatmulBackward(dfch_gelu.data(), g_fcp.data(), g_bln.data(), y.data(), fch_gelu.data(),
+                        w_fcp.data(), N, F, C);
+  });
+  add("block bwd", "gelu", 0,
+      [&] { cpu::GeluBackward(dfch.data(), fch.data(), dfch_gelu.data(), int64_t{N} * F); });
+  add("block bwd", "gemm fc", 2 * gemm(N, C, F), [&] {
+    cpu::MatmulBackward(dln.data(), g_fc.data(), g_bfc.data(), dfch.data(), ln.data(), w_fc.data(),
+                        N, C, F);
+  });
+  add("block bwd", "layernorm2", 0, [&] {
+    cpu::LayerNormBackward(dx.data(), g_wln.data(), g_bln.data(), dln.data(), x.data(), w_ln.data(),
+                           mean.data(), rstd.data(), N, C);
+  });
+  add("block bwd", "gemm attn_proj", 2 * gemm(N, C, C), [&] {
+    cpu::MatmulBackward(datty.data(), g_proj.data(), g_bln.data(), y.data(), atty.data(),
+                        w_proj.data(), N, C, C);
+  });
+  add("block bwd", "attention", 0, [&] {
+    cpu::AttentionBackward(dqkv.data(), datty.data(), qkv.data(), atty.data(), lse.data(), B, T, NH,
+                           HS);
+  });
+  add("block bwd", "gemm qkv", 2 * gemm(N, C, 3 * C), [&] {
+    cpu::MatmulBackward(dln.data(), g_qkv.data(), g_bqkv.data(), dqkv.data(), ln.data(),
+                        w_qkv.data(), N, C, 3 * C);
+  });
+  add("block bwd", "layernorm1", 0, [&] {
+    cpu::LayerNormBackward(dx.data(), g_wln.data(), g_bln.data(), dln.data(), x.data(), w_ln.data(),
+                           mean.data(), rstd.data(), N, C);
+  });
+  // Head: HeadForward, LossForward, HeadBackward.
+  add("head fwd", "layernorm f", 0, [&] {
+    cpu::LayerNormForward(ln.data(), mean.data(), rstd.data(), x.data(), w_ln.data(), b_ln.data(),
+                          N, C);
+  });
+  add("head fwd", "gemm lm_head", gemm(N, C, V),
+      [&] { cpu::MatmulForward(logits.data(), ln.data(), w_te.data(), nullptr, N, C, V); });
+  add("loss fwd", "cross-entropy", 0, [&] {
+    cpu::CrossEntropyForward(losses.data(), lse_ce.data(), logits.data(), targets.data(), N, V);
+  });
+  add("head bwd", "zero dlogits", 0, [&] { std::fill(dlogits.begin(), dlogits.end(), 0.0f); });
+  add("head bwd", "cross-entropy", 0, [&] {
+    cpu::CrossEntropyBackward(dlogits.data(), logits.data(), lse_ce.data(), targets.data(),
+                              dlosses.data(), N, V);
+  });
+  add("head bwd", "gemm lm_head", 2 * gemm(N, C, V), [&] {
+    cpu::MatmulBackward(dln.data(), g_te.data(), nullptr, dlogits.data(), ln.data(), w_te.data(), N,
+                        C, V);
+  });
+  add("head bwd", "layernorm f", 0, [&] {
+    cpu::LayerNormBackward(dx.data(), g_wln.data(), g_bln.data(), dln.data(), x.data(), w_ln.data(),
+                           mean.data(), rstd.data(), N, C);
+  });
+
+  double gemm_s = 0.0, other_s = 0.0;
+  for (const Row& r : rows) {
+    const int times = r.group.rfind("block", 0) == 0 ? L : 1;
+    (r.flops > 0 ? gemm_s : other_s) += r.s * times;
+  }
+  const double sum_s = gemm_s + other_s;
+  std::printf(
+      "kernels (best of %d each; a block's rows x %d layers = per step; %% of their sum):\n", reps,
+      L);
+  std::printf("  %-10s %-15s %10s %10s %7s %9s\n", "phase", "kernel", "once s", "per step s",
+              "% sum", "GFLOP/s");
+  for (const Row& r : rows) {
+    const int times = r.group.rfind("block", 0) == 0 ? L : 1;
+    const double per_step = r.s * times;
+    char gflops[32] = "";
+    if (r.flops > 0) std::snprintf(gflops, sizeof gflops, "%9.1f", r.flops / r.s * 1e-9);
+    std::printf("  %-10s %-15s %10.4f %10.4f %6.1f%% %9s\n", r.group.c_str(), r.name.c_str(), r.s,
+                per_step, 100.0 * per_step / sum_s, gflops);
+  }
+  std::printf(
+      "  sum %.3f s (the measured step: %.3f s; it adds embedding, AdamW and zeroing): GEMMs "
+      "%.3f s (%.1f%%), other kernels %.3f s (%.1f%%)\n",
+      sum_s, step_s, gemm_s, 100.0 * gemm_s / sum_s, other_s, 100.0 * other_s / sum_s);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options opt = Parse(argc, argv);
+
+  // Threads before the first GEMM: OpenBLAS is dlopen'ed on first use (kernels/cpu/blas.cc) and
+  // reads OPENBLAS_NUM_THREADS then; libgomp has already read OMP_NUM_THREADS at load time, so its
+  // pool is sized with omp_set_num_threads.
+  const std::string threads = std::to_string(opt.threads);
+  setenv("OMP_NUM_THREADS", threads.c_str(), 1);
+  setenv("OPENBLAS_NUM_THREADS", threads.c_str(), 1);
+  omp_set_num_threads(opt.threads);
+
+  shardline::model::GptConfig config;
+  config.layers = opt.layers;
+  config.heads = opt.heads;
+  config.d_model = opt.d_model;
+  config.vocab = opt.vocab;
+  config.max_seq_len = opt.seq;
+  config.tied_embeddings = true;
+  Check(config.Validate(), "config");
+
+  shardline::kernels::CpuAllocator allocator;
+  auto created = shardline::model::GptModel::Create(config, allocator);
+  Check(created.status(), "GptModel::Create");
+  shardline::model::GptModel& model = **created;
+  model.InitGpt2(1337);
+
+  // Random tokens; the targets are the next token (the last position wraps to the first), as a
+  // language-model batch would have them.
+  const int B = opt.batch;
+  const int T = opt.seq;
+  std::mt19937 rng(42);
+  std::uniform_int_distribution<int32_t> token(0, opt.vocab - 1);
+  std::vector<int32_t> tokens(static_cast<size_t>(B) * T);
+  for (int32_t& t : tokens) t = token(rng);
+  std::vector<int32_t> targets(tokens.size());
+  for (int b = 0; b < B; ++b) {
+    for (int t = 0; t < T; ++t) targets[size_t(b) * T + t] = tokens[size_t(b) * T + (t + 1) % T];
+  }
+
+  shardline::model::AdamWOptions adamw;
+  adamw.adamw.learning_rate = 3e-4f;
+  adamw.adamw.weight_decay = 0.1f;
+  adamw.max_grad_norm = 1.0;
+
+  std::printf("config: %s B=%d T=%d params=%lld threads=%d omp_max_threads=%d\n",
+              config.DebugString().c_str(), B, T, static_cast<long long>(model.num_params()),
+              opt.threads, omp_get_max_threads());
+  std::fflush(stdout);
+
+  double phase_s[kNumPhases] = {};
+  float first_loss = 0.0f;
+  float last_loss = 0.0f;
+  double timed_s = 0.0;
+  const int total = opt.warmup + opt.steps;
+  for (int step = 1; step <= total; ++step) {
+    const bool timed = step > opt.warmup;
+    double this_phase[kNumPhases] = {};
+    const Clock::time_point start = Clock::now();
+    Clock::time_point t0 = start;
+    auto lap = [&](Phase p) {
+      const Clock::time_point t1 = Clock::now();
+      this_phase[p] += Seconds(t0, t1);
+      t0 = t1;
+    };
+    model.ZeroGrad();
+    lap(kZeroGrad);
+    Check(model.EmbedForward(tokens, B, T), "EmbedForward");
+    lap(kEmbedForward);
+    Check(model.BlocksForward(0, config.layers), "BlocksForward");
+    lap(kBlocksForward);
+    Check(model.HeadForward(), "HeadForward");
+    lap(kHeadForward);
+    auto loss = model.LossForward(targets);
+    Check(loss.status(), "LossForward");
+    lap(kLossForward);
+    Check(model.HeadBackward(), "HeadBackward");
+    lap(kHeadBackward);
+    Check(model.BlocksBackward(0, config.layers), "BlocksBackward");
+    lap(kBlocksBackward);
+    Check(model.EmbedBackward(), "EmbedBackward");
+    lap(kEmbedBackward);
+    auto norm = model.AdamWStep(adamw, step);
+    Check(norm.status(), "AdamWStep");
+    lap(kAdamW);
+    const double step_s = Seconds(start, Clock::now());
+    if (step == 1) first_loss = *loss;
+    last_loss = *loss;
+    std::printf("step %d%s: loss %.4f grad_norm %.4f %.3f s\n", step, timed ? "" : " (warmup)",
+                *loss, *norm, step_s);
+    std::fflush(stdout);
+    if (timed) {
+      timed_s += step_s;
+      for (int p = 0; p < kNumPhases; ++p) phase_s[p] += this_phase[p];
+    }
+  }
+
+  const double step_s = timed_s / opt.steps;
+  const double tokens_per_s = static_cast<double>(B) * T / step_s;
+  std::printf("phases (mean over %d timed steps):\n", opt.steps);
+  for (int p = 0; p < kNumPhases; ++p) {
+    const double s = phase_s[p] / opt.steps;
+    std::printf("  %-15s %9.4f s  %5.1f%%\n", kPhaseNames[p], s, 100.0 * s / step_s);
+  }
+  std::printf("PHASES impl=shardline");
+  for (int p = 0; p < kNumPhases; ++p) {
+    std::printf(" %s=%.6f", kPhaseNames[p], phase_s[p] / opt.steps);
+  }
+  std::printf("\n");
+  std::printf("loss: first %.4f last %.4f\n", first_loss, last_loss);
+  std::printf(
+      "RESULT impl=shardline tokens_per_s=%.2f step_s=%.6f peak_bytes=%zu "
+      "peak_kind=allocator\n",
+      tokens_per_s, step_s, allocator.stats().peak_bytes);
+  std::fflush(stdout);
+  if (opt.kernels > 0) ProfileKernels(opt, step_s);
+  return 0;
+}

@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""One GPT training step, Shardline against PyTorch, in the same run.
+
+  bench/train_step_compare.py BUILD_DIR [--quick] [--rounds 2] [--threads 2] [--steps N]
+      [--warmup N] [--batch N] [--vocab N] [--torch-python /usr/bin/python3]
+
+Runs BUILD_DIR/bench/train_step_bench and bench/train_step_torch.py (with Debian's python3-torch)
+alternately, --rounds times each, on the same model, batch, thread count and step counts, and prints
+a table of tokens/s (the best round of each: the machine may be shared) and the ratio
+Shardline / PyTorch, then the per-phase times of each side's best round.
+
+Default: GPT-2 small (12 layers, d_model 768, 12 heads, seq 256, batch 4, vocab 50304), 2 threads,
+warmup 1, steps 3 (several minutes). --quick: 4 layers, d_model 256, 4 heads, seq 128, batch 4
+(about a minute).
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("build_dir")
+    p.add_argument("--quick", action="store_true", help="a small model, about a minute")
+    p.add_argument("--rounds", type=int, default=2, help="runs of each side, alternating")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--steps", type=int, default=None, help="timed steps (default 3)")
+    p.add_argument("--warmup", type=int, default=None, help="warmup steps (default 1)")
+    p.add_argument("--batch", type=int, default=None, help="default 4")
+    p.add_argument("--vocab", type=int, default=50304)
+    p.add_argument("--torch-python", default="/usr/bin/python3",
+                   help="a Python with torch (Debian's python3-torch)")
+    p.add_argument("--torch-no-foreach", action="store_true",
+                   help="PyTorch's AdamW with its per-tensor loop (torch 1.13's CPU default)")
+    return p.parse_args()
+
+
+def run(cmd, env):
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout)
+        sys.exit(f"train_step_compare: {' '.join(cmd)} exited with {proc.returncode}")
+    result = phases = None
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            result = dict(kv.split("=", 1) for kv in line.split()[1:])
+        elif line.startswith("PHASES "):
+            phases = dict(kv.split("=", 1) for kv in line.split()[1:])
+    if result is None:
+        sys.stderr.write(proc.stdout)
+        sys.exit(f"train_step_compare: no RESULT line from {' '.join(cmd)}")
+    losses = re.findall(r"^loss: first (\S+) last (\S+)", proc.stdout, re.M)
+    return {"tokens_per_s": float(result["tokens_per_s"]), "step_s": float(result["step_s"]),
+            "peak_bytes": int(result["peak_bytes"]), "peak_kind": result.get("peak_kind", "?"),
+            "phases": {k: float(v) for k, v in (phases or {}).items() if k != "impl"},
+            "loss": losses[0] if losses else ("?", "?"), "wall_s": wall}
+
+
+def main():
+    a = parse_args()
+    if a.quick:
+        shape = dict(layers=4, d_model=256, heads=4, seq=128, batch=4)
+    else:
+        shape = dict(layers=12, d_model=768, heads=12, seq=256, batch=4)
+    if a.batch is not None:
+        shape["batch"] = a.batch
+    steps = a.steps if a.steps is not None else 3
+    warmup = a.warmup if a.warmup is not None else 1
+
+    bench = os.path.join(a.build_dir, "bench", "train_step_bench")
+    if not os.access(bench, os.X_OK):
+        sys.exit(f"train_step_compare: {bench} not found; build it: "
+                 f"ninja -C {a.build_dir} train_step_bench")
+    common = ["--layers", shape["layers"], "--d-model", shape["d_model"], "--heads", shape["heads"],
+              "--seq", shape["seq"], "--batch", shape["batch"], "--vocab", a.vocab,
+              "--steps", steps, "--warmup", warmup, "--threads", a.threads]
+    common = [str(x) for x in common]
+    ours_cmd = [bench] + common
+    torch_cmd = [a.torch_python, os.path.join(HERE, "train_step_torch.py")] + common
+    if a.torch_no_foreach:
+        torch_cmd.append("--no-foreach")
+
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = str(a.threads)
+    env["OPENBLAS_NUM_THREADS"] = str(a.threads)
+
+    config = (f"L{shape['layers']} C{shape['d_model']} H{shape['heads']} T{shape['seq']} "
+              f"B{shape['batch']} V{a.vocab}")
+    print(f"# {config}, threads {a.threads}, warmup {warmup}, steps {steps}, "
+          f"{a.rounds} rounds each, alternating; load average before: "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    runs = {"shardline": [], "pytorch": []}
+    for r in range(a.rounds):
+        for impl, cmd in (("shardline", ours_cmd), ("pytorch", torch_cmd)):
+            res = run(cmd, env)
+            runs[impl].append(res)
+            print(f"  round {r + 1} {impl:<9} {res['tokens_per_s']:10.1f} tokens/s  "
+                  f"step {res['step_s']:.3f} s  loss {res['loss'][0]} -> {res['loss'][1]}  "
+                  f"(process {res['wall_s']:.1f} s; load "
+                  f"{os.getloadavg()[0]:.2f})", flush=True)
+
+    best = {k: max(v, key=lambda x: x["tokens_per_s"]) for k, v in runs.items()}
+    ours, theirs = best["shardline"], best["pytorch"]
+    header = ["config", "threads", "tokens/s Shardline", "tokens/s PyTorch", "ratio"]
+    row = [config, str(a.threads), f"{ours['tokens_per_s']:.1f}", f"{theirs['tokens_per_s']:.1f}",
+           f"{ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}x"]
+    widths = [max(len(h), len(c)) for h, c in zip(header, row)]
+    print()
+    print(" | ".join(h.ljust(w) for h, w in zip(header, widths)))
+    print("-+-".join("-" * w for w in widths))
+    print(" | ".join(c.ljust(w) for c, w in zip(row, widths)))
+    print(f"(best of {a.rounds} rounds each; ratio = Shardline / PyTorch, higher is better; "
+          f"peak: Shardline allocator {ours['peak_bytes'] / 2**20:.0f} MiB, "
+          f"PyTorch process max RSS {theirs['peak_bytes'] / 2**20:.0f} MiB)")
+
+    print()
+    for impl in ("shardline", "pytorch"):
+        res = best[impl]
+        total = res["step_s"]
+        parts = "  ".join(f"{k} {v:.3f}s ({100 * v / total:.0f}%)" for k, v in res["phases"].items())
+        print(f"phases {impl}: {parts}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+#!/usr/bin/env python3
+"""One GPT training step in PyTorch, the peer of bench/train_step_bench.cc.
+
+The same model as Shardline's GptModel: GPT-2 blocks (pre-LayerNorm, fused qkv with bias, causal
+attention, GELU tanh MLP with bias), learned positions, a final LayerNorm and a head tied to wte;
+GPT-2 initialisation; AdamW (weight decay 0.1 on the 2-D tensors only, lr 3e-4, betas 0.9/0.999,
+eps 1e-8) after clipping the global gradient norm to 1.0. Same shapes, random tokens, warmup then
+timed steps of zero_grad + forward + backward + clip + step. AdamW runs its foreach (multi-tensor)
+implementation unless --no-foreach: PyTorch at its best on the CPU.
+
+Run it with Debian's /usr/bin/python3 (python3-torch):
+
+  /usr/bin/python3 bench/train_step_torch.py [--layers 12] [--d-model 768] [--heads 12]
+      [--seq 256] [--batch 4] [--vocab 50304] [--steps 3] [--warmup 1] [--threads 2]
+      [--no-foreach]
+
+Prints per-phase times and
+  RESULT impl=pytorch tokens_per_s=... step_s=... peak_bytes=... peak_kind=max_rss
+peak_bytes here is the process's peak resident set size (getrusage ru_maxrss), NOT an allocator
+peak like Shardline's: it includes the Python interpreter and libtorch itself (~hundreds of MiB),
+and tracemalloc cannot see torch's tensor memory. Compare it with care.
+"""
+import argparse
+import math
+import os
+import resource
+import sys
+import time
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--d-model", type=int, default=768)
+    p.add_argument("--heads", type=int, default=12)
+    p.add_argument("--seq", type=int, default=256)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--vocab", type=int, default=50304)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--foreach", action=argparse.BooleanOptionalAction, default=True,
+                   help="AdamW's multi-tensor (foreach) implementation; torch 1.13 defaults to the "
+                        "per-tensor loop on the CPU, which is several times slower")
+    return p.parse_args()
+
+
+args = parse_args()
+# Before torch loads: its OpenMP pool and OpenBLAS (Debian's torch uses the system BLAS) read these.
+os.environ["OMP_NUM_THREADS"] = str(args.threads)
+os.environ["OPENBLAS_NUM_THREADS"] = str(args.threads)
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+torch.set_num_threads(args.threads)
+
+HAVE_SDPA = hasattr(F, "scaled_dot_product_attention")  # torch >= 2.0
+
+
+class Block(nn.Module):
+    def __init__(self, C, H):
+        super().__init__()
+        self.H = H
+        self.ln1 = nn.LayerNorm(C, eps=1e-5)
+        self.qkv = nn.Linear(C, 3 * C)
+        self.attn_proj = nn.Linear(C, C)
+        self.ln2 = nn.LayerNorm(C, eps=1e-5)
+        self.fc = nn.Linear(C, 4 * C)
+        self.fc_proj = nn.Linear(4 * C, C)
+
+    def attention(self, x, mask):
+        B, T, C = x.shape
+        hs = C // self.H
+        q, k, v = self.qkv(x).split(C, dim=2)
+        q = q.view(B, T, self.H, hs).transpose(1, 2)
+        k = k.view(B, T, self.H, hs).transpose(1, 2)
+        v = v.view(B, T, self.H, hs).transpose(1, 2)
+        if HAVE_SDPA:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
+            att = att.masked_fill(mask[:T, :T], float("-inf"))
+            att = F.softmax(att, dim=-1)
+            y = att @ v
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.attn_proj(y)
+
+    def forward(self, x, mask):
+        x = x + self.attention(self.ln1(x), mask)
+        x = x + self.fc_proj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+        return x
+
+
+class GPT(nn.Module):
+    def __init__(self, layers, C, H, V, T):
+        super().__init__()
+        self.wte = nn.Embedding(V, C)
+        self.wpe = nn.Embedding(T, C)
+        self.h = nn.ModuleList([Block(C, H) for _ in range(layers)])
+        self.lnf = nn.LayerNorm(C, eps=1e-5)
+        self.lm_head = nn.Linear(C, V, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied
+        # True above the diagonal: the future that a position may not see.
+        self.register_buffer("mask", torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1))
+        # GPT-2 initialisation, as GptModel::InitGpt2.
+        for name, p in self.named_parameters():
+            if p.dim() == 1:
+                nn.init.ones_(p) if name.endswith(("ln1.weight", "ln2.weight", "lnf.weight")) \
+                    else nn.init.zeros_(p)
+            else:
+                std = 0.02
+                if name.endswith(("attn_proj.weight", "fc_proj.weight")):
+                    std = 0.02 / math.sqrt(2 * layers)
+                nn.init.normal_(p, 0.0, std)
+
+    def embed(self, idx):
+        T = idx.shape[1]
+        return self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
+
+    def blocks(self, x):
+        for block in self.h:
+            x = block(x, self.mask)
+        return x
+
+    def head(self, x):
+        return self.lm_head(self.lnf(x))
+
+
+def main():
+    torch.manual_seed(1337)
+    B, T, V = args.batch, args.seq, args.vocab
+    model = GPT(args.layers, args.d_model, args.heads, V, T)
+    model.train()
+    n_params = sum(p.numel() for p in model.parameters())  # wte counted once (tied)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=3e-4, betas=(0.9, 0.999), eps=1e-8, foreach=args.foreach)
+
+    g = torch.Generator().manual_seed(42)
+    tokens = torch.randint(0, V, (B, T), generator=g)
+    targets = torch.roll(tokens, shifts=-1, dims=1)  # next token; the last wraps to the first
+
+    print(f"config: layers={args.layers} heads={args.heads} d_model={args.d_model} "
+          f"d_ff={4 * args.d_model} vocab={V} max_seq_len={T} tied B={B} T={T} params={n_params} "
+          f"threads={torch.get_num_threads()} torch={torch.__version__} "
+          f"attention={'sdpa' if HAVE_SDPA else 'manual_softmax'} adamw_foreach={args.foreach}",
+          flush=True)
+
+    names = ["zero_grad", "embed_fwd", "blocks_fwd", "head_fwd", "loss_fwd", "backward",
+             "clip_grad", "adamw_step"]
+    phase_total = dict.fromkeys(names, 0.0)
+    timed_s = 0.0
+    first_loss = last_loss = None
+    for step in range(1, args.warmup + args.steps + 1):
+        timed = step > args.warmup
+        phase = {}
+        start = t0 = time.perf_counter()
+
+        def lap(name):
+            nonlocal t0
+            t1 = time.perf_counter()
+            phase[name] = t1 - t0
+            t0 = t1
+
+        opt.zero_grad(set_to_none=True)
+        lap("zero_grad")
+        x = model.embed(tokens)
+        lap("embed_fwd")
+        x = model.blocks(x)
+        lap("blocks_fwd")
+        logits = model.head(x)
+        lap("head_fwd")
+        loss = F.cross_entropy(logits.view(-1, V), targets.view(-1))
+        lap("loss_fwd")
+        loss.backward()
+        lap("backward")
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        lap("clip_grad")
+        opt.step()
+        lap("adamw_step")
+        step_s = time.perf_counter() - start
+        loss_v = loss.item()
+        first_loss = loss_v if first_loss is None else first_loss
+        last_loss = loss_v
+        print(f"step {step}{'' if timed else ' (warmup)'}: loss {loss_v:.4f} "
+              f"grad_norm {norm.item():.4f} {step_s:.3f} s", flush=True)
+        if timed:
+            timed_s += step_s
+            for k in names:
+                phase_total[k] += phase[k]
+
+    step_s = timed_s / args.steps
+    print(f"phases (mean over {args.steps} timed steps):")
+    for k in names:
+        s = phase_total[k] / args.steps
+        print(f"  {k:<15} {s:9.4f} s  {100.0 * s / step_s:5.1f}%")
+    print("PHASES impl=pytorch " + " ".join(f"{k}={phase_total[k] / args.steps:.6f}" for k in names))
+    print(f"loss: first {first_loss:.4f} last {last_loss:.4f}")
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    print(f"RESULT impl=pytorch tokens_per_s={B * T / step_s:.2f} step_s={step_s:.6f} "
+          f"peak_bytes={peak} peak_kind=max_rss", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
