@@ -10,22 +10,10 @@ namespace shardline::kernels::cpu {
 
 absl::Status AdamWUpdate(float* params, const float* grads, float* m, float* v, int64_t n,
                          const AdamWConfig& config, int64_t step) {
-  if (step < 1) {
-    return absl::InvalidArgumentError("AdamW step must be >= 1, got " + std::to_string(step));
-  }
-  if (!(config.beta1 >= 0.0f && config.beta1 < 1.0f && config.beta2 >= 0.0f &&
-        config.beta2 < 1.0f && config.eps > 0.0f && config.learning_rate >= 0.0f &&
-        config.weight_decay >= 0.0f)) {
-    return absl::InvalidArgumentError(
-        "AdamW hyper-parameters out of range: lr=" + std::to_string(config.learning_rate) +
-        " beta1=" + std::to_string(config.beta1) + " beta2=" + std::to_string(config.beta2) +
-        " eps=" + std::to_string(config.eps) + " weight_decay=" + std::to_string(config.weight_decay));
-  }
-  // Bias corrections in double: 1 − 0.999^step is tiny for early steps and loses digits in float.
-  const float correction1 =
-      static_cast<float>(1.0 - std::pow(static_cast<double>(config.beta1), static_cast<double>(step)));
-  const float correction2 =
-      static_cast<float>(1.0 - std::pow(static_cast<double>(config.beta2), static_cast<double>(step)));
+  auto prepared = AdamWPrepare(config, step);
+  if (!prepared.ok()) return prepared.status();
+  const float correction1 = prepared->first;
+  const float correction2 = prepared->second;
   const float b1 = config.beta1;
   const float b2 = config.beta2;
   const float lr = config.learning_rate;

@@ -305,29 +305,17 @@ absl::Status CrossEntropyBackward(float* dlogits, const float* logits, const flo
 
 absl::Status AdamWUpdate(float* params, const float* grads, float* m, float* v, int64_t n,
                          const cpu::AdamWConfig& config, int64_t step, cudaStream_t stream) {
-  if (step < 1) {
-    return absl::InvalidArgumentError("AdamW step must be >= 1, got " + std::to_string(step));
-  }
-  if (!(config.beta1 >= 0.0f && config.beta1 < 1.0f && config.beta2 >= 0.0f &&
-        config.beta2 < 1.0f && config.eps > 0.0f && config.learning_rate >= 0.0f &&
-        config.weight_decay >= 0.0f)) {
-    return absl::InvalidArgumentError(
-        "AdamW hyper-parameters out of range: lr=" + std::to_string(config.learning_rate) +
-        " beta1=" + std::to_string(config.beta1) + " beta2=" + std::to_string(config.beta2) +
-        " eps=" + std::to_string(config.eps) +
-        " weight_decay=" + std::to_string(config.weight_decay));
-  }
-  // Bias corrections in double on the host, exactly as the CPU twin computes them.
+  // Validation and bias corrections are the CPU twin's, so both backends agree to the bit there.
+  auto prepared = cpu::AdamWPrepare(config, step);
+  if (!prepared.ok()) return prepared.status();
   launch::AdamWParams p;
   p.learning_rate = config.learning_rate;
   p.beta1 = config.beta1;
   p.beta2 = config.beta2;
   p.eps = config.eps;
   p.weight_decay = config.weight_decay;
-  p.correction1 = static_cast<float>(
-      1.0 - std::pow(static_cast<double>(config.beta1), static_cast<double>(step)));
-  p.correction2 = static_cast<float>(
-      1.0 - std::pow(static_cast<double>(config.beta2), static_cast<double>(step)));
+  p.correction1 = prepared->first;
+  p.correction2 = prepared->second;
   return Launched(launch::AdamWUpdate(params, grads, m, v, n, p, stream), "cuda::AdamWUpdate");
 }
 

@@ -62,6 +62,15 @@ class Actor {
     return absl::OkStatus();
   }
 
+  // Every report says which actor it is from: job, generation, rank.
+  template <typename Builder>
+  Builder Origin(Builder builder) const {
+    builder.setJobId(options_.job_id);
+    builder.setGeneration(options_.generation);
+    builder.setRank(options_.rank);
+    return builder;
+  }
+
   const ActorOptions& options_;
   std::string address_;
   std::unique_ptr<monitoring::MetricsServer> metrics_server_;
@@ -109,10 +118,7 @@ absl::Status Actor::Connect() {
 
 absl::Status Actor::Register() {
   auto message = client_->NewMessage();
-  auto request = message->payload().initRegisterActor();
-  request.setJobId(options_.job_id);
-  request.setGeneration(options_.generation);
-  request.setRank(options_.rank);
+  auto request = Origin(message->payload().initRegisterActor());
   request.setNodeId(options_.node_id);
   request.setPid(static_cast<uint32_t>(getpid()));
   request.setAddress(address_);
@@ -157,10 +163,7 @@ absl::Status Actor::Bootstrap() {
     comm::PrefixStore group_store(store_prefix_ + "/" + group.id, store);
     const auto start = std::chrono::steady_clock::now();
     RETURN_IF_ERROR(Report([&](auto payload) {
-      auto join = payload.initCommJoin();
-      join.setJobId(options_.job_id);
-      join.setGeneration(options_.generation);
-      join.setRank(options_.rank);
+      auto join = Origin(payload.initCommJoin());
       join.setGroupId(group.id);
     }));
     absl::StatusOr<std::unique_ptr<comm::Communicator>> communicator;
@@ -179,10 +182,7 @@ absl::Status Actor::Bootstrap() {
       const std::string error = ToString(communicator.status().message());
       spdlog::error("group {}: {}", group.id, error);
       RETURN_IF_ERROR(Report([&](auto payload) {
-        auto failed = payload.initCommFailed();
-        failed.setJobId(options_.job_id);
-        failed.setGeneration(options_.generation);
-        failed.setRank(options_.rank);
+        auto failed = Origin(payload.initCommFailed());
         failed.setGroupId(group.id);
         failed.setMessage(error);
       }));
@@ -192,10 +192,7 @@ absl::Status Actor::Bootstrap() {
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     RETURN_IF_ERROR(Report([&](auto payload) {
-      auto ready = payload.initCommReady();
-      ready.setJobId(options_.job_id);
-      ready.setGeneration(options_.generation);
-      ready.setRank(options_.rank);
+      auto ready = Origin(payload.initCommReady());
       ready.setGroupId(group.id);
       ready.setSeconds(seconds);
     }));
@@ -216,10 +213,7 @@ absl::Status Actor::RunJob() {
     if (options_.rank != 0) return;
     // Rank 0 speaks for all: the results are already agreed across ranks.
     auto status = Report([&](auto payload) {
-      auto report = payload.initStepReport();
-      report.setJobId(options_.job_id);
-      report.setGeneration(options_.generation);
-      report.setRank(options_.rank);
+      auto report = Origin(payload.initStepReport());
       report.setStep(step);
       auto list = report.initResults(static_cast<unsigned>(results.size()));
       for (size_t i = 0; i < results.size(); ++i) {
@@ -244,10 +238,7 @@ absl::Status Actor::RunJob() {
 
 absl::Status Actor::ReportDone(bool ok, const std::string& message) {
   return Report([&](auto payload) {
-    auto done = payload.initActorDone();
-    done.setJobId(options_.job_id);
-    done.setGeneration(options_.generation);
-    done.setRank(options_.rank);
+    auto done = Origin(payload.initActorDone());
     done.setOk(ok);
     done.setMessage(message);
   });
