@@ -265,6 +265,35 @@ TEST_P(GlooWorldTest, SendRecvRing) {
   });
 }
 
+TEST_P(GlooWorldTest, SendRecvEveryRankAtOnce) {
+  RunRanks(GetParam(), [](Communicator& comm) {
+    const int n = comm.size();
+    const int right = (comm.rank() + 1) % n;
+    const int left = (comm.rank() + n - 1) % n;
+    // Every rank sends right and receives from the left in the same call: with blocking Send/Recv
+    // this is the cycle the alternation above avoids; SendRecv must complete it as it stands.
+    for (size_t count : {size_t{1}, size_t{(2u << 20) + 3}, size_t{7}}) {
+      std::vector<float> send(count), recv(count, -1.0f), want(count);
+      for (size_t i = 0; i < count; ++i) {
+        send[i] = Value<float>(comm.rank(), i, 3);
+        want[i] = Value<float>(left, i, 3);
+      }
+      ASSERT_TRUE(comm.SendRecv(send.data(), count, right, recv.data(), count, left,
+                                DType::kFloat32)
+                      .ok());
+      ExpectEqualVectors(recv, want, "send_recv x" + std::to_string(count));
+    }
+    // One half may be empty: rank 0 only sends, the last rank only receives.
+    std::vector<float> one = {static_cast<float>(comm.rank())}, got = {-1.0f};
+    const bool sends = comm.rank() < n - 1;
+    const bool receives = comm.rank() > 0;
+    ASSERT_TRUE(comm.SendRecv(one.data(), sends ? 1 : 0, right, got.data(), receives ? 1 : 0, left,
+                              DType::kFloat32)
+                    .ok());
+    EXPECT_EQ(got[0], receives ? static_cast<float>(left) : -1.0f);
+  });
+}
+
 TEST_P(GlooWorldTest, BarrierWaitsForTheLastRank) {
   std::mutex mu;
   std::vector<Clock::duration> waited;

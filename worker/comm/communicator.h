@@ -28,7 +28,7 @@ std::string_view ReduceOpName(ReduceOp op);  // "sum", "avg", "max", "min"
 // knowing about Prometheus. Called on the thread that issued the operation, also when it failed.
 // `bytes` is the size of this rank's input: count * dtype size (reduce_scatter: size() * count *
 // dtype size; barrier: 0). Op names: all_reduce, all_gather, reduce_scatter, broadcast, send,
-// recv, barrier.
+// recv, send_recv, barrier.
 class CommObserver {
  public:
   virtual ~CommObserver() = default;
@@ -56,6 +56,13 @@ class Communicator {
   // Point to point; a Send must be matched by a Recv of the same count on `peer`.
   virtual absl::Status Send(const void* data, size_t count, DType dtype, int peer) = 0;
   virtual absl::Status Recv(void* data, size_t count, DType dtype, int peer) = 0;
+  // A send to `send_peer` and a receive from `recv_peer` in flight together; returns when both are
+  // done. Pipeline schedules need it: with blocking Send/Recv, a stage sending activations forward
+  // while its neighbour sends gradients back would wait on each other forever (Megatron-LM's
+  // send_forward_recv_backward, PyTorch's batch_isend_irecv). Either count may be 0 (that half is
+  // skipped). Matching is as for Send/Recv.
+  virtual absl::Status SendRecv(const void* send, size_t send_count, int send_peer, void* recv,
+                                size_t recv_count, int recv_peer, DType dtype) = 0;
   virtual absl::Status Barrier() = 0;
   // Makes pending and later operations fail with Aborted; callable from any thread.
   virtual void Abort() = 0;

@@ -4,6 +4,8 @@
 #include <cctype>
 #include <cstring>
 #include <exception>
+#include <memory>
+#include <optional>
 #include <utility>
 
 #include <gloo/allgather.h>
@@ -444,6 +446,44 @@ absl::Status GlooCommunicator::Recv(void* data, size_t count, DType dtype, int p
     if (!buffer->waitRecv(timeout_)) {
       return absl::AbortedError(what + ": communicator was aborted");
     }
+    return absl::OkStatus();
+  });
+}
+
+absl::Status GlooCommunicator::SendRecv(const void* send, size_t send_count, int send_peer,
+                                        void* recv, size_t recv_count, int recv_peer,
+                                        DType dtype) {
+  const std::string what = Describe("send_recv", send_count, dtype) + " to rank " +
+                           std::to_string(send_peer) + " and " + std::to_string(recv_count) +
+                           " from rank " + std::to_string(recv_peer);
+  const size_t send_bytes = send_count * DTypeSize(dtype);
+  const size_t recv_bytes = recv_count * DTypeSize(dtype);
+  return Run("send_recv", what, send_bytes + recv_bytes, [&]() -> absl::Status {
+    const auto bad_peer = [&](int peer, size_t count) {
+      return count > 0 && (peer < 0 || peer >= size_ || peer == rank_);
+    };
+    if (bad_peer(send_peer, send_count) || bad_peer(recv_peer, recv_count)) {
+      return absl::InvalidArgumentError(what + ": peers must be other ranks in [0, " +
+                                        std::to_string(size_) + ")");
+    }
+    if ((send_count > 0 && send == nullptr) || (recv_count > 0 && recv == nullptr)) {
+      return absl::InvalidArgumentError(what + ": null buffer");
+    }
+    std::unique_ptr<gloo::transport::UnboundBuffer> out, in;
+    std::optional<PendingBuffer> out_pending, in_pending;
+    // Both are posted before either is waited on: that is the whole point.
+    if (recv_count > 0) {
+      in = context_->createUnboundBuffer(recv, recv_bytes);
+      in_pending.emplace(*this, in.get());
+      in->recv(recv_peer, gloo::Slot::build(kPointToPointSlotPrefix, 0));
+    }
+    if (send_count > 0) {
+      out = context_->createUnboundBuffer(const_cast<void*>(send), send_bytes);
+      out_pending.emplace(*this, out.get());
+      out->send(send_peer, gloo::Slot::build(kPointToPointSlotPrefix, 0));
+    }
+    if (out && !out->waitSend(timeout_)) return absl::AbortedError(what + ": communicator was aborted");
+    if (in && !in->waitRecv(timeout_)) return absl::AbortedError(what + ": communicator was aborted");
     return absl::OkStatus();
   });
 }

@@ -395,6 +395,34 @@ absl::Status NcclCommunicator::Recv(void* data, size_t count, DType dtype, int p
   });
 }
 
+absl::Status NcclCommunicator::SendRecv(const void* send, size_t send_count, int send_peer,
+                                        void* recv, size_t recv_count, int recv_peer,
+                                        DType dtype) {
+  const std::string what = Describe("send_recv", send_count, dtype, rank_, size_) + " to rank " +
+                           std::to_string(send_peer) + " and " + std::to_string(recv_count) +
+                           " from rank " + std::to_string(recv_peer);
+  const auto bad_peer = [&](int peer, size_t count) {
+    return count > 0 && (peer < 0 || peer >= size_ || peer == rank_);
+  };
+  if (bad_peer(send_peer, send_count) || bad_peer(recv_peer, recv_count)) {
+    return absl::InvalidArgumentError(what + ": peers must be other ranks in [0, " +
+                                      std::to_string(size_) + ")");
+  }
+  ASSIGN_OR_RETURN(ncclDataType_t type, ToNccl(dtype));
+  return Run("send_recv", what, (send_count + recv_count) * DTypeSize(dtype),
+             [&](ncclComm_t comm) {
+               // One group: NCCL starts both together, so neither waits on the other.
+               ncclResult_t result = ncclGroupStart();
+               if (result != ncclSuccess) return result;
+               if (send_count > 0) result = ncclSend(send, send_count, type, send_peer, comm, stream_);
+               if (result == ncclSuccess && recv_count > 0) {
+                 result = ncclRecv(recv, recv_count, type, recv_peer, comm, stream_);
+               }
+               const ncclResult_t end = ncclGroupEnd();
+               return result != ncclSuccess ? result : end;
+             });
+}
+
 // NCCL has no barrier: an all-reduce of one word completes on a rank only after every rank
 // has entered it.
 absl::Status NcclCommunicator::Barrier() {

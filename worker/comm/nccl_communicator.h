@@ -37,6 +37,8 @@ class NcclCommunicator final : public Communicator {
   absl::Status Broadcast(void* data, size_t count, DType dtype, int root) override;
   absl::Status Send(const void* data, size_t count, DType dtype, int peer) override;
   absl::Status Recv(void* data, size_t count, DType dtype, int peer) override;
+  absl::Status SendRecv(const void* send, size_t send_count, int send_peer, void* recv,
+                        size_t recv_count, int recv_peer, DType dtype) override;
   absl::Status Barrier() override;
   // Aborts the NCCL communicator now if no operation runs; otherwise the running operation's
   // wait loop sees the flag within a millisecond and aborts it from the issuing thread (NCCL
