@@ -1,12 +1,17 @@
 #include "placement/job_spec.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <filesystem>
+#include <system_error>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "placement/byte_size.h"
 #include "placement/string_view_compat.h"
+#include "placement/train_spec_sections.h"
 #include "placement/yaml_reader.h"
 
 namespace shardline::placement {
@@ -28,7 +33,18 @@ constexpr std::string_view kIterations = "iterations";
 constexpr std::string_view kOps = "ops";
 constexpr std::string_view kUnevenSizes = "uneven_sizes";
 
-constexpr EnumName<JobKind> kJobKinds[] = {{"comm-check", JobKind::kCommCheck}};
+// Train jobs: the TrainSpec keys (internal::kTrainSectionKeys) plus these two.
+constexpr std::string_view kMicroBatch = "micro_batch";
+constexpr std::string_view kParallel = "parallel";
+
+constexpr std::string_view kTp = "tp";
+constexpr std::string_view kPp = "pp";
+constexpr std::string_view kDp = "dp";
+constexpr std::string_view kZero = "zero";
+constexpr std::string_view kStages = "stages";
+
+constexpr EnumName<JobKind> kJobKinds[] = {{"comm-check", JobKind::kCommCheck},
+                                           {"train", JobKind::kTrain}};
 constexpr EnumName<DeviceKind> kDeviceKinds[] = {{"cpu", DeviceKind::kCpu},
                                                  {"cuda", DeviceKind::kCuda}};
 constexpr EnumName<Backend> kBackends[] = {
@@ -39,6 +55,29 @@ constexpr size_t kMaxNameLength = 63;
 constexpr double kMaxTimeoutSeconds = 365.0 * 24 * 3600;
 
 constexpr int64_t kUnevenElementCounts[] = {3, 1000, 65537, 4194305};
+
+// The keys only a train job may have, in the order the known-key list prints them.
+std::vector<std::string_view> TrainOnlyKeys() {
+  std::vector<std::string_view> keys(internal::kTrainSectionKeys.begin(),
+                                     internal::kTrainSectionKeys.end());
+  keys.push_back(kMicroBatch);
+  keys.push_back(kParallel);
+  return keys;
+}
+
+std::vector<std::string_view> TopLevelKeys() {
+  std::vector<std::string_view> keys = {
+      kName, kKind, kActors, kDevices, kBackend, kBootstrapTimeout, kRunTimeout, kCommCheck};
+  const std::vector<std::string_view> train = TrainOnlyKeys();
+  keys.insert(keys.end(), train.begin(), train.end());
+  return keys;
+}
+
+// `path` joined to `base` when it is relative and both are given; otherwise as written.
+std::string ResolveAgainst(const std::string& path, const std::string& base) {
+  if (path.empty() || base.empty() || std::filesystem::path(path).is_absolute()) return path;
+  return (std::filesystem::path(base) / path).string();
+}
 
 template <typename E, size_t N>
 std::string_view NameOf(const EnumName<E> (&names)[N], E value) {
@@ -124,13 +163,124 @@ absl::StatusOr<CommCheckSpec> ParseCommCheck(const YamlMap& parent) {
   return spec;
 }
 
-absl::StatusOr<JobSpec> ParseJobSpecMap(const YamlMap& map) {
+// `parallel.stages`: a list of layer counts, one per pipeline stage. YamlMap has no integer list,
+// so the elements are read as strings and converted here, each error placed at its element.
+absl::StatusOr<std::vector<int>> ParseStages(const YamlMap& parallel, int pp, int64_t layers) {
+  ASSIGN_OR_RETURN(const std::vector<std::string> texts, parallel.OptionalStringList(kStages));
+  if (parallel.Has(kStages) && texts.empty()) {
+    return parallel.ErrorAt(
+        kStages, absl::StrCat("lists no stage but pp is ", pp, "; leave stages out to split the ",
+                              layers, " layers evenly"));
+  }
+  std::vector<int> stages;
+  stages.reserve(texts.size());
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const std::string& text = texts[i];
+    int value = 0;
+    // As YamlMap's integers: SimpleAtoi alone would also take "+2".
+    const bool plain = !text.empty() && (std::isdigit(static_cast<unsigned char>(text[0])) ||
+                                         (text[0] == '-' && text.size() > 1));
+    if (!plain || !absl::SimpleAtoi(text, &value)) {
+      return parallel.ErrorAtElement(
+          kStages, i, absl::StrCat("expected an integer (the stage's layers), got '", text, "'"));
+    }
+    if (value < 1) {
+      return parallel.ErrorAtElement(
+          kStages, i,
+          absl::StrCat("must be at least 1 (every pipeline stage needs a layer), got ", value));
+    }
+    stages.push_back(value);
+  }
+  return stages;
+}
+
+// `parallel: {tp, pp, dp, zero, stages}`, each optional (a single-rank layout by default). The
+// checks that need the model, the batch or the actors are ValidateParallel's, run by the caller;
+// only the stage list is checked here, so that its errors point into the list.
+absl::StatusOr<ParallelSpec> ParseParallel(const YamlMap& map, int64_t layers) {
+  if (map.Has(kParallel)) {
+    // A scalar is not a layout; "auto" is the one scalar that will mean something, so it gets its
+    // own message (any other falls through to OptionalMap's "expected a mapping").
+    absl::StatusOr<std::string> scalar = map.OptionalString(kParallel, "");
+    if (scalar.ok() && *scalar == "auto") {
+      return map.ErrorAt(kParallel,
+                         "'auto' needs the placement planner, which is not built yet; give the "
+                         "layout as a mapping {tp, pp, dp, zero, stages}");
+    }
+  }
+  ASSIGN_OR_RETURN(const YamlMap parallel,
+                   map.OptionalMap(kParallel, {kTp, kPp, kDp, kZero, kStages}));
+  ParallelSpec spec;
+  const IntRange degree{.min = 1, .max = kMaxActors};
+  ASSIGN_OR_RETURN(const int64_t tp, parallel.OptionalInt64(kTp, spec.tp, degree));
+  ASSIGN_OR_RETURN(const int64_t pp, parallel.OptionalInt64(kPp, spec.pp, degree));
+  ASSIGN_OR_RETURN(const int64_t dp, parallel.OptionalInt64(kDp, spec.dp, degree));
+  ASSIGN_OR_RETURN(const int64_t zero,
+                   parallel.OptionalInt64(kZero, spec.zero, {.min = 0, .max = 3}));
+  spec.tp = static_cast<int>(tp);
+  spec.pp = static_cast<int>(pp);
+  spec.dp = static_cast<int>(dp);
+  spec.zero = static_cast<int>(zero);
+  ASSIGN_OR_RETURN(spec.stage_layers, ParseStages(parallel, spec.pp, layers));
+  if (!spec.stage_layers.empty()) {
+    absl::Status stages = StagesOf(spec, static_cast<int>(layers)).status();
+    if (!stages.ok()) return parallel.ErrorAt(kStages, ToString(stages.message()));
+  }
+  return spec;
+}
+
+// The train-only part of a train job: the TrainSpec sections, micro_batch and the layout, then the
+// layout checked against the model, the batch and the actors.
+absl::Status ParseTrainJob(const YamlMap& map, const PathBase& base, JobSpec& spec) {
+  spec.train.name = spec.name;
+  RETURN_IF_ERROR(internal::ParseTrainSections(map, spec.train));
+  ASSIGN_OR_RETURN(spec.parallel, ParseParallel(map, spec.train.model.layers));
+  // Kept 0 when absent: the default is batch / dp of whatever dp runs the job.
+  ASSIGN_OR_RETURN(spec.parallel.micro_batch,
+                   map.OptionalInt64(kMicroBatch, 0, {.min = 1, .max = 1 << 20}));
+
+  const int64_t world = int64_t{spec.parallel.tp} * spec.parallel.pp * spec.parallel.dp;
+  if (world > kMaxActors) {
+    return map.ErrorAt(
+        kParallel,
+        absl::StrCat("tp·pp·dp = ", spec.parallel.tp, "·", spec.parallel.pp, "·", spec.parallel.dp,
+                     " = ", world, " is more than the ", kMaxActors, " actors a job may have"));
+  }
+  // actors is optional for a train job: the layout says how many it needs.
+  if (spec.actors == 0) spec.actors = static_cast<int>(world);
+  const absl::Status layout =
+      ValidateParallel(spec.train.model, spec.train.batch, spec.parallel, spec.actors);
+  if (!layout.ok()) return map.ErrorAt(kParallel, ToString(layout.message()));
+
+  spec.train.data.path = ResolveAgainst(spec.train.data.path, base.spec_dir);
+  spec.train.checkpoint_dir = ResolveAgainst(spec.train.checkpoint_dir, base.work_dir);
+  return absl::OkStatus();
+}
+
+// "KEY: only allowed with kind: K, not '...'" for the first of `keys` present in `map`.
+absl::Status RefuseKeys(const YamlMap& map, const std::vector<std::string_view>& keys,
+                        JobKind allowed_kind, JobKind kind) {
+  for (const std::string_view key : keys) {
+    if (map.Has(key)) {
+      return map.ErrorAt(
+          key, absl::StrCat("only allowed with kind: ", AbslView(JobKindName(allowed_kind)),
+                            ", not '", AbslView(JobKindName(kind)), "'"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<JobSpec> ParseJobSpecMap(const YamlMap& map, const PathBase& base) {
   JobSpec spec;
   ASSIGN_OR_RETURN(spec.name, map.RequiredString(kName));
   RETURN_IF_ERROR(ValidateName(map, spec.name));
   ASSIGN_OR_RETURN(spec.kind, map.RequiredEnum<JobKind>(kKind, kJobKinds));
 
-  ASSIGN_OR_RETURN(const int64_t actors, map.RequiredInt64(kActors, {.min = 1, .max = kMaxActors}));
+  // A train job's layout decides its actors (ParseTrainJob fills them in when absent).
+  const IntRange actor_range{.min = 1, .max = kMaxActors};
+  ASSIGN_OR_RETURN(const int64_t actors, spec.kind == JobKind::kTrain
+                                             ? map.OptionalInt64(kActors, 0, actor_range)
+                                             : map.RequiredInt64(kActors, actor_range));
   spec.actors = static_cast<int>(actors);
   if (spec.kind == JobKind::kCommCheck && spec.actors < 2) {
     return map.ErrorAt(kActors, absl::StrCat("a comm-check needs at least 2 actors to "
@@ -151,26 +301,36 @@ absl::StatusOr<JobSpec> ParseJobSpecMap(const YamlMap& map) {
   ASSIGN_OR_RETURN(spec.run_timeout, ReadTimeout(map, kRunTimeout, spec.run_timeout));
 
   if (spec.kind == JobKind::kCommCheck) {
+    RETURN_IF_ERROR(RefuseKeys(map, TrainOnlyKeys(), JobKind::kTrain, spec.kind));
     ASSIGN_OR_RETURN(spec.comm_check, ParseCommCheck(map));
-  } else if (map.Has(kCommCheck)) {
-    return map.ErrorAt(kCommCheck, absl::StrCat("only allowed with kind: comm-check, not '",
-                                                AbslView(JobKindName(spec.kind)), "'"));
+  } else {
+    RETURN_IF_ERROR(RefuseKeys(map, {kCommCheck}, JobKind::kCommCheck, spec.kind));
+    RETURN_IF_ERROR(ParseTrainJob(map, base, spec));
   }
   return spec;
 }
 
 }  // namespace
 
-absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::string& source_name) {
-  ASSIGN_OR_RETURN(const YamlMap map, YamlMap::Parse(yaml_text, source_name,
-                                                     {kName, kKind, kActors, kDevices, kBackend,
-                                                      kBootstrapTimeout, kRunTimeout, kCommCheck}));
-  return ParseJobSpecMap(map);
+absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::string& source_name,
+                                     const PathBase& base) {
+  ASSIGN_OR_RETURN(const YamlMap map, YamlMap::Parse(yaml_text, source_name, TopLevelKeys()));
+  return ParseJobSpecMap(map, base);
 }
 
 absl::StatusOr<JobSpec> LoadJobSpecFile(const std::string& path) {
   ASSIGN_OR_RETURN(const std::string text, ReadTextFile(path));
-  return ParseJobSpec(text, path);
+  // Absolute, so that the paths stay right wherever the spec travels (coordinator, actors).
+  std::error_code error;
+  const std::filesystem::path work_dir = std::filesystem::current_path(error);
+  if (error) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot read the current directory to resolve ", path, ": ", error.message()));
+  }
+  PathBase base;
+  base.spec_dir = (work_dir / path).lexically_normal().parent_path().string();
+  base.work_dir = work_dir.string();
+  return ParseJobSpec(text, path, base);
 }
 
 std::string_view JobKindName(JobKind kind) { return NameOf(kJobKinds, kind); }

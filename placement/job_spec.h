@@ -1,6 +1,8 @@
 // JobSpec: what a user submits (`shardline submit job.yaml`), parsed and validated from YAML.
-// The first job kind is the communication check, which runs every collective over a range of
-// message sizes between N actors and compares results with a reference; training jobs come later.
+// Two kinds: the communication check, which runs every collective over a range of message sizes
+// between N actors and compares results with a reference, and a sharded training job, whose model,
+// data, optimizer and schedule are those of `shardline train` (train_spec.h) plus a parallel layout
+// (parallel_layout.h) that is checked against the model, the batch and the actors at parse time.
 #pragma once
 
 #include <array>
@@ -11,10 +13,12 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "placement/parallel_layout.h"
+#include "placement/train_spec.h"
 
 namespace shardline::placement {
 
-enum class JobKind { kCommCheck };
+enum class JobKind { kCommCheck, kTrain };
 enum class DeviceKind { kCpu, kCuda };
 // kAuto picks by device: NCCL on CUDA, Gloo on CPU (see ResolveBackend).
 enum class Backend { kAuto, kGloo, kNccl };
@@ -45,21 +49,44 @@ struct CommCheckSpec {
 struct JobSpec {
   std::string name;  // [a-z0-9-_]{1,63}: it becomes part of metric labels and file names
   JobKind kind = JobKind::kCommCheck;
-  int actors = 0;  // number of actor processes (the world size)
+  // The number of actor processes (the world size). For kTrain it is optional in YAML and
+  // defaults to parallel.world(); when given it must equal it.
+  int actors = 0;
   DeviceKind devices = DeviceKind::kCpu;
   Backend backend = Backend::kAuto;
   std::chrono::milliseconds bootstrap_timeout{30000};  // YAML: bootstrap_timeout_s
   std::chrono::milliseconds run_timeout{600000};       // YAML: run_timeout_s
   CommCheckSpec comm_check;                            // only meaningful for kCommCheck
+  // Only meaningful for kTrain. train.name is the job's name; train.batch is the global batch
+  // (sequences per step, over all data-parallel ranks). In YAML every TrainSpec key sits at the
+  // top level (model, data, optimizer, steps, batch, seq_len, seed, checkpoint, log_interval).
+  TrainSpec train;
+  // Only meaningful for kTrain: YAML `parallel: {tp, pp, dp, zero, stages}` (stages →
+  // stage_layers) and the top-level `micro_batch`, kept 0 when absent (batch / dp, whatever dp a
+  // re-plan picks: read it through MicroBatchSize). Validated by ValidateParallel.
+  ParallelSpec parallel;
+};
+
+// Where a job spec's relative paths point. Both empty (the default) leave paths as written. (The
+// `= {}` lets callers write PathBase{.spec_dir = d} without -Wmissing-field-initializers.)
+struct PathBase {
+  // A relative data.path of a train job is resolved against this folder (the spec file's).
+  std::string spec_dir = {};
+  // A relative checkpoint.dir of a train job is resolved against this folder (the submitter's
+  // working directory, as `shardline train` does).
+  std::string work_dir = {};
 };
 
 // Parses and validates a job spec. Every error is InvalidArgument in the form
-// "SOURCE:LINE:COL: PATH: message" (see yaml_reader.h); `source_name` is the SOURCE.
-absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::string& source_name);
-// Reads `path` and parses it; NotFound naming the path when the file does not exist.
+// "SOURCE:LINE:COL: PATH: message" (see yaml_reader.h); `source_name` is the SOURCE. A train job's
+// layout errors (ValidateParallel) are placed at its `parallel` key. No I/O.
+absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::string& source_name,
+                                     const PathBase& base = {});
+// Reads `path` and parses it with spec_dir = the file's folder and work_dir = the current
+// directory (both absolute); NotFound naming the path when the file does not exist.
 absl::StatusOr<JobSpec> LoadJobSpecFile(const std::string& path);
 
-// The YAML spellings: "comm-check"; "cpu", "cuda"; "auto", "gloo", "nccl".
+// The YAML spellings: "comm-check", "train"; "cpu", "cuda"; "auto", "gloo", "nccl".
 std::string_view JobKindName(JobKind kind);
 std::string_view DeviceKindName(DeviceKind kind);
 std::string_view BackendName(Backend backend);

@@ -1,17 +1,23 @@
 #include "placement/train_spec.h"
 
 #include <filesystem>
+#include <string_view>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "placement/train_spec_sections.h"
 #include "placement/yaml_reader.h"
 
 namespace shardline::placement {
+namespace internal {
 namespace {
 
 // Past these, a single-device CPU run is not what the user meant; the numbers are generous.
 constexpr int64_t kMaxDim = 1 << 16;
 constexpr int64_t kMaxVocab = 1 << 20;
+
+}  // namespace
 
 absl::StatusOr<ModelSpec> ParseModel(const YamlMap& map) {
   ModelSpec model;
@@ -62,16 +68,7 @@ absl::StatusOr<OptimizerSpec> ParseOptimizer(const YamlMap& map) {
   return o;
 }
 
-}  // namespace
-
-absl::StatusOr<TrainSpec> ParseTrainSpec(const std::string& yaml_text,
-                                         const std::string& source_name) {
-  ASSIGN_OR_RETURN(const YamlMap map,
-                   YamlMap::Parse(yaml_text, source_name,
-                                  {"name", "model", "data", "optimizer", "steps", "batch",
-                                   "seq_len", "seed", "checkpoint", "log_interval"}));
-  TrainSpec spec;
-  ASSIGN_OR_RETURN(spec.name, map.RequiredString("name"));
+absl::Status ParseTrainSections(const YamlMap& map, TrainSpec& spec) {
   ASSIGN_OR_RETURN(const YamlMap model,
                    map.RequiredMap("model", {"layers", "heads", "d_model", "d_ff", "vocab",
                                              "max_seq_len", "tied_embeddings"}));
@@ -96,6 +93,20 @@ absl::StatusOr<TrainSpec> ParseTrainSpec(const std::string& yaml_text,
   ASSIGN_OR_RETURN(spec.checkpoint_dir, checkpoint.OptionalString("dir", ""));
   ASSIGN_OR_RETURN(spec.checkpoint_interval, checkpoint.OptionalInt64("interval", 0, {.min = 0}));
   ASSIGN_OR_RETURN(spec.log_interval, map.OptionalInt64("log_interval", 10, {.min = 1}));
+  return absl::OkStatus();
+}
+
+}  // namespace internal
+
+absl::StatusOr<TrainSpec> ParseTrainSpec(const std::string& yaml_text,
+                                         const std::string& source_name) {
+  std::vector<std::string_view> known_keys = {"name"};
+  known_keys.insert(known_keys.end(), internal::kTrainSectionKeys.begin(),
+                    internal::kTrainSectionKeys.end());
+  ASSIGN_OR_RETURN(const YamlMap map, YamlMap::Parse(yaml_text, source_name, known_keys));
+  TrainSpec spec;
+  ASSIGN_OR_RETURN(spec.name, map.RequiredString("name"));
+  RETURN_IF_ERROR(internal::ParseTrainSections(map, spec));
   return spec;
 }
 

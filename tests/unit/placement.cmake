@@ -15,3 +15,8 @@ shardline_test(placement_job_spec_test
   LABELS unit)
 target_compile_definitions(placement_job_spec_test
   PRIVATE SHARDLINE_SOURCE_DIR_DEFAULT="${shardline_placement_source_dir}")
+
+shardline_test(placement_parallel_layout_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/placement_parallel_layout_test.cc
+  LIBS shardline_placement
+  LABELS unit)

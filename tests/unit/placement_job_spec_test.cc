@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -140,8 +141,9 @@ TEST(JobSpecTest, RequiredKeysAndEnums) {
   EXPECT_THAT(ErrorOf("kind: comm-check\nactors: 2\n"),
               HasSubstr("job.yaml:1:1: name: required key 'name' is missing"));
   EXPECT_THAT(ErrorOf("name: check\nactors: 2\n"), HasSubstr("kind: required key 'kind'"));
-  EXPECT_THAT(ErrorOf("name: check\nkind: train\nactors: 2\n"),
-              HasSubstr("job.yaml:2:7: kind: expected one of 'comm-check', got 'train'"));
+  EXPECT_THAT(ErrorOf("name: check\nkind: trains\nactors: 2\n"),
+              HasSubstr("job.yaml:2:7: kind: expected one of 'comm-check', 'train', got "
+                        "'trains'; did you mean 'train'?"));
   EXPECT_THAT(ErrorOf(std::string(kMinimal) + "devices: gpu\n"),
               HasSubstr("devices: expected one of 'cpu', 'cuda', got 'gpu'"));
   EXPECT_THAT(ErrorOf(std::string(kMinimal) + "backend: ncl\n"),
@@ -250,11 +252,353 @@ TEST(JobSpecTest, BackendResolution) {
 
 TEST(JobSpecTest, NamesMatchYamlSpellings) {
   EXPECT_EQ(JobKindName(JobKind::kCommCheck), "comm-check");
+  EXPECT_EQ(JobKindName(JobKind::kTrain), "train");
   EXPECT_EQ(DeviceKindName(DeviceKind::kCpu), "cpu");
   EXPECT_EQ(DeviceKindName(DeviceKind::kCuda), "cuda");
   EXPECT_EQ(BackendName(Backend::kAuto), "auto");
   EXPECT_EQ(BackendName(Backend::kGloo), "gloo");
   EXPECT_EQ(BackendName(Backend::kNccl), "nccl");
+}
+
+// ---- kind: train ----
+
+// A valid train job that each test changes in one place; its lines are numbered for the expected
+// error locations (parallel, when appended, starts on line 10).
+constexpr char kMinimalTrain[] =
+    "name: gpt\n"          // 1
+    "kind: train\n"        // 2
+    "model:\n"             // 3
+    "  layers: 4\n"        // 4
+    "  heads: 4\n"         // 5
+    "  d_model: 64\n"      // 6
+    "  max_seq_len: 64\n"  // 7
+    "steps: 10\n"          // 8
+    "batch: 8\n";          // 9
+
+TEST(TrainJobSpecTest, ExampleGptShardedParses) {
+  const std::string path = SourceDir() + "/examples/gpt-sharded.yaml";
+  absl::StatusOr<JobSpec> spec = LoadJobSpecFile(path);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->name, "gpt-sharded");
+  EXPECT_EQ(spec->kind, JobKind::kTrain);
+  EXPECT_EQ(spec->actors, 4);
+  EXPECT_EQ(spec->devices, DeviceKind::kCpu);
+  EXPECT_EQ(ResolveBackend(*spec), Backend::kGloo);
+  EXPECT_EQ(spec->parallel.tp, 2);
+  EXPECT_EQ(spec->parallel.pp, 2);
+  EXPECT_EQ(spec->parallel.dp, 1);
+  EXPECT_EQ(spec->parallel.zero, 0);
+  EXPECT_EQ(spec->parallel.micro_batch, 2);
+  EXPECT_EQ(MicroBatchCount(spec->parallel, spec->train.batch), 4);
+  EXPECT_EQ(spec->train.name, "gpt-sharded");
+  EXPECT_EQ(spec->train.model.layers, 4);
+  EXPECT_EQ(spec->train.model.heads, 4);
+  EXPECT_EQ(spec->train.model.d_model, 64);
+  EXPECT_EQ(spec->train.batch, 8);
+  EXPECT_EQ(spec->train.steps, 200);
+  EXPECT_TRUE(spec->train.data.path.empty());  // synthetic
+  // checkpoint.dir is resolved against the working directory of whoever loads the file.
+  EXPECT_EQ(spec->train.checkpoint_dir,
+            (std::filesystem::current_path() / "checkpoints/gpt-sharded").string());
+  EXPECT_TRUE(
+      ValidateParallel(spec->train.model, spec->train.batch, spec->parallel, spec->actors).ok());
+}
+
+TEST(TrainJobSpecTest, MinimalTrainJobGetsDefaults) {
+  absl::StatusOr<JobSpec> spec = Parse(kMinimalTrain);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->kind, JobKind::kTrain);
+  EXPECT_EQ(spec->actors, 1);  // tp·pp·dp of the default layout
+  EXPECT_EQ(spec->parallel.tp, 1);
+  EXPECT_EQ(spec->parallel.pp, 1);
+  EXPECT_EQ(spec->parallel.dp, 1);
+  EXPECT_EQ(spec->parallel.zero, 0);
+  EXPECT_EQ(spec->parallel.micro_batch, 0);  // batch / dp, resolved by MicroBatchSize
+  EXPECT_EQ(MicroBatchSize(spec->parallel, spec->train.batch), 8);
+  EXPECT_TRUE(spec->parallel.stage_layers.empty());
+  EXPECT_EQ(spec->train.name, "gpt");
+  EXPECT_EQ(spec->train.model.d_ff, 256);
+  EXPECT_EQ(spec->train.model.vocab, 257);
+  EXPECT_TRUE(spec->train.model.tied_embeddings);
+  EXPECT_EQ(spec->train.seq_len, 64);
+  EXPECT_EQ(spec->train.seed, 1u);
+  EXPECT_EQ(spec->train.log_interval, 10);
+  EXPECT_TRUE(spec->train.checkpoint_dir.empty());
+  EXPECT_EQ(spec->train.checkpoint_interval, 0);
+  EXPECT_TRUE(spec->train.data.path.empty());
+  EXPECT_EQ(spec->train.data.synthetic_seed, 1u);
+  const OptimizerSpec optimizer;
+  EXPECT_EQ(spec->train.optimizer.lr, optimizer.lr);
+  EXPECT_EQ(spec->train.optimizer.grad_clip, optimizer.grad_clip);
+  EXPECT_EQ(spec->bootstrap_timeout, std::chrono::seconds(30));
+}
+
+TEST(TrainJobSpecTest, EveryFieldIsRead) {
+  absl::StatusOr<JobSpec> spec = Parse(
+      "name: big\n"
+      "kind: train\n"
+      "actors: 8\n"
+      "devices: cuda\n"
+      "backend: nccl\n"
+      "bootstrap_timeout_s: 12\n"
+      "run_timeout_s: 3600\n"
+      "model:\n"
+      "  layers: 6\n"
+      "  heads: 8\n"
+      "  d_model: 128\n"
+      "  d_ff: 384\n"
+      "  vocab: 300\n"
+      "  max_seq_len: 128\n"
+      "  tied_embeddings: false\n"
+      "data:\n"
+      "  path: corpus.txt\n"
+      "optimizer:\n"
+      "  lr: 1.0e-4\n"
+      "  beta1: 0.8\n"
+      "  beta2: 0.99\n"
+      "  eps: 1.0e-6\n"
+      "  weight_decay: 0.1\n"
+      "  grad_clip: 0.5\n"
+      "  warmup_steps: 7\n"
+      "steps: 1000\n"
+      "batch: 16\n"
+      "micro_batch: 2\n"
+      "seq_len: 96\n"
+      "seed: 42\n"
+      "checkpoint:\n"
+      "  dir: ckpt/big\n"
+      "  interval: 50\n"
+      "log_interval: 5\n"
+      "parallel:\n"
+      "  tp: 2\n"
+      "  pp: 2\n"
+      "  dp: 2\n"
+      "  zero: 1\n"
+      "  stages: [4, 2]\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->name, "big");
+  EXPECT_EQ(spec->actors, 8);
+  EXPECT_EQ(spec->devices, DeviceKind::kCuda);
+  EXPECT_EQ(spec->backend, Backend::kNccl);
+  EXPECT_EQ(spec->bootstrap_timeout, std::chrono::seconds(12));
+  EXPECT_EQ(spec->run_timeout, std::chrono::seconds(3600));
+  const TrainSpec& t = spec->train;
+  EXPECT_EQ(t.name, "big");
+  EXPECT_EQ(t.model.layers, 6);
+  EXPECT_EQ(t.model.heads, 8);
+  EXPECT_EQ(t.model.d_model, 128);
+  EXPECT_EQ(t.model.d_ff, 384);
+  EXPECT_EQ(t.model.vocab, 300);
+  EXPECT_EQ(t.model.max_seq_len, 128);
+  EXPECT_FALSE(t.model.tied_embeddings);
+  EXPECT_EQ(t.data.path, "corpus.txt");  // no PathBase: as written
+  EXPECT_EQ(t.optimizer.lr, 1.0e-4);
+  EXPECT_EQ(t.optimizer.beta1, 0.8);
+  EXPECT_EQ(t.optimizer.beta2, 0.99);
+  EXPECT_EQ(t.optimizer.eps, 1.0e-6);
+  EXPECT_EQ(t.optimizer.weight_decay, 0.1);
+  EXPECT_EQ(t.optimizer.grad_clip, 0.5);
+  EXPECT_EQ(t.optimizer.warmup_steps, 7);
+  EXPECT_EQ(t.steps, 1000);
+  EXPECT_EQ(t.batch, 16);
+  EXPECT_EQ(t.seq_len, 96);
+  EXPECT_EQ(t.seed, 42u);
+  EXPECT_EQ(t.checkpoint_dir, "ckpt/big");
+  EXPECT_EQ(t.checkpoint_interval, 50);
+  EXPECT_EQ(t.log_interval, 5);
+  const ParallelSpec& p = spec->parallel;
+  EXPECT_EQ(p.tp, 2);
+  EXPECT_EQ(p.pp, 2);
+  EXPECT_EQ(p.dp, 2);
+  EXPECT_EQ(p.zero, 1);
+  EXPECT_EQ(p.micro_batch, 2);
+  EXPECT_THAT(p.stage_layers, ElementsAre(4, 2));
+  EXPECT_EQ(p.world(), 8);
+}
+
+TEST(TrainJobSpecTest, SyntheticDataAndActorsEqualToTheLayout) {
+  absl::StatusOr<JobSpec> spec = Parse(std::string(kMinimalTrain) +
+                                       "actors: 4\n"
+                                       "data:\n"
+                                       "  synthetic: {seed: 9, bytes: 64KiB}\n"
+                                       "parallel: {tp: 2, dp: 2}\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->actors, 4);
+  EXPECT_EQ(spec->train.data.synthetic_seed, 9u);
+  EXPECT_EQ(spec->train.data.synthetic_bytes, 64 << 10);
+  EXPECT_EQ(MicroBatchSize(spec->parallel, spec->train.batch), 4);
+}
+
+TEST(TrainJobSpecTest, LayoutErrorsPointAtParallel) {
+  // Block mapping: at its first key (line 11), as yaml_reader places a mapping's errors.
+  EXPECT_THAT(ErrorOf(std::string(kMinimalTrain) + "parallel:\n  tp: 3\n"),
+              HasSubstr("job.yaml:11:3: parallel: heads 4 is not divisible by tp 3: remainder 1"));
+  // Flow mapping: at its '{'.
+  EXPECT_THAT(ErrorOf(std::string(kMinimalTrain) + "parallel: {tp: 8}\n"),
+              HasSubstr("job.yaml:10:11: parallel: tp 8 is more than heads 4: 4 tensor-parallel "
+                        "ranks would have no attention head"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimalTrain) + "parallel: {pp: 5}\n"),
+              HasSubstr("job.yaml:10:11: parallel: pp 5 is more than the model's 4 layers: 1 "
+                        "pipeline stages would have no layer"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimalTrain) + "actors: 4\nparallel: {tp: 2, pp: 2, dp: 2}\n"),
+              HasSubstr("job.yaml:11:11: parallel: tp·pp·dp = 2·2·2 = 8 but the job has 4 "
+                        "actors: 4 too many"));
+  // Without a parallel key the layout is one rank; the error still names parallel.
+  EXPECT_THAT(ErrorOf(std::string(kMinimalTrain) + "actors: 4\n"),
+              HasSubstr("job.yaml:1:1: parallel: tp·pp·dp = 1·1·1 = 1 but the job has 4 actors: "
+                        "3 too few"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimalTrain) + "micro_batch: 3\nparallel: {dp: 2}\n"),
+              HasSubstr("job.yaml:11:11: parallel: batch 8 is not divisible by micro_batch·dp = "
+                        "3·2 = 6: remainder 2"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimalTrain) + "micro_batch: 8\nparallel: {dp: 2}\n"),
+              HasSubstr("job.yaml:11:11: parallel: micro_batch 8 is more than batch/dp = 8/2 = 4"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimalTrain) + "parallel: {dp: 3}\n"),
+              HasSubstr("job.yaml:10:11: parallel: batch 8 is not divisible by dp 3: remainder 2"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimalTrain) + "parallel: {dp: 16}\n"),
+              HasSubstr("job.yaml:10:11: parallel: batch 8 is smaller than dp 16: 8 data-parallel "
+                        "ranks would have no sequence"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimalTrain) + "parallel: {tp: 50000, pp: 4, dp: 4}\n"),
+              HasSubstr("job.yaml:10:11: parallel: tp·pp·dp = 50000·4·4 = 800000 is more than the "
+                        "65536 actors a job may have"));
+}
+
+TEST(TrainJobSpecTest, ParallelKeyErrors) {
+  const std::string auto_message = ErrorOf(std::string(kMinimalTrain) + "parallel: auto\n");
+  EXPECT_THAT(auto_message, HasSubstr("job.yaml:10:11: parallel: 'auto' needs the placement "
+                                      "planner, which is not built yet"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimalTrain) + "parallel: 4\n"),
+              HasSubstr("job.yaml:10:11: parallel: expected a mapping with keys: tp, pp, dp, "
+                        "zero, stages; got '4'"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimalTrain) + "parallel:\n"),
+              HasSubstr("job.yaml:10:1: parallel: has no value"));
+  const std::string unknown = ErrorOf(std::string(kMinimalTrain) + "parallel:\n  tensor: 2\n");
+  EXPECT_THAT(unknown, HasSubstr("job.yaml:11:3: parallel.tensor: unknown key 'tensor' in "
+                                 "parallel"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimalTrain) + "parallel:\n  tp: 0\n"),
+              HasSubstr("job.yaml:11:7: parallel.tp: must be between 1 and 65536, got 0"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimalTrain) + "parallel:\n  zero: 4\n"),
+              HasSubstr("job.yaml:11:9: parallel.zero: must be between 0 and 3, got 4"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimalTrain) + "parallel:\n  dp: two\n"),
+              HasSubstr("job.yaml:11:7: parallel.dp: expected an integer, got 'two'"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimalTrain) + "micro_batch: 0\n"),
+              HasSubstr("job.yaml:10:14: micro_batch: must be between 1 and 1048576, got 0"));
+}
+
+TEST(TrainJobSpecTest, StageListErrorsPointIntoTheList) {
+  const std::string prefix = std::string(kMinimalTrain) + "parallel:\n  pp: 2\n";
+  absl::StatusOr<JobSpec> good = Parse(prefix + "  stages: [3, 1]\n");
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_THAT(good->parallel.stage_layers, ElementsAre(3, 1));
+  EXPECT_THAT(ErrorOf(prefix + "  stages: [3, x]\n"),
+              HasSubstr("job.yaml:12:15: parallel.stages[1]: expected an integer (the stage's "
+                        "layers), got 'x'"));
+  EXPECT_THAT(ErrorOf(prefix + "  stages: [4, 0]\n"),
+              HasSubstr("job.yaml:12:15: parallel.stages[1]: must be at least 1 (every pipeline "
+                        "stage needs a layer), got 0"));
+  EXPECT_THAT(ErrorOf(prefix + "  stages:\n    - 2\n    - -1\n"),
+              HasSubstr("job.yaml:14:7: parallel.stages[1]: must be at least 1"));
+  EXPECT_THAT(ErrorOf(prefix + "  stages: [2, 3]\n"),
+              HasSubstr("job.yaml:12:11: parallel.stages: stages add up to 5 layers but the model "
+                        "has 4: 1 too many"));
+  EXPECT_THAT(ErrorOf(prefix + "  stages: [1, 1, 2]\n"),
+              HasSubstr("job.yaml:12:11: parallel.stages: stages lists 3 stages but pp is 2: 1 "
+                        "too many"));
+  EXPECT_THAT(ErrorOf(prefix + "  stages: []\n"),
+              HasSubstr("job.yaml:12:11: parallel.stages: lists no stage but pp is 2; leave "
+                        "stages out to split the 4 layers evenly"));
+  EXPECT_THAT(ErrorOf(prefix + "  stages: 2\n"), HasSubstr("parallel.stages: expected a list"));
+}
+
+TEST(TrainJobSpecTest, SectionErrorsComeFromTheTrainSpecParsers) {
+  EXPECT_THAT(ErrorOf("name: gpt\nkind: train\nsteps: 10\nbatch: 8\n"),
+              HasSubstr("job.yaml:1:1: model: required key 'model' is missing"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimalTrain) + "seq_len: 65\n"),
+              HasSubstr("job.yaml:10:10: seq_len: seq_len 65 is past the position table "
+                        "(model.max_seq_len 64)"));
+  EXPECT_THAT(ErrorOf("name: gpt\nkind: train\nmodel:\n  layers: 2\n  heads: 3\n  d_model: 64\n"
+                      "  max_seq_len: 8\nsteps: 1\nbatch: 1\n"),
+              HasSubstr("job.yaml:6:12: model.d_model: d_model 64 is not divisible by heads 3"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimalTrain) + "optimizer:\n  learning_rate: 1\n"),
+              HasSubstr("job.yaml:11:3: optimizer.learning_rate: unknown key"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimalTrain) + "data:\n  path: a.txt\n  synthetic: {}\n"),
+              HasSubstr("data.synthetic: give either path or synthetic, not both"));
+  EXPECT_THAT(ErrorOf("name: gpt\nkind: train\nmodel:\n  layers: 2\n  heads: 2\n  d_model: 64\n"
+                      "  max_seq_len: 8\nbatch: 1\n"),
+              HasSubstr("steps: required key 'steps' is missing"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimalTrain) + "actors: 0\n"),
+              HasSubstr("job.yaml:10:9: actors: must be between 1 and 65536, got 0"));
+}
+
+TEST(TrainJobSpecTest, KeysOfTheOtherKindAreRefused) {
+  EXPECT_THAT(ErrorOf(std::string(kMinimalTrain) + "comm_check:\n  iterations: 2\n"),
+              HasSubstr("job.yaml:11:3: comm_check: only allowed with kind: comm-check, not "
+                        "'train'"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "steps: 10\n"),
+              HasSubstr("job.yaml:4:8: steps: only allowed with kind: train, not 'comm-check'"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "parallel: {tp: 2}\n"),
+              HasSubstr("job.yaml:4:11: parallel: only allowed with kind: train, not "
+                        "'comm-check'"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "micro_batch: 2\n"),
+              HasSubstr("micro_batch: only allowed with kind: train"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "model:\n  layers: 2\n"),
+              HasSubstr("job.yaml:5:3: model: only allowed with kind: train"));
+  // comm-check still needs its actors.
+  EXPECT_THAT(ErrorOf("name: check\nkind: comm-check\n"),
+              HasSubstr("actors: required key 'actors' is missing"));
+}
+
+TEST(TrainJobSpecTest, RelativePathsResolveAgainstTheirBases) {
+  const std::string text = std::string(kMinimalTrain) +
+                           "data:\n  path: text/corpus.txt\n"
+                           "checkpoint:\n  dir: ckpt/run\n";
+  // Default: as written.
+  absl::StatusOr<JobSpec> plain = Parse(text);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->train.data.path, "text/corpus.txt");
+  EXPECT_EQ(plain->train.checkpoint_dir, "ckpt/run");
+
+  PathBase base;
+  base.spec_dir = "/specs/jobs";
+  base.work_dir = "/home/me/work";
+  absl::StatusOr<JobSpec> resolved = ParseJobSpec(text, "job.yaml", base);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_EQ(resolved->train.data.path, "/specs/jobs/text/corpus.txt");
+  EXPECT_EQ(resolved->train.checkpoint_dir, "/home/me/work/ckpt/run");
+
+  // Only one base given: the other path stays as written.
+  absl::StatusOr<JobSpec> half = ParseJobSpec(text, "job.yaml", PathBase{.spec_dir = "/s"});
+  ASSERT_TRUE(half.ok()) << half.status();
+  EXPECT_EQ(half->train.data.path, "/s/text/corpus.txt");
+  EXPECT_EQ(half->train.checkpoint_dir, "ckpt/run");
+
+  // Absolute paths are kept.
+  absl::StatusOr<JobSpec> absolute = ParseJobSpec(
+      std::string(kMinimalTrain) + "data:\n  path: /data/c.txt\ncheckpoint:\n  dir: /ckpt\n",
+      "job.yaml", base);
+  ASSERT_TRUE(absolute.ok()) << absolute.status();
+  EXPECT_EQ(absolute->train.data.path, "/data/c.txt");
+  EXPECT_EQ(absolute->train.checkpoint_dir, "/ckpt");
+}
+
+TEST(TrainJobSpecTest, LoadJobSpecFileResolvesAgainstFileAndWorkingDirectory) {
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / "train-job-spec";
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "job.yaml").string();
+  {
+    FILE* file = std::fopen(path.c_str(), "w");
+    ASSERT_NE(file, nullptr);
+    std::fputs((std::string(kMinimalTrain) + "data:\n  path: corpus.txt\n"
+                                             "checkpoint:\n  dir: ckpt\n")
+                   .c_str(),
+               file);
+    std::fclose(file);
+  }
+  absl::StatusOr<JobSpec> spec = LoadJobSpecFile(path);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const std::filesystem::path absolute_dir = std::filesystem::absolute(dir).lexically_normal();
+  EXPECT_EQ(std::filesystem::path(spec->train.data.path), absolute_dir / "corpus.txt");
+  EXPECT_EQ(spec->train.checkpoint_dir, (std::filesystem::current_path() / "ckpt").string());
+  std::filesystem::remove_all(dir);
 }
 
 TEST(CommCheckSizesTest, PowersOfFourPlusMaxAndUnevenCounts) {

@@ -1,0 +1,30 @@
+// Internal to placement/: the parts of a training spec that `shardline train SPEC.yaml`
+// (train_spec.cc) and a `kind: train` job (job_spec.cc) share, so that both read the model, data,
+// optimizer and schedule with the same keys, bounds and messages.
+#pragma once
+
+#include <array>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "placement/train_spec.h"
+#include "placement/yaml_reader.h"
+
+namespace shardline::placement::internal {
+
+// The top-level keys ParseTrainSections reads, in the order the known-key lists print them.
+inline constexpr std::array<std::string_view, 9> kTrainSectionKeys = {
+    "model", "data", "optimizer", "steps", "batch", "seq_len", "seed", "checkpoint", "log_interval",
+};
+
+// One section each: `map` is the opened `model:`, `data:` or `optimizer:` mapping.
+absl::StatusOr<ModelSpec> ParseModel(const YamlMap& map);
+absl::StatusOr<DataSpec> ParseData(const YamlMap& map);
+absl::StatusOr<OptimizerSpec> ParseOptimizer(const YamlMap& map);
+
+// Reads the kTrainSectionKeys of the top-level mapping `map` into `spec` (everything but its
+// name), paths as written.
+absl::Status ParseTrainSections(const YamlMap& map, TrainSpec& spec);
+
+}  // namespace shardline::placement::internal
