@@ -284,5 +284,58 @@ TEST(Gpt2CheckpointTest, ErrorsNameTheTensorOrKey) {
               AllOf(HasSubstr(hf_path), HasSubstr("ImportHfGpt2")));
 }
 
+TEST(Gpt2CheckpointTest, UntiedHeadsRoundTripAndMetadataSaysSo) {
+  Gpt2Weights weights;
+  weights.config = {.n_layer = 1,
+                    .n_embd = 4,
+                    .n_head = 2,
+                    .d_ff = 16,
+                    .vocab_size = 5,
+                    .n_positions = 3,
+                    .tied_embeddings = false};
+  const std::vector<Gpt2TensorSpec> specs = Gpt2TensorSpecs(weights.config);
+  ASSERT_EQ(specs.back().name, "lm_head.w");
+  EXPECT_EQ(specs.back().shape, (std::vector<int64_t>{5, 4}));
+  for (const Gpt2TensorSpec& spec : specs) {
+    weights.tensors[spec.name] = Filled(spec.name, spec.shape);
+    // Only the fused QKV is viewed differently in sharded checkpoints.
+    if (spec.name == "h.0.qkv.w") {
+      EXPECT_EQ(spec.sharded_shape, (std::vector<int64_t>{3, 4, 4}));
+    } else if (spec.name == "h.0.qkv.b") {
+      EXPECT_EQ(spec.sharded_shape, (std::vector<int64_t>{3, 4}));
+    } else {
+      EXPECT_EQ(spec.sharded_shape, spec.shape) << spec.name;
+    }
+  }
+  const std::string path = TempDir() + "/untied.safetensors";
+  ASSERT_TRUE(WriteGpt2Checkpoint(path, weights).ok());
+  absl::StatusOr<Gpt2Weights> read = ReadGpt2Checkpoint(path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->config, weights.config);
+  EXPECT_EQ(read->tensors.at("lm_head.w").values, weights.tensors.at("lm_head.w").values);
+  EXPECT_EQ(Gpt2Metadata(weights.config).at("tied_embeddings"), "false");
+}
+
+TEST(Gpt2CheckpointTest, ConfigFromMetadata) {
+  const Gpt2Config config = {
+      .n_layer = 2, .n_embd = 8, .n_head = 2, .d_ff = 32, .vocab_size = 7, .n_positions = 4};
+  std::map<std::string, std::string> metadata = Gpt2Metadata(config);
+  absl::StatusOr<Gpt2Config> parsed = Gpt2ConfigFromMetadata(metadata, "m.json");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(*parsed, config);
+  // Files from before untied heads have no key, and were tied.
+  metadata.erase("tied_embeddings");
+  parsed = Gpt2ConfigFromMetadata(metadata, "m.json");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_TRUE(parsed->tied_embeddings);
+  metadata["tied_embeddings"] = "yes";
+  EXPECT_THAT(Message(Gpt2ConfigFromMetadata(metadata, "m.json").status()),
+              AllOf(HasSubstr("m.json"), HasSubstr("'tied_embeddings' is 'yes'")));
+  metadata = Gpt2Metadata(config);
+  metadata.erase("n_head");
+  EXPECT_THAT(Message(Gpt2ConfigFromMetadata(metadata, "m.json").status()),
+              AllOf(HasSubstr("m.json"), HasSubstr("'n_head' is missing")));
+}
+
 }  // namespace
 }  // namespace shardline::checkpoint

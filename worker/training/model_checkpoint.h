@@ -1,30 +1,106 @@
-// Saving and loading a single-device GptModel as a safetensors checkpoint (our format, and
-// Hugging Face GPT-2 files), and finding the newest checkpoint in a training run's folder.
+// Saving and loading a GptModel as a safetensors checkpoint (our format, Hugging Face GPT-2 files,
+// and the sharded checkpoints of a sharded job, docs/checkpoint-format.md), finding the newest
+// checkpoint in a training run's folder, and reading any box of a tensor from any of them (what a
+// sharded trainer loads its own shard with, whatever plan wrote the checkpoint).
 #pragma once
 
+#include <cstdint>
+#include <map>
 #include <memory>
+#include <optional>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "kernels/allocator.h"
+#include "worker/checkpoint/gpt2_checkpoint.h"
+#include "worker/checkpoint/safetensors_reader.h"
+#include "worker/checkpoint/sharded_reader.h"
 #include "worker/model/gpt.h"
 
 namespace shardline::training {
 
-// Writes every parameter of `model` to `path` (atomically). Untied output heads are not part of
-// the format yet: FailedPrecondition.
+// Writes every parameter of `model` to `path` (atomically), untied output head included.
 absl::Status SaveModel(const model::GptModel& model, const std::string& path);
 
-// Loads a checkpoint written by SaveModel, or a Hugging Face GPT-2 safetensors file (recognised
-// by its tensor names; its head count is not stored, so `hf_heads` gives it). Errors name the
-// file and the tensor.
+// Loads, into a single-device model:
+//   - a checkpoint written by SaveModel;
+//   - a Hugging Face GPT-2 safetensors file (recognised by its tensor names; its head count is
+//     not stored, so `hf_heads` gives it);
+//   - a sharded checkpoint: its manifest.json, or the step folder holding one (every tensor is
+//     gathered from the rank files; the result is the model a single file would give);
+//   - a training run's folder (through ResolveCheckpoint).
+// A sharded checkpoint must hold every parameter of the config in its metadata, with the global
+// shapes of Gpt2TensorSpec::sharded_shape; other tensors (optimizer state, say) are ignored unless
+// they are named like a parameter the config does not have. Errors name the file and the tensor.
 absl::StatusOr<std::unique_ptr<model::GptModel>> LoadModel(const std::string& path,
                                                            kernels::Allocator& allocator,
                                                            int hf_heads = 12);
 
-// The checkpoint file that `path` names: the file itself; or, for a training run's folder,
-// the step its `latest` file points at, or its `model.safetensors`. NotFound saying what was
-// looked for.
+// The checkpoint that `path` names, as a file path:
+//   - a file: itself (a ".json" file is taken for a sharded checkpoint's manifest);
+//   - a step folder holding manifest.json: that manifest;
+//   - a training run's folder: the step folder its `latest` file names, resolved as above (its
+//     manifest.json, else its model.safetensors), or else the folder's model.safetensors.
+// NotFound saying what was looked for.
 absl::StatusOr<std::string> ResolveCheckpoint(const std::string& path);
+
+enum class CheckpointKind {
+  kSingleFile,   // our format, one safetensors file
+  kHuggingFace,  // a Hugging Face GPT-2 safetensors file
+  kSharded,      // manifest.json + one safetensors file per rank
+};
+
+// An open checkpoint of any kind, to read boxes of its tensors from (ReadCheckpointBox). Our
+// single files and sharded checkpoints are memory-mapped, so a rank that reads its box touches
+// only those bytes (a sharded one opens only the rank files its boxes overlap); a Hugging Face
+// file is imported (transposed) into memory whole. Movable; reads may run concurrently.
+class CheckpointSource {
+ public:
+  // Opens what ResolveCheckpoint(path) names and reads its config (from the file's or the
+  // manifest's metadata). Errors name the file.
+  static absl::StatusOr<CheckpointSource> Open(const std::string& path, int hf_heads = 12);
+
+  CheckpointKind kind() const { return kind_; }
+  // The resolved file: the safetensors file, or the manifest.
+  const std::string& path() const { return path_; }
+  const model::GptConfig& config() const { return config_; }
+  // The training step: a sharded manifest's, or that of a single file inside a step-NNNNNNNN
+  // folder; nullopt when unknown.
+  std::optional<int64_t> step() const { return step_; }
+
+  // The global shape that boxes of `name` are given in: for the model's parameters
+  // Gpt2TensorSpec::sharded_shape (so h.{l}.qkv.w is (3, C, C) and h.{l}.qkv.b (3, C), whatever the
+  // kind); for any other tensor its stored shape. NotFound naming the tensor when it is absent.
+  absl::StatusOr<std::vector<int64_t>> BoxShape(const std::string& name) const;
+
+ private:
+  friend absl::StatusOr<std::vector<float>> ReadCheckpointBox(const CheckpointSource& source,
+                                                              const std::string& global_name,
+                                                              std::span<const int64_t> offsets,
+                                                              std::span<const int64_t> shape);
+  CheckpointSource() = default;
+
+  CheckpointKind kind_ = CheckpointKind::kSingleFile;
+  std::string path_;
+  model::GptConfig config_;
+  std::optional<int64_t> step_;
+  std::map<std::string, checkpoint::Gpt2TensorSpec> specs_;  // the model's parameters, by name
+  std::optional<checkpoint::SafetensorsReader> file_;        // kSingleFile
+  std::optional<checkpoint::Gpt2Weights> imported_;          // kHuggingFace
+  std::optional<checkpoint::ShardedReader> sharded_;         // kSharded
+};
+
+// The box [offsets, offsets + shape) of tensor `global_name` (in the shape BoxShape gives) as f32,
+// row-major in `shape`: e.g. a tensor-parallel rank's heads of h.3.qkv.w are
+// offsets {0, h0·C/H, 0}, shape {3, (h1-h0)·C/H, C}. Errors name the checkpoint, the tensor and,
+// for sharded checkpoints, the shard at fault: NotFound for a tensor or shard file that is absent;
+// InvalidArgument for a box outside the tensor, a stored tensor whose shape disagrees with the
+// config or manifest, a dtype that is not floating point, a truncated file.
+absl::StatusOr<std::vector<float>> ReadCheckpointBox(const CheckpointSource& source,
+                                                     const std::string& global_name,
+                                                     std::span<const int64_t> offsets,
+                                                     std::span<const int64_t> shape);
 
 }  // namespace shardline::training
