@@ -10,3 +10,8 @@ shardline_test(model_inference_test
 shardline_test(model_torch_reference_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/model_torch_reference_test.cc
   LIBS shardline_model nlohmann_json::nlohmann_json LABELS unit TIMEOUT 120)
+# Sharded execution against the single-device model, every rank a forked process over real Gloo
+# communicators (15 layouts × up to 8 processes).
+shardline_test(model_sharded_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/model_sharded_test.cc
+  LIBS shardline_model shardline_data shardline_forked_world LABELS unit TIMEOUT 600)

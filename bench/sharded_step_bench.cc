@@ -1,0 +1,188 @@
+// One fixed GPT, trained under every (tp, pp, dp) that fits this machine's cores (world ≤ 4): step
+// time, tokens/s, and the share of the step in compute, communication and the pipeline bubble;
+// then the measured bubble of pipelines of 2 and 4 stages against the 1F1B schedule's
+// (p−1)/(m+p−1) for m micro-batches. Every rank is a forked process with real Gloo communicators
+// over loopback (tests/support/forked_world.h). Not part of ctest.
+//
+//   build/bench/sharded_step_bench [--steps N] [--threads T]
+//
+// Threads per rank default to max(1, cores / world), so every layout uses the same cores; with
+// fewer cores than ranks the processes share them, and the table says so.
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kernels/allocator.h"
+#include "placement/parallel_layout.h"
+#include "tests/support/forked_world.h"
+#include "worker/model/data/sampler.h"
+#include "worker/model/data/synthetic_corpus.h"
+#include "worker/model/sharded_gpt.h"
+
+namespace shardline {
+namespace {
+
+// GPT of ~6.6M parameters: big enough that GEMMs dominate one step, small enough for 2 cores.
+model::GptConfig BenchConfig() {
+  model::GptConfig c;
+  c.layers = 8;
+  c.heads = 8;
+  c.d_model = 256;
+  c.vocab = 257;
+  c.max_seq_len = 128;
+  return c;
+}
+constexpr int kSeqLen = 128;
+constexpr int kGlobalBatch = 16;
+
+struct Layout {
+  int tp, pp, dp;
+  int64_t micro_batch;
+};
+
+struct Measured {
+  double seconds = 0, compute = 0, comm = 0, bubble = 0;  // per step, averaged over timed steps
+};
+
+// In a rank: one warm-up step, then `steps` timed ones; writes its averages.
+int RunRank(const std::string& dir, const Layout& layout, int steps, int threads, int rank,
+            const placement::RankCoords& coords, const model::ShardedGroups& groups) {
+  omp_set_num_threads(threads);
+  setenv("OPENBLAS_NUM_THREADS", std::to_string(threads).c_str(), 1);  // read when BLAS loads
+  model::ShardedOptions options;
+  options.config = BenchConfig();
+  options.parallel.tp = layout.tp;
+  options.parallel.pp = layout.pp;
+  options.parallel.dp = layout.dp;
+  options.parallel.micro_batch = layout.micro_batch;
+  options.coords = coords;
+  options.global_batch = kGlobalBatch;
+  options.seq_len = kSeqLen;
+  kernels::CpuAllocator allocator;
+  auto gpt = model::ShardedGpt::Create(options, groups, allocator);
+  if (!gpt.ok()) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, std::string(gpt.status().message()).c_str());
+    return 2;
+  }
+  (*gpt)->InitGpt2(1);
+  const data::TextDataset dataset = data::SyntheticCorpus(1, 1 << 20).ToDataset();
+  auto sampler = data::Sampler::Create(dataset, kSeqLen, kGlobalBatch, 1);
+  if (!sampler.ok()) return 3;
+  Measured sum;
+  for (int step = 0; step <= steps; ++step) {
+    auto source = [&](int64_t first, int64_t count, std::vector<int32_t>& inputs,
+                      std::vector<int32_t>& targets) -> absl::Status {
+      auto batch = sampler->MicroBatch(step, first, count);
+      if (!batch.ok()) return batch.status();
+      inputs.assign(batch->inputs.begin(), batch->inputs.end());
+      targets.assign(batch->targets.begin(), batch->targets.end());
+      return absl::OkStatus();
+    };
+    auto stats = (*gpt)->TrainStep(source, step + 1, 1e-4f);
+    if (!stats.ok()) {
+      std::fprintf(stderr, "rank %d: %s\n", rank, std::string(stats.status().message()).c_str());
+      return 4;
+    }
+    if (step == 0) continue;  // warm-up: first-touch page faults, BLAS loading
+    sum.seconds += stats->seconds;
+    sum.compute += stats->compute_seconds;
+    sum.comm += stats->comm_seconds;
+    sum.bubble += stats->bubble_seconds;
+  }
+  std::ofstream(dir + "/rank-" + std::to_string(rank) + ".txt")
+      << sum.seconds / steps << " " << sum.compute / steps << " " << sum.comm / steps << " "
+      << sum.bubble / steps << "\n";
+  return 0;
+}
+
+// Runs one layout; per-rank averages, or empty on failure.
+std::vector<Measured> Run(const Layout& layout, int steps, int threads) {
+  auto grid = placement::RankGrid::Create(layout.tp, layout.pp, layout.dp);
+  if (!grid.ok()) return {};
+  const std::string dir = testing::MakeTempDir("shardline_bench");
+  const std::string store = dir + "/store";
+  std::filesystem::create_directories(store);
+  const auto result = testing::RunForkedWorld(
+      *grid, store,
+      [&](int rank, const placement::RankCoords& coords, const model::ShardedGroups& groups) {
+        return RunRank(dir, layout, steps, threads, rank, coords, groups);
+      },
+      std::chrono::seconds(1800));
+  std::vector<Measured> out;
+  if (result.ok()) {
+    for (int rank = 0; rank < grid->world(); ++rank) {
+      Measured m;
+      std::ifstream(dir + "/rank-" + std::to_string(rank) + ".txt") >> m.seconds >> m.compute >>
+          m.comm >> m.bubble;
+      out.push_back(m);
+    }
+  } else {
+    std::fprintf(stderr, "tp=%d pp=%d dp=%d: %s\n", layout.tp, layout.pp, layout.dp,
+                 result.Describe().c_str());
+  }
+  std::filesystem::remove_all(dir);
+  return out;
+}
+
+}  // namespace
+}  // namespace shardline
+
+int main(int argc, char** argv) {
+  using namespace shardline;
+  int steps = 5;
+  int threads = 0;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag == "--steps") steps = std::atoi(argv[i + 1]);
+    if (flag == "--threads") threads = std::atoi(argv[i + 1]);
+  }
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  const model::GptConfig config = BenchConfig();
+  std::printf("GPT layers=%d d_model=%d heads=%d vocab=%d seq=%d, global batch %d, %d timed steps "
+              "after 1 warm-up, %d cores\n\n",
+              config.layers, config.d_model, config.heads, config.vocab, kSeqLen, kGlobalBatch,
+              steps, cores);
+  std::printf("tp pp dp | world thr/rank | step ms | tokens/s | compute  comm  bubble (share of "
+              "the slowest rank's step)\n");
+  const Layout layouts[] = {{1, 1, 1, 4}, {2, 1, 1, 4}, {1, 2, 1, 4}, {1, 1, 2, 4}, {2, 2, 1, 4},
+                            {2, 1, 2, 4}, {1, 2, 2, 4}, {4, 1, 1, 4}, {1, 4, 1, 4}, {1, 1, 4, 4}};
+  for (const Layout& layout : layouts) {
+    const int world = layout.tp * layout.pp * layout.dp;
+    const int per_rank = threads > 0 ? threads : std::max(1, cores / world);
+    const std::vector<Measured> ranks = Run(layout, steps, per_rank);
+    if (ranks.empty()) continue;
+    const Measured slowest =
+        *std::max_element(ranks.begin(), ranks.end(),
+                          [](const Measured& a, const Measured& b) { return a.seconds < b.seconds; });
+    std::printf("%2d %2d %2d | %5d %8d | %7.1f | %8.0f | %6.1f%% %5.1f%% %6.1f%%%s\n", layout.tp,
+                layout.pp, layout.dp, world, per_rank, slowest.seconds * 1e3,
+                kGlobalBatch * kSeqLen / slowest.seconds, 100 * slowest.compute / slowest.seconds,
+                100 * slowest.comm / slowest.seconds, 100 * slowest.bubble / slowest.seconds,
+                world * per_rank > cores ? "  (ranks share cores)" : "");
+  }
+
+  std::printf("\nPipeline bubble (tp=dp=1): measured = mean over stages of the time blocked on the\n"
+              "neighbouring stage / step time; 1F1B's ideal (p-1)/(m+p-1)\n");
+  std::printf(" p  m | measured | ideal\n");
+  for (int p : {2, 4}) {
+    for (int m : {1, 2, 4, 8}) {
+      const Layout layout{1, p, 1, kGlobalBatch / m};
+      const int per_rank = threads > 0 ? threads : std::max(1, cores / p);
+      const std::vector<Measured> ranks = Run(layout, steps, per_rank);
+      if (ranks.empty()) continue;
+      double fraction = 0;
+      for (const Measured& r : ranks) fraction += r.bubble / r.seconds;
+      fraction /= static_cast<double>(ranks.size());
+      std::printf("%2d %2d | %7.1f%% | %5.1f%%\n", p, m, 100 * fraction,
+                  100.0 * (p - 1) / (m + p - 1));
+    }
+  }
+  return 0;
+}

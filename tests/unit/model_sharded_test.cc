@@ -1,0 +1,380 @@
+// ShardedGpt against the single-device GptModel: for every (tp, pp, dp) in {1,2}³ and for ZeRO 1,
+// 2 and 3 (with dp = 2, alone and with pp = 2), the losses of the first steps and the final
+// parameters match the unsharded run's. Every rank is a forked process; the groups are real Gloo
+// communicators over TCP on loopback, bootstrapped through a FileStore directory
+// (tests/support/forked_world.h). Also: the ZeRO
+// stages' memory saving by the allocator's own accounting, and the layout's bad input.
+//
+// The parent process never computes: OpenMP and OpenBLAS thread pools do not survive fork(), so
+// the single-device reference runs in a forked child too, and the parent only compares files.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/allocator.h"
+#include "placement/parallel_layout.h"
+#include "tests/support/forked_world.h"
+#include "worker/model/data/sampler.h"
+#include "worker/model/data/synthetic_corpus.h"
+#include "worker/model/gpt.h"
+#include "worker/model/sharded_gpt.h"
+
+namespace shardline::model {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int kSteps = 5;
+constexpr int kGlobalBatch = 8;
+constexpr int kSeqLen = 16;
+constexpr uint64_t kSeed = 7;
+constexpr float kLearningRate = 1e-3f;
+
+// Tolerances, fp32: tensor parallelism splits the inner sums of the row-parallel GEMMs and the
+// cross-entropy's, pipeline and data parallelism the batch's, so results differ from the
+// single-device run by rounding only. Losses: relative 1e-5. Parameters after 5 AdamW steps: an
+// element whose gradient is at rounding-noise level can move by up to the learning rate either
+// way (Adam normalises the step), so parameters are compared with an absolute tolerance of
+// 1e-5 = lr/100 and we also require that almost all (99.9%) agree to 1e-6.
+constexpr double kLossRelTol = 1e-5;
+constexpr double kParamAbsTol = 1e-5;
+
+struct Case {
+  int tp = 1, pp = 1, dp = 1, zero = 0;
+  bool tied = true;
+  std::string Name() const {
+    return "tp" + std::to_string(tp) + "_pp" + std::to_string(pp) + "_dp" + std::to_string(dp) +
+           "_zero" + std::to_string(zero) + (tied ? "" : "_untied");
+  }
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.Name(); }
+
+GptConfig Config(bool tied) {
+  GptConfig c;
+  c.layers = 4;
+  c.heads = 4;
+  c.d_model = 32;
+  c.vocab = 257;  // the byte vocabulary: prime, so tp = 2 splits it unevenly (128 + 129)
+  c.max_seq_len = kSeqLen;
+  c.tied_embeddings = tied;
+  return c;
+}
+
+placement::ParallelSpec Parallel(const Case& c) {
+  placement::ParallelSpec p;
+  p.tp = c.tp;
+  p.pp = c.pp;
+  p.dp = c.dp;
+  p.zero = c.zero;
+  p.micro_batch = 2;  // 4 micro-batches per step at dp = 1, 2 at dp = 2
+  return p;
+}
+
+data::Sampler MakeSampler() {
+  static const data::TextDataset dataset = data::SyntheticCorpus(3, 50'000).ToDataset();
+  return *data::Sampler::Create(dataset, kSeqLen, kGlobalBatch, kSeed);
+}
+
+AdamWOptions Adam() {
+  AdamWOptions o;
+  o.adamw.beta1 = 0.9f;
+  o.adamw.beta2 = 0.95f;
+  o.adamw.weight_decay = 0.1f;
+  o.max_grad_norm = 1.0;
+  return o;
+}
+
+void WriteFloats(const std::string& path, const std::vector<float>& values) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(values.data()),
+            static_cast<std::streamsize>(values.size() * sizeof(float)));
+}
+
+std::vector<float> ReadFloats(const std::string& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  const auto size = in.tellg();
+  if (size <= 0) return {};
+  std::vector<float> values(static_cast<size_t>(size) / sizeof(float));
+  in.seekg(0);
+  in.read(reinterpret_cast<char*>(values.data()), size);
+  return values;
+}
+
+// Child: the single-device run. Writes the losses, then every parameter in ParamLayout order.
+int RunReference(const std::string& dir, bool tied) {
+  kernels::CpuAllocator allocator;
+  auto gpt = GptModel::Create(Config(tied), allocator);
+  if (!gpt.ok()) return 2;
+  (*gpt)->InitGpt2(kSeed);
+  data::Sampler sampler = MakeSampler();
+  std::vector<float> out;
+  AdamWOptions adam = Adam();
+  adam.adamw.learning_rate = kLearningRate;
+  for (int step = 1; step <= kSteps; ++step) {
+    const data::Batch batch = sampler.GlobalBatch(step - 1);
+    (*gpt)->ZeroGrad();
+    auto loss = (*gpt)->Forward(batch.inputs, batch.targets, kGlobalBatch, kSeqLen);
+    if (!loss.ok() || !(*gpt)->Backward().ok() || !(*gpt)->AdamWStep(adam, step).ok()) return 3;
+    out.push_back(*loss);
+  }
+  out.insert(out.end(), (*gpt)->params().begin(), (*gpt)->params().end());
+  WriteFloats(dir + "/reference.bin", out);
+  return 0;
+}
+
+// One rank (in a child): writes the losses, then its tensors' values in layout order; and the
+// allocator's bytes in use after Create with the model's own memory breakdown.
+int RunRank(const std::string& dir, const Case& c, int rank, const placement::RankCoords& coords,
+            const ShardedGroups& groups) {
+  ShardedOptions options;
+  options.config = Config(c.tied);
+  options.parallel = Parallel(c);
+  options.coords = coords;
+  options.global_batch = kGlobalBatch;
+  options.seq_len = kSeqLen;
+  options.adamw = Adam();
+  kernels::CpuAllocator allocator;
+  auto model = ShardedGpt::Create(options, groups, allocator);
+  if (!model.ok()) {
+    fprintf(stderr, "rank %d: %s\n", rank, std::string(model.status().message()).c_str());
+    return 5;
+  }
+  const size_t bytes_after_create = allocator.stats().bytes_in_use;
+  (*model)->InitGpt2(kSeed);
+  data::Sampler sampler = MakeSampler();
+  std::vector<float> out;
+  for (int step = 1; step <= kSteps; ++step) {
+    auto source = [&](int64_t first, int64_t count, std::vector<int32_t>& inputs,
+                      std::vector<int32_t>& targets) -> absl::Status {
+      auto batch = sampler.MicroBatch(step - 1, first, count);
+      if (!batch.ok()) return batch.status();
+      inputs.assign(batch->inputs.begin(), batch->inputs.end());
+      targets.assign(batch->targets.begin(), batch->targets.end());
+      return absl::OkStatus();
+    };
+    auto stats = (*model)->TrainStep(source, step, kLearningRate);
+    if (!stats.ok()) {
+      fprintf(stderr, "rank %d step %d: %s\n", rank, step,
+              std::string(stats.status().message()).c_str());
+      return 6;
+    }
+    out.push_back(stats->loss);
+  }
+  auto values = (*model)->TensorValues();
+  if (!values.ok()) return 7;
+  for (const auto& v : *values) out.insert(out.end(), v.begin(), v.end());
+  WriteFloats(dir + "/rank-" + std::to_string(rank) + ".bin", out);
+  const ShardedMemory memory = (*model)->memory();
+  std::ofstream(dir + "/memory-" + std::to_string(rank) + ".txt")
+      << bytes_after_create << " " << memory.param_bytes << " " << memory.grad_bytes << " "
+      << memory.optimizer_bytes << "\n";
+  return 0;
+}
+
+// Runs every rank of `c` as a process; a failure names the ranks.
+void RunWorld(const std::string& dir, const Case& c) {
+  auto grid = placement::RankGrid::Create(c.tp, c.pp, c.dp);
+  ASSERT_TRUE(grid.ok());
+  const std::string store = dir + "/store";
+  std::filesystem::create_directories(store);
+  const testing::ForkedWorldResult result = testing::RunForkedWorld(
+      *grid, store,
+      [&](int rank, const placement::RankCoords& coords, const ShardedGroups& groups) {
+        return RunRank(dir, c, rank, coords, groups);
+      });
+  ASSERT_TRUE(result.ok()) << c.Name() << ": " << result.Describe();
+}
+
+// The single-device reference, in a child of its own.
+void RunReferenceChild(const std::string& dir, bool tied) {
+  auto grid = placement::RankGrid::Create(1, 1, 1);
+  ASSERT_TRUE(grid.ok());
+  const testing::ForkedWorldResult result = testing::RunForkedWorld(
+      *grid, dir, [&](int, const placement::RankCoords&, const ShardedGroups&) {
+        return RunReference(dir, tied);
+      });
+  ASSERT_TRUE(result.ok()) << "reference run: " << result.Describe();
+}
+
+// The global flat index of every element of a box, row-major in the box.
+std::vector<int64_t> BoxIndices(const ShardTensor& t) {
+  std::vector<int64_t> stride(t.global_shape.size(), 1);
+  for (size_t d = stride.size(); d-- > 1;) stride[d - 1] = stride[d] * t.global_shape[d];
+  std::vector<int64_t> out;
+  std::vector<int64_t> index(t.box_shape.size(), 0);
+  for (int64_t n = 0; n < t.numel; ++n) {
+    int64_t flat = 0;
+    for (size_t d = 0; d < index.size(); ++d) flat += (t.box_offsets[d] + index[d]) * stride[d];
+    out.push_back(flat);
+    for (size_t d = index.size(); d-- > 0;) {
+      if (++index[d] < t.box_shape[d]) break;
+      index[d] = 0;
+    }
+  }
+  return out;
+}
+
+class ShardedEquivalenceTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(ShardedEquivalenceTest, LossesAndFinalParametersMatchTheSingleDeviceRun) {
+  const Case c = GetParam();
+  const std::string dir = testing::MakeTempDir("shardline_sharded");
+  ASSERT_FALSE(dir.empty());
+  const int world = c.tp * c.pp * c.dp;
+  RunReferenceChild(dir, c.tied);
+  RunWorld(dir, c);
+  if (HasFailure()) return;
+
+  const std::vector<float> reference = ReadFloats(dir + "/reference.bin");
+  const GptConfig config = Config(c.tied);
+  const ParamLayout single(config);
+  ASSERT_EQ(reference.size(), size_t(kSteps + single.total()));
+  auto grid = placement::RankGrid::Create(c.tp, c.pp, c.dp);
+  ASSERT_TRUE(grid.ok());
+  auto stages = placement::StagesOf(Parallel(c), config.layers);
+  ASSERT_TRUE(stages.ok());
+  int64_t compared = 0, loose = 0;
+  double worst = 0;
+  for (int rank = 0; rank < world; ++rank) {
+    const std::vector<float> got = ReadFloats(dir + "/rank-" + std::to_string(rank) + ".bin");
+    for (int step = 0; step < kSteps; ++step) {
+      ASSERT_GT(got.size(), size_t(kSteps));
+      EXPECT_NEAR(got[step], reference[step], kLossRelTol * std::abs(reference[step]))
+          << "rank " << rank << " step " << step + 1;
+    }
+    const placement::RankCoords coords = grid->Coords(rank);
+    ShardPlace place{c.tp, coords.tp, (*stages)[coords.pp].first, (*stages)[coords.pp].last,
+                     coords.pp == 0, coords.pp == c.pp - 1};
+    auto layout = ShardLayout::Create(config, place);
+    ASSERT_TRUE(layout.ok());
+    size_t at = kSteps;
+    for (const ShardTensor& t : layout->tensors()) {
+      const ParamTensorInfo* info = single.Find(t.name);
+      ASSERT_NE(info, nullptr) << t.name;
+      const std::vector<int64_t> flat = BoxIndices(t);
+      ASSERT_LE(at + flat.size(), got.size()) << "rank " << rank << " " << t.name;
+      for (size_t i = 0; i < flat.size(); ++i, ++at) {
+        const double want = reference[kSteps + info->offset + flat[i]];
+        const double diff = std::abs(got[at] - want);
+        worst = std::max(worst, diff);
+        ++compared;
+        if (diff > 1e-6) ++loose;
+        if (diff > kParamAbsTol) {
+          ADD_FAILURE() << "rank " << rank << " " << t.name << " element " << flat[i] << ": "
+                        << got[at] << " vs " << want;
+          return;
+        }
+      }
+    }
+    EXPECT_EQ(at, got.size()) << "rank " << rank << " wrote more values than its layout has";
+  }
+  EXPECT_LE(loose, compared / 1000) << loose << " of " << compared << " differ by more than 1e-6";
+  RecordProperty("worst_param_diff", std::to_string(worst));
+  std::filesystem::remove_all(dir);
+}
+
+std::vector<Case> EquivalenceCases() {
+  std::vector<Case> cases;
+  for (int tp : {1, 2}) {
+    for (int pp : {1, 2}) {
+      for (int dp : {1, 2}) cases.push_back(Case{tp, pp, dp, 0});
+    }
+  }
+  for (int zero : {1, 2, 3}) {
+    cases.push_back(Case{1, 1, 2, zero});
+    cases.push_back(Case{1, 2, 2, zero});
+  }
+  cases.push_back(Case{2, 2, 2, 3});
+  cases.push_back(Case{2, 2, 2, 0, /*tied=*/false});
+  cases.push_back(Case{2, 2, 1, 2, /*tied=*/false});
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, ShardedEquivalenceTest, ::testing::ValuesIn(EquivalenceCases()),
+                         [](const auto& info) { return info.param.Name(); });
+
+// Per rank, by the allocator's own accounting: ZeRO 1 shards the optimizer state, 2 also the
+// gradients, 3 also the parameters, each to about 1/dp.
+TEST(ShardedMemoryTest, EachZeroStageShardsWhatItShould) {
+  struct Reading {
+    int64_t in_use = 0, params = 0, grads = 0, optimizer = 0;
+  };
+  std::vector<Reading> readings;
+  for (int zero = 0; zero <= 3; ++zero) {
+    const Case c{1, 1, 2, zero};
+    const std::string dir = testing::MakeTempDir("shardline_sharded");
+    RunWorld(dir, c);
+    ASSERT_FALSE(HasFailure());
+    Reading r;
+    std::ifstream(dir + "/memory-0.txt") >> r.in_use >> r.params >> r.grads >> r.optimizer;
+    readings.push_back(r);
+    std::filesystem::remove_all(dir);
+  }
+  const Reading& z0 = readings[0];
+  auto half = [](int64_t full, int64_t sharded) {
+    // 1/dp plus at most one float of padding per unit (a layout has a handful of units).
+    return sharded >= full / 2 && sharded <= full / 2 + 64 * 4;
+  };
+  EXPECT_TRUE(half(z0.optimizer, readings[1].optimizer)) << readings[1].optimizer;
+  EXPECT_EQ(readings[1].params, z0.params);
+  EXPECT_EQ(readings[1].grads, z0.grads);
+  EXPECT_TRUE(half(z0.grads, readings[2].grads)) << readings[2].grads;
+  EXPECT_EQ(readings[2].params, z0.params);
+  EXPECT_TRUE(half(z0.params, readings[3].params)) << readings[3].params;
+  EXPECT_TRUE(half(z0.grads, readings[3].grads));
+  EXPECT_TRUE(half(z0.optimizer, readings[3].optimizer));
+  // The allocator saw exactly those savings: activations are the same in every stage.
+  for (int zero = 1; zero <= 3; ++zero) {
+    const Reading& r = readings[zero];
+    EXPECT_EQ(z0.in_use - r.in_use,
+              (z0.params - r.params) + (z0.grads - r.grads) + (z0.optimizer - r.optimizer))
+        << "zero " << zero;
+  }
+  // ZeRO 3 at dp = 2: half of ZeRO 0's parameters, gradients and optimizer state together.
+  const int64_t state0 = z0.params + z0.grads + z0.optimizer;
+  const int64_t state3 = readings[3].params + readings[3].grads + readings[3].optimizer;
+  EXPECT_NEAR(static_cast<double>(state3) / static_cast<double>(state0), 0.5, 0.01);
+}
+
+TEST(ShardLayoutTest, RefusesLayoutsThatDoNotDivideTheModel) {
+  GptConfig config = Config(true);
+  ShardPlace place{3, 0, 0, 4, true, true};
+  auto layout = ShardLayout::Create(config, place);
+  EXPECT_EQ(layout.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(layout.status().message()), HasSubstr("tp 3 must divide heads 4"));
+  place = ShardPlace{1, 0, 2, 2, true, true};
+  EXPECT_THAT(std::string(ShardLayout::Create(config, place).status().message()),
+              HasSubstr("stage layers [2, 2)"));
+}
+
+TEST(ShardLayoutTest, TensorParallelBoxesCoverEachTensorOnce) {
+  // Over the tp ranks of one stage the boxes of a split tensor tile it, and replicas repeat it.
+  const GptConfig config = Config(true);
+  std::map<std::string, int64_t> covered;
+  for (int r = 0; r < 2; ++r) {
+    auto layout = ShardLayout::Create(config, ShardPlace{2, r, 0, 4, true, true});
+    ASSERT_TRUE(layout.ok());
+    EXPECT_EQ(layout->vocab_begin(), r == 0 ? 0 : 128);
+    EXPECT_EQ(layout->vocab_end(), r == 0 ? 128 : 257);
+    for (const ShardTensor& t : layout->tensors()) {
+      if (!t.tp_replica) covered[t.name] += t.numel;
+    }
+  }
+  const ParamLayout single(config);
+  for (const auto& [name, numel] : covered) {
+    EXPECT_EQ(numel, single.Find(name)->numel) << name;
+  }
+  EXPECT_EQ(covered.count("h.0.qkv.w"), 1u);
+}
+
+}  // namespace
+}  // namespace shardline::model

@@ -1,0 +1,880 @@
+#include "worker/model/sharded_gpt.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "kernels/cpu/cross_entropy.h"
+#include "kernels/cpu/embedding.h"
+#include "kernels/cpu/layernorm.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/optimizer.h"
+#include "worker/model/counter_rng.h"
+
+namespace shardline::model {
+namespace cpu = kernels::cpu;
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr float kInitStd = 0.02f;  // GptModel::InitGpt2's
+
+double Since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+bool EndsWith(const std::string& s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// Calls fn(local_index, global_flat_index) for every element of the box, in row-major box order.
+template <typename Fn>
+void ForEachBoxElement(const std::vector<int64_t>& global_shape,
+                       const std::vector<int64_t>& offsets, const std::vector<int64_t>& shape,
+                       Fn&& fn) {
+  const size_t dims = global_shape.size();
+  std::vector<int64_t> stride(dims, 1);
+  for (size_t d = dims; d-- > 1;) stride[d - 1] = stride[d] * global_shape[d];
+  int64_t count = 1;
+  for (int64_t s : shape) count *= s;
+  std::vector<int64_t> index(dims, 0);
+  for (int64_t local = 0; local < count; ++local) {
+    int64_t flat = 0;
+    for (size_t d = 0; d < dims; ++d) flat += (offsets[d] + index[d]) * stride[d];
+    fn(local, flat);
+    for (size_t d = dims; d-- > 0;) {
+      if (++index[d] < shape[d]) break;
+      index[d] = 0;
+    }
+  }
+}
+
+// Hands out consecutive ranges of a buffer; run once with base == nullptr to count the floats.
+class Carver {
+ public:
+  explicit Carver(float* base) : base_(base) {}
+  float* Take(int64_t n) {
+    float* p = base_ == nullptr ? nullptr : base_ + used_;
+    used_ += n;
+    return p;
+  }
+  int64_t used() const { return used_; }
+
+ private:
+  float* base_;
+  int64_t used_ = 0;
+};
+
+}  // namespace
+
+// Runs the data-parallel group's collectives, in submission order, on its own thread: every rank
+// submits the same sequence, so the ranks' collectives match. After a failure the remaining tasks
+// are dropped (their buffers freed) and Drain reports the first error.
+class ShardedGpt::CommThread {
+ public:
+  using Task = std::function<absl::Status()>;
+  // At most `max_queued` tasks wait at a time: Submit blocks past that, which bounds the memory
+  // of ZeRO 2/3's gradient buffers waiting to be reduced.
+  explicit CommThread(size_t max_queued) : max_queued_(max_queued), thread_([this] { Loop(); }) {}
+  ~CommThread() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  void Submit(Task task) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return tasks_.size() < max_queued_; });
+    tasks_.push_back(std::move(task));
+    cv_.notify_all();
+  }
+
+  // Waits until every submitted task has run; returns (and clears) the first error.
+  absl::Status Drain() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return tasks_.empty() && !running_; });
+    absl::Status error = std::move(error_);
+    error_ = absl::OkStatus();
+    return error;
+  }
+
+ private:
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
+      if (tasks_.empty()) return;  // stop_ and nothing left
+      Task task = std::move(tasks_.front());
+      tasks_.pop_front();
+      running_ = true;
+      const bool failed = !error_.ok();
+      lock.unlock();
+      absl::Status status = failed ? absl::OkStatus() : task();
+      task = nullptr;  // free what the task held outside the lock
+      lock.lock();
+      running_ = false;
+      if (!status.ok() && error_.ok()) error_ = std::move(status);
+      cv_.notify_all();
+    }
+  }
+
+  const size_t max_queued_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Task> tasks_;
+  bool running_ = false;
+  bool stop_ = false;
+  absl::Status error_;
+  std::thread thread_;  // last: starts after the members it uses exist
+};
+
+// The activations one micro-batch keeps between its forward and its backward.
+struct ShardedGpt::Slot {
+  kernels::Tensor buffer;
+  std::vector<float*> residual;  // stage layers + 1, (b,T,C)
+  std::vector<BlockActivations> blocks;
+  float* lnf = nullptr;       // last stage: (b,T,C)
+  float* lnf_mean = nullptr;  // (b,T)
+  float* lnf_rstd = nullptr;
+  float* logits = nullptr;    // (b,T,Vs): this rank's vocabulary columns only
+  float* losses = nullptr;    // (b,T)
+  float* lse = nullptr;
+  float* local_max = nullptr;
+  float* global_max = nullptr;
+  float* sumexp = nullptr;
+  float* target_logit = nullptr;
+  std::vector<int32_t> tokens, targets;
+};
+
+ShardedGpt::ShardedGpt(const ShardedOptions& options, const ShardedGroups& groups,
+                       ShardLayout layout, kernels::Allocator& allocator)
+    : options_(options), groups_(groups), layout_(std::move(layout)), allocator_(allocator) {}
+
+ShardedGpt::~ShardedGpt() {
+  if (comm_thread_) comm_thread_->Drain().IgnoreError();
+}
+
+absl::StatusOr<std::unique_ptr<ShardedGpt>> ShardedGpt::Create(const ShardedOptions& options,
+                                                               const ShardedGroups& groups,
+                                                               kernels::Allocator& allocator) {
+  const placement::ParallelSpec& par = options.parallel;
+  const placement::RankCoords& c = options.coords;
+  if (allocator.device() != kernels::Device::kCpu) {
+    return absl::InvalidArgumentError("ShardedGpt runs on the CPU: it needs a CPU allocator");
+  }
+  if (c.tp < 0 || c.tp >= par.tp || c.pp < 0 || c.pp >= par.pp || c.dp < 0 || c.dp >= par.dp) {
+    return absl::InvalidArgumentError(absl::StrCat("coordinates tp ", c.tp, " pp ", c.pp, " dp ",
+                                                   c.dp, " lie outside the layout tp=", par.tp,
+                                                   " pp=", par.pp, " dp=", par.dp));
+  }
+  if (par.zero < 0 || par.zero > 3) {
+    return absl::InvalidArgumentError(absl::StrCat("ZeRO stage ", par.zero, " is not 0..3"));
+  }
+  const auto check_group = [](const comm::Communicator* group, int size, const char* kind) {
+    const int have = group == nullptr ? 1 : group->size();
+    if (have == size) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat("the ", kind, " communicator has ", have,
+                                                   " ranks, the layout needs ", size));
+  };
+  RETURN_IF_ERROR(check_group(groups.tp, par.tp, "tensor-parallel"));
+  RETURN_IF_ERROR(check_group(groups.pp, par.pp, "pipeline"));
+  RETURN_IF_ERROR(check_group(groups.dp, par.dp, "data-parallel"));
+  RETURN_IF_ERROR(check_group(groups.world, par.world(), "world"));
+  if (options.seq_len < 1 || options.seq_len > options.config.max_seq_len) {
+    return absl::InvalidArgumentError(absl::StrCat("seq_len ", options.seq_len,
+                                                   " must be in [1, max_seq_len ",
+                                                   options.config.max_seq_len, "]"));
+  }
+  const int64_t mb = placement::MicroBatchSize(par, options.global_batch);
+  if (mb < 1 || options.global_batch % (mb * par.dp) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("global batch ", options.global_batch,
+                                                   " is not divisible by micro_batch·dp = ", mb,
+                                                   "·", par.dp));
+  }
+  ASSIGN_OR_RETURN(const std::vector<placement::StageRange> stages,
+                   placement::StagesOf(par, options.config.layers));
+  ShardPlace place;
+  place.tp_size = par.tp;
+  place.tp_index = c.tp;
+  place.first_layer = stages[c.pp].first;
+  place.last_layer = stages[c.pp].last;
+  place.first_stage = c.pp == 0;
+  place.last_stage = c.pp == par.pp - 1;
+  ASSIGN_OR_RETURN(ShardLayout layout, ShardLayout::Create(options.config, place));
+
+  std::unique_ptr<ShardedGpt> model(new ShardedGpt(options, groups, std::move(layout), allocator));
+  model->zero_ = par.zero;
+  model->dp_size_ = par.dp;
+  model->dp_index_ = c.dp;
+  model->micro_batch_ = mb;
+  model->micro_batches_ = static_cast<int>(placement::MicroBatchCount(par, options.global_batch));
+  RETURN_IF_ERROR(model->Allocate());
+  // Two queued reductions keep the communication thread busy while bounding ZeRO 2/3's waiting
+  // gradient buffers to two units.
+  model->comm_thread_ = std::make_unique<CommThread>(2);
+  return model;
+}
+
+absl::Status ShardedGpt::Allocate() {
+  const auto& units = layout_.units();
+  shard_size_.resize(units.size());
+  shard_offset_.resize(units.size());
+  shard_total_ = 0;
+  for (size_t u = 0; u < units.size(); ++u) {
+    shard_size_[u] = (units[u].size + dp_size_ - 1) / dp_size_;
+    shard_offset_[u] = shard_total_;
+    shard_total_ += shard_size_[u];
+  }
+  const int64_t whole = layout_.total();
+  ASSIGN_OR_RETURN(params_, kernels::Tensor::Zeros({zero_ >= 3 ? shard_total_ : whole},
+                                                   DType::kFloat32, allocator_));
+  ASSIGN_OR_RETURN(grads_, kernels::Tensor::Zeros({zero_ >= 2 ? shard_total_ : whole},
+                                                  DType::kFloat32, allocator_));
+  const int64_t moments = zero_ >= 1 ? shard_total_ : whole;
+  ASSIGN_OR_RETURN(adam_m_, kernels::Tensor::Zeros({moments}, DType::kFloat32, allocator_));
+  ASSIGN_OR_RETURN(adam_v_, kernels::Tensor::Zeros({moments}, DType::kFloat32, allocator_));
+  gathered_.assign(units.size(), kernels::Tensor());
+  grad_scratch_.assign(units.size(), kernels::Tensor());
+
+  // Activations: one slot per micro-batch in flight. Under 1F1B stage s has at most pp − s
+  // forwards waiting for their backward.
+  const auto& par = options_.parallel;
+  const int stage = options_.coords.pp;
+  const int nslots = std::min(par.pp - stage, micro_batches_);
+  const int64_t N = micro_batch_ * options_.seq_len;
+  const int64_t C = options_.config.d_model;
+  const int64_t Cs = C / par.tp;
+  const int64_t Fs = layout_.ff();
+  const int64_t NH = layout_.heads();
+  const int64_t Vs = layout_.vocab_shard();
+  const int layers = layout_.place().last_layer - layout_.place().first_layer;
+  const bool last = layout_.place().last_stage;
+  auto carve_slot = [&](Carver& c, Slot& s) {
+    s.residual.assign(layers + 1, nullptr);
+    for (float*& r : s.residual) r = c.Take(N * C);
+    s.blocks.assign(layers, BlockActivations{});
+    for (BlockActivations& b : s.blocks) {
+      b.ln1 = c.Take(N * C);
+      b.ln1_mean = c.Take(N);
+      b.ln1_rstd = c.Take(N);
+      b.qkv = c.Take(N * 3 * Cs);
+      b.atty = c.Take(N * Cs);
+      b.att_lse = c.Take(N * NH);
+      b.resid_mid = c.Take(N * C);
+      b.ln2 = c.Take(N * C);
+      b.ln2_mean = c.Take(N);
+      b.ln2_rstd = c.Take(N);
+      b.fch = c.Take(N * Fs);
+      b.fch_gelu = c.Take(N * Fs);
+    }
+    if (!last) return;
+    s.lnf = c.Take(N * C);
+    s.lnf_mean = c.Take(N);
+    s.lnf_rstd = c.Take(N);
+    s.logits = c.Take(N * Vs);
+    s.losses = c.Take(N);
+    s.lse = c.Take(N);
+    s.local_max = c.Take(N);
+    s.global_max = c.Take(N);
+    s.sumexp = c.Take(N);
+    s.target_logit = c.Take(N);
+  };
+  slots_.clear();
+  for (int i = 0; i < nslots; ++i) {
+    auto slot = std::make_unique<Slot>();
+    Carver counter(nullptr);
+    carve_slot(counter, *slot);
+    ASSIGN_OR_RETURN(slot->buffer,
+                     kernels::Tensor::Zeros({counter.used()}, DType::kFloat32, allocator_));
+    Carver carver(slot->buffer.data<float>());
+    carve_slot(carver, *slot);
+    slots_.push_back(std::move(slot));
+  }
+  auto carve_backward = [&](Carver& c) {
+    dresidual_.assign(layers + 1, nullptr);
+    for (float*& r : dresidual_) r = c.Take(N * C);
+    scratch_.dresid_mid = c.Take(N * C);
+    scratch_.dln = c.Take(N * C);
+    scratch_.dfch_gelu = c.Take(N * Fs);
+    scratch_.dfch = c.Take(N * Fs);
+    scratch_.datty = c.Take(N * Cs);
+    scratch_.dqkv = c.Take(N * 3 * Cs);
+    if (!last) return;
+    dlnf_ = c.Take(N * C);
+    dlogits_ = c.Take(N * Vs);
+    dlosses_ = c.Take(N);
+  };
+  Carver counter(nullptr);
+  carve_backward(counter);
+  ASSIGN_OR_RETURN(backward_buffer_,
+                   kernels::Tensor::Zeros({counter.used()}, DType::kFloat32, allocator_));
+  Carver carver(backward_buffer_.data<float>());
+  carve_backward(carver);
+  return absl::OkStatus();
+}
+
+ShardedMemory ShardedGpt::memory() const {
+  return ShardedMemory{static_cast<int64_t>(params_.nbytes()),
+                       static_cast<int64_t>(grads_.nbytes()),
+                       static_cast<int64_t>(adam_m_.nbytes() + adam_v_.nbytes())};
+}
+
+int64_t ShardedGpt::OwnedBegin(int u) const {
+  return std::min<int64_t>(dp_index_ * shard_size_[u], layout_.units()[u].size);
+}
+
+int64_t ShardedGpt::OwnedEnd(int u) const {
+  return std::min<int64_t>((dp_index_ + 1) * shard_size_[u], layout_.units()[u].size);
+}
+
+// ---- parameter values ----
+
+void ShardedGpt::InitGpt2(uint64_t seed) {
+  // Exactly GptModel::InitGpt2, element by global index.
+  const float residual_std =
+      kInitStd / std::sqrt(2.0f * static_cast<float>(options_.config.layers));
+  LoadBoxes([&](const std::string& name, const std::vector<int64_t>& offsets,
+                const std::vector<int64_t>& shape) -> absl::StatusOr<std::vector<float>> {
+    const ShardTensor* t = nullptr;
+    for (const ShardTensor& candidate : layout_.tensors()) {
+      if (candidate.name == name) t = &candidate;
+    }
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    std::vector<float> values(static_cast<size_t>(n));
+    if (!t->decay) {
+      // LayerNorm gains start at 1; every bias (and LayerNorm bias) at 0.
+      const bool gain = EndsWith(name, "ln1.w") || EndsWith(name, "ln2.w") || name == "lnf.w";
+      std::fill(values.begin(), values.end(), gain ? 1.0f : 0.0f);
+      return values;
+    }
+    const bool residual_proj = EndsWith(name, "attn_proj.w") || EndsWith(name, "fc_proj.w");
+    const double std = residual_proj ? residual_std : kInitStd;
+    const uint64_t stream = NameHash(name);
+    ForEachBoxElement(t->global_shape, offsets, shape, [&](int64_t local, int64_t flat) {
+      values[local] = static_cast<float>(std * NormalAt(seed, stream, static_cast<uint64_t>(flat)));
+    });
+    return values;
+  }).IgnoreError();  // the reader above cannot fail
+}
+
+absl::Status ShardedGpt::LoadBoxes(const BoxReader& read) {
+  float* p = params_.data<float>();
+  for (const ShardTensor& t : layout_.tensors()) {
+    absl::StatusOr<std::vector<float>> read_values = read(t.name, t.box_offsets, t.box_shape);
+    if (!read_values.ok()) return Annotate(read_values.status(), "loading " + t.name);
+    const std::vector<float>& values = *read_values;
+    if (static_cast<int64_t>(values.size()) != t.numel) {
+      return absl::InvalidArgumentError(absl::StrCat("loading ", t.name, ": got ", values.size(),
+                                                     " values for a box of ", t.numel));
+    }
+    if (zero_ < 3) {
+      std::copy(values.begin(), values.end(), p + layout_.units()[t.unit].begin + t.offset);
+      continue;
+    }
+    // ZeRO 3 keeps only the part of the unit this rank owns.
+    const int64_t ob = OwnedBegin(t.unit), oe = OwnedEnd(t.unit);
+    const int64_t begin = std::max(ob, t.offset), end = std::min(oe, t.offset + t.numel);
+    for (int64_t x = begin; x < end; ++x) {
+      p[shard_offset_[t.unit] + (x - ob)] = values[x - t.offset];
+    }
+  }
+  std::fill(adam_m_.data<float>(), adam_m_.data<float>() + adam_m_.numel(), 0.0f);
+  std::fill(adam_v_.data<float>(), adam_v_.data<float>() + adam_v_.numel(), 0.0f);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::vector<float>>> ShardedGpt::TensorValues() {
+  std::vector<std::vector<float>> values;
+  values.reserve(layout_.tensors().size());
+  for (size_t u = 0; u < layout_.units().size(); ++u) {
+    ASSIGN_OR_RETURN(float* base, UnitParams(static_cast<int>(u)));
+    for (const ShardTensor& t : layout_.tensors()) {
+      if (t.unit != static_cast<int>(u)) continue;
+      values.emplace_back(base + t.offset, base + t.offset + t.numel);
+    }
+    ReleaseParams(static_cast<int>(u));
+  }
+  return values;
+}
+
+// ---- units: parameters and gradients as one micro-batch sees them ----
+
+absl::StatusOr<float*> ShardedGpt::UnitParams(int u) {
+  if (zero_ < 3) return params_.data<float>() + layout_.units()[u].begin;
+  if (gathered_[u].defined()) return gathered_[u].data<float>();
+  const int64_t S = shard_size_[u];
+  ASSIGN_OR_RETURN(gathered_[u], kernels::Tensor::Empty({S * dp_size_}, DType::kFloat32, allocator_));
+  const float* shard = params_.data<float>() + shard_offset_[u];
+  float* whole = gathered_[u].data<float>();
+  if (groups_.dp == nullptr) {
+    std::copy(shard, shard + S, whole);
+    return whole;
+  }
+  comm::Communicator* dp = groups_.dp;
+  comm_thread_->Submit([=] {
+    return Annotate(dp->AllGather(shard, whole, static_cast<size_t>(S), DType::kFloat32),
+                    "ZeRO-3 gather of " + layout_.units()[u].name);
+  });
+  const auto start = Clock::now();
+  absl::Status status = comm_thread_->Drain();
+  dp_wait_seconds_ += Since(start);
+  RETURN_IF_ERROR(status);
+  return whole;
+}
+
+void ShardedGpt::ReleaseParams(int u) {
+  if (zero_ >= 3) gathered_[u] = kernels::Tensor();
+}
+
+absl::StatusOr<float*> ShardedGpt::UnitGrads(int u) {
+  if (zero_ < 2) return grads_.data<float>() + layout_.units()[u].begin;
+  if (!grad_scratch_[u].defined()) {
+    // Padded to dp whole shards: the reduce-scatter's input.
+    ASSIGN_OR_RETURN(grad_scratch_[u], kernels::Tensor::Zeros({shard_size_[u] * dp_size_},
+                                                              DType::kFloat32, allocator_));
+  }
+  return grad_scratch_[u].data<float>();
+}
+
+absl::Status ShardedGpt::GradsReady(int u, bool last_micro_batch) {
+  comm::Communicator* dp = groups_.dp;
+  const std::string what = layout_.units()[u].name;
+  if (zero_ < 2) {
+    // Whole gradients accumulate over the micro-batches; reduce once, after the last.
+    if (!last_micro_batch || dp == nullptr) return absl::OkStatus();
+    float* g = grads_.data<float>() + layout_.units()[u].begin;
+    const size_t n = static_cast<size_t>(layout_.units()[u].size);
+    comm_thread_->Submit([=] {
+      return Annotate(dp->AllReduce(g, n, DType::kFloat32, comm::ReduceOp::kSum),
+                      "data-parallel all-reduce of the gradients of " + what);
+    });
+    return absl::OkStatus();
+  }
+  // ZeRO 2/3: this micro-batch's gradient goes into the owned shard now, and its buffer is freed.
+  const int64_t S = shard_size_[u];
+  float* shard = grads_.data<float>() + shard_offset_[u];
+  auto scratch = std::make_shared<kernels::Tensor>(std::move(grad_scratch_[u]));
+  grad_scratch_[u] = kernels::Tensor();
+  kernels::Allocator* allocator = &allocator_;
+  const int dp_index = dp_index_;
+  comm_thread_->Submit([=]() -> absl::Status {
+    const float* mine;
+    kernels::Tensor reduced;
+    if (dp == nullptr) {
+      mine = scratch->data<float>() + dp_index * S;
+    } else {
+      ASSIGN_OR_RETURN(reduced, kernels::Tensor::Empty({S}, DType::kFloat32, *allocator));
+      RETURN_IF_ERROR(Annotate(dp->ReduceScatter(scratch->data<float>(), reduced.data<float>(),
+                                                 static_cast<size_t>(S), DType::kFloat32,
+                                                 comm::ReduceOp::kSum),
+                               "data-parallel reduce-scatter of the gradients of " + what));
+      mine = reduced.data<float>();
+    }
+    for (int64_t i = 0; i < S; ++i) shard[i] += mine[i];
+    return absl::OkStatus();
+  });
+  return absl::OkStatus();
+}
+
+absl::Status ShardedGpt::TpAllReduce(float* data, int64_t n, comm::ReduceOp op) {
+  if (groups_.tp == nullptr) return absl::OkStatus();
+  const auto start = Clock::now();
+  absl::Status status = groups_.tp->AllReduce(data, static_cast<size_t>(n), DType::kFloat32, op);
+  tp_seconds_ += Since(start);
+  return Annotate(status, "tensor-parallel all-reduce");
+}
+
+// ---- forward and backward of one micro-batch on this stage ----
+
+absl::Status ShardedGpt::Forward(Slot& slot, const std::vector<int32_t>& tokens,
+                                 const std::vector<int32_t>& targets, double& loss_sum) {
+  const ShardPlace& place = layout_.place();
+  const int b = static_cast<int>(micro_batch_);
+  const int T = options_.seq_len;
+  const int N = b * T;
+  const int C = options_.config.d_model;
+  const int64_t NC = int64_t{N} * C;
+  slot.tokens = tokens;
+  slot.targets = targets;
+  if (place.first_stage) {
+    // Vocab-parallel embedding: rows outside this rank's vocabulary embed to zero, and the sum
+    // over the tensor-parallel group is the full embedding.
+    ASSIGN_OR_RETURN(float* wte, UnitParams(layout_.wte_unit()));
+    cpu::TokenEmbeddingForward(slot.residual[0], tokens.data(), wte, N, C, layout_.vocab_begin(),
+                               layout_.vocab_end());
+    ReleaseParams(layout_.wte_unit());
+    RETURN_IF_ERROR(TpAllReduce(slot.residual[0], NC));
+    ASSIGN_OR_RETURN(float* wpe, UnitParams(layout_.wpe_unit()));
+    cpu::PositionEmbeddingForward(slot.residual[0], wpe, b, T, C);
+    ReleaseParams(layout_.wpe_unit());
+  }
+  const BlockDims dims{b, T, C, layout_.heads(), options_.config.head_size(), layout_.ff()};
+  const AllReduceFn all_reduce =
+      groups_.tp == nullptr ? AllReduceFn()
+                            : AllReduceFn([this](float* d, int64_t n) { return TpAllReduce(d, n); });
+  for (int l = place.first_layer; l < place.last_layer; ++l) {
+    const int i = l - place.first_layer;
+    const int u = layout_.layer_unit(l);
+    ASSIGN_OR_RETURN(float* p, UnitParams(u));
+    RETURN_IF_ERROR(Annotate(BlockForward(dims, layout_.Block(p), slot.residual[i],
+                                          slot.residual[i + 1], slot.blocks[i], all_reduce),
+                             absl::StrCat("layer ", l)));
+    ReleaseParams(u);
+  }
+  if (!place.last_stage) return absl::OkStatus();
+
+  const int L = place.last_layer - place.first_layer;
+  ASSIGN_OR_RETURN(float* lnf, UnitParams(layout_.lnf_unit()));
+  cpu::LayerNormForward(slot.lnf, slot.lnf_mean, slot.lnf_rstd, slot.residual[L], lnf, lnf + C, N,
+                        C);
+  ReleaseParams(layout_.lnf_unit());
+  const int head = layout_.head_unit() >= 0 ? layout_.head_unit() : layout_.wte_unit();
+  const int Vs = layout_.vocab_shard();
+  ASSIGN_OR_RETURN(float* head_w, UnitParams(head));
+  cpu::MatmulForward(slot.logits, slot.lnf, head_w, nullptr, N, C, Vs);
+  ReleaseParams(head);
+  // Vocab-parallel cross-entropy: three numbers per row cross the tensor-parallel group.
+  const int v0 = layout_.vocab_begin();
+  cpu::CrossEntropyLocalStats(slot.local_max, slot.sumexp, slot.target_logit, slot.logits,
+                              targets.data(), N, Vs, v0);
+  std::copy(slot.local_max, slot.local_max + N, slot.global_max);
+  RETURN_IF_ERROR(TpAllReduce(slot.global_max, N, comm::ReduceOp::kMax));
+  cpu::CrossEntropyRescaleSumExp(slot.sumexp, slot.local_max, slot.global_max, N);
+  RETURN_IF_ERROR(TpAllReduce(slot.sumexp, N));
+  RETURN_IF_ERROR(TpAllReduce(slot.target_logit, N));
+  cpu::CrossEntropyLossFromStats(slot.losses, slot.lse, slot.global_max, slot.sumexp,
+                                 slot.target_logit, targets.data(), N);
+  for (int n = 0; n < N; ++n) loss_sum += slot.losses[n];
+  return absl::OkStatus();
+}
+
+absl::Status ShardedGpt::Backward(Slot& slot, bool last_micro_batch) {
+  const ShardPlace& place = layout_.place();
+  const int b = static_cast<int>(micro_batch_);
+  const int T = options_.seq_len;
+  const int N = b * T;
+  const int C = options_.config.d_model;
+  const int64_t NC = int64_t{N} * C;
+  const int L = place.last_layer - place.first_layer;
+  if (place.last_stage) {
+    const int Vs = layout_.vocab_shard();
+    // The loss is the mean over the global batch: every position's gradient is 1/(batch·T), and
+    // the data-parallel sum of the ranks' gradients is the gradient of that mean.
+    const float scale =
+        1.0f / static_cast<float>(options_.global_batch * static_cast<int64_t>(T));
+    std::fill(dlosses_, dlosses_ + N, scale);
+    std::fill(dlogits_, dlogits_ + int64_t{N} * Vs, 0.0f);
+    cpu::CrossEntropyBackwardShard(dlogits_, slot.logits, slot.lse, slot.targets.data(), dlosses_,
+                                   N, Vs, layout_.vocab_begin());
+    const int head = layout_.head_unit() >= 0 ? layout_.head_unit() : layout_.wte_unit();
+    ASSIGN_OR_RETURN(float* head_w, UnitParams(head));
+    ASSIGN_OR_RETURN(float* head_g, UnitGrads(head));
+    std::fill(dlnf_, dlnf_ + NC, 0.0f);
+    cpu::MatmulBackward(dlnf_, head_g, nullptr, dlogits_, slot.lnf, head_w, N, C, Vs);
+    ReleaseParams(head);
+    // A tied head on a one-stage pipeline writes into "wte", which the embedding's backward
+    // still adds to below.
+    if (layout_.head_unit() >= 0) RETURN_IF_ERROR(GradsReady(head, last_micro_batch));
+    // The head's input was replicated over the tensor-parallel group: its gradient is the sum.
+    RETURN_IF_ERROR(TpAllReduce(dlnf_, NC));
+    ASSIGN_OR_RETURN(float* lnf, UnitParams(layout_.lnf_unit()));
+    ASSIGN_OR_RETURN(float* lnf_g, UnitGrads(layout_.lnf_unit()));
+    std::fill(dresidual_[L], dresidual_[L] + NC, 0.0f);
+    cpu::LayerNormBackward(dresidual_[L], lnf_g, lnf_g + C, dlnf_, slot.residual[L], lnf,
+                           slot.lnf_mean, slot.lnf_rstd, N, C);
+    ReleaseParams(layout_.lnf_unit());
+    RETURN_IF_ERROR(GradsReady(layout_.lnf_unit(), last_micro_batch));
+  }
+  const BlockDims dims{b, T, C, layout_.heads(), options_.config.head_size(), layout_.ff()};
+  const AllReduceFn all_reduce =
+      groups_.tp == nullptr ? AllReduceFn()
+                            : AllReduceFn([this](float* d, int64_t n) { return TpAllReduce(d, n); });
+  for (int l = place.last_layer - 1; l >= place.first_layer; --l) {
+    const int i = l - place.first_layer;
+    const int u = layout_.layer_unit(l);
+    ASSIGN_OR_RETURN(float* p, UnitParams(u));
+    ASSIGN_OR_RETURN(float* g, UnitGrads(u));
+    std::fill(dresidual_[i], dresidual_[i] + NC, 0.0f);
+    RETURN_IF_ERROR(Annotate(BlockBackward(dims, layout_.Block(p), layout_.Block(g),
+                                           slot.residual[i], dresidual_[i + 1], dresidual_[i],
+                                           slot.blocks[i], scratch_, all_reduce),
+                             absl::StrCat("layer ", l, " backward")));
+    ReleaseParams(u);
+    RETURN_IF_ERROR(GradsReady(u, last_micro_batch));
+  }
+  if (place.first_stage) {
+    ASSIGN_OR_RETURN(float* wte_g, UnitGrads(layout_.wte_unit()));
+    cpu::TokenEmbeddingBackward(wte_g, dresidual_[0], slot.tokens.data(), N, C,
+                                layout_.vocab_begin(), layout_.vocab_end());
+    RETURN_IF_ERROR(GradsReady(layout_.wte_unit(), last_micro_batch));
+    ASSIGN_OR_RETURN(float* wpe_g, UnitGrads(layout_.wpe_unit()));
+    cpu::PositionEmbeddingBackward(wpe_g, dresidual_[0], b, T, C);
+    RETURN_IF_ERROR(GradsReady(layout_.wpe_unit(), last_micro_batch));
+  }
+  return absl::OkStatus();
+}
+
+// ---- the step ----
+
+absl::Status ShardedGpt::SumTiedEmbeddings() {
+  const ShardPlace& place = layout_.place();
+  if (!options_.config.tied_embeddings || options_.parallel.pp == 1) return absl::OkStatus();
+  if (!place.first_stage && !place.last_stage) return absl::OkStatus();
+  const int u = place.first_stage ? layout_.wte_unit() : layout_.head_unit();
+  const int peer = place.first_stage ? options_.parallel.pp - 1 : 0;
+  // What holds the reduced gradient: the whole unit (ZeRO 0/1) or this rank's shard (ZeRO 2/3);
+  // both stages' "wte" units have the same size, so their shards line up.
+  float* g = zero_ < 2 ? grads_.data<float>() + layout_.units()[u].begin
+                       : grads_.data<float>() + shard_offset_[u];
+  const int64_t n = zero_ < 2 ? layout_.units()[u].size : shard_size_[u];
+  ASSIGN_OR_RETURN(kernels::Tensor theirs,
+                   kernels::Tensor::Empty({n}, DType::kFloat32, allocator_));
+  const auto start = Clock::now();
+  absl::Status status = groups_.pp->SendRecv(g, static_cast<size_t>(n), peer,
+                                             theirs.data<float>(), static_cast<size_t>(n), peer,
+                                             DType::kFloat32);
+  pp_seconds_ += Since(start);
+  RETURN_IF_ERROR(Annotate(status, "summing the tied embedding gradients of the first and last "
+                                   "pipeline stage"));
+  const float* t = theirs.data<float>();
+  for (int64_t i = 0; i < n; ++i) g[i] += t[i];
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> ShardedGpt::OwnedSumOfSquares() const {
+  const float* g = grads_.data<float>();
+  double sum = 0.0;
+  for (const ShardTensor& t : layout_.tensors()) {
+    // Each element of the model counted once in the world: one tensor-parallel rank speaks for
+    // replicas, the first stage for the tied copy, and each data-parallel rank for what it owns.
+    if ((t.tp_replica && options_.coords.tp != 0) || t.tied_copy) continue;
+    const int u = t.unit;
+    const int64_t ob = OwnedBegin(u), oe = OwnedEnd(u);
+    const int64_t begin = std::max(ob, t.offset), end = std::min(oe, t.offset + t.numel);
+    for (int64_t x = begin; x < end; ++x) {
+      const double v = zero_ < 2 ? g[layout_.units()[u].begin + x] : g[shard_offset_[u] + (x - ob)];
+      sum += v * v;
+    }
+  }
+  return sum;
+}
+
+absl::Status ShardedGpt::Update(double clip_scale, int64_t step, float learning_rate) {
+  if (clip_scale < 1.0) {
+    float* g = grads_.data<float>();
+    const float s = static_cast<float>(clip_scale);
+    for (int64_t i = 0; i < grads_.numel(); ++i) g[i] *= s;
+  }
+  float* p = params_.data<float>();
+  float* g = grads_.data<float>();
+  float* m = adam_m_.data<float>();
+  float* v = adam_v_.data<float>();
+  for (const ShardTensor& t : layout_.tensors()) {
+    cpu::AdamWConfig config = options_.adamw.adamw;
+    config.learning_rate = learning_rate;
+    if (!t.decay) config.weight_decay = 0.0f;
+    const int u = t.unit;
+    const int64_t unit_begin = layout_.units()[u].begin;
+    if (zero_ == 0) {
+      const int64_t at = unit_begin + t.offset;
+      RETURN_IF_ERROR(Annotate(cpu::AdamWUpdate(p + at, g + at, m + at, v + at, t.numel, config,
+                                                step),
+                               "AdamW on " + t.name));
+      continue;
+    }
+    // ZeRO 1-3: only the part of the tensor inside this rank's shard of the unit.
+    const int64_t ob = OwnedBegin(u), oe = OwnedEnd(u);
+    const int64_t begin = std::max(ob, t.offset), end = std::min(oe, t.offset + t.numel);
+    if (begin >= end) continue;
+    const int64_t in_shard = shard_offset_[u] + (begin - ob);
+    float* pp = zero_ >= 3 ? p + in_shard : p + unit_begin + begin;
+    float* gg = zero_ >= 2 ? g + in_shard : g + unit_begin + begin;
+    RETURN_IF_ERROR(Annotate(cpu::AdamWUpdate(pp, gg, m + in_shard, v + in_shard, end - begin,
+                                              config, step),
+                             "AdamW on " + t.name));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardedGpt::GatherUpdatedParams() {
+  if (zero_ == 0 || zero_ >= 3) return absl::OkStatus();  // whole already, or kept sharded
+  comm::Communicator* dp = groups_.dp;
+  if (dp == nullptr) return absl::OkStatus();
+  for (size_t u = 0; u < layout_.units().size(); ++u) {
+    const int64_t S = shard_size_[u];
+    const int64_t size = layout_.units()[u].size;
+    float* unit = params_.data<float>() + layout_.units()[u].begin;
+    const int64_t ob = OwnedBegin(static_cast<int>(u)), oe = OwnedEnd(static_cast<int>(u));
+    kernels::Allocator* allocator = &allocator_;
+    const int dp_size = dp_size_;
+    const std::string name = layout_.units()[u].name;
+    comm_thread_->Submit([=]() -> absl::Status {
+      // Shards are padded to S so that every rank sends the same count.
+      ASSIGN_OR_RETURN(kernels::Tensor mine, kernels::Tensor::Zeros({S}, DType::kFloat32, *allocator));
+      ASSIGN_OR_RETURN(kernels::Tensor all,
+                       kernels::Tensor::Empty({S * dp_size}, DType::kFloat32, *allocator));
+      std::copy(unit + ob, unit + oe, mine.data<float>());
+      RETURN_IF_ERROR(Annotate(dp->AllGather(mine.data<float>(), all.data<float>(),
+                                             static_cast<size_t>(S), DType::kFloat32),
+                               "ZeRO all-gather of the updated " + name));
+      std::copy(all.data<float>(), all.data<float>() + size, unit);
+      return absl::OkStatus();
+    });
+  }
+  const auto start = Clock::now();
+  absl::Status status = comm_thread_->Drain();
+  dp_wait_seconds_ += Since(start);
+  return status;
+}
+
+absl::StatusOr<StepStats> ShardedGpt::TrainStep(const MicroBatchSource& source, int64_t step,
+                                                float learning_rate) {
+  const auto step_start = Clock::now();
+  tp_seconds_ = pp_seconds_ = dp_wait_seconds_ = 0;
+  const ShardPlace& place = layout_.place();
+  const int P = options_.parallel.pp;
+  const int s = options_.coords.pp;
+  const int m = micro_batches_;
+  const int T = options_.seq_len;
+  const int64_t NC = micro_batch_ * T * int64_t{options_.config.d_model};
+  const int L = place.last_layer - place.first_layer;
+  std::fill(grads_.data<float>(), grads_.data<float>() + grads_.numel(), 0.0f);
+
+  std::vector<int32_t> tokens, targets;
+  double loss_sum = 0.0;
+  auto slot_of = [&](int i) -> Slot& { return *slots_[i % slots_.size()]; };
+  auto pp_op = [&](absl::Status status, const char* what) {
+    return Annotate(status, absl::StrCat("pipeline ", what, " (stage ", s, " of ", P, ")"));
+  };
+  auto timed = [&](auto&& op) {
+    const auto start = Clock::now();
+    absl::Status status = op();
+    pp_seconds_ += Since(start);
+    return status;
+  };
+  comm::Communicator* pp = groups_.pp;
+  auto recv_activations = [&](int i) {
+    return pp_op(timed([&] {
+                   return pp->Recv(slot_of(i).residual[0], NC, DType::kFloat32, s - 1);
+                 }),
+                 "receive of activations");
+  };
+  auto forward = [&](int i) -> absl::Status {
+    const int64_t first_sample =
+        placement::FirstSample(options_.parallel, options_.global_batch, options_.coords.dp, i);
+    RETURN_IF_ERROR(source(first_sample, micro_batch_, tokens, targets));
+    if (static_cast<int64_t>(tokens.size()) != micro_batch_ * T || tokens.size() != targets.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("micro-batch ", i, " has ", tokens.size(),
+                                                     " tokens and ", targets.size(),
+                                                     " targets, expected ", micro_batch_ * T));
+    }
+    if (place.first_stage) {
+      RETURN_IF_ERROR(Annotate(
+          cpu::ValidateTokens(tokens.data(), static_cast<int64_t>(tokens.size()),
+                              options_.config.vocab),
+          absl::StrCat("micro-batch ", i, " tokens")));
+    }
+    return Forward(slot_of(i), tokens, targets, loss_sum);
+  };
+
+  // 1F1B (PipeDream-Flush, as Megatron-LM's non-interleaved schedule).
+  const int warmup = std::min(P - s - 1, m);
+  const int remaining = m - warmup;
+  for (int i = 0; i < warmup; ++i) {
+    if (!place.first_stage) RETURN_IF_ERROR(recv_activations(i));
+    RETURN_IF_ERROR(forward(i));
+    if (!place.last_stage) {
+      RETURN_IF_ERROR(pp_op(timed([&] {
+                              return pp->Send(slot_of(i).residual[L], NC, DType::kFloat32, s + 1);
+                            }),
+                            "send of activations"));
+    }
+  }
+  if (remaining > 0 && !place.first_stage) RETURN_IF_ERROR(recv_activations(warmup));
+  for (int j = 0; j < remaining; ++j) {
+    const int i = warmup + j;
+    RETURN_IF_ERROR(forward(i));
+    if (!place.last_stage) {
+      RETURN_IF_ERROR(pp_op(timed([&] {
+                              return pp->SendRecv(slot_of(i).residual[L], NC, s + 1,
+                                                  dresidual_[L], NC, s + 1, DType::kFloat32);
+                            }),
+                            "send of activations / receive of gradients"));
+    }
+    RETURN_IF_ERROR(Backward(slot_of(j), j == m - 1));
+    if (place.first_stage) continue;
+    if (j == remaining - 1) {
+      RETURN_IF_ERROR(pp_op(timed([&] {
+                              return pp->Send(dresidual_[0], NC, DType::kFloat32, s - 1);
+                            }),
+                            "send of gradients"));
+    } else {
+      RETURN_IF_ERROR(pp_op(timed([&] {
+                              return pp->SendRecv(dresidual_[0], NC, s - 1,
+                                                  slot_of(i + 1).residual[0], NC, s - 1,
+                                                  DType::kFloat32);
+                            }),
+                            "send of gradients / receive of activations"));
+    }
+  }
+  for (int j = remaining; j < m; ++j) {
+    if (!place.last_stage) {
+      RETURN_IF_ERROR(pp_op(timed([&] {
+                              return pp->Recv(dresidual_[L], NC, DType::kFloat32, s + 1);
+                            }),
+                            "receive of gradients"));
+    }
+    RETURN_IF_ERROR(Backward(slot_of(j), j == m - 1));
+    if (!place.first_stage) {
+      RETURN_IF_ERROR(pp_op(timed([&] {
+                              return pp->Send(dresidual_[0], NC, DType::kFloat32, s - 1);
+                            }),
+                            "send of gradients"));
+    }
+  }
+
+  // Gradients: data-parallel reductions finish, tied copies are summed, then one norm.
+  auto wait_start = Clock::now();
+  RETURN_IF_ERROR(comm_thread_->Drain());
+  dp_wait_seconds_ += Since(wait_start);
+  RETURN_IF_ERROR(SumTiedEmbeddings());
+  ASSIGN_OR_RETURN(const double sum_of_squares, OwnedSumOfSquares());
+  // Only the last stage has losses, and its tensor-parallel ranks all hold the same ones.
+  double totals[2] = {sum_of_squares,
+                      place.last_stage && options_.coords.tp == 0 ? loss_sum : 0.0};
+  if (groups_.world != nullptr) {
+    wait_start = Clock::now();
+    absl::Status status = groups_.world->AllReduce(totals, 2, DType::kFloat64, comm::ReduceOp::kSum);
+    dp_wait_seconds_ += Since(wait_start);
+    RETURN_IF_ERROR(Annotate(status, "the gradient norm's all-reduce over the world"));
+  }
+  StepStats stats;
+  stats.loss = static_cast<float>(totals[1] / static_cast<double>(options_.global_batch * T));
+  stats.grad_norm = std::sqrt(totals[0]);
+  if (!std::isfinite(stats.grad_norm)) {
+    stats.skipped = true;
+  } else {
+    const double max_norm = options_.adamw.max_grad_norm;
+    // PyTorch's clip_grad_norm_, as cpu::ClipGradients.
+    const double scale = max_norm > 0 ? std::min(1.0, max_norm / (stats.grad_norm + 1e-6)) : 1.0;
+    RETURN_IF_ERROR(Update(scale, step, learning_rate));
+    RETURN_IF_ERROR(GatherUpdatedParams());
+  }
+  stats.seconds = Since(step_start);
+  stats.comm_seconds = tp_seconds_ + dp_wait_seconds_;
+  stats.bubble_seconds = pp_seconds_;
+  stats.compute_seconds = std::max(0.0, stats.seconds - stats.comm_seconds - stats.bubble_seconds);
+  return stats;
+}
+
+}  // namespace shardline::model

@@ -1,0 +1,191 @@
+// ShardedGpt: one rank's part of a GPT trained with tensor, pipeline and data parallelism and
+// ZeRO — the engine a training actor runs. Its results equal the single-device GptModel's (same
+// initial values, same global batch, same loss, same update) up to the order of floating-point
+// sums.
+//
+// Per training step (TrainStep):
+//   * the rank's data-parallel share of the global batch is cut into micro-batches and run
+//     through the pipeline with the 1F1B schedule (warm-up forwards, one-forward-one-backward,
+//     cool-down backwards); activations travel forward and their gradients back point to point
+//     between neighbouring stages (SendRecv where both directions are in flight, as Megatron-LM's
+//     send_forward_recv_backward);
+//   * inside a stage the tensor-parallel group runs Megatron's layers: one all-reduce after the
+//     vocab-parallel embedding, two per block forward (after the row-parallel attention output and
+//     MLP down-projection) and two per block backward (the column-parallel inputs' gradients), the
+//     three per-row all-reduces of the vocab-parallel cross-entropy, and one for the head's input
+//     gradient. No rank ever holds the full logits;
+//   * gradients are reduced over the data-parallel group unit by unit (a unit is a layer, or an
+//     embedding table: see shard_layout.h) on a communication thread, as soon as a unit's last
+//     micro-batch gradient is ready, so the reduction overlaps the rest of the backward pass.
+//     ZeRO 0/1 all-reduce each unit after the last micro-batch; ZeRO 2/3 reduce-scatter each
+//     unit's micro-batch gradient into the rank's 1/dp shard as soon as it is produced, so no
+//     rank keeps a whole gradient;
+//   * tied embeddings on more than one stage: the first and last stage sum their wte gradients;
+//   * the global gradient norm is one all-reduce over the world (each element counted once:
+//     tensor-parallel replicas and the tied copy are skipped, each data-parallel rank counts the
+//     part it owns); gradients are clipped and AdamW updates the parameters — ZeRO 0 everywhere,
+//     ZeRO 1-3 only the rank's 1/dp of each unit, after which ZeRO 1/2 all-gather the unit.
+//   * ZeRO 3 keeps only the rank's 1/dp of the parameters too, gathering a unit just before it is
+//     used (forward and backward of each micro-batch) and freeing it right after.
+//
+// Every collective of the data-parallel group runs on the communication thread (a communicator is
+// driven by one thread); the tensor-parallel, pipeline and world groups by the caller's thread.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/allocator.h"
+#include "kernels/tensor.h"
+#include "placement/parallel_layout.h"
+#include "worker/comm/communicator.h"
+#include "worker/model/gpt.h"
+#include "worker/model/shard_layout.h"
+
+namespace shardline::model {
+
+// This rank's communicators. Null stands for a group of one (nothing to communicate).
+struct ShardedGroups {
+  comm::Communicator* world = nullptr;
+  comm::Communicator* tp = nullptr;
+  comm::Communicator* pp = nullptr;
+  comm::Communicator* dp = nullptr;
+};
+
+struct ShardedOptions {
+  GptConfig config;
+  placement::ParallelSpec parallel;  // tp, pp, dp, zero, micro_batch (resolved), stage_layers
+  placement::RankCoords coords;
+  int64_t global_batch = 0;          // sequences per step over the whole data-parallel group
+  int seq_len = 0;
+  AdamWOptions adamw;                // learning_rate is given per step
+};
+
+// Writes the inputs and targets of `count` consecutive samples starting at global sample
+// `first_sample` of the step's global batch, (count, seq_len) row-major.
+using MicroBatchSource = std::function<absl::Status(int64_t first_sample, int64_t count,
+                                                    std::vector<int32_t>& inputs,
+                                                    std::vector<int32_t>& targets)>;
+
+// Reads a box of a global tensor (offsets and shape in the ShardTensor's global view), e.g. from
+// a checkpoint.
+using BoxReader = std::function<absl::StatusOr<std::vector<float>>(
+    const std::string& name, const std::vector<int64_t>& offsets,
+    const std::vector<int64_t>& shape)>;
+
+struct StepStats {
+  float loss = 0;          // mean over the global batch (the same on every rank)
+  double grad_norm = 0;    // before clipping (the same on every rank)
+  bool skipped = false;    // the norm was not finite: parameters left untouched
+  double seconds = 0;      // wall time of the step on this rank
+  double compute_seconds = 0;  // the rest: kernels and the optimizer
+  double comm_seconds = 0;     // tensor-parallel collectives, waiting for data-parallel ones,
+                               // the gradient norm and ZeRO gathers
+  double bubble_seconds = 0;   // pipeline send/receive: waiting for a neighbouring stage
+};
+
+struct ShardedMemory {
+  int64_t param_bytes = 0;      // parameters kept between steps (ZeRO 3: the 1/dp shard)
+  int64_t grad_bytes = 0;       // gradients kept between micro-batches (ZeRO 2/3: the shard)
+  int64_t optimizer_bytes = 0;  // AdamW moments (ZeRO 1-3: the shard)
+};
+
+class ShardedGpt {
+ public:
+  // Validates the options against the config (see ShardLayout::Create, placement::
+  // ValidateParallel) and allocates parameters, gradients and optimizer state from `allocator`
+  // (which must outlive the model). Starts the communication thread.
+  static absl::StatusOr<std::unique_ptr<ShardedGpt>> Create(const ShardedOptions& options,
+                                                            const ShardedGroups& groups,
+                                                            kernels::Allocator& allocator);
+  ~ShardedGpt();
+  ShardedGpt(const ShardedGpt&) = delete;
+  ShardedGpt& operator=(const ShardedGpt&) = delete;
+
+  const ShardLayout& layout() const { return layout_; }
+  ShardedMemory memory() const;
+
+  // GptModel::InitGpt2's values, each rank drawing exactly the elements of its boxes (the draws
+  // are indexed by global element, see counter_rng.h). Clears the optimizer state.
+  void InitGpt2(uint64_t seed);
+  // Every tensor's box from `read`; errors name the tensor. Clears the optimizer state.
+  absl::Status LoadBoxes(const BoxReader& read);
+
+  // One optimizer step on global step `step` (1-based: AdamW's bias correction) with the given
+  // learning rate. Every rank of the job must call it together. Errors: a communicator failure
+  // (naming the group and the operation) or a bad micro-batch from `source`.
+  absl::StatusOr<StepStats> TrainStep(const MicroBatchSource& source, int64_t step,
+                                      float learning_rate);
+
+  // This rank's value of every tensor it holds, in layout().tensors() order. Under ZeRO 3 it
+  // gathers every unit over the data-parallel group first, so all data-parallel ranks must call
+  // it together.
+  absl::StatusOr<std::vector<std::vector<float>>> TensorValues();
+
+ private:
+  class CommThread;
+  struct Slot;
+
+  ShardedGpt(const ShardedOptions& options, const ShardedGroups& groups, ShardLayout layout,
+             kernels::Allocator& allocator);
+  absl::Status Allocate();
+
+  // Parameters and gradients of unit u as this micro-batch sees them.
+  absl::StatusOr<float*> UnitParams(int u);
+  void ReleaseParams(int u);
+  absl::StatusOr<float*> UnitGrads(int u);
+  // The unit's gradient of the current micro-batch is complete: hand it to data parallelism.
+  absl::Status GradsReady(int u, bool last_micro_batch);
+
+  absl::Status Forward(Slot& slot, const std::vector<int32_t>& tokens,
+                       const std::vector<int32_t>& targets, double& loss_sum);
+  absl::Status Backward(Slot& slot, bool last_micro_batch);
+  absl::Status SumTiedEmbeddings();
+  absl::StatusOr<double> OwnedSumOfSquares() const;
+  absl::Status Update(double clip_scale, int64_t step, float learning_rate);
+  absl::Status GatherUpdatedParams();
+
+  // Where unit u's owned part lies: [owned_begin, owned_end) inside the unit.
+  int64_t ShardSize(int u) const { return shard_size_[u]; }
+  int64_t OwnedBegin(int u) const;
+  int64_t OwnedEnd(int u) const;
+
+  absl::Status TpAllReduce(float* data, int64_t n, comm::ReduceOp op = comm::ReduceOp::kSum);
+
+  ShardedOptions options_;
+  ShardedGroups groups_;
+  ShardLayout layout_;
+  kernels::Allocator& allocator_;
+  int zero_ = 0;
+  int dp_size_ = 1, dp_index_ = 0;
+  int micro_batches_ = 1;
+  int64_t micro_batch_ = 1;
+
+  std::vector<int64_t> shard_size_;    // per unit: ceil(size / dp)
+  std::vector<int64_t> shard_offset_;  // per unit: where its shard starts in shard buffers
+  int64_t shard_total_ = 0;
+
+  kernels::Tensor params_;  // ZeRO 0-2: the whole layout; ZeRO 3: the shards
+  kernels::Tensor grads_;   // ZeRO 0-1: the whole layout; ZeRO 2-3: the shards
+  kernels::Tensor adam_m_, adam_v_;  // ZeRO 0: the whole layout; ZeRO 1-3: the shards
+  std::vector<kernels::Tensor> gathered_;     // ZeRO 3: units gathered for the current use
+  std::vector<kernels::Tensor> grad_scratch_; // ZeRO 2-3: units' gradient of this micro-batch
+
+  std::vector<std::unique_ptr<Slot>> slots_;  // activations of micro-batches in flight
+  kernels::Tensor backward_buffer_;           // one backward at a time: shared scratch
+  std::vector<float*> dresidual_;
+  BlockGradScratch scratch_;
+  float* dlnf_ = nullptr;
+  float* dlogits_ = nullptr;
+  float* dlosses_ = nullptr;
+
+  std::unique_ptr<CommThread> comm_thread_;
+  double tp_seconds_ = 0, pp_seconds_ = 0, dp_wait_seconds_ = 0;
+};
+
+}  // namespace shardline::model
