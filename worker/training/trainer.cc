@@ -19,24 +19,6 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-absl::StatusOr<data::TextDataset> LoadData(const placement::DataSpec& spec) {
-  if (!spec.path.empty()) return data::TextDataset::FromFile(spec.path);
-  return data::SyntheticCorpus(spec.synthetic_seed, static_cast<size_t>(spec.synthetic_bytes))
-      .ToDataset();
-}
-
-model::GptConfig ModelConfig(const placement::ModelSpec& spec) {
-  model::GptConfig config;
-  config.layers = static_cast<int>(spec.layers);
-  config.heads = static_cast<int>(spec.heads);
-  config.d_model = static_cast<int>(spec.d_model);
-  config.d_ff = static_cast<int>(spec.d_ff);
-  config.vocab = static_cast<int>(spec.vocab);
-  config.max_seq_len = static_cast<int>(spec.max_seq_len);
-  config.tied_embeddings = spec.tied_embeddings;
-  return config;
-}
-
 // Writes DIR/step-NNNNNNNN/model.safetensors, then points DIR/latest at it (atomically), so a
 // reader never sees a half-written checkpoint as the latest.
 absl::StatusOr<std::string> WriteCheckpoint(const model::GptModel& gpt, const std::string& dir,
@@ -59,14 +41,40 @@ absl::StatusOr<std::string> WriteCheckpoint(const model::GptModel& gpt, const st
 
 }  // namespace
 
+absl::StatusOr<data::TextDataset> LoadTrainingData(const placement::DataSpec& spec) {
+  if (!spec.path.empty()) return data::TextDataset::FromFile(spec.path);
+  return data::SyntheticCorpus(spec.synthetic_seed, static_cast<size_t>(spec.synthetic_bytes))
+      .ToDataset();
+}
+
+model::GptConfig ModelConfigOf(const placement::ModelSpec& spec) {
+  model::GptConfig config;
+  config.layers = static_cast<int>(spec.layers);
+  config.heads = static_cast<int>(spec.heads);
+  config.d_model = static_cast<int>(spec.d_model);
+  config.d_ff = static_cast<int>(spec.d_ff);
+  config.vocab = static_cast<int>(spec.vocab);
+  config.max_seq_len = static_cast<int>(spec.max_seq_len);
+  config.tied_embeddings = spec.tied_embeddings;
+  return config;
+}
+
+double LearningRateAt(const placement::OptimizerSpec& spec, int64_t step) {
+  const double warmup =
+      spec.warmup_steps > 0
+          ? std::min(1.0, static_cast<double>(step) / static_cast<double>(spec.warmup_steps))
+          : 1.0;
+  return spec.lr * warmup;
+}
+
 absl::StatusOr<TrainResult> Train(const placement::TrainSpec& spec,
                                   const std::function<void(const TrainProgress&)>& on_progress,
                                   const std::atomic<bool>* stop) {
-  ASSIGN_OR_RETURN(data::TextDataset dataset, LoadData(spec.data));
+  ASSIGN_OR_RETURN(data::TextDataset dataset, LoadTrainingData(spec.data));
   ASSIGN_OR_RETURN(data::Sampler sampler,
                    data::Sampler::Create(dataset, spec.seq_len, spec.batch, spec.seed));
   kernels::CpuAllocator allocator;
-  ASSIGN_OR_RETURN(auto gpt, model::GptModel::Create(ModelConfig(spec.model), allocator));
+  ASSIGN_OR_RETURN(auto gpt, model::GptModel::Create(ModelConfigOf(spec.model), allocator));
   gpt->InitGpt2(spec.seed);
 
   model::AdamWOptions adamw;
@@ -88,11 +96,7 @@ absl::StatusOr<TrainResult> Train(const placement::TrainSpec& spec,
     gpt->ZeroGrad();
     ASSIGN_OR_RETURN(const float loss, gpt->Forward(batch.inputs, batch.targets, B, T));
     RETURN_IF_ERROR(gpt->Backward());
-    const double warmup = spec.optimizer.warmup_steps > 0
-                              ? std::min(1.0, static_cast<double>(step) /
-                                                  static_cast<double>(spec.optimizer.warmup_steps))
-                              : 1.0;
-    adamw.adamw.learning_rate = static_cast<float>(spec.optimizer.lr * warmup);
+    adamw.adamw.learning_rate = static_cast<float>(LearningRateAt(spec.optimizer, step));
     ASSIGN_OR_RETURN(const double grad_norm, gpt->AdamWStep(adamw, step));
     if (!std::isfinite(loss)) {
       return absl::InternalError("the loss became " + std::to_string(loss) + " at step " +

@@ -9,6 +9,8 @@
 
 #include "absl/status/statusor.h"
 #include "placement/train_spec.h"
+#include "worker/model/data/text_dataset.h"
+#include "worker/model/gpt_config.h"
 
 namespace shardline::training {
 
@@ -28,6 +30,13 @@ struct TrainResult {
   std::string checkpoint;     // the last file written; empty when checkpoints are off
   int64_t peak_bytes = 0;     // the allocator's peak
 };
+
+// The dataset a spec's data section names: its text file, or the built-in synthetic corpus.
+absl::StatusOr<data::TextDataset> LoadTrainingData(const placement::DataSpec& spec);
+// The model config of a spec's model section.
+model::GptConfig ModelConfigOf(const placement::ModelSpec& spec);
+// The learning rate of `step` (1-based): linear warm-up over warmup_steps, then constant.
+double LearningRateAt(const placement::OptimizerSpec& spec, int64_t step);
 
 // Trains as `spec` says. `on_progress` is called every log_interval steps, at every checkpoint
 // and after the last step. Stops early (after a checkpoint when the spec has a checkpoint dir)
