@@ -2,6 +2,7 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -55,13 +56,29 @@ absl::StatusOr<std::unique_ptr<protocol::Message>> FetchStatus(protocol::RpcClie
   return client.Call(*message, timeout);
 }
 
+SubmitFolders FoldersOf(const std::string& spec_path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path here = fs::current_path(ec);
+  SubmitFolders folders;
+  folders.work_dir = here.lexically_normal().string();
+  fs::path spec_dir = fs::path(spec_path).parent_path();
+  if (spec_dir.is_relative()) spec_dir = here / spec_dir;
+  folders.spec_dir = spec_dir.lexically_normal().string();
+  // "a/b/" keeps its slash through lexically_normal; the coordinator compares folders as text.
+  if (folders.spec_dir.size() > 1 && folders.spec_dir.back() == '/') folders.spec_dir.pop_back();
+  return folders;
+}
+
 int Submit(const ClientOptions& client_options, const SubmitOptions& options) {
   std::ifstream in(options.spec_path);
   if (!in) return Fail(absl::NotFoundError("cannot read job spec " + options.spec_path));
   std::stringstream text;
   text << in.rdbuf();
+  const SubmitFolders folders = FoldersOf(options.spec_path);
   // Validate here too: the user sees the error before anything reaches the cluster.
-  auto spec = placement::ParseJobSpec(text.str(), options.spec_path);
+  auto spec = placement::ParseJobSpec(text.str(), options.spec_path,
+                                      placement::PathBase{folders.spec_dir, folders.work_dir});
   if (!spec.ok()) return Fail(spec.status());
 
   auto client = Connect(client_options);
@@ -70,6 +87,8 @@ int Submit(const ClientOptions& client_options, const SubmitOptions& options) {
   auto submit = message->payload().initSubmitJob();
   submit.setSpecYaml(text.str());
   submit.setSourceName(options.spec_path);
+  submit.setSpecDir(folders.spec_dir);
+  submit.setWorkDir(folders.work_dir);
   auto reply = (*client)->Call(*message, client_options.timeout);
   if (!reply.ok()) return Fail(reply.status());
   const std::string job_id = Str((*reply)->envelope().getPayload().getSubmitJobReply().getJobId());
@@ -78,6 +97,7 @@ int Submit(const ClientOptions& client_options, const SubmitOptions& options) {
 
   const auto deadline = std::chrono::steady_clock::now() + options.wait_timeout;
   std::string last_phase;
+  uint64_t last_step = 0;
   while (!StopRequested().load()) {
     auto status = FetchStatus(**client, job_id, client_options.timeout);
     if (!status.ok()) return Fail(status.status());
@@ -88,6 +108,10 @@ int Submit(const ClientOptions& client_options, const SubmitOptions& options) {
       std::cout << "  " << phase << (job.getError().size() ? ": " + Str(job.getError()) : "")
                 << std::endl;
       last_phase = phase;
+    }
+    if (job.hasTrain() && job.getTrain().getStep() != last_step) {
+      last_step = job.getTrain().getStep();
+      std::cout << "  " << FormatTrainProgress(job) << std::endl;
     }
     if (state == "succeeded" || state == "failed" || state == "cancelled") {
       std::cout << "\n" << FormatJob(job);

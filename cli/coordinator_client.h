@@ -15,4 +15,17 @@ absl::StatusOr<std::unique_ptr<protocol::Message>> FetchStatus(protocol::RpcClie
                                                                const std::string& job_id,
                                                                std::chrono::milliseconds timeout);
 
+// The SubmitJob folders of a spec file: the file's absolute folder (against which a train job's
+// data.path resolves) and the current directory (checkpoint.dir).
+struct SubmitFolders {
+  std::string spec_dir;
+  std::string work_dir;
+};
+SubmitFolders FoldersOf(const std::string& spec_path);
+
+// A train job's progress on one line (status_view.cc): step/steps, loss, tokens/s, ETA, the
+// compute/comm/bubble split of a step, the last committed checkpoint and the plan. Expects a job
+// with train progress (JobStatus.hasTrain()).
+std::string FormatTrainProgress(wire::JobStatus::Reader job);
+
 }  // namespace shardline::cli

@@ -1,10 +1,13 @@
 #include "cli/status_view.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <sstream>
 #include <vector>
 
+#include "cli/coordinator_client.h"
 #include "protocol/envelope.h"
 
 namespace shardline::cli {
@@ -50,7 +53,70 @@ class Table {
   std::vector<std::vector<std::string>> rows_;
 };
 
+// "45 s", "3m20s", "1h02m".
+std::string FormatDuration(double seconds) {
+  const auto s = static_cast<int64_t>(std::llround(std::max(seconds, 0.0)));
+  char buf[64];
+  if (s < 60) {
+    std::snprintf(buf, sizeof(buf), "%lld s", static_cast<long long>(s));
+  } else if (s < 3600) {
+    std::snprintf(buf, sizeof(buf), "%lldm%02llds", static_cast<long long>(s / 60),
+                  static_cast<long long>(s % 60));
+  } else {
+    std::snprintf(buf, sizeof(buf), "%lldh%02lldm", static_cast<long long>(s / 3600),
+                  static_cast<long long>(s / 60 % 60));
+  }
+  return buf;
+}
+
+// "812", "12.3k", "4.56M".
+std::string FormatRate(double v) {
+  if (v < 1e3) return Fixed(v, 0);
+  if (v < 1e6) return Fixed(v / 1e3, 1) + "k";
+  return Fixed(v / 1e6, 2) + "M";
+}
+
+std::string Percent(double part, double whole) {
+  return std::to_string(static_cast<int>(std::lround(100.0 * part / whole))) + "%";
+}
+
+// The plan of a train job: "tp 2 x pp 2 x dp 1, zero 1, micro-batch 4 (2 per step)".
+std::string FormatPlan(wire::TrainProgress::Reader t) {
+  return "tp " + std::to_string(t.getTp()) + " x pp " + std::to_string(t.getPp()) + " x dp " +
+         std::to_string(t.getDp()) + ", zero " + std::to_string(t.getZero()) + ", micro-batch " +
+         std::to_string(t.getMicroBatch()) + " (" + std::to_string(t.getMicroBatches()) +
+         " per step)";
+}
+
 }  // namespace
+
+std::string FormatTrainProgress(wire::JobStatus::Reader job) {
+  const auto t = job.getTrain();
+  std::string line = "step " + std::to_string(t.getStep()) + "/" + std::to_string(t.getSteps());
+  if (t.getStep() == 0) {
+    line += " (no report yet)";
+  } else {
+    line += "  loss " + (std::isnan(t.getLoss()) ? std::string("-") : Fixed(t.getLoss(), 4));
+    line += "  " + FormatRate(t.getTokensPerSecond()) + " tok/s";
+    if (t.getEtaSeconds() > 0) line += "  ETA " + FormatDuration(t.getEtaSeconds());
+    const double step_seconds = t.getComputeSeconds() + t.getCommSeconds() + t.getBubbleSeconds();
+    if (step_seconds > 0) {
+      line += "  compute " + Percent(t.getComputeSeconds(), step_seconds) + " / comm " +
+              Percent(t.getCommSeconds(), step_seconds) + " / bubble " +
+              Percent(t.getBubbleSeconds(), step_seconds) + " of " + Fixed(step_seconds, 3) +
+              " s";
+    }
+  }
+  if (t.getCheckpointDir().size() == 0) {
+    line += "  checkpoints off";
+  } else if (t.getLastCommittedStep() < 0) {
+    line += "  checkpoint: none committed yet";
+  } else {
+    line += "  checkpoint: step " + std::to_string(t.getLastCommittedStep()) + " in " +
+            Str(t.getCheckpointDir());
+  }
+  return line + "  plan " + FormatPlan(t);
+}
 
 std::string FormatBytes(uint64_t bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB"};
@@ -119,6 +185,31 @@ nlohmann::json StatusToJson(wire::ClusterStatus::Reader status) {
                               {"ok", r.getOk()},
                               {"detail", Str(r.getDetail())}});
     }
+    if (job.hasTrain()) {
+      const auto t = job.getTrain();
+      // A loss not yet reported is NaN, which JSON spells null.
+      const nlohmann::json loss =
+          std::isnan(t.getLoss()) ? nlohmann::json() : nlohmann::json(t.getLoss());
+      j["train"] = {{"step", t.getStep()},
+                    {"steps", t.getSteps()},
+                    {"loss", loss},
+                    {"tokens_per_second", t.getTokensPerSecond()},
+                    {"compute_seconds", t.getComputeSeconds()},
+                    {"comm_seconds", t.getCommSeconds()},
+                    {"bubble_seconds", t.getBubbleSeconds()},
+                    {"eta_seconds", t.getEtaSeconds()},
+                    {"last_committed_step", t.getLastCommittedStep()},
+                    {"checkpoint_dir", Str(t.getCheckpointDir())},
+                    {"plan",
+                     {{"tp", t.getTp()},
+                      {"pp", t.getPp()},
+                      {"dp", t.getDp()},
+                      {"zero", t.getZero()},
+                      {"micro_batch", t.getMicroBatch()},
+                      {"micro_batches", t.getMicroBatches()},
+                      {"batch", t.getBatch()},
+                      {"seq_len", t.getSeqLen()}}}};
+    }
     out["jobs"].push_back(j);
   }
   return out;
@@ -151,9 +242,14 @@ std::string FormatCluster(wire::ClusterStatus::Reader status, const std::string&
       actors += (actors.empty() ? "" : " ") + std::to_string(count) + " " + state;
     }
     if (actors.empty()) actors = std::to_string(job.getWorldSize()) + " wanted";
+    std::string note = Str(job.getError());
+    if (note.empty() && job.hasTrain()) {
+      const auto t = job.getTrain();
+      note = "step " + std::to_string(t.getStep()) + "/" + std::to_string(t.getSteps());
+      if (t.getStep() > 0 && !std::isnan(t.getLoss())) note += ", loss " + Fixed(t.getLoss(), 4);
+    }
     jobs.Add({Str(job.getJobId()), Str(job.getKind()), Str(job.getState()), Str(job.getPhase()),
-              std::to_string(job.getGeneration()), actors, Str(job.getBackend()),
-              Str(job.getError())});
+              std::to_string(job.getGeneration()), actors, Str(job.getBackend()), note});
   }
   out << "\nJobs\n" << (status.getJobs().size() ? jobs.Render() : "  (none)\n");
   return out.str();
@@ -166,6 +262,7 @@ std::string FormatJob(wire::JobStatus::Reader job) {
   out << ", generation " << job.getGeneration() << ", " << job.getWorldSize() << " actors, "
       << Str(job.getBackend()) << "\n";
   if (job.getError().size()) out << "  " << Str(job.getError()) << "\n";
+  if (job.hasTrain()) out << "  " << FormatTrainProgress(job) << "\n";
   Table actors({"RANK", "NODE", "DEVICE", "PID", "STATE", "DETAIL"});
   for (auto a : job.getActors()) {
     actors.Add({std::to_string(a.getRank()), Str(a.getNodeId()), DeviceLabel(a.getDevice()),

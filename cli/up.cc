@@ -100,24 +100,43 @@ class LocalCluster {
   pid_t agent_pid_ = 0;
 };
 
-void PrintProgress(wire::JobStatus::Reader job, size_t* results_shown, std::string* last_phase,
+// What of the job's progress has been printed already.
+struct Shown {
+  size_t results = 0;
+  std::string phase;
+  uint64_t train_step = 0;
+  int64_t committed_step = -1;
+};
+
+void PrintProgress(wire::JobStatus::Reader job, Shown* shown,
                    std::chrono::steady_clock::time_point started) {
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   char stamp[32];
   std::snprintf(stamp, sizeof(stamp), "[%6.1fs] ", elapsed);
   const std::string phase = Str(job.getState()) + (job.getPhase().size() ? "/" + Str(job.getPhase()) : "");
-  if (phase != *last_phase) {
+  if (phase != shown->phase) {
     std::cout << stamp << "job " << Str(job.getJobId()) << " " << phase;
     if (Str(job.getState()) == "pending" && job.getError().size()) std::cout << " (" << Str(job.getError()) << ")";
     std::cout << std::endl;
-    *last_phase = phase;
+    shown->phase = phase;
+  }
+  // A train job: one line per newly reported step (the actors report every log_interval steps)
+  // or newly committed checkpoint.
+  if (job.hasTrain()) {
+    const auto train = job.getTrain();
+    if (train.getStep() != shown->train_step ||
+        train.getLastCommittedStep() != shown->committed_step) {
+      shown->train_step = train.getStep();
+      shown->committed_step = train.getLastCommittedStep();
+      std::cout << stamp << FormatTrainProgress(job) << std::endl;
+    }
   }
   auto results = job.getResults();
   // One line per finished op: its largest size, the figure people compare.
-  for (; *results_shown < results.size(); ++*results_shown) {
-    auto r = results[*results_shown];
-    const bool last_of_op = *results_shown + 1 == results.size() ||
-                            Str(results[*results_shown + 1].getOp()) != Str(r.getOp());
+  for (; shown->results < results.size(); ++shown->results) {
+    auto r = results[shown->results];
+    const bool last_of_op = shown->results + 1 == results.size() ||
+                            Str(results[shown->results + 1].getOp()) != Str(r.getOp());
     if (!last_of_op) continue;
     char line[200];
     if (r.getBytes() > 0) {
@@ -153,6 +172,9 @@ int Up(const UpOptions& options) {
   }
   std::string yaml = DefaultJobYaml(options.devices);
   std::string source = "the default job";
+  // The default job's relative paths resolve against the current directory, like a spec file's
+  // in it.
+  SubmitFolders folders = FoldersOf("./default-job.yaml");
   if (!options.job_path.empty()) {
     std::ifstream in(options.job_path);
     if (!in) {
@@ -161,8 +183,10 @@ int Up(const UpOptions& options) {
     }
     yaml = ReadFile(options.job_path);
     source = options.job_path;
+    folders = FoldersOf(options.job_path);
   }
-  auto spec = placement::ParseJobSpec(yaml, source);
+  auto spec = placement::ParseJobSpec(yaml, source,
+                                      placement::PathBase{folders.spec_dir, folders.work_dir});
   if (!spec.ok()) {
     std::cerr << "error: " << spec.status().message() << "\n";
     return 2;
@@ -203,6 +227,8 @@ int Up(const UpOptions& options) {
     auto submit = message->payload().initSubmitJob();
     submit.setSpecYaml(yaml);
     submit.setSourceName(source);
+    submit.setSpecDir(folders.spec_dir);
+    submit.setWorkDir(folders.work_dir);
     auto reply = (*client)->Call(*message, 10s);
     if (!reply.ok()) {
       std::cerr << "error: submitting " << source << ": " << reply.status().message() << "\n";
@@ -212,8 +238,7 @@ int Up(const UpOptions& options) {
     std::cout << "Coordinator " << cluster.endpoint() << "; submitted " << source << " as job "
               << job_id << " (" << spec->actors << " actors)" << std::endl;
 
-    size_t results_shown = 0;
-    std::string last_phase;
+    Shown shown;
     std::string final_state;
     while (final_state.empty()) {
       if (StopRequested().load()) {
@@ -230,7 +255,7 @@ int Up(const UpOptions& options) {
         return 1;
       }
       auto job = (*status)->envelope().getPayload().getClusterStatus().getJobs()[0];
-      PrintProgress(job, &results_shown, &last_phase, started);
+      PrintProgress(job, &shown, started);
       const std::string state = Str(job.getState());
       if (state == "succeeded" || state == "failed" || state == "cancelled") {
         final_state = state;

@@ -1,6 +1,7 @@
 #include "coordinator/coordinator.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -8,7 +9,9 @@
 #include <kj/exception.h>
 
 #include "common/status_macros.h"
+#include "coordinator/checkpoint_commit.h"
 #include "nlohmann/json.hpp"
+#include "placement/parallel_layout.h"
 #include "spdlog/spdlog.h"
 
 namespace shardline::coordinator {
@@ -20,6 +23,11 @@ using Payload = wire::Envelope::Payload;
 constexpr auto kPollInterval = std::chrono::milliseconds(20);
 constexpr auto kGaugeInterval = std::chrono::milliseconds(250);
 constexpr std::chrono::milliseconds kMaxKvWait = std::chrono::minutes(10);
+// Logged steps of a train job whose StepReports are still being gathered from the ranks; a
+// report of an older step is too late to change what `status` shows.
+constexpr size_t kRecentSteps = 8;
+// Sizes and offsets from the wire stay below this, so sums of two never overflow an int64.
+constexpr uint64_t kMaxDimension = uint64_t{1} << 62;
 
 std::string Text(absl::string_view s) { return ToString(s); }
 
@@ -52,20 +60,32 @@ std::string FormatSeconds(double s) {
   return out.str();
 }
 
-// Writes `content` to `path` atomically: a reader sees the old file or the new one, never half.
-absl::Status WriteFileAtomically(const std::filesystem::path& path, const std::string& content) {
-  const auto tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << content;
-    out.flush();
-    if (!out) return absl::InternalError("cannot write " + tmp);
-  }
+// A path from the spec resolved as ParseJobSpec resolves it (relative to `base`), lexically normal.
+std::string ResolveUnder(const std::string& base, const std::string& path) {
+  if (path.empty()) return path;
+  const std::filesystem::path p(path);
+  std::filesystem::path resolved =
+      (p.is_absolute() ? p : std::filesystem::path(base) / p).lexically_normal();
+  // "DIR/step-00000010/" is the same folder as "DIR/step-00000010".
+  if (!resolved.has_filename() && resolved.has_relative_path()) resolved = resolved.parent_path();
+  return resolved.string();
+}
+
+// `dir` as an absolute, lexically normal path: relative ones are taken from the coordinator's
+// current directory. Empty stays empty.
+std::string AbsoluteDir(const std::string& dir) {
   std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) return absl::InternalError("cannot rename " + tmp + " to " + path.string() + ": " +
-                                     ec.message());
-  return absl::OkStatus();
+  const std::filesystem::path here = std::filesystem::current_path(ec);
+  return ResolveUnder(ec ? std::string("/") : here.string(), dir);
+}
+
+placement::PathBase PathBaseOf(const Job& job) { return {job.spec_dir, job.work_dir}; }
+
+// A train job's layout for logs and errors: "tp 2 x pp 2 x dp 2, zero 1".
+std::string PlanSummary(const placement::JobSpec& spec) {
+  const auto& p = spec.parallel;
+  return "tp " + std::to_string(p.tp) + " x pp " + std::to_string(p.pp) + " x dp " +
+         std::to_string(p.dp) + ", zero " + std::to_string(p.zero);
 }
 
 }  // namespace
@@ -195,6 +215,7 @@ void Coordinator::Dispatch(const std::string& peer, const protocol::Message& mes
     case Payload::COMM_FAILED: status = OnCommFailed(peer, id, payload.getCommFailed()); break;
     case Payload::STEP_REPORT: status = OnStepReport(peer, id, payload.getStepReport()); break;
     case Payload::ACTOR_DONE: status = OnActorDone(peer, id, payload.getActorDone()); break;
+    case Payload::SHARD_SAVED: status = OnShardSaved(peer, id, payload.getShardSaved()); break;
     case Payload::ERROR:
     case Payload::ACK:
       return;  // peers answer our pushes; nothing waits for those answers
@@ -317,16 +338,29 @@ absl::Status Coordinator::OnSubmitJob(const std::string& peer, uint64_t request_
   const std::string yaml = Str(request.getSpecYaml());
   std::string source = Str(request.getSourceName());
   if (source.empty()) source = "job spec";
-  ASSIGN_OR_RETURN(placement::JobSpec spec, placement::ParseJobSpec(yaml, source));
+  // A client that says nothing about its folders (an older one) gets the coordinator's own.
+  const std::string here = AbsoluteDir(".");
+  const std::string spec_dir =
+      request.getSpecDir().size() ? AbsoluteDir(Str(request.getSpecDir())) : here;
+  const std::string work_dir =
+      request.getWorkDir().size() ? AbsoluteDir(Str(request.getWorkDir())) : here;
+  ASSIGN_OR_RETURN(placement::JobSpec spec,
+                   placement::ParseJobSpec(yaml, source, placement::PathBase{spec_dir, work_dir}));
   Job job;
   job.id = spec.name + "-" + std::to_string(next_job_number_++);
   job.spec = spec;
   job.spec_yaml = yaml;
+  job.spec_dir = spec_dir;
+  job.work_dir = work_dir;
+  if (spec.kind == placement::JobKind::kTrain) {
+    job.train.saving_dir = ResolveUnder(work_dir, spec.train.checkpoint_dir);
+  }
   job.backend = std::string(placement::BackendName(placement::ResolveBackend(spec)));
   job.submitted_unix_ms = UnixMillis();
   job.waiting_reason = "waiting for devices";
-  spdlog::info("job {} submitted: {} on {} {} actors", job.id, placement::JobKindName(spec.kind),
-               spec.actors, placement::DeviceKindName(spec.devices));
+  spdlog::info("job {} submitted: {} on {} {} actors{}", job.id, placement::JobKindName(spec.kind),
+               job.World(), placement::DeviceKindName(spec.devices),
+               spec.kind == placement::JobKind::kTrain ? " (" + PlanSummary(spec) + ")" : "");
   const std::string id = job.id;
   jobs_[id] = std::move(job);
   job_order_.push_back(id);
@@ -364,14 +398,14 @@ void Coordinator::TryStartPendingJobs() {
         if (node.devices[d].kind != wanted) continue;
         ++alive_total;
         if (node.devices[d].busy_job.empty() &&
-            placement.size() < static_cast<size_t>(job.spec.actors)) {
+            placement.size() < static_cast<size_t>(job.World())) {
           placement.emplace_back(node_id, static_cast<int>(d));
         }
       }
     }
     const std::string kind(placement::DeviceKindName(job.spec.devices));
-    if (placement.size() < static_cast<size_t>(job.spec.actors)) {
-      job.waiting_reason = "waiting for " + std::to_string(job.spec.actors) + " free " + kind +
+    if (placement.size() < static_cast<size_t>(job.World())) {
+      job.waiting_reason = "waiting for " + std::to_string(job.World()) + " free " + kind +
                            " devices (" + std::to_string(placement.size()) + " free of " +
                            std::to_string(alive_total) + " alive)";
       // First come, first served: a later, smaller job does not overtake.
@@ -383,6 +417,38 @@ void Coordinator::TryStartPendingJobs() {
 
 void Coordinator::StartGeneration(Job& job,
                                   const std::vector<std::pair<std::string, int>>& placement) {
+  // The communicator groups first: nothing is spawned for a layout that cannot be cut.
+  std::vector<GroupRecord> groups;
+  if (job.spec.kind == placement::JobKind::kTrain) {
+    const auto& parallel = job.spec.parallel;
+    auto grid = placement::RankGrid::Create(parallel.tp, parallel.pp, parallel.dp);
+    if (grid.ok() && static_cast<size_t>(grid->world()) != placement.size()) {
+      grid = absl::InternalError("the layout has " + std::to_string(grid->world()) +
+                                 " ranks but " + std::to_string(placement.size()) +
+                                 " devices were placed");
+    }
+    if (!grid.ok()) {
+      EndJob(job, JobState::kFailed, "cannot lay out " + PlanSummary(job.spec) + ": " +
+                                         Text(grid.status().message()));
+      return;
+    }
+    // Every group of every kind, a group of one rank included: the actors bootstrap each group
+    // they are in, and the deadline names the missing ranks group by group.
+    for (auto& group : grid->AllGroups()) {
+      GroupRecord record;
+      record.kind = group.kind;
+      record.id = group.id;
+      record.ranks = std::move(group.ranks);
+      groups.push_back(std::move(record));
+    }
+  } else {
+    GroupRecord world;
+    world.kind = world.id = "world";
+    for (size_t rank = 0; rank < placement.size(); ++rank) {
+      world.ranks.push_back(static_cast<int>(rank));
+    }
+    groups.push_back(std::move(world));
+  }
   const TimePoint now = clock_->Now();
   job.generation += 1;
   job.state = JobState::kRunning;
@@ -392,9 +458,11 @@ void Coordinator::StartGeneration(Job& job,
   job.bootstrap_deadline = now + job.spec.bootstrap_timeout;
   job.run_deadline = now + job.spec.run_timeout;
   job.actors.clear();
-  job.groups.clear();
-  GroupRecord world;
-  world.kind = world.id = "world";
+  job.groups = std::move(groups);
+  // A new generation reports its steps and saves its shards afresh; what was committed stays.
+  job.train.first_step = -1;
+  job.train.recent.clear();
+  job.train.saving.clear();
   std::map<std::string, std::vector<int>> ranks_by_node;
   for (size_t rank = 0; rank < placement.size(); ++rank) {
     const auto& [node_id, device_slot] = placement[rank];
@@ -405,10 +473,8 @@ void Coordinator::StartGeneration(Job& job,
     actor.node_id = node_id;
     actor.device = node->devices[device_slot];
     job.actors.push_back(actor);
-    world.ranks.push_back(static_cast<int>(rank));
     ranks_by_node[node_id].push_back(static_cast<int>(rank));
   }
-  job.groups.push_back(world);
   for (const auto& [node_id, ranks] : ranks_by_node) {
     NodeInfo* node = membership_.Find(node_id);
     auto message = NewMessage(0);
@@ -481,6 +547,8 @@ absl::Status Coordinator::OnRegisterActor(const std::string& peer, uint64_t requ
   assignment.setBackend(CapText(job.backend));
   FillDevice(assignment.initDevice(), actor->device);
   assignment.setStorePrefix(CapText(job.StorePrefix()));
+  assignment.setSpecDir(CapText(job.spec_dir));
+  assignment.setWorkDir(CapText(job.work_dir));
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(job.bootstrap_deadline -
                                                                           clock_->Now());
   assignment.setBootstrapTimeoutMs(static_cast<uint32_t>(std::max<int64_t>(left.count(), 1)));
@@ -626,8 +694,8 @@ absl::Status Coordinator::OnStepReport(const std::string& peer, uint64_t request
   const std::string job_id = Str(report.getJobId());
   ASSIGN_OR_RETURN(ActorRecord * actor,
                    FindActor(job_id, report.getGeneration(), report.getRank()));
-  (void)actor;
   Job& job = jobs_[job_id];
+  if (job.spec.kind == placement::JobKind::kTrain) RecordStep(job, actor->rank, report);
   for (auto r : report.getResults()) {
     CollectiveResultRecord result;
     result.op = Str(r.getOp());
@@ -641,6 +709,151 @@ absl::Status Coordinator::OnStepReport(const std::string& peer, uint64_t request
     job.results.push_back(std::move(result));
   }
   ReplyAck(peer, request_id);
+  return absl::OkStatus();
+}
+
+void Coordinator::RecordStep(Job& job, int rank, wire::StepReport::Reader report) {
+  TrainRecord& progress = job.train;
+  const auto step = static_cast<int64_t>(std::min<uint64_t>(report.getStep(), kMaxDimension));
+  if (progress.recent.size() >= kRecentSteps && step < progress.recent.begin()->first) return;
+  StepAggregate& aggregate = progress.recent[step];
+  aggregate.ranks.insert(rank);
+  // Only the last pipeline stage computes the loss; the others report NaN. Rank world-1 is on
+  // it; another rank's loss stands in until that one's arrives.
+  const bool last_rank = rank == job.World() - 1;
+  if (!std::isnan(report.getLoss()) && (last_rank || !aggregate.loss_from_last_rank)) {
+    aggregate.loss = report.getLoss();
+    aggregate.loss_from_last_rank = last_rank;
+  }
+  // A step takes as long as its slowest rank: show that rank's split and throughput.
+  const double seconds = report.getComputeSeconds() + report.getCommSeconds() +
+                         report.getBubbleSeconds();
+  if (seconds > aggregate.slowest_seconds) {
+    aggregate.slowest_seconds = seconds;
+    aggregate.tokens_per_second = report.getTokensPerSecond();
+    aggregate.compute_seconds = report.getComputeSeconds();
+    aggregate.comm_seconds = report.getCommSeconds();
+    aggregate.bubble_seconds = report.getBubbleSeconds();
+  }
+  while (progress.recent.size() > kRecentSteps) progress.recent.erase(progress.recent.begin());
+  if (step < progress.step && progress.first_step >= 0) return;
+  const TimePoint now = clock_->Now();
+  if (progress.first_step < 0) {
+    progress.first_step = step;
+    progress.first_report = now;
+  }
+  if (step > progress.step || progress.first_step == step) {
+    progress.last_report = now;  // when the step was first seen: the rate behind the ETA
+  }
+  progress.step = step;
+  if (!std::isnan(aggregate.loss)) progress.loss = aggregate.loss;
+  progress.tokens_per_second = aggregate.tokens_per_second;
+  progress.compute_seconds = aggregate.compute_seconds;
+  progress.comm_seconds = aggregate.comm_seconds;
+  progress.bubble_seconds = aggregate.bubble_seconds;
+}
+
+absl::Status Coordinator::OnShardSaved(const std::string& peer, uint64_t request_id,
+                                       wire::ShardSaved::Reader report) {
+  const std::string job_id = Str(report.getJobId());
+  ASSIGN_OR_RETURN(ActorRecord * actor,
+                   FindActor(job_id, report.getGeneration(), report.getRank()));
+  Job& job = jobs_[job_id];
+  TrainRecord& train = job.train;
+  const std::string where = "job " + job_id + ", rank " + std::to_string(actor->rank) + ", step " +
+                            std::to_string(report.getStep());
+  if (job.spec.kind != placement::JobKind::kTrain) {
+    return absl::FailedPreconditionError(where + ": a " +
+                                         std::string(placement::JobKindName(job.spec.kind)) +
+                                         " job saves no checkpoints");
+  }
+  if (train.saving_dir.empty()) {
+    return absl::FailedPreconditionError(where + ": the job's spec has no checkpoint.dir");
+  }
+  if (report.getStep() > static_cast<uint64_t>(job.spec.train.steps)) {
+    return absl::InvalidArgumentError(where + ": the job has only " +
+                                      std::to_string(job.spec.train.steps) + " steps");
+  }
+  const auto step = static_cast<int64_t>(report.getStep());
+  if (step <= train.last_committed_step) {
+    return absl::FailedPreconditionError(where + ": step " +
+                                         std::to_string(train.last_committed_step) +
+                                         " is already committed; only later steps can be saved");
+  }
+  // The coordinator writes into the folder the spec names, never one a message chose.
+  const std::string expected_dir =
+      (std::filesystem::path(train.saving_dir) / StepDirName(step)).string();
+  SavedShardRecord shard;
+  shard.rank = actor->rank;
+  shard.dir = ResolveUnder(job.work_dir, Str(report.getDir()));
+  shard.file = Str(report.getFile());
+  if (shard.dir != expected_dir) {
+    return absl::InvalidArgumentError(where + ": saved into " + shard.dir +
+                                      ", but the step's folder is " + expected_dir);
+  }
+  for (auto tensor : report.getTensors()) {
+    SavedTensorRecord record;
+    record.name = Str(tensor.getName());
+    record.dtype = Str(tensor.getDtype());
+    const auto read = [&](capnp::List<uint64_t>::Reader in, std::vector<int64_t>& out,
+                          const char* what) -> absl::Status {
+      for (uint64_t v : in) {
+        if (v >= kMaxDimension) {
+          return absl::InvalidArgumentError(where + ": tensor '" + record.name + "': " + what +
+                                            " value " + std::to_string(v) + " is too large");
+        }
+        out.push_back(static_cast<int64_t>(v));
+      }
+      return absl::OkStatus();
+    };
+    RETURN_IF_ERROR(read(tensor.getGlobalShape(), record.global_shape, "global shape"));
+    RETURN_IF_ERROR(read(tensor.getOffsets(), record.offsets, "offset"));
+    RETURN_IF_ERROR(read(tensor.getShape(), record.shape, "shape"));
+    shard.tensors.push_back(std::move(record));
+  }
+  PendingCheckpoint& pending = train.saving[step];
+  if (pending.shards.count(shard.rank)) {
+    return absl::AlreadyExistsError(where + ": the rank already reported its shard of this step");
+  }
+  if (auto status = CheckSavedShard(shard, pending); !status.ok()) {
+    if (pending.shards.empty()) train.saving.erase(step);
+    return Annotate(status, "job " + job_id + ", step " + std::to_string(step));
+  }
+  AddSavedShard(std::move(shard), pending);
+  if (pending.shards.size() < job.actors.size()) {
+    ReplyAck(peer, request_id);
+    return absl::OkStatus();
+  }
+  // Every rank saved the step: commit it.
+  RETURN_IF_ERROR(CommitStep(job, step));
+  ReplyAck(peer, request_id);
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::CommitStep(Job& job, int64_t step) {
+  TrainRecord& train = job.train;
+  const PendingCheckpoint pending = std::move(train.saving[step]);
+  train.saving.erase(step);
+  auto manifest =
+      BuildManifestJson(step, job.World(), ModelMetadata(job.spec.train.model), pending);
+  absl::Status status = manifest.status();
+  // A step older than one already committed still gets its manifest, but `latest` never goes
+  // back.
+  if (status.ok()) {
+    status = CommitCheckpoint(train.saving_dir, step, *manifest, step > train.last_committed_step);
+  }
+  if (!status.ok()) {
+    // The ranks' shards do not make a checkpoint (or it cannot be written): going on would
+    // train on with nothing to resume from.
+    const std::string error = "checkpoint step " + std::to_string(step) +
+                              " could not be committed: " + Text(status.message());
+    EndJob(job, JobState::kFailed, error);
+    return absl::Status(status.code(), error);
+  }
+  train.last_committed_step = std::max(train.last_committed_step, step);
+  spdlog::info("job {} generation {}: committed checkpoint step {} of {} ranks in {}", job.id,
+               job.generation, step, pending.shards.size(), train.saving_dir);
+  Persist(job);
   return absl::OkStatus();
 }
 
@@ -848,7 +1061,7 @@ void Coordinator::FillStatus(wire::ClusterStatus::Builder status, const std::str
     out.setKind(CapText(std::string(placement::JobKindName(job.spec.kind))));
     out.setState(CapText(std::string(JobStateName(job.state))));
     out.setGeneration(job.generation);
-    out.setWorldSize(static_cast<uint32_t>(job.spec.actors));
+    out.setWorldSize(static_cast<uint32_t>(job.World()));
     out.setError(CapText(job.state == JobState::kPending ? job.waiting_reason : job.error));
     out.setSubmittedUnixMs(job.submitted_unix_ms);
     out.setFinishedUnixMs(job.finished_unix_ms);
@@ -877,7 +1090,43 @@ void Coordinator::FillStatus(wire::ClusterStatus::Builder status, const std::str
       results[r].setOk(result.ok);
       results[r].setDetail(CapText(result.detail));
     }
+    if (job.spec.kind == placement::JobKind::kTrain) FillTrainProgress(out.initTrain(), job);
   }
+}
+
+void Coordinator::FillTrainProgress(wire::TrainProgress::Builder out, const Job& job) {
+  const TrainRecord& progress = job.train;
+  const placement::TrainSpec& spec = job.spec.train;
+  const placement::ParallelSpec& parallel = job.spec.parallel;
+  out.setStep(static_cast<uint64_t>(progress.step));
+  out.setSteps(static_cast<uint64_t>(spec.steps));
+  out.setLoss(progress.loss);
+  out.setTokensPerSecond(progress.tokens_per_second);
+  out.setComputeSeconds(progress.compute_seconds);
+  out.setCommSeconds(progress.comm_seconds);
+  out.setBubbleSeconds(progress.bubble_seconds);
+  double eta = 0;
+  const int64_t left = spec.steps - progress.step;
+  if (job.state == JobState::kRunning && progress.step > 0 && left > 0) {
+    if (progress.step > progress.first_step && progress.first_step >= 0) {
+      // The pace of this generation so far, everything included (data, checkpoints, reports).
+      eta = Seconds(progress.last_report - progress.first_report) /
+            static_cast<double>(progress.step - progress.first_step) * static_cast<double>(left);
+    } else if (progress.tokens_per_second > 0) {
+      eta = static_cast<double>(left * spec.batch * spec.seq_len) / progress.tokens_per_second;
+    }
+  }
+  out.setEtaSeconds(eta);
+  out.setLastCommittedStep(progress.last_committed_step);
+  out.setCheckpointDir(CapText(progress.saving_dir));
+  out.setTp(static_cast<uint32_t>(parallel.tp));
+  out.setPp(static_cast<uint32_t>(parallel.pp));
+  out.setDp(static_cast<uint32_t>(parallel.dp));
+  out.setZero(static_cast<uint32_t>(parallel.zero));
+  out.setMicroBatch(static_cast<uint64_t>(placement::MicroBatchSize(parallel, spec.batch)));
+  out.setMicroBatches(static_cast<uint64_t>(placement::MicroBatchCount(parallel, spec.batch)));
+  out.setBatch(static_cast<uint64_t>(spec.batch));
+  out.setSeqLen(static_cast<uint64_t>(spec.seq_len));
 }
 
 void Coordinator::Persist(const Job& job) {
@@ -885,6 +1134,8 @@ void Coordinator::Persist(const Job& job) {
   nlohmann::json record = {
       {"id", job.id},
       {"spec_yaml", job.spec_yaml},
+      {"spec_dir", job.spec_dir},
+      {"work_dir", job.work_dir},
       {"state", JobStateName(job.state)},
       {"error", job.error},
       {"generation", job.generation},
@@ -898,6 +1149,14 @@ void Coordinator::Persist(const Job& job) {
                        {"bus_gbps", r.bus_gbps}, {"ok", r.ok}, {"detail", r.detail}});
   }
   record["results"] = results;
+  if (job.spec.kind == placement::JobKind::kTrain) {
+    // NaN has no JSON spelling: a loss not yet reported is null.
+    const nlohmann::json loss =
+        std::isnan(job.train.loss) ? nlohmann::json() : nlohmann::json(job.train.loss);
+    record["train"] = {{"step", job.train.step},
+                       {"loss", loss},
+                       {"last_committed_step", job.train.last_committed_step}};
+  }
   const auto path = std::filesystem::path(options_.state_dir) / "jobs" / (job.id + ".json");
   auto status = WriteFileAtomically(path, record.dump(2));
   if (!status.ok()) spdlog::error("persisting job {}: {}", job.id, Text(status.message()));
@@ -916,13 +1175,25 @@ absl::Status Coordinator::LoadHistory() {
       Job job;
       job.id = record.at("id").get<std::string>();
       job.spec_yaml = record.at("spec_yaml").get<std::string>();
-      auto spec = placement::ParseJobSpec(job.spec_yaml, where);
+      // Records from before the folders were kept resolve against the coordinator's.
+      job.spec_dir = record.value("spec_dir", AbsoluteDir("."));
+      job.work_dir = record.value("work_dir", AbsoluteDir("."));
+      auto spec = placement::ParseJobSpec(job.spec_yaml, where, PathBaseOf(job));
       if (!spec.ok()) {
         spdlog::error("skipping {}: {}", where, Text(spec.status().message()));
         continue;
       }
       job.spec = *spec;
       job.backend = std::string(placement::BackendName(placement::ResolveBackend(job.spec)));
+      if (job.spec.kind == placement::JobKind::kTrain) {
+        job.train.saving_dir = ResolveUnder(job.work_dir, job.spec.train.checkpoint_dir);
+        const auto train = record.value("train", nlohmann::json::object());
+        job.train.step = train.value("step", int64_t{0});
+        if (train.contains("loss") && train["loss"].is_number()) {
+          job.train.loss = train["loss"].get<double>();
+        }
+        job.train.last_committed_step = train.value("last_committed_step", int64_t{-1});
+      }
       const std::string state = record.at("state").get<std::string>();
       job.error = record.value("error", "");
       job.generation = record.value("generation", 0u);
@@ -981,11 +1252,17 @@ void Coordinator::UpdateGauges() {
       devices[{kind, state}] += 1;
     }
   }
+  std::map<std::string, monitoring::TrainGauges> train;
   for (const auto& [id, job] : jobs_) {
     jobs[std::string(JobStateName(job.state))] += 1;
     if (job.state != JobState::kRunning) continue;
     for (const auto& actor : job.actors) actors[std::string(ActorStateName(actor.state))] += 1;
+    if (job.spec.kind == placement::JobKind::kTrain) {
+      train[id] = {static_cast<double>(job.train.step), job.train.loss,
+                   job.train.tokens_per_second};
+    }
   }
+  metrics_.SetTrainJobs(train);
   metrics_.SetNodes(nodes);
   metrics_.SetDevices(devices);
   metrics_.SetActors(actors);

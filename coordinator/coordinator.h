@@ -84,6 +84,8 @@ class Coordinator {
                             wire::StepReport::Reader report);
   absl::Status OnActorDone(const std::string& peer, uint64_t request_id,
                            wire::ActorDone::Reader report);
+  absl::Status OnShardSaved(const std::string& peer, uint64_t request_id,
+                            wire::ShardSaved::Reader report);
 
   // ---- jobs ----
   // The job's actor of (generation, rank), or an error saying why the report is stale or bad.
@@ -98,6 +100,11 @@ class Coordinator {
   // stale or the rank is not a member.
   absl::StatusOr<GroupMember> FindGroupMember(const std::string& job_id, uint32_t generation,
                                               uint32_t rank, const std::string& group_id);
+  // Folds one rank's StepReport into the train job's progress.
+  void RecordStep(Job& job, int rank, wire::StepReport::Reader report);
+  // Writes the manifest of `step`, whose shards every rank has saved, then `latest`; fails the
+  // job (and returns why) when the shards do not make a checkpoint or it cannot be written.
+  absl::Status CommitStep(Job& job, int64_t step);
   void TryStartPendingJobs();
   void StartGeneration(Job& job, const std::vector<std::pair<std::string, int>>& placement);
   // Ends the current generation: aborts its actors, frees its devices, records `error`.
@@ -114,6 +121,7 @@ class Coordinator {
   void Persist(const Job& job);
   void UpdateGauges();
   void FillStatus(wire::ClusterStatus::Builder status, const std::string& job_id);
+  void FillTrainProgress(wire::TrainProgress::Builder out, const Job& job);
 
   CoordinatorOptions options_;
   const Clock* clock_;

@@ -4,12 +4,14 @@
 
 #include <chrono>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "common/clock.h"
+#include "coordinator/checkpoint_commit.h"
 #include "coordinator/membership.h"
 #include "placement/job_spec.h"
 
@@ -59,10 +61,45 @@ struct CollectiveResultRecord {
   std::string detail;
 };
 
+// One logged step of a train job as its ranks' StepReports come in: the loss of the last
+// pipeline stage (the other stages report NaN), the timings of the slowest rank.
+struct StepAggregate {
+  std::set<int> ranks;
+  double loss = std::numeric_limits<double>::quiet_NaN();
+  bool loss_from_last_rank = false;
+  double slowest_seconds = -1;  // compute + comm + bubble of the slowest rank so far
+  double tokens_per_second = 0;
+  double compute_seconds = 0;
+  double comm_seconds = 0;
+  double bubble_seconds = 0;
+};
+
+// A train job's progress, as `shardline status` shows it.
+struct TrainRecord {
+  int64_t step = 0;  // the latest step any rank reported; 0 before the first report
+  double loss = std::numeric_limits<double>::quiet_NaN();
+  double tokens_per_second = 0;
+  double compute_seconds = 0;
+  double comm_seconds = 0;
+  double bubble_seconds = 0;
+  // The rate behind the ETA: the first and the latest reported step of this generation.
+  int64_t first_step = -1;
+  TimePoint first_report;
+  TimePoint last_report;
+  std::map<int64_t, StepAggregate> recent;  // the last few logged steps, by step
+  // Checkpoint shards reported but not yet committed, by step.
+  std::map<int64_t, PendingCheckpoint> saving;
+  std::string saving_dir;              // the checkpoint dir, absolute; empty: no checkpoints
+  int64_t last_committed_step = -1;    // survives generations: a new one resumes from it
+};
+
 struct Job {
   std::string id;
   placement::JobSpec spec;
   std::string spec_yaml;
+  // Where the spec's relative paths resolve (SubmitJob's specDir and workDir), absolute.
+  std::string spec_dir;
+  std::string work_dir;
   std::string backend;  // resolved: gloo | nccl
   JobState state = JobState::kPending;
   Phase phase = Phase::kNone;
@@ -77,7 +114,11 @@ struct Job {
   std::vector<ActorRecord> actors;  // index = rank
   std::vector<GroupRecord> groups;
   std::vector<CollectiveResultRecord> results;
+  TrainRecord train;  // kind train only
 
+  int World() const {
+    return spec.kind == placement::JobKind::kTrain ? spec.parallel.world() : spec.actors;
+  }
   // The key prefix of this generation in the coordinator's store.
   std::string StorePrefix() const {
     return "job/" + id + "/gen/" + std::to_string(generation);

@@ -238,6 +238,56 @@ class SnapshotGauges {
   std::set<Key> warned_;
 };
 
+// One gauge per job, set from a snapshot of the jobs that exist now; the series of a job that
+// left the snapshot are removed from the family (a finished job's last value stays in
+// Prometheus' history, but is not scraped forever).
+class JobGauges {
+ public:
+  JobGauges(prometheus::Registry& registry, const std::string& name, const std::string& help,
+            const Labels& constant_labels)
+      : family_name_(name),
+        family_(GaugeFamily(registry, name, help)),
+        constant_labels_(constant_labels) {
+    RequireNoClash(constant_labels_, family_name_, {"job"});
+  }
+
+  void Set(const std::map<std::string, double>& by_job) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto it = series_.begin(); it != series_.end();) {
+      if (by_job.count(it->first) == 0) {
+        family_.Remove(it->second);
+        it = series_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (const auto& [job, value] : by_job) {
+      auto it = series_.find(job);
+      if (it == series_.end()) {
+        if (series_.size() >= kMaxLabelValues) {
+          if (warned_.size() < kMaxLabelValues && warned_.insert(job).second) {
+            spdlog::warn("metrics: {} has more than {} jobs; job \"{}\" is not exported",
+                         family_name_, kMaxLabelValues, job);
+          }
+          continue;
+        }
+        prometheus::Labels labels = constant_labels_;
+        labels["job"] = job;
+        it = series_.emplace(job, &family_.Add(labels)).first;
+      }
+      it->second->Set(value);
+    }
+  }
+
+ private:
+  const std::string family_name_;
+  prometheus::Family<prometheus::Gauge>& family_;
+  const Labels constant_labels_;
+  std::mutex mutex_;
+  std::map<std::string, prometheus::Gauge*> series_;  // owned by the registry
+  std::set<std::string> warned_;
+};
+
 }  // namespace detail
 
 namespace {
@@ -315,6 +365,19 @@ CoordinatorMetrics::CoordinatorMetrics(std::shared_ptr<prometheus::Registry> reg
       r, "shardline_bootstrap_seconds",
       "Time to bring up one communicator group, from assignment to the last CommReady.",
       constant_labels, "group_kind", Vocabulary::Open(kGroupKinds), kBootstrapBuckets);
+  train_step_ = std::make_unique<detail::JobGauges>(
+      r, "shardline_train_step", "Latest step a running train job reported, by job.",
+      constant_labels);
+  train_loss_ = std::make_unique<detail::JobGauges>(
+      r, "shardline_train_loss",
+      "Training loss of a running train job's latest reported step (its last pipeline stage), "
+      "by job.",
+      constant_labels);
+  train_tokens_per_second_ = std::make_unique<detail::JobGauges>(
+      r, "shardline_train_tokens_per_second",
+      "Tokens per second of a running train job's latest reported step, as its slowest rank "
+      "measured them, by job.",
+      constant_labels);
 }
 
 CoordinatorMetrics::~CoordinatorMetrics() = default;
@@ -343,6 +406,17 @@ void CoordinatorMetrics::OnGeneration(std::string_view outcome) {
 }
 void CoordinatorMetrics::ObserveBootstrap(std::string_view group_kind, double seconds) {
   bootstrap_seconds_->Get(group_kind).Observe(seconds);
+}
+void CoordinatorMetrics::SetTrainJobs(const std::map<std::string, TrainGauges>& by_job) {
+  std::map<std::string, double> step, loss, tokens_per_second;
+  for (const auto& [job, gauges] : by_job) {
+    step[job] = gauges.step;
+    loss[job] = gauges.loss;
+    tokens_per_second[job] = gauges.tokens_per_second;
+  }
+  train_step_->Set(step);
+  train_loss_->Set(loss);
+  train_tokens_per_second_->Set(tokens_per_second);
 }
 
 // ---------------------------------------------------------------------------------------------

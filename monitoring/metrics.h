@@ -56,10 +56,18 @@ inline constexpr std::array<std::string_view, 3> kActorExitOutcomes = {"success"
                                                                        "signal"};
 
 namespace detail {
+class JobGauges;
 class LabeledCounters;
 class LabeledHistograms;
 class SnapshotGauges;
 }  // namespace detail
+
+// One running train job's progress, as the coordinator aggregates it from every rank.
+struct TrainGauges {
+  double step = 0;               // the latest step reported
+  double loss = 0;               // of the last pipeline stage; NaN before the first report
+  double tokens_per_second = 0;  // of the slowest rank
+};
 
 // Envelopes in and out of a ZeroMQ socket; used by the coordinator, the agent and the actor.
 class WireMetrics {
@@ -102,6 +110,11 @@ class CoordinatorMetrics {
   void OnGeneration(std::string_view outcome);  // kGenerationOutcomes, open
   // Time from the first member's Assignment to the group's last CommReady.
   void ObserveBootstrap(std::string_view group_kind, double seconds);  // kGroupKinds
+  // The running train jobs, by job id (label `job`), as a full snapshot: the series of a job
+  // absent from it are removed, so only running jobs are exported and the label stays bounded.
+  // Past kMaxLabelValues jobs, the rest are left out (with a warning): a sum of other jobs'
+  // steps or losses would mean nothing.
+  void SetTrainJobs(const std::map<std::string, TrainGauges>& by_job);
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
@@ -113,6 +126,9 @@ class CoordinatorMetrics {
   std::unique_ptr<detail::LabeledCounters> kv_operations_;
   std::unique_ptr<detail::LabeledCounters> generations_;
   std::unique_ptr<detail::LabeledHistograms> bootstrap_seconds_;
+  std::unique_ptr<detail::JobGauges> train_step_;
+  std::unique_ptr<detail::JobGauges> train_loss_;
+  std::unique_ptr<detail::JobGauges> train_tokens_per_second_;
 };
 
 // One node agent.

@@ -132,6 +132,7 @@ std::string_view PayloadName(wire::Envelope::Payload::Which which) {
     case W::ACTOR_DONE: return "actor_done";
     case W::SHUTDOWN: return "shutdown";
     case W::COMM_JOIN: return "comm_join";
+    case W::SHARD_SAVED: return "shard_saved";
   }
   return "unknown";
 }

@@ -38,6 +38,7 @@ struct Envelope {
     actorDone @24 :ActorDone;
     shutdown @25 :Shutdown;
     commJoin @26 :CommJoin;
+    shardSaved @27 :ShardSaved;
   }
 }
 
@@ -89,6 +90,11 @@ struct Heartbeat {
 struct SubmitJob {
   specYaml @0 :Text;
   sourceName @1 :Text;      # the file name, for error messages
+  # Where relative paths of the spec resolve (a train job's data.path against specDir, its
+  # checkpoint.dir against workDir): the spec file's absolute folder and the submitter's current
+  # directory. Empty: the coordinator's current directory.
+  specDir @2 :Text;
+  workDir @3 :Text;
 }
 
 struct SubmitJobReply {
@@ -136,6 +142,30 @@ struct JobStatus {
   actors @10 :List(ActorStatus);
   results @11 :List(CollectiveResult);
   backend @12 :Text;
+  train @13 :TrainProgress; # kind train only
+}
+
+# A train job's progress as the coordinator aggregates it from every rank's StepReports: the loss
+# of the last pipeline stage, the timings of the slowest rank. `step` is 0 until the first report.
+struct TrainProgress {
+  step @0 :UInt64;
+  steps @1 :UInt64;
+  loss @2 :Float64;
+  tokensPerSecond @3 :Float64;
+  computeSeconds @4 :Float64;       # of one step, on the slowest rank
+  commSeconds @5 :Float64;
+  bubbleSeconds @6 :Float64;
+  etaSeconds @7 :Float64;           # to the last step at the recent rate; 0 when unknown
+  lastCommittedStep @8 :Int64 = -1; # -1: nothing committed yet
+  checkpointDir @9 :Text;           # absolute; empty: the job saves no checkpoints
+  tp @10 :UInt32;                   # the plan
+  pp @11 :UInt32;
+  dp @12 :UInt32;
+  zero @13 :UInt32;
+  microBatch @14 :UInt64;           # sequences per micro-batch on one data-parallel rank
+  microBatches @15 :UInt64;         # micro-batches per step
+  batch @16 :UInt64;                # sequences per step
+  seqLen @17 :UInt64;
 }
 
 struct ActorStatus {
@@ -216,6 +246,8 @@ struct Assignment {
   groups @8 :List(Group);
   storePrefix @9 :Text;     # key prefix of this job generation in the coordinator's store
   bootstrapTimeoutMs @10 :UInt32;
+  specDir @11 :Text;        # as in SubmitJob: where the spec's relative paths resolve
+  workDir @12 :Text;
 }
 
 struct Group {
@@ -288,6 +320,29 @@ struct ActorDone {
   rank @2 :UInt32;
   ok @3 :Bool;
   message @4 :Text;
+}
+
+# One rank's checkpoint shard of step `step` is on disk: `file` (relative to `dir`, the step's
+# folder, DIR/step-NNNNNNNN) holds `tensors`. The coordinator commits the step (writes its
+# manifest.json, then DIR/latest) once every rank of the generation has saved it.
+struct ShardSaved {
+  jobId @0 :Text;
+  generation @1 :UInt32;
+  rank @2 :UInt32;
+  step @3 :UInt64;
+  dir @4 :Text;
+  file @5 :Text;
+  tensors @6 :List(SavedTensor);
+}
+
+# The box [offsets, offsets + shape) of global tensor `name` (shape globalShape), stored in the
+# shard file under the same name.
+struct SavedTensor {
+  name @0 :Text;
+  dtype @1 :Text;           # a safetensors dtype: "F32", ...
+  globalShape @2 :List(UInt64);
+  offsets @3 :List(UInt64);
+  shape @4 :List(UInt64);
 }
 
 struct Shutdown {

@@ -39,6 +39,7 @@ std::map<std::string, prometheus::MetricFamily> RegisteredFamilies() {
   coordinator.OnKvOperation("get");
   coordinator.OnGeneration("completed");
   coordinator.ObserveBootstrap("world", 1);
+  coordinator.SetTrainJobs({{"job-1", {1, 2.5, 100}}});
   AgentMetrics agent(registry, {});
   agent.SetActorsRunning(1);
   agent.OnActorExit("success");
@@ -115,7 +116,7 @@ std::vector<Rule> LoadRules() {
 
 TEST(MonitoringNamesTest, FollowPrometheusNamingRules) {
   const auto families = RegisteredFamilies();
-  ASSERT_EQ(families.size(), 20u) << "a family was added or lost: update this test, the "
+  ASSERT_EQ(families.size(), 23u) << "a family was added or lost: update this test, the "
                                      "dashboard and the rules together";
   for (const auto& [name, family] : families) {
     EXPECT_TRUE(absl::StartsWith(name, "shardline_")) << name;
