@@ -11,3 +11,18 @@ foreach(name cluster_comm_check_test cluster_fault_test cluster_bad_input_test u
     LABELS integration TIMEOUT 600)
   add_dependencies(${name} shardline)
 endforeach()
+
+# The coordinator's side of train jobs, against fake actors and a fake node over the real wire;
+# it reads the committed manifests back with the checkpoint library.
+shardline_test(cluster_train_coordinator_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/cluster_train_coordinator_test.cc
+  LIBS shardline_test_cluster shardline_monitoring_testing shardline_checkpoint shardline_placement
+  LABELS integration TIMEOUT 600)
+add_dependencies(cluster_train_coordinator_test shardline)
+
+# A sharded train job end to end (tp×pp and ZeRO 3 × pp) against `shardline train` on one device.
+shardline_test(cluster_train_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/cluster_train_test.cc
+  LIBS shardline_test_cluster shardline_monitoring_testing shardline_training
+  LABELS integration TIMEOUT 900)
+add_dependencies(cluster_train_test shardline)

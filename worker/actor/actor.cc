@@ -15,6 +15,7 @@
 #include "worker/actor/comm_check.h"
 #include "worker/actor/coordinator_store.h"
 #include "worker/comm/communicator.h"
+#include "worker/training/sharded_trainer.h"
 #include "worker/wire_observer.h"
 
 namespace shardline::actor {
@@ -50,6 +51,8 @@ class Actor {
   absl::Status Bootstrap();
   // The job itself; an error here is reported as the actor's failure.
   absl::Status RunJob();
+  absl::Status RunCommCheckJob();
+  absl::Status RunTrainJob();
   absl::Status ReportDone(bool ok, const std::string& message);
 
  private:
@@ -129,7 +132,11 @@ absl::Status Actor::Register() {
                                std::string(protocol::PayloadName(reply->which())));
   }
   const auto assignment = reply->envelope().getPayload().getAssignment();
-  ASSIGN_OR_RETURN(spec_, placement::ParseJobSpec(Str(assignment.getSpecYaml()), "assignment"));
+  placement::PathBase base;
+  base.spec_dir = Str(assignment.getSpecDir());
+  base.work_dir = Str(assignment.getWorkDir());
+  ASSIGN_OR_RETURN(spec_,
+                   placement::ParseJobSpec(Str(assignment.getSpecYaml()), "assignment", base));
   backend_ = Str(assignment.getBackend());
   store_prefix_ = Str(assignment.getStorePrefix());
   bootstrap_timeout_ = std::chrono::milliseconds(assignment.getBootstrapTimeoutMs());
@@ -203,6 +210,81 @@ absl::Status Actor::Bootstrap() {
 }
 
 absl::Status Actor::RunJob() {
+  switch (spec_.kind) {
+    case placement::JobKind::kCommCheck:
+      return RunCommCheckJob();
+    case placement::JobKind::kTrain:
+      return RunTrainJob();
+  }
+  return absl::InternalError("unknown job kind");
+}
+
+absl::Status Actor::RunTrainJob() {
+  training::ShardedTrainOptions options;
+  options.spec = spec_;
+  options.rank = static_cast<int>(options_.rank);
+  // Groups of one need no communicator: the engine takes null for them.
+  for (const auto& group : groups_) {
+    auto found = communicators_.find(group.id);
+    if (found == communicators_.end() || found->second->size() == 1) continue;
+    comm::Communicator* communicator = found->second.get();
+    if (group.kind == "world") options.groups.world = communicator;
+    if (group.kind == "tp") options.groups.tp = communicator;
+    if (group.kind == "pp") options.groups.pp = communicator;
+    if (group.kind == "dp") options.groups.dp = communicator;
+  }
+  // Every rank reports: the coordinator takes the loss from the last stage and the timings of the
+  // slowest rank. A lost report costs a status line, not the job.
+  options.on_progress = [&](const training::ShardedProgress& progress) {
+    actor_metrics_->SetStep(progress.step);
+    auto status = Report([&](auto payload) {
+      auto report = Origin(payload.initStepReport());
+      report.setStep(static_cast<uint64_t>(progress.step));
+      report.setLoss(progress.loss);
+      report.setTokensPerSecond(progress.tokens_per_second);
+      report.setComputeSeconds(progress.compute_seconds);
+      report.setCommSeconds(progress.comm_seconds);
+      report.setBubbleSeconds(progress.bubble_seconds);
+    });
+    if (!status.ok()) spdlog::warn("step report: {}", ToString(status.message()));
+    if (options_.rank == 0) {
+      spdlog::info("step {}/{} loss {:.4f} {:.0f} tokens/s (compute {:.3f} s, comm {:.3f} s, "
+                   "bubble {:.3f} s per step)",
+                   progress.step, progress.steps, progress.loss, progress.tokens_per_second,
+                   progress.compute_seconds, progress.comm_seconds, progress.bubble_seconds);
+    }
+  };
+  // The coordinator commits a checkpoint step only when every rank has reported it saved.
+  options.on_saved = [&](const training::SavedShard& saved) {
+    return Report([&](auto payload) {
+      auto report = Origin(payload.initShardSaved());
+      report.setStep(static_cast<uint64_t>(saved.step));
+      report.setDir(saved.dir);
+      report.setFile(saved.file);
+      auto tensors = report.initTensors(static_cast<unsigned>(saved.tensors.size()));
+      for (size_t i = 0; i < saved.tensors.size(); ++i) {
+        const training::SavedTensor& t = saved.tensors[i];
+        auto out = tensors[static_cast<unsigned>(i)];
+        out.setName(t.name);
+        out.setDtype("F32");
+        auto fill = [](auto list, const std::vector<int64_t>& values) {
+          for (size_t k = 0; k < values.size(); ++k) {
+            list.set(static_cast<unsigned>(k), static_cast<uint64_t>(values[k]));
+          }
+        };
+        fill(out.initGlobalShape(static_cast<unsigned>(t.global_shape.size())), t.global_shape);
+        fill(out.initOffsets(static_cast<unsigned>(t.offsets.size())), t.offsets);
+        fill(out.initShape(static_cast<unsigned>(t.shape.size())), t.shape);
+      }
+    });
+  };
+  ASSIGN_OR_RETURN(const training::ShardedTrainResult result, training::TrainSharded(options));
+  spdlog::info("training done: {} steps, final loss {:.4f}, peak {} bytes", result.losses.size(),
+               result.losses.empty() ? 0.0f : result.losses.back(), result.peak_bytes);
+  return absl::OkStatus();
+}
+
+absl::Status Actor::RunCommCheckJob() {
   auto world = communicators_.find("world");
   if (world == communicators_.end()) return absl::InternalError("no world group assigned");
   std::string mismatch;
