@@ -19,6 +19,10 @@
 namespace shardline::cli {
 namespace {
 
+// Where the default job writes its checkpoints, relative to the current directory (kept after
+// `up` exits, for `shardline generate`).
+constexpr std::string_view kDefaultCheckpointDir = "checkpoints/shardline-up";
+
 using protocol::Str;
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
@@ -153,16 +157,50 @@ void PrintProgress(wire::JobStatus::Reader job, Shown* shown,
 
 }  // namespace
 
+namespace {
+
+// The layout of the default job on `actors` CPU devices: tensor parallelism of 2 and a pipeline of
+// 2 when the devices allow it (4 devices: tp=2 × pp=2), data parallelism for the rest.
+placement::ParallelSpec DefaultLayout(int actors) {
+  placement::ParallelSpec layout;
+  layout.tp = actors % 2 == 0 ? 2 : 1;
+  layout.pp = (actors / layout.tp) % 2 == 0 ? 2 : 1;
+  layout.dp = actors / (layout.tp * layout.pp);
+  return layout;
+}
+
+}  // namespace
+
 std::string DefaultJobYaml(int actors) {
-  return "# The default job of `shardline up`: a health check of every collective.\n"
-         "name: comm-check\n"
-         "kind: comm-check\n"
-         "actors: " + std::to_string(actors) + "\n"
+  const placement::ParallelSpec layout = DefaultLayout(actors);
+  // 8 sequences per data-parallel rank, in micro-batches of 2: 4 micro-batches fill the pipeline.
+  const int batch = 8 * layout.dp;
+  return "# The default job of `shardline up`: a small GPT trained on the built-in synthetic corpus,\n"
+         "# sharded over every local CPU device.\n"
+         "name: shardline-up\n"
+         "kind: train\n"
          "devices: cpu\n"
-         "comm_check:\n"
-         "  min_bytes: 4\n"
-         "  max_bytes: 64MiB\n"
-         "  iterations: 3\n";
+         "parallel: {tp: " + std::to_string(layout.tp) + ", pp: " + std::to_string(layout.pp) +
+         ", dp: " + std::to_string(layout.dp) + ", zero: 0}\n"
+         "model:\n"
+         "  layers: 4\n"
+         "  heads: 4\n"
+         "  d_model: 64\n"
+         "  max_seq_len: 64\n"
+         "data:\n"
+         "  synthetic: {seed: 1, bytes: 1MiB}\n"
+         "optimizer:\n"
+         "  lr: 3.0e-3\n"
+         "  warmup_steps: 20\n"
+         "steps: 200\n"
+         "batch: " + std::to_string(batch) + "\n"
+         "micro_batch: 2\n"
+         "seq_len: 64\n"
+         "seed: 1\n"
+         "checkpoint:\n"
+         "  dir: " + std::string(kDefaultCheckpointDir) + "\n"
+         "  interval: 100\n"
+         "log_interval: 20\n";
 }
 
 int Up(const UpOptions& options) {
@@ -271,6 +309,17 @@ int Up(const UpOptions& options) {
   if (exit_code == 0) {
     std::cout << "Done in " << static_cast<int>(seconds + 0.5) << " s; the cluster is shut down."
               << std::endl;
+    if (spec->kind == placement::JobKind::kTrain && !spec->train.checkpoint_dir.empty()) {
+      // A sample from the checkpoint the job committed, greedy, as `shardline generate` would.
+      GenerateCommandOptions sample;
+      sample.checkpoint = spec->train.checkpoint_dir;
+      sample.prompt = "the cat ";
+      sample.max_new_tokens = 48;
+      std::cout << "\nA sample from the trained model (shardline generate --checkpoint "
+                << spec->train.checkpoint_dir << " --prompt \"" << sample.prompt << "\"):\n  "
+                << std::flush;
+      if (Generate(sample) != 0) exit_code = 1;
+    }
     if (!options.keep && options.work_dir.empty()) fs::remove_all(dir);
   } else {
     std::cout << "The job did not succeed; logs kept in " << dir.string() << std::endl;

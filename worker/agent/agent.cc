@@ -3,8 +3,11 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <random>
+#include <thread>
 
 #include "common/process.h"
 #include "common/status_macros.h"
@@ -212,6 +215,12 @@ absl::Status Agent::Handle(const protocol::Message& message) {
   }
 }
 
+int Agent::ThreadsPerActor() const {
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  const int devices = std::max<int>(1, static_cast<int>(devices_.size()));
+  return std::max(1, cores / devices);
+}
+
 void Agent::SpawnActors(wire::SpawnActors::Reader request) {
   const std::string job_id = Str(request.getJobId());
   const uint32_t generation = request.getGeneration();
@@ -227,6 +236,14 @@ void Agent::SpawnActors(wire::SpawnActors::Reader request) {
                   "--node-id", options_.node_id,
                   "--device", DeviceArg(actor.getDevice()),
                   "--log-level", options_.log_level};
+    // The node's cores are shared by its CPU actors: each gets its share of threads for OpenMP
+    // and OpenBLAS, as torchrun sets OMP_NUM_THREADS. Unshared, four actors on two cores run
+    // eight busy threads and every collective waits for a descheduled peer. A value the agent
+    // was started with wins.
+    const std::string threads = std::to_string(ThreadsPerActor());
+    for (const char* name : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"}) {
+      if (std::getenv(name) == nullptr) spawn.extra_env.emplace_back(name, threads);
+    }
     if (!options_.log_dir.empty()) {
       spawn.log_path = (std::filesystem::path(options_.log_dir) /
                         (job_id + ".g" + std::to_string(generation) + ".rank" +

@@ -56,6 +56,8 @@ class Agent {
   absl::Status SendRegistration();
   absl::Status Handle(const protocol::Message& message);
   void SpawnActors(wire::SpawnActors::Reader request);
+  // OpenMP/OpenBLAS threads for each actor: the node's cores over its devices, at least 1.
+  int ThreadsPerActor() const;
   void KillActors(const std::string& job_id, uint32_t generation);  // generation 0: all
   void ReapActors();
   void ReportExit(pid_t pid, const Child& child, const std::string& description, bool signaled,
