@@ -1,25 +1,10 @@
 #include "worker/model/activations.h"
 
 #include "common/status_macros.h"
+#include "worker/model/carver.h"
 
 namespace shardline::model {
 namespace {
-
-// Hands out consecutive ranges of a buffer; run once with base == nullptr to count the floats.
-class Carver {
- public:
-  explicit Carver(float* base) : base_(base) {}
-  float* Take(int64_t n) {
-    float* p = base_ == nullptr ? nullptr : base_ + used_;
-    used_ += n;
-    return p;
-  }
-  int64_t used() const { return used_; }
-
- private:
-  float* base_;
-  int64_t used_ = 0;
-};
 
 void Carve(const GptConfig& config, int B, int T, bool with_grads, Carver& c,
            GptActivations& acts) {

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "worker/model/carver.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/layernorm.h"
@@ -55,21 +56,6 @@ void ForEachBoxElement(const std::vector<int64_t>& global_shape,
   }
 }
 
-// Hands out consecutive ranges of a buffer; run once with base == nullptr to count the floats.
-class Carver {
- public:
-  explicit Carver(float* base) : base_(base) {}
-  float* Take(int64_t n) {
-    float* p = base_ == nullptr ? nullptr : base_ + used_;
-    used_ += n;
-    return p;
-  }
-  int64_t used() const { return used_; }
-
- private:
-  float* base_;
-  int64_t used_ = 0;
-};
 
 }  // namespace
 
