@@ -198,16 +198,6 @@ absl::StatusOr<std::vector<int>> ParseStages(const YamlMap& parallel, int pp, in
 // checks that need the model, the batch or the actors are ValidateParallel's, run by the caller;
 // only the stage list is checked here, so that its errors point into the list.
 absl::StatusOr<ParallelSpec> ParseParallel(const YamlMap& map, int64_t layers) {
-  if (map.Has(kParallel)) {
-    // A scalar is not a layout; "auto" is the one scalar that will mean something, so it gets its
-    // own message (any other falls through to OptionalMap's "expected a mapping").
-    absl::StatusOr<std::string> scalar = map.OptionalString(kParallel, "");
-    if (scalar.ok() && *scalar == "auto") {
-      return map.ErrorAt(kParallel,
-                         "'auto' needs the placement planner, which is not built yet; give the "
-                         "layout as a mapping {tp, pp, dp, zero, stages}");
-    }
-  }
   ASSIGN_OR_RETURN(const YamlMap parallel,
                    map.OptionalMap(kParallel, {kTp, kPp, kDp, kZero, kStages}));
   ParallelSpec spec;
@@ -231,13 +221,43 @@ absl::StatusOr<ParallelSpec> ParseParallel(const YamlMap& map, int64_t layers) {
 
 // The train-only part of a train job: the TrainSpec sections, micro_batch and the layout, then the
 // layout checked against the model, the batch and the actors.
+// `parallel: auto`: the one scalar `parallel` may be (any other falls through to
+// ParseParallel's "expected a mapping").
+bool IsAutoParallel(const YamlMap& map) {
+  if (!map.Has(kParallel)) return false;
+  absl::StatusOr<std::string> scalar = map.OptionalString(kParallel, "");
+  return scalar.ok() && *scalar == "auto";
+}
+
 absl::Status ParseTrainJob(const YamlMap& map, const PathBase& base, JobSpec& spec) {
   spec.train.name = spec.name;
   RETURN_IF_ERROR(internal::ParseTrainSections(map, spec.train));
-  ASSIGN_OR_RETURN(spec.parallel, ParseParallel(map, spec.train.model.layers));
+  spec.parallel_auto = IsAutoParallel(map);
+  if (!spec.parallel_auto) {
+    ASSIGN_OR_RETURN(spec.parallel, ParseParallel(map, spec.train.model.layers));
+  }
   // Kept 0 when absent: the default is batch / dp of whatever dp runs the job.
   ASSIGN_OR_RETURN(spec.parallel.micro_batch,
                    map.OptionalInt64(kMicroBatch, 0, {.min = 1, .max = 1 << 20}));
+  if (spec.parallel_auto) {
+    // The layout waits for the planner (ApplyPlannedLayout); what can be checked without it is
+    // checked now.
+    if (spec.parallel.micro_batch > spec.train.batch) {
+      return map.ErrorAt(kMicroBatch,
+                         absl::StrCat("micro_batch ", spec.parallel.micro_batch,
+                                      " is more than the batch of ", spec.train.batch,
+                                      " sequences"));
+    }
+    if (spec.parallel.micro_batch > 0 && spec.train.batch % spec.parallel.micro_batch != 0) {
+      return map.ErrorAt(kMicroBatch, absl::StrCat("batch ", spec.train.batch,
+                                                   " is not divisible by micro_batch ",
+                                                   spec.parallel.micro_batch, ": remainder ",
+                                                   spec.train.batch % spec.parallel.micro_batch));
+    }
+    spec.train.data.path = ResolveAgainst(spec.train.data.path, base.spec_dir);
+    spec.train.checkpoint_dir = ResolveAgainst(spec.train.checkpoint_dir, base.work_dir);
+    return absl::OkStatus();
+  }
 
   const int64_t world = int64_t{spec.parallel.tp} * spec.parallel.pp * spec.parallel.dp;
   if (world > kMaxActors) {
@@ -331,6 +351,48 @@ absl::StatusOr<JobSpec> LoadJobSpecFile(const std::string& path) {
   base.spec_dir = (work_dir / path).lexically_normal().parent_path().string();
   base.work_dir = work_dir.string();
   return ParseJobSpec(text, path, base);
+}
+
+absl::Status ApplyPlannedLayout(JobSpec& spec, const ParallelSpec& layout) {
+  if (spec.kind != JobKind::kTrain) {
+    return absl::InvalidArgumentError(absl::StrCat("a ", AbslView(JobKindName(spec.kind)),
+                                                   " job has no parallel layout"));
+  }
+  const int64_t world = int64_t{layout.tp} * layout.pp * layout.dp;
+  if (layout.tp < 1 || layout.pp < 1 || layout.dp < 1 || world > kMaxActors) {
+    return absl::InvalidArgumentError(absl::StrCat("layout tp·pp·dp = ", layout.tp, "·",
+                                                   layout.pp, "·", layout.dp,
+                                                   " is not a world of 1 to ", kMaxActors,
+                                                   " ranks"));
+  }
+  if (spec.parallel_auto) {
+    if (spec.actors > 0 && world > spec.actors) {
+      return absl::InvalidArgumentError(absl::StrCat("the plan's tp·pp·dp = ", world,
+                                                     " ranks exceed the job's actors: ",
+                                                     spec.actors));
+    }
+    if (spec.parallel.micro_batch > 0 &&
+        MicroBatchSize(layout, spec.train.batch) != spec.parallel.micro_batch) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the plan's micro-batch ", MicroBatchSize(layout, spec.train.batch),
+                       " is not the job's micro_batch ", spec.parallel.micro_batch));
+    }
+  }
+  RETURN_IF_ERROR(
+      ValidateParallel(spec.train.model, spec.train.batch, layout, static_cast<int>(world)));
+  if (!spec.parallel_auto) {
+    // A fixed layout is the user's: only the same one (what the coordinator sends back) applies.
+    const ParallelSpec& own = spec.parallel;
+    if (own.tp != layout.tp || own.pp != layout.pp || own.dp != layout.dp ||
+        own.zero != layout.zero ||
+        MicroBatchSize(own, spec.train.batch) != MicroBatchSize(layout, spec.train.batch)) {
+      return absl::InvalidArgumentError("the job's layout is fixed by its spec; only "
+                                        "`parallel: auto` takes a planned one");
+    }
+  }
+  spec.parallel = layout;
+  spec.actors = static_cast<int>(world);
+  return absl::OkStatus();
 }
 
 std::string_view JobKindName(JobKind kind) { return NameOf(kJobKinds, kind); }

@@ -50,7 +50,8 @@ struct JobSpec {
   std::string name;  // [a-z0-9-_]{1,63}: it becomes part of metric labels and file names
   JobKind kind = JobKind::kCommCheck;
   // The number of actor processes (the world size). For kTrain it is optional in YAML and
-  // defaults to parallel.world(); when given it must equal it.
+  // defaults to parallel.world(); when given it must equal it. With parallel_auto it is the most
+  // devices the planner may use, 0 (absent) meaning every free device.
   int actors = 0;
   DeviceKind devices = DeviceKind::kCpu;
   Backend backend = Backend::kAuto;
@@ -65,6 +66,11 @@ struct JobSpec {
   // stage_layers) and the top-level `micro_batch`, kept 0 when absent (batch / dp, whatever dp a
   // re-plan picks: read it through MicroBatchSize). Validated by ValidateParallel.
   ParallelSpec parallel;
+  // Only meaningful for kTrain: YAML `parallel: auto`. The placement planner picks the layout
+  // when the job starts, on the devices that are free then; until ApplyPlannedLayout, `parallel`
+  // is the one-rank default (but for a top-level micro_batch, which the plan must keep) and
+  // ValidateParallel has not run.
+  bool parallel_auto = false;
 };
 
 // Where a job spec's relative paths point. Both empty (the default) leave paths as written. (The
@@ -85,6 +91,13 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::st
 // Reads `path` and parses it with spec_dir = the file's folder and work_dir = the current
 // directory (both absolute); NotFound naming the path when the file does not exist.
 absl::StatusOr<JobSpec> LoadJobSpecFile(const std::string& path);
+
+// Sets a `parallel: auto` train job's layout to `layout` (the plan) and its actors to the plan's
+// world, after checking it with ValidateParallel against the job's model and batch and, when the
+// spec gave `actors`, that the plan stays within them, and when it gave `micro_batch`, that the
+// plan keeps it. InvalidArgument saying which rule fails; `spec` is unchanged on error. Also
+// accepts a fixed layout equal to the spec's own (an actor applies what the coordinator sent).
+absl::Status ApplyPlannedLayout(JobSpec& spec, const ParallelSpec& layout);
 
 // The YAML spellings: "comm-check", "train"; "cpu", "cuda"; "auto", "gloo", "nccl".
 std::string_view JobKindName(JobKind kind);

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "placement/string_view_compat.h"
 #include "placement/train_spec_sections.h"
 #include "placement/yaml_reader.h"
 
@@ -17,21 +18,49 @@ namespace {
 constexpr int64_t kMaxDim = 1 << 16;
 constexpr int64_t kMaxVocab = 1 << 20;
 
+constexpr std::string_view kArch = "arch";
+constexpr EnumName<ModelArch> kArchNames[] = {{"gpt", ModelArch::kGpt},
+                                              {"llama", ModelArch::kLlama}};
+
+// Llama's SwiGLU width: two thirds of 4·d_model (three matrices cost what GPT's two of 4·d_model
+// do), rounded up to a multiple of 256 (the reference code's multiple_of; 4096 → 11008).
+int64_t LlamaFf(int64_t d_model) {
+  const int64_t ff = 2 * (4 * d_model) / 3;
+  return (ff + 255) / 256 * 256;
+}
+
 }  // namespace
 
 absl::StatusOr<ModelSpec> ParseModel(const YamlMap& map) {
   ModelSpec model;
+  ASSIGN_OR_RETURN(model.arch, map.OptionalEnum(kArch, kArchNames, model.arch));
+  const bool llama = model.arch == ModelArch::kLlama;
   ASSIGN_OR_RETURN(model.layers, map.RequiredInt64("layers", {.min = 1, .max = 1024}));
   ASSIGN_OR_RETURN(model.heads, map.RequiredInt64("heads", {.min = 1, .max = 1024}));
+  ASSIGN_OR_RETURN(model.kv_heads,
+                   map.OptionalInt64("kv_heads", model.heads, {.min = 1, .max = 1024}));
   ASSIGN_OR_RETURN(model.d_model, map.RequiredInt64("d_model", {.min = 1, .max = kMaxDim}));
-  ASSIGN_OR_RETURN(model.d_ff, map.OptionalInt64("d_ff", 4 * model.d_model, {.min = 1, .max = 4 * kMaxDim}));
+  ASSIGN_OR_RETURN(model.d_ff, map.OptionalInt64("d_ff", llama ? LlamaFf(model.d_model) : 4 * model.d_model, {.min = 1, .max = 4 * kMaxDim}));
   ASSIGN_OR_RETURN(model.vocab, map.OptionalInt64("vocab", model.vocab, {.min = 2, .max = kMaxVocab}));
   ASSIGN_OR_RETURN(model.max_seq_len, map.RequiredInt64("max_seq_len", {.min = 1, .max = kMaxDim}));
-  ASSIGN_OR_RETURN(model.tied_embeddings, map.OptionalBool("tied_embeddings", true));
+  ASSIGN_OR_RETURN(model.tied_embeddings, map.OptionalBool("tied_embeddings", !llama));
   if (model.d_model % model.heads != 0) {
     return map.ErrorAt("d_model", absl::StrCat("d_model ", model.d_model,
                                                " is not divisible by heads ", model.heads,
                                                " (remainder ", model.d_model % model.heads, ")"));
+  }
+  // Grouped-query attention: every key/value head serves heads / kv_heads query heads.
+  if (model.kv_heads > model.heads || model.heads % model.kv_heads != 0) {
+    return map.ErrorAt("kv_heads", absl::StrCat("heads ", model.heads,
+                                                " is not divisible by kv_heads ", model.kv_heads,
+                                                " (every key/value head serves a whole group of "
+                                                "query heads)"));
+  }
+  if (!llama && model.kv_heads != model.heads) {
+    return map.ErrorAt("kv_heads", absl::StrCat("arch gpt has one key/value head per head: "
+                                                "kv_heads must be heads (", model.heads,
+                                                "), got ", model.kv_heads,
+                                                "; grouped-query attention needs arch: llama"));
   }
   if (model.vocab < 257) {
     return map.ErrorAt("vocab", absl::StrCat("the byte tokenizer needs a vocab of at least 257 "
@@ -70,9 +99,15 @@ absl::StatusOr<OptimizerSpec> ParseOptimizer(const YamlMap& map) {
 
 absl::Status ParseTrainSections(const YamlMap& map, TrainSpec& spec) {
   ASSIGN_OR_RETURN(const YamlMap model,
-                   map.RequiredMap("model", {"layers", "heads", "d_model", "d_ff", "vocab",
-                                             "max_seq_len", "tied_embeddings"}));
+                   map.RequiredMap("model", {kModelKeys.begin(), kModelKeys.end()}));
   ASSIGN_OR_RETURN(spec.model, ParseModel(model));
+  if (spec.model.arch != ModelArch::kGpt) {
+    // ModelSpec describes more models than the trainer runs; `shardline plan` takes them all.
+    return model.ErrorAt(kArch, absl::StrCat("the trainer runs arch gpt only, got '",
+                                             AbslView(ModelArchName(spec.model.arch)),
+                                             "' (other architectures can be planned with "
+                                             "`shardline plan`, not trained)"));
+  }
   ASSIGN_OR_RETURN(const YamlMap data, map.OptionalMap("data", {"path", "synthetic"}));
   ASSIGN_OR_RETURN(spec.data, ParseData(data));
   ASSIGN_OR_RETURN(const YamlMap optimizer,
@@ -108,6 +143,26 @@ absl::StatusOr<TrainSpec> ParseTrainSpec(const std::string& yaml_text,
   ASSIGN_OR_RETURN(spec.name, map.RequiredString("name"));
   RETURN_IF_ERROR(internal::ParseTrainSections(map, spec));
   return spec;
+}
+
+std::string_view ModelArchName(ModelArch arch) {
+  for (const auto& name : internal::kArchNames) {
+    if (name.value == arch) return name.name;
+  }
+  return "unknown";
+}
+
+absl::StatusOr<ModelSpec> ParseModelSpec(const std::string& yaml_text,
+                                         const std::string& source_name) {
+  ASSIGN_OR_RETURN(const YamlMap map,
+                   YamlMap::Parse(yaml_text, source_name,
+                                  {internal::kModelKeys.begin(), internal::kModelKeys.end()}));
+  return internal::ParseModel(map);
+}
+
+absl::StatusOr<ModelSpec> LoadModelSpecFile(const std::string& path) {
+  ASSIGN_OR_RETURN(const std::string text, ReadTextFile(path));
+  return ParseModelSpec(text, path);
 }
 
 absl::StatusOr<TrainSpec> LoadTrainSpecFile(const std::string& path) {

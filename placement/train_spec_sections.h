@@ -18,6 +18,12 @@ inline constexpr std::array<std::string_view, 9> kTrainSectionKeys = {
     "model", "data", "optimizer", "steps", "batch", "seq_len", "seed", "checkpoint", "log_interval",
 };
 
+// The keys of a `model:` section, which are also the top-level keys of a standalone model spec.
+inline constexpr std::array<std::string_view, 9> kModelKeys = {
+    "arch", "layers", "heads", "kv_heads", "d_model", "d_ff", "vocab", "max_seq_len",
+    "tied_embeddings",
+};
+
 // One section each: `map` is the opened `model:`, `data:` or `optimizer:` mapping.
 absl::StatusOr<ModelSpec> ParseModel(const YamlMap& map);
 absl::StatusOr<DataSpec> ParseData(const YamlMap& map);

@@ -409,6 +409,26 @@ absl::StatusOr<YamlMap> YamlMap::OpenChild(const Entry& entry,
   return child;
 }
 
+absl::StatusOr<std::vector<YamlMap>> YamlMap::RequiredMapList(
+    std::string_view key, std::vector<std::string_view> known_keys) const {
+  ASSIGN_OR_RETURN(const Entry* entry, FindRequired(key));
+  if (!entry->value.IsSequence()) {
+    return ErrorAt(key, absl::StrCat("expected a list of mappings, got ", Describe(entry->value)));
+  }
+  if (entry->value.size() == 0) return ErrorAt(key, "the list is empty");
+  std::vector<YamlMap> maps;
+  maps.reserve(entry->value.size());
+  for (size_t i = 0; i < entry->value.size(); ++i) {
+    const YAML::Node element = entry->value[i];
+    const YAML::Mark mark =
+        element.IsNull() || element.Mark().is_null() ? entry->value.Mark() : element.Mark();
+    YamlMap child(source_, absl::StrCat(KeyPath(key), "[", i, "]"), mark, known_keys);
+    RETURN_IF_ERROR(child.Load(element, "the element is empty"));
+    maps.push_back(std::move(child));
+  }
+  return maps;
+}
+
 absl::StatusOr<int64_t> YamlMap::RequiredInt64(std::string_view key, IntRange range) const {
   ASSIGN_OR_RETURN(const Entry* entry, FindRequired(key));
   return Int64Of(*entry, range);

@@ -146,6 +146,11 @@ class YamlMap {
   absl::StatusOr<YamlMap> OptionalMap(std::string_view key,
                                       std::vector<std::string_view> known_keys) const;
 
+  // A list of mappings, each with `known_keys` and the path "key[i]" in errors
+  // ("nodes[2].devices"). An empty list is an error (it lists nothing to read).
+  absl::StatusOr<std::vector<YamlMap>> RequiredMapList(
+      std::string_view key, std::vector<std::string_view> known_keys) const;
+
   // An InvalidArgument located at `key`'s value (at this mapping when `key` is absent), for checks
   // that span fields: "FILE:LINE:COL: backend: 'nccl' needs cuda devices".
   absl::Status ErrorAt(std::string_view key, std::string_view message) const;

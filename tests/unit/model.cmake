@@ -15,3 +15,8 @@ shardline_test(model_torch_reference_test
 shardline_test(model_sharded_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/model_sharded_test.cc
   LIBS shardline_model shardline_data shardline_forked_world LABELS unit TIMEOUT 600)
+# The planner's memory model (placement/cost_model.h) against ShardedGpt's allocator, per rank.
+shardline_test(placement_memory_validation_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/placement_memory_validation_test.cc
+  LIBS shardline_model shardline_data shardline_forked_world shardline_placement
+  LABELS unit TIMEOUT 300)

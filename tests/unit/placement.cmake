@@ -20,3 +20,20 @@ shardline_test(placement_parallel_layout_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/placement_parallel_layout_test.cc
   LIBS shardline_placement
   LABELS unit)
+
+# The planner's pieces: cluster specs, the cost model (checked against the CPU trainer's own
+# allocation, hence shardline_model), and the search.
+foreach(test placement_cluster_spec_test placement_planner_test)
+  shardline_test(${test}
+    SOURCES ${CMAKE_CURRENT_LIST_DIR}/${test}.cc
+    LIBS shardline_placement
+    LABELS unit)
+  target_compile_definitions(${test}
+    PRIVATE SHARDLINE_SOURCE_DIR_DEFAULT="${shardline_placement_source_dir}")
+endforeach()
+shardline_test(placement_cost_model_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/placement_cost_model_test.cc
+  LIBS shardline_placement shardline_model
+  LABELS unit)
+target_compile_definitions(placement_cost_model_test
+  PRIVATE SHARDLINE_SOURCE_DIR_DEFAULT="${shardline_placement_source_dir}")

@@ -462,10 +462,89 @@ TEST(TrainJobSpecTest, LayoutErrorsPointAtParallel) {
                         "65536 actors a job may have"));
 }
 
+TEST(TrainJobSpecTest, ExampleGptAutoParses) {
+  absl::StatusOr<JobSpec> spec = LoadJobSpecFile(SourceDir() + "/examples/gpt-auto.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->kind, JobKind::kTrain);
+  EXPECT_TRUE(spec->parallel_auto);
+  EXPECT_EQ(spec->actors, 0);
+}
+
+TEST(TrainJobSpecTest, ParallelAutoDefersTheLayout) {
+  absl::StatusOr<JobSpec> spec = Parse(std::string(kMinimalTrain) + "parallel: auto\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(spec->parallel_auto);
+  EXPECT_EQ(spec->actors, 0);  // every free device
+  EXPECT_EQ(spec->parallel.world(), 1);
+  EXPECT_EQ(spec->parallel.micro_batch, 0);
+
+  // `actors` caps the devices; a layout needing more than the job's actors is not checked yet.
+  spec = Parse(std::string(kMinimalTrain) + "actors: 3\nmicro_batch: 2\nparallel: auto\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->actors, 3);
+  EXPECT_EQ(spec->parallel.micro_batch, 2);
+
+  // What can be checked without a layout still is.
+  EXPECT_THAT(ErrorOf(std::string(kMinimalTrain) + "micro_batch: 16\nparallel: auto\n"),
+              HasSubstr("job.yaml:10:14: micro_batch: micro_batch 16 is more than the batch of 8 "
+                        "sequences"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimalTrain) + "micro_batch: 3\nparallel: auto\n"),
+              HasSubstr("job.yaml:10:14: micro_batch: batch 8 is not divisible by micro_batch 3: "
+                        "remainder 2"));
+  // Only the exact word: anything else is still "expected a mapping".
+  EXPECT_THAT(ErrorOf(std::string(kMinimalTrain) + "parallel: Auto\n"),
+              HasSubstr("job.yaml:10:11: parallel: expected a mapping"));
+}
+
+TEST(TrainJobSpecTest, ApplyPlannedLayout) {
+  absl::StatusOr<JobSpec> spec = Parse(std::string(kMinimalTrain) + "actors: 4\nparallel: auto\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ParallelSpec plan;
+  plan.tp = 2;
+  plan.dp = 2;
+  plan.zero = 1;
+  plan.micro_batch = 2;
+  plan.stage_layers = {4};
+  JobSpec applied = *spec;
+  ASSERT_TRUE(ApplyPlannedLayout(applied, plan).ok());
+  EXPECT_EQ(applied.actors, 4);
+  EXPECT_EQ(applied.parallel.world(), 4);
+  EXPECT_EQ(applied.parallel.zero, 1);
+  EXPECT_TRUE(applied.parallel_auto);
+
+  // More ranks than the job's actors allow.
+  ParallelSpec wide = plan;
+  wide.pp = 2;
+  wide.stage_layers = {2, 2};
+  JobSpec refused = *spec;
+  EXPECT_THAT(Message(ApplyPlannedLayout(refused, wide)),
+              HasSubstr("the plan's tp·pp·dp = 8 ranks exceed the job's actors: 4"));
+  EXPECT_EQ(refused.actors, 4);  // unchanged on error
+  // A layout the model cannot take: ValidateParallel's message.
+  ParallelSpec bad = plan;
+  bad.tp = 3;
+  bad.dp = 1;
+  EXPECT_THAT(Message(ApplyPlannedLayout(refused, bad)), HasSubstr("heads"));
+
+  // A fixed micro_batch must be kept.
+  absl::StatusOr<JobSpec> fixed_micro =
+      Parse(std::string(kMinimalTrain) + "micro_batch: 4\nparallel: auto\n");
+  ASSERT_TRUE(fixed_micro.ok()) << fixed_micro.status();
+  EXPECT_THAT(Message(ApplyPlannedLayout(*fixed_micro, plan)),
+              HasSubstr("the plan's micro-batch 2 is not the job's micro_batch 4"));
+
+  // A fixed layout takes only itself (what the coordinator sends its actors).
+  absl::StatusOr<JobSpec> fixed =
+      Parse(std::string(kMinimalTrain) + "micro_batch: 2\nparallel: {tp: 2, dp: 2, zero: 1}\n");
+  ASSERT_TRUE(fixed.ok()) << fixed.status();
+  EXPECT_TRUE(ApplyPlannedLayout(*fixed, fixed->parallel).ok());
+  ParallelSpec other = fixed->parallel;
+  other.zero = 2;
+  EXPECT_THAT(Message(ApplyPlannedLayout(*fixed, other)),
+              HasSubstr("only `parallel: auto` takes a planned one"));
+}
+
 TEST(TrainJobSpecTest, ParallelKeyErrors) {
-  const std::string auto_message = ErrorOf(std::string(kMinimalTrain) + "parallel: auto\n");
-  EXPECT_THAT(auto_message, HasSubstr("job.yaml:10:11: parallel: 'auto' needs the placement "
-                                      "planner, which is not built yet"));
   EXPECT_THAT(ErrorOf(std::string(kMinimalTrain) + "parallel: 4\n"),
               HasSubstr("job.yaml:10:11: parallel: expected a mapping with keys: tp, pp, dp, "
                         "zero, stages; got '4'"));

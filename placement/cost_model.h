@@ -1,0 +1,218 @@
+// The cost model behind the placement planner: what a model is (parameters, FLOPs, activation
+// sizes), how many bytes one rank of a layout holds (weights, gradients, optimizer state,
+// activations in flight under 1F1B, communication buffers) and how long one training step takes
+// (compute, tensor-parallel all-reduces, pipeline sends and bubble, data-parallel reduction).
+// Pure arithmetic: no I/O, no cluster walking (the planner maps ranks to devices and hands this
+// model the hardware each stage sees, StageHardware). Every constant has its source next to it in
+// cost_model.cc.
+//
+// The memory model is Shardline's own implementation, element by element, so that with
+// Precision::kFp32 and no recomputation PredictRankMemory gives the bytes a CPU actor's ShardedGpt
+// (worker/model/sharded_gpt.cc, Allocate) holds: fp32 parameters, gradients and AdamW m and v
+// (16 bytes per parameter at ZeRO 0; the ZeRO shards are ceil(unit / dp) per unit, as
+// ShardedGpt pads them), one activation slot per micro-batch in flight (min(pp − stage,
+// micro-batches) slots) and the shared backward buffer. With kBf16 the same tensors are counted
+// at 2 bytes (bf16 activations and weights, fp32 logits for the loss) and the optimizer keeps fp32
+// master weights (ZeRO paper's 2 + 2 + 12 bytes per parameter).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "placement/cluster_spec.h"
+#include "placement/parallel_layout.h"
+#include "placement/train_spec.h"
+
+namespace shardline::placement {
+
+enum class OptimizerKind { kAdamW };  // the only one the trainer runs; two fp32 moments
+
+// The training set-up the planner plans for: what TrainSpec says about a step, plus the choices
+// that are the planner's to make within bounds.
+struct TrainSetup {
+  int64_t global_batch = 0;     // sequences per optimizer step, over all data-parallel ranks
+  int64_t seq_len = 0;          // tokens per sequence (≤ model.max_seq_len)
+  int64_t min_micro_batch = 1;  // the micro-batch sizes the planner may choose, inclusive;
+  int64_t max_micro_batch = 0;  //   max 0: up to global_batch / dp
+  Precision precision = Precision::kBf16;
+  OptimizerKind optimizer = OptimizerKind::kAdamW;
+};
+
+// A train job's set-up: its batch and seq_len, micro-batches of any size, fp32 on CPU actors.
+TrainSetup TrainSetupFor(const TrainSpec& spec, Precision precision);
+
+// ---- the model ----
+
+struct ModelStats {
+  int64_t params = 0;            // every parameter once (a tied embedding once)
+  int64_t layer_params = 0;      // one transformer layer
+  int64_t embedding_params = 0;  // wte, and wpe for gpt
+  int64_t head_params = 0;       // final norm, plus lm_head when untied
+  // Training FLOPs per token of one step: forward + backward (2×) of every matrix multiply and of
+  // attention's QKᵀ and AV over the whole sequence (Narayanan et al. 2021, eq. 3's counting, no
+  // causal halving), without recomputation: the "model FLOPs" MFU divides by (PaLM, App. B).
+  double flops_per_token = 0;
+  double layer_forward_flops_per_token = 0;  // one layer's forward
+  double head_forward_flops_per_token = 0;   // the output projection's forward
+};
+
+// Expects a valid model (ParseModel's checks) and 1 ≤ seq_len.
+ModelStats DeriveModel(const ModelSpec& model, int64_t seq_len);
+
+// Activation bytes one layer keeps for its backward, for one micro-batch of `micro_batch`
+// sequences on one tensor-parallel rank: everything its backward reads (ln inputs and outputs with
+// their statistics, q/k/v, the attention output and its log-sum-exp, the MLP's hidden
+// activations), or with `recompute` only the layer's input (full recomputation, Korthikanti et
+// al. 2022 §4.2). The per-rank slot adds the stage's output and, on the last stage, the logits.
+int64_t LayerActivationBytes(const ModelSpec& model, int64_t seq_len, int64_t micro_batch, int tp,
+                             Precision precision, bool recompute);
+
+// ---- memory ----
+
+struct MemoryBreakdown {
+  int64_t params = 0;       // weights kept between steps (ZeRO 3: the 1/dp shard)
+  int64_t grads = 0;        // gradients kept between micro-batches (ZeRO 2/3: the shard)
+  int64_t optimizer = 0;    // AdamW m and v (+ fp32 master weights with bf16; ZeRO ≥ 1: shard)
+  int64_t activations = 0;  // the micro-batch slots in flight under 1F1B
+  int64_t backward = 0;     // the backward's working buffer (one micro-batch at a time)
+  // Peak transient buffers: ZeRO 3's gathered units, ZeRO 2/3's gradient scratch and
+  // reduce-scatter shards in flight, ZeRO 1/2's post-update all-gather, the tied embeddings'
+  // gradient exchange (see TransientPeak in cost_model.cc for the walk).
+  int64_t comm_buffers = 0;
+  // What the model holds: the sum of the above. The device must also hold the runtime's memory
+  // and the fragmentation reserve (CostModelOptions); the planner compares against what is left.
+  int64_t total() const {
+    return params + grads + optimizer + activations + backward + comm_buffers;
+  }
+};
+
+// The bytes of one rank of pipeline stage `stage` as a function of the stage's layer count n:
+// fixed + n · per_layer, exactly (the planner's layer → stage split and its memory bound use it).
+struct StageMemoryTerms {
+  MemoryBreakdown fixed;      // embedding (first stage), head and loss (last), buffers
+  MemoryBreakdown per_layer;  // one more layer on the stage
+  // The rank's parameters before ZeRO shards them (what data parallelism reduces), in elements.
+  int64_t fixed_param_count = 0;
+  int64_t layer_param_count = 0;
+  // The transient buffers stop growing with the layers once the communication queue is full:
+  // fixed.comm_buffers is their peak for a stage of 4 or more layers, comm_buffers_few[n − 1]
+  // for n = 1..3 (never more than fixed.comm_buffers). per_layer.comm_buffers is 0.
+  int64_t comm_buffers_few[3] = {0, 0, 0};
+  MemoryBreakdown At(int64_t layers) const;
+};
+
+// `parallel` needs tp, pp, dp, zero and micro_batch (resolved, ≥ 1); stage_layers is not read.
+// `vocab_rows` is the rank's vocabulary shard (VocabShardRows). Expects a valid layout.
+StageMemoryTerms StageMemory(const ModelSpec& model, const TrainSetup& setup,
+                             const ParallelSpec& parallel, bool recompute, int stage,
+                             int64_t vocab_rows);
+
+// The vocabulary rows tensor-parallel rank `tp_index` of `tp` holds, as ShardLayout cuts them
+// ([V·r/tp, V·(r+1)/tp)); the largest shard over all ranks when tp_index is −1.
+int64_t VocabShardRows(int64_t vocab, int tp, int tp_index);
+
+// The bytes one rank of `parallel` (validated, micro_batch resolved or 0 for batch/dp) holds while
+// training `model` with `setup`'s global batch, seq_len and precision. InvalidArgument when the
+// layout is not valid for the model and batch (ValidateParallel's message) or the rank is outside
+// it. With kFp32 and recompute false this is ShardedGpt's allocation exactly (after Create:
+// total() − comm_buffers), and comm_buffers its transient peak in a training step (for ZeRO 2
+// the worst case of a full communication queue, which CPU actors reach).
+absl::StatusOr<MemoryBreakdown> PredictRankMemory(const ModelSpec& model, const TrainSetup& setup,
+                                                  const ParallelSpec& parallel, bool recompute,
+                                                  int rank);
+// Every rank's, in rank order.
+absl::StatusOr<std::vector<MemoryBreakdown>> PredictMemoryPerRank(const ModelSpec& model,
+                                                                  const TrainSetup& setup,
+                                                                  const ParallelSpec& parallel,
+                                                                  bool recompute);
+
+// ---- time ----
+
+// The tunable constants of the model; the defaults and their sources are in cost_model.cc.
+struct CostModelOptions {
+  // Fraction of a device's peak FLOP/s a transformer layer reaches when calibration has measured
+  // nothing (kernels other than GEMMs included).
+  double default_flops_fraction = 0;
+  // Fraction of a measured GEMM FLOP/s a whole layer reaches (layer norms, softmax and the other
+  // bandwidth-bound kernels run at a lower rate than the GEMM calibration measured).
+  double measured_flops_fraction = 0;
+  // GEMM efficiency falls off for thin matrices: a GEMM whose smallest dimension is d runs at
+  // d / (d + gemm_half_dim) of the large-GEMM rate.
+  double gemm_half_dim = 0;
+  // Fraction of a link's nominal bandwidth a collective reaches (unused for measured links).
+  double link_efficiency = 0;
+  // Fraction of each device's memory kept free for allocator fragmentation.
+  double fragmentation_reserve = 0;
+  // Fraction of the data-parallel reduction hidden behind the backward pass it overlaps with.
+  double dp_overlap = 0;
+
+  static CostModelOptions Defaults();
+};
+
+// What one pipeline stage's devices offer (the slowest of them, for a stage spread over several
+// nodes or device kinds). The planner fills it from the rank → device map.
+struct StageHardware {
+  double flops = 0;             // achievable FLOP/s per device (calibrated or peak × fraction)
+  double memory_bandwidth = 0;  // bytes/s per device (optimizer step)
+  double tp_bandwidth = 0;      // bytes/s, the link inside the tensor-parallel group
+  double tp_latency_s = 0;
+  double dp_bandwidth = 0;  // bytes/s, the slowest link of the data-parallel group
+  double dp_latency_s = 0;
+  double p2p_bandwidth = 0;  // bytes/s, to the next stage (unused on the last)
+  double p2p_latency_s = 0;
+  double prev_p2p_bandwidth = 0;  // bytes/s, to the previous stage (unused on the first)
+  double prev_p2p_latency_s = 0;
+};
+
+// One step's predicted time, split the way StepStats measures it. total = compute + tp + pp +
+// bubble + dp + optimizer.
+struct StepTime {
+  double compute = 0;    // the bottleneck stage's forward and backward kernels, all micro-batches
+  double tp = 0;         // its tensor-parallel all-reduces
+  double pp = 0;         // its point-to-point activation and gradient transfers
+  double bubble = 0;     // 1F1B's fill and drain: the other stages' share of the critical path
+  double dp = 0;         // the data-parallel reduction (and ZeRO gathers) not hidden by overlap
+  double optimizer = 0;  // AdamW's update of the rank's (shard of the) parameters
+  double total = 0;
+};
+
+// The time of one stage for one micro-batch (forward + backward, its own tp all-reduces and its
+// sends), the quantity the layer → stage split balances: fixed() + per_layer() · layers.
+struct StageCostTerms {
+  double fixed_compute = 0;  // embedding (first stage), head and loss (last stage)
+  double fixed_tp = 0;       // their tensor-parallel all-reduces
+  double p2p = 0;            // sending the activation forward and its gradient back
+  double layer_compute = 0;  // one transformer layer, forward and backward (and recompute)
+  double layer_tp = 0;       // its tensor-parallel all-reduces
+  double fixed() const { return fixed_compute + fixed_tp + p2p; }
+  double per_layer() const { return layer_compute + layer_tp; }
+  double At(int64_t layers) const { return fixed() + static_cast<double>(layers) * per_layer(); }
+};
+StageCostTerms StageCost(const ModelSpec& model, const TrainSetup& setup, const ParallelSpec& par,
+                         bool recompute, int stage, const StageHardware& hw,
+                         const CostModelOptions& options);
+
+// The step time of `parallel` (validated, stage_layers resolved or empty for BalancedStages) with
+// hw[s] for stage s (pp entries).
+StepTime PredictStepTime(const ModelSpec& model, const TrainSetup& setup,
+                         const ParallelSpec& parallel, bool recompute,
+                         const std::vector<StageHardware>& hw, const CostModelOptions& options);
+
+// PredictStepTime's arithmetic on stage terms already computed (terms[s] = StageCost of stage s;
+// `memory`, when given, StageMemory of every stage) and `layers[s]` layers on stage s; `parallel`
+// needs micro_batch resolved. The planner uses it to time candidates without recomputing terms.
+StepTime StepTimeOfStages(const ModelSpec& model, const TrainSetup& setup,
+                          const ParallelSpec& parallel, bool recompute,
+                          const std::vector<StageHardware>& hw,
+                          const std::vector<StageCostTerms>& terms, const std::vector<int>& layers,
+                          const CostModelOptions& options,
+                          const std::vector<StageMemoryTerms>* memory = nullptr);
+
+// Achievable FLOP/s of one device of `node` in `precision`: measured × measured_flops_fraction
+// when calibration measured it, else peak × default_flops_fraction.
+double AchievableFlops(const NodeSpec& node, Precision precision, const CostModelOptions& options);
+
+}  // namespace shardline::placement
