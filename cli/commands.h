@@ -61,6 +61,21 @@ struct GenerateCommandOptions {
 };
 int Generate(const GenerateCommandOptions& options);
 
+struct PlanOptions {
+  std::string model_path;    // a model spec (examples/model-*.yaml)
+  std::string cluster_path;  // a cluster spec; empty: the live coordinator's cluster
+  std::string train_path;    // a train set-up (examples/plan-train.yaml); empty: the defaults
+  bool json = false;
+  bool explain = false;
+  // Whether a coordinator was named (--coordinator or $SHARDLINE_COORDINATOR): only then may the
+  // cluster come from it.
+  bool coordinator_given = false;
+  std::string devices = "auto";  // of the live cluster: cpu, cuda or auto
+};
+// Prints the planner's report (see cli/plan.h); 0 when a plan was found, 1 when none fits or the
+// coordinator cannot be reached, 2 for bad input.
+int Plan(const ClientOptions& client, const PlanOptions& options);
+
 // The embedded default job of `shardline up` for `actors` CPU actors.
 std::string DefaultJobYaml(int actors);
 

@@ -148,6 +148,22 @@ int Main(int argc, char** argv) {
   cancel_cmd->add_option("job", cancel_job)->required();
   add_client_options(cancel_cmd);
 
+  PlanOptions plan_options;
+  auto* plan_cmd = app.add_subcommand(
+      "plan", "Choose the parallel layout of a model on a cluster (the placement planner)");
+  plan_cmd->add_option("--model", plan_options.model_path, "Model spec (YAML)");
+  plan_cmd->add_option("--cluster", plan_options.cluster_path,
+                       "Cluster spec (YAML); default: the live coordinator's cluster");
+  plan_cmd->add_option("--train", plan_options.train_path,
+                       "Train set-up (YAML): global_batch, seq_len, micro_batch, dtype, zero");
+  plan_cmd->add_flag("--json", plan_options.json, "Machine-readable output");
+  plan_cmd->add_flag("--explain", plan_options.explain,
+                     "Also the alternatives, the rejected candidates and the rank map");
+  plan_cmd->add_option("--devices", plan_options.devices,
+                       "Which devices of the live cluster: cpu, cuda or auto")
+      ->capture_default_str();
+  add_client_options(plan_cmd);
+
   UpOptions up_options;
   auto* up_cmd = app.add_subcommand("up", "Start a local cluster on this machine and run the default job");
   up_cmd->add_option("--devices", up_options.devices, "CPU devices of the local node")
@@ -214,6 +230,14 @@ int Main(int argc, char** argv) {
   }
   if (*status_cmd) return Status(client, status_options);
   if (*cancel_cmd) return Cancel(client, cancel_job);
+  if (*plan_cmd) {
+    // The live cluster only when one was named: a plan for a default endpoint nobody chose would
+    // be a surprise.
+    const char* env = std::getenv("SHARDLINE_COORDINATOR");
+    plan_options.coordinator_given =
+        plan_cmd->get_option("--coordinator")->count() > 0 || (env != nullptr && *env != '\0');
+    return Plan(client, plan_options);
+  }
   if (*train_cmd) return Train(train_options);
   if (*generate_cmd) return Generate(generate_options);
   if (*up_cmd) {

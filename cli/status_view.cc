@@ -80,12 +80,54 @@ std::string Percent(double part, double whole) {
   return std::to_string(static_cast<int>(std::lround(100.0 * part / whole))) + "%";
 }
 
-// The plan of a train job: "tp 2 x pp 2 x dp 1, zero 1, micro-batch 4 (2 per step)".
+// "1.23 GiB": a predicted size (FormatBytes prints only exact multiples).
+std::string ApproxBytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (u < 4 && bytes >= 1024) {
+    bytes /= 1024;
+    ++u;
+  }
+  return Fixed(bytes, u == 0 ? 0 : 1) + " " + units[u];
+}
+
+// "12.3 GB/s", "812 MB/s": a measured bandwidth.
+std::string FormatBandwidth(double bytes_per_second) {
+  if (bytes_per_second >= 1e9) return Fixed(bytes_per_second / 1e9, 2) + " GB/s";
+  return Fixed(bytes_per_second / 1e6, 1) + " MB/s";
+}
+
+// The plan of a train job: "tp 2 x pp 2 x dp 1, zero 1, micro-batch 4 (2 per step)", and for
+// `parallel: auto` ", auto: predicted 0.120 s/step, 34.1 MiB per device".
 std::string FormatPlan(wire::TrainProgress::Reader t) {
-  return "tp " + std::to_string(t.getTp()) + " x pp " + std::to_string(t.getPp()) + " x dp " +
-         std::to_string(t.getDp()) + ", zero " + std::to_string(t.getZero()) + ", micro-batch " +
-         std::to_string(t.getMicroBatch()) + " (" + std::to_string(t.getMicroBatches()) +
-         " per step)";
+  if (t.getAutoPlan() && t.getTp() == 0) return "auto (not planned yet)";
+  std::string plan = "tp " + std::to_string(t.getTp()) + " x pp " + std::to_string(t.getPp()) +
+                     " x dp " + std::to_string(t.getDp()) + ", zero " +
+                     std::to_string(t.getZero()) + ", micro-batch " +
+                     std::to_string(t.getMicroBatch()) + " (" +
+                     std::to_string(t.getMicroBatches()) + " per step)";
+  if (t.getAutoPlan()) {
+    plan += ", auto: predicted " + Fixed(t.getPredictedStepSeconds(), 3) + " s/step, " +
+            ApproxBytes(static_cast<double>(t.getPredictedMemoryBytes())) + " per device";
+  }
+  return plan;
+}
+
+// A node's calibration on one line: "GEMM 12.3 GFLOP/s, intra 1.20 GB/s, inter 450.0 MB/s".
+std::string FormatCalibration(wire::NodeStatus::Reader node) {
+  if (!node.hasCalibration() || node.getCalibration().getMeasuredUnixMs() == 0) return "-";
+  const auto c = node.getCalibration();
+  std::string line;
+  if (c.getGemmFlops() > 0) line = "GEMM " + Fixed(c.getGemmFlops() / 1e9, 1) + " GFLOP/s";
+  if (c.getIntraBusBytesPerSecond() > 0) {
+    line += (line.empty() ? "" : ", ") + std::string("intra ") +
+            FormatBandwidth(c.getIntraBusBytesPerSecond());
+  }
+  if (c.getInterBusBytesPerSecond() > 0) {
+    line += (line.empty() ? "" : ", ") + std::string("inter ") +
+            FormatBandwidth(c.getInterBusBytesPerSecond());
+  }
+  return line.empty() ? "-" : line;
 }
 
 }  // namespace
@@ -149,6 +191,25 @@ nlohmann::json StatusToJson(wire::ClusterStatus::Reader status) {
                               {"memory_bytes", d.getMemoryBytes()},
                               {"name", Str(d.getName())}});
     }
+    // What the node's actors measured at their start-up (0: not measured); null before any.
+    if (node.hasCalibration() && node.getCalibration().getMeasuredUnixMs() != 0) {
+      const auto c = node.getCalibration();
+      nlohmann::json devices = nlohmann::json::array();
+      for (auto d : c.getDevices()) {
+        devices.push_back(
+            {{"device", DeviceLabel(d.getDevice())}, {"gemm_flops", d.getGemmFlops()}});
+      }
+      n["calibration"] = {{"gemm_flops", c.getGemmFlops()},
+                          {"intra_bus_bytes_per_second", c.getIntraBusBytesPerSecond()},
+                          {"intra_latency_seconds", c.getIntraLatencySeconds()},
+                          {"inter_bus_bytes_per_second", c.getInterBusBytesPerSecond()},
+                          {"inter_latency_seconds", c.getInterLatencySeconds()},
+                          {"job_id", Str(c.getJobId())},
+                          {"measured_unix_ms", c.getMeasuredUnixMs()},
+                          {"devices", devices}};
+    } else {
+      n["calibration"] = nullptr;
+    }
     out["nodes"].push_back(n);
   }
   out["jobs"] = nlohmann::json::array();
@@ -208,7 +269,11 @@ nlohmann::json StatusToJson(wire::ClusterStatus::Reader status) {
                       {"micro_batch", t.getMicroBatch()},
                       {"micro_batches", t.getMicroBatches()},
                       {"batch", t.getBatch()},
-                      {"seq_len", t.getSeqLen()}}}};
+                      {"seq_len", t.getSeqLen()},
+                      {"auto", t.getAutoPlan()},
+                      {"predicted_step_seconds", t.getPredictedStepSeconds()},
+                      {"predicted_memory_bytes", t.getPredictedMemoryBytes()},
+                      {"summary", Str(t.getPlanSummary())}}}};
     }
     out["jobs"].push_back(j);
   }
@@ -219,7 +284,8 @@ std::string FormatCluster(wire::ClusterStatus::Reader status, const std::string&
   std::ostringstream out;
   out << "Cluster " << Str(status.getClusterId()) << " (coordinator " << endpoint << ", up "
       << Fixed(status.getCoordinatorUptimeMs() / 1000.0, 1) << " s)\n\n";
-  Table nodes({"NODE", "STATE", "ADDRESS", "DEVICES", "BUSY", "LAST HEARTBEAT", "METRICS"});
+  Table nodes({"NODE", "STATE", "ADDRESS", "DEVICES", "BUSY", "LAST HEARTBEAT", "METRICS",
+               "CALIBRATION"});
   for (auto node : status.getNodes()) {
     std::map<std::string, int> kinds;
     for (auto d : node.getDevices()) kinds[d.getKind() == wire::DeviceKind::CUDA ? "cuda" : "cpu"]++;
@@ -230,7 +296,7 @@ std::string FormatCluster(wire::ClusterStatus::Reader status, const std::string&
     nodes.Add({Str(node.getNodeId()), Str(node.getState()), Str(node.getAddress()), devices,
                std::to_string(node.getActors()),
                Fixed(node.getLastHeartbeatAgoMs() / 1000.0, 1) + " s ago",
-               Str(node.getMetricsAddress())});
+               Str(node.getMetricsAddress()), FormatCalibration(node)});
   }
   out << "Nodes\n" << (status.getNodes().size() ? nodes.Render() : "  (none registered)\n");
   Table jobs({"JOB", "KIND", "STATE", "PHASE", "GEN", "ACTORS", "BACKEND", "NOTE"});
@@ -263,6 +329,9 @@ std::string FormatJob(wire::JobStatus::Reader job) {
       << Str(job.getBackend()) << "\n";
   if (job.getError().size()) out << "  " << Str(job.getError()) << "\n";
   if (job.hasTrain()) out << "  " << FormatTrainProgress(job) << "\n";
+  if (job.hasTrain() && job.getTrain().getPlanSummary().size()) {
+    out << "  planned (parallel: auto): " << Str(job.getTrain().getPlanSummary()) << "\n";
+  }
   Table actors({"RANK", "NODE", "DEVICE", "PID", "STATE", "DETAIL"});
   for (auto a : job.getActors()) {
     actors.Add({std::to_string(a.getRank()), Str(a.getNodeId()), DeviceLabel(a.getDevice()),

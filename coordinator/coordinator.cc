@@ -12,6 +12,8 @@
 #include "coordinator/checkpoint_commit.h"
 #include "nlohmann/json.hpp"
 #include "placement/parallel_layout.h"
+#include "placement/plan_request.h"
+#include "placement/planner.h"
 #include "spdlog/spdlog.h"
 
 namespace shardline::coordinator {
@@ -52,6 +54,20 @@ DeviceInfo ReadDevice(wire::Device::Reader in) {
 }
 
 double SecondsBetween(TimePoint a, TimePoint b) { return Seconds(b - a); }
+
+// "12.3 MiB", "1.50 GiB": a predicted size for status lines and logs.
+std::string FormatMemory(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (u < 4 && bytes >= 1024) {
+    bytes /= 1024;
+    ++u;
+  }
+  std::ostringstream out;
+  out.precision(u == 0 ? 0 : 1);
+  out << std::fixed << bytes << " " << units[u];
+  return out.str();
+}
 
 std::string FormatSeconds(double s) {
   std::ostringstream out;
@@ -216,6 +232,9 @@ void Coordinator::Dispatch(const std::string& peer, const protocol::Message& mes
     case Payload::STEP_REPORT: status = OnStepReport(peer, id, payload.getStepReport()); break;
     case Payload::ACTOR_DONE: status = OnActorDone(peer, id, payload.getActorDone()); break;
     case Payload::SHARD_SAVED: status = OnShardSaved(peer, id, payload.getShardSaved()); break;
+    case Payload::CALIBRATION:
+      status = OnCalibration(peer, id, payload.getCalibration());
+      break;
     case Payload::ERROR:
     case Payload::ACK:
       return;  // peers answer our pushes; nothing waits for those answers
@@ -355,12 +374,21 @@ absl::Status Coordinator::OnSubmitJob(const std::string& peer, uint64_t request_
   if (spec.kind == placement::JobKind::kTrain) {
     job.train.saving_dir = ResolveUnder(work_dir, spec.train.checkpoint_dir);
   }
+  if (spec.parallel_auto) job.auto_max_actors = spec.actors;
   job.backend = std::string(placement::BackendName(placement::ResolveBackend(spec)));
   job.submitted_unix_ms = UnixMillis();
   job.waiting_reason = "waiting for devices";
-  spdlog::info("job {} submitted: {} on {} {} actors{}", job.id, placement::JobKindName(spec.kind),
-               job.World(), placement::DeviceKindName(spec.devices),
-               spec.kind == placement::JobKind::kTrain ? " (" + PlanSummary(spec) + ")" : "");
+  if (spec.parallel_auto) {
+    spdlog::info("job {} submitted: {} on {} {} devices, parallel: auto", job.id,
+                 placement::JobKindName(spec.kind),
+                 spec.actors > 0 ? "at most " + std::to_string(spec.actors) : "the free",
+                 placement::DeviceKindName(spec.devices));
+  } else {
+    spdlog::info("job {} submitted: {} on {} {} actors{}", job.id,
+                 placement::JobKindName(spec.kind), job.World(),
+                 placement::DeviceKindName(spec.devices),
+                 spec.kind == placement::JobKind::kTrain ? " (" + PlanSummary(spec) + ")" : "");
+  }
   const std::string id = job.id;
   jobs_[id] = std::move(job);
   job_order_.push_back(id);
@@ -386,6 +414,15 @@ void Coordinator::TryStartPendingJobs() {
   for (const auto& id : job_order_) {
     Job& job = jobs_[id];
     if (job.state != JobState::kPending) continue;
+    if (job.spec.kind == placement::JobKind::kTrain && job.spec.parallel_auto) {
+      auto planned = PlanAutoJob(job);
+      if (planned) {
+        StartGeneration(job, *planned);
+        continue;
+      }
+      if (job.state == JobState::kPending) return;  // first come, first served, as below
+      continue;                                      // failed: the next job may start
+    }
     const auto wanted = job.spec.devices == placement::DeviceKind::kCuda ? DeviceInfo::Kind::kCuda
                                                                          : DeviceInfo::Kind::kCpu;
     // Ranks fill one node's devices before the next: neighbouring ranks (a later TP group)
@@ -413,6 +450,127 @@ void Coordinator::TryStartPendingJobs() {
     }
     StartGeneration(job, placement);
   }
+}
+
+std::optional<std::vector<std::pair<std::string, int>>> Coordinator::PlanAutoJob(Job& job) {
+  const auto wanted = job.spec.devices == placement::DeviceKind::kCuda ? DeviceInfo::Kind::kCuda
+                                                                       : DeviceInfo::Kind::kCpu;
+  const std::string kind(placement::DeviceKindName(job.spec.devices));
+  int alive_total = 0;
+  for (const auto& node : PlannableNodes(membership_, calibration_, wanted, false, nullptr)) {
+    alive_total += node.devices;
+  }
+  // The plan is made for the devices free now, a job's `actors` capping how many it may take
+  // (the first in node order, as fixed layouts fill them).
+  std::map<std::string, std::vector<int>> slots;
+  std::vector<PlannableNode> free_nodes =
+      PlannableNodes(membership_, calibration_, wanted, true, &slots);
+  int free_total = 0;
+  std::string devices_key;
+  for (auto node = free_nodes.begin(); node != free_nodes.end();) {
+    if (job.auto_max_actors > 0 && free_total + node->devices > job.auto_max_actors) {
+      node->devices = job.auto_max_actors - free_total;
+      slots[node->node_id].resize(static_cast<size_t>(std::max(node->devices, 0)));
+    }
+    if (node->devices <= 0) {
+      slots.erase(node->node_id);
+      node = free_nodes.erase(node);
+      continue;
+    }
+    free_total += node->devices;
+    devices_key += node->node_id + ":" + std::to_string(node->devices) + " ";
+    ++node;
+  }
+  if (free_total == 0) {
+    job.waiting_reason = "waiting for free " + kind + " devices to plan on (0 free of " +
+                         std::to_string(alive_total) + " alive)";
+    return std::nullopt;
+  }
+  // The same devices give the same verdict: a job that waits for more is not re-planned on
+  // every turn of the event loop.
+  if (devices_key == job.plan.failed_on) return std::nullopt;
+
+  const std::string on = std::to_string(free_total) + " free " + kind + " device" +
+                         (free_total == 1 ? "" : "s") + " of " + std::to_string(free_nodes.size()) +
+                         " node" + (free_nodes.size() == 1 ? "" : "s");
+  auto cluster = BuildClusterSpec(options_.cluster_id, free_nodes);
+  if (!cluster.ok()) {
+    EndJob(job, JobState::kFailed, "cannot plan on the " + on + ": " +
+                                       Text(cluster.status().message()));
+    return std::nullopt;
+  }
+  auto report = placement::Plan(placement::PlanRequestForJob(job.spec, *cluster));
+  if (!report.ok()) {
+    const std::string why = "no plan fits the " + on + ": " + Text(report.status().message());
+    // Out of memory on what is free now, while other devices are busy: once they free, a plan
+    // over more devices may fit, so the job waits for them (first come, first served, like a
+    // fixed layout waiting for its devices). On every device it could ever get, it fails.
+    const bool more_may_free =
+        free_total < alive_total && (job.auto_max_actors == 0 || free_total < job.auto_max_actors);
+    if (report.status().code() == absl::StatusCode::kResourceExhausted && more_may_free) {
+      job.plan.failed_on = devices_key;
+      job.waiting_reason = why + "; waiting for busy devices to free";
+      spdlog::info("job {}: {}", job.id, job.waiting_reason);
+      return std::nullopt;
+    }
+    EndJob(job, JobState::kFailed, why);
+    return std::nullopt;
+  }
+  const placement::PlannedLayout& best = report->best;
+  if (auto status = placement::ApplyPlannedLayout(job.spec, best.parallel); !status.ok()) {
+    EndJob(job, JobState::kFailed,
+           "the planner's layout cannot run: " + Text(status.message()));
+    return std::nullopt;
+  }
+  job.plan.planned = true;  // from here on the job's world is the plan's
+  // Ranks go where the plan put them: its device d of a node is that node's d-th free device.
+  std::vector<std::pair<std::string, int>> placement;
+  std::set<std::pair<std::string, int>> taken;
+  bool honoured = best.devices.size() == static_cast<size_t>(job.World());
+  for (size_t rank = 0; honoured && rank < best.devices.size(); ++rank) {
+    const placement::DevicePlace& place = best.devices[rank];
+    auto node = slots.find(place.node_id);
+    if (node == slots.end() || place.device < 0 ||
+        static_cast<size_t>(place.device) >= node->second.size()) {
+      honoured = false;
+      break;
+    }
+    const std::pair<std::string, int> slot(place.node_id, node->second[place.device]);
+    honoured = taken.insert(slot).second;
+    placement.push_back(slot);
+  }
+  if (!honoured) {
+    // Not expected of the planner; the job still runs, on the free devices in node order.
+    spdlog::warn("job {}: the plan's rank → device map does not match the free devices; ranks "
+                 "fill the nodes in order instead",
+                 job.id);
+    placement.clear();
+    for (const auto& [node_id, node_slots] : slots) {
+      for (int slot : node_slots) {
+        if (placement.size() < static_cast<size_t>(job.World())) {
+          placement.emplace_back(node_id, slot);
+        }
+      }
+    }
+  }
+  std::set<std::string> nodes_used;
+  for (const auto& [node_id, slot] : placement) nodes_used.insert(node_id);
+  std::ostringstream summary;
+  summary << job.World() << " of " << free_total << " free " << kind << " devices on "
+          << nodes_used.size() << " node" << (nodes_used.size() == 1 ? "" : "s") << ", "
+          << best.mapping << ", " << report->feasible << " of " << report->candidates
+          << " candidates fit, planned in "
+          << std::to_string(static_cast<int64_t>(std::ceil(report->planning_seconds * 1e3)))
+          << " ms";
+  job.plan.step_seconds = best.time.total;
+  job.plan.memory_bytes = best.memory.total();
+  job.plan.summary = summary.str();
+  job.plan.failed_on.clear();
+  spdlog::info("job {}: planned {} ({}): predicted {:.4f} s per step, {} per device\n{}", job.id,
+               PlanSummary(job.spec), job.plan.summary, best.time.total,
+               FormatMemory(static_cast<double>(best.memory.total())),
+               placement::FormatPlan(*report, false));
+  return placement;
 }
 
 void Coordinator::StartGeneration(Job& job,
@@ -549,6 +707,20 @@ absl::Status Coordinator::OnRegisterActor(const std::string& peer, uint64_t requ
   assignment.setStorePrefix(CapText(job.StorePrefix()));
   assignment.setSpecDir(CapText(job.spec_dir));
   assignment.setWorkDir(CapText(job.work_dir));
+  if (job.spec.kind == placement::JobKind::kTrain) {
+    // The layout the ranks run: for `parallel: auto` the planner's, which the spec does not say.
+    const placement::ParallelSpec& parallel = job.spec.parallel;
+    auto layout = assignment.initParallel();
+    layout.setTp(static_cast<uint32_t>(parallel.tp));
+    layout.setPp(static_cast<uint32_t>(parallel.pp));
+    layout.setDp(static_cast<uint32_t>(parallel.dp));
+    layout.setZero(static_cast<uint32_t>(parallel.zero));
+    layout.setMicroBatch(static_cast<uint64_t>(parallel.micro_batch));
+    auto stages = layout.initStageLayers(static_cast<unsigned>(parallel.stage_layers.size()));
+    for (size_t i = 0; i < parallel.stage_layers.size(); ++i) {
+      stages.set(static_cast<unsigned>(i), static_cast<uint32_t>(parallel.stage_layers[i]));
+    }
+  }
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(job.bootstrap_deadline -
                                                                           clock_->Now());
   assignment.setBootstrapTimeoutMs(static_cast<uint32_t>(std::max<int64_t>(left.count(), 1)));
@@ -830,6 +1002,55 @@ absl::Status Coordinator::OnShardSaved(const std::string& peer, uint64_t request
   return absl::OkStatus();
 }
 
+absl::Status Coordinator::OnCalibration(const std::string& peer, uint64_t request_id,
+                                        wire::Calibration::Reader report) {
+  const std::string job_id = Str(report.getJobId());
+  ASSIGN_OR_RETURN(ActorRecord * actor,
+                   FindActor(job_id, report.getGeneration(), report.getRank()));
+  Job& job = jobs_[job_id];
+  const std::string where = "job " + job_id + ", rank " + std::to_string(actor->rank);
+  if (Str(report.getNodeId()) != actor->node_id) {
+    return absl::PermissionDeniedError(where + " runs on node " + actor->node_id + ", not " +
+                                       Str(report.getNodeId()));
+  }
+  const auto valid = [](double v) { return std::isfinite(v) && v >= 0; };
+  if (!valid(report.getGemmFlops())) {
+    return absl::InvalidArgumentError(where + ": GEMM FLOP/s must be finite and ≥ 0, got " +
+                                      std::to_string(report.getGemmFlops()));
+  }
+  // Check the whole report before recording any of it.
+  std::vector<std::pair<const GroupRecord*, wire::GroupBandwidth::Reader>> groups;
+  for (auto measured : report.getGroups()) {
+    const std::string group_id = Str(measured.getGroupId());
+    auto group = std::find_if(job.groups.begin(), job.groups.end(),
+                              [&](const GroupRecord& g) { return g.id == group_id; });
+    if (group == job.groups.end() ||
+        std::find(group->ranks.begin(), group->ranks.end(), actor->rank) == group->ranks.end()) {
+      return absl::InvalidArgumentError(where + " is not a member of a group '" + group_id + "'");
+    }
+    if (!valid(measured.getBusBytesPerSecond()) || !valid(measured.getLatencySeconds())) {
+      return absl::InvalidArgumentError(where + ", group " + group_id +
+                                        ": bandwidth and latency must be finite and ≥ 0");
+    }
+    groups.emplace_back(&*group, measured);
+  }
+  const int64_t now = UnixMillis();
+  // The coordinator's own record says which device and which nodes were measured, not the report.
+  calibration_.RecordGemm(actor->node_id, DeviceLabel(actor->device), report.getGemmFlops(),
+                          job_id, now);
+  const std::string source = job_id + "/" + std::to_string(job.generation);
+  for (const auto& [group, measured] : groups) {
+    std::vector<std::string> rank_nodes;
+    for (int rank : group->ranks) rank_nodes.push_back(job.actors[rank].node_id);
+    calibration_.RecordGroup(rank_nodes, measured.getBusBytesPerSecond(),
+                             measured.getLatencySeconds(), source, job_id, now);
+  }
+  spdlog::debug("{}: calibration {:.3g} FLOP/s, {} groups", where, report.getGemmFlops(),
+                groups.size());
+  ReplyAck(peer, request_id);
+  return absl::OkStatus();
+}
+
 absl::Status Coordinator::CommitStep(Job& job, int64_t step) {
   TrainRecord& train = job.train;
   const PendingCheckpoint pending = std::move(train.saving[step]);
@@ -1047,6 +1268,27 @@ void Coordinator::FillStatus(wire::ClusterStatus::Builder status, const std::str
       busy += node.devices[d].busy_job.empty() ? 0 : 1;
     }
     out.setActors(busy);
+    if (const NodeCalibration* measured = calibration_.Find(node.node_id)) {
+      auto calibration = out.initCalibration();
+      calibration.setGemmFlops(measured->GemmFlops());
+      calibration.setIntraBusBytesPerSecond(measured->intra.bus_bytes_per_second);
+      calibration.setIntraLatencySeconds(measured->intra.latency_seconds);
+      calibration.setInterBusBytesPerSecond(measured->inter.bus_bytes_per_second);
+      calibration.setInterLatencySeconds(measured->inter.latency_seconds);
+      calibration.setJobId(CapText(measured->job_id));
+      calibration.setMeasuredUnixMs(measured->measured_unix_ms);
+      // The node's devices that were measured (one it no longer reports is left out).
+      std::vector<std::pair<const DeviceInfo*, double>> gemm;
+      for (const DeviceInfo& device : node.devices) {
+        auto it = measured->device_gemm_flops.find(DeviceLabel(device));
+        if (it != measured->device_gemm_flops.end()) gemm.emplace_back(&device, it->second);
+      }
+      auto list = calibration.initDevices(static_cast<unsigned>(gemm.size()));
+      for (unsigned i = 0; i < gemm.size(); ++i) {
+        FillDevice(list[i].initDevice(), *gemm[i].first);
+        list[i].setGemmFlops(gemm[i].second);
+      }
+    }
   }
   std::vector<const Job*> selected;
   for (const auto& id : job_order_) {
@@ -1119,14 +1361,21 @@ void Coordinator::FillTrainProgress(wire::TrainProgress::Builder out, const Job&
   out.setEtaSeconds(eta);
   out.setLastCommittedStep(progress.last_committed_step);
   out.setCheckpointDir(CapText(progress.saving_dir));
-  out.setTp(static_cast<uint32_t>(parallel.tp));
-  out.setPp(static_cast<uint32_t>(parallel.pp));
-  out.setDp(static_cast<uint32_t>(parallel.dp));
-  out.setZero(static_cast<uint32_t>(parallel.zero));
-  out.setMicroBatch(static_cast<uint64_t>(placement::MicroBatchSize(parallel, spec.batch)));
-  out.setMicroBatches(static_cast<uint64_t>(placement::MicroBatchCount(parallel, spec.batch)));
+  // An auto job not planned yet has no layout: its fields stay 0.
+  if (!job.spec.parallel_auto || job.plan.planned) {
+    out.setTp(static_cast<uint32_t>(parallel.tp));
+    out.setPp(static_cast<uint32_t>(parallel.pp));
+    out.setDp(static_cast<uint32_t>(parallel.dp));
+    out.setZero(static_cast<uint32_t>(parallel.zero));
+    out.setMicroBatch(static_cast<uint64_t>(placement::MicroBatchSize(parallel, spec.batch)));
+    out.setMicroBatches(static_cast<uint64_t>(placement::MicroBatchCount(parallel, spec.batch)));
+  }
   out.setBatch(static_cast<uint64_t>(spec.batch));
   out.setSeqLen(static_cast<uint64_t>(spec.seq_len));
+  out.setAutoPlan(job.spec.parallel_auto);
+  out.setPredictedStepSeconds(job.plan.step_seconds);
+  out.setPredictedMemoryBytes(static_cast<uint64_t>(std::max<int64_t>(job.plan.memory_bytes, 0)));
+  out.setPlanSummary(CapText(job.plan.summary));
 }
 
 void Coordinator::Persist(const Job& job) {
@@ -1156,6 +1405,19 @@ void Coordinator::Persist(const Job& job) {
     record["train"] = {{"step", job.train.step},
                        {"loss", loss},
                        {"last_committed_step", job.train.last_committed_step}};
+    if (job.plan.planned) {
+      // The spec says only `parallel: auto`: the history keeps what the planner chose.
+      const placement::ParallelSpec& p = job.spec.parallel;
+      record["plan"] = {{"tp", p.tp},
+                        {"pp", p.pp},
+                        {"dp", p.dp},
+                        {"zero", p.zero},
+                        {"micro_batch", p.micro_batch},
+                        {"stage_layers", p.stage_layers},
+                        {"step_seconds", job.plan.step_seconds},
+                        {"memory_bytes", job.plan.memory_bytes},
+                        {"summary", job.plan.summary}};
+    }
   }
   const auto path = std::filesystem::path(options_.state_dir) / "jobs" / (job.id + ".json");
   auto status = WriteFileAtomically(path, record.dump(2));
@@ -1185,6 +1447,7 @@ absl::Status Coordinator::LoadHistory() {
       }
       job.spec = *spec;
       job.backend = std::string(placement::BackendName(placement::ResolveBackend(job.spec)));
+      if (job.spec.parallel_auto) job.auto_max_actors = job.spec.actors;
       if (job.spec.kind == placement::JobKind::kTrain) {
         job.train.saving_dir = ResolveUnder(job.work_dir, job.spec.train.checkpoint_dir);
         const auto train = record.value("train", nlohmann::json::object());
@@ -1195,6 +1458,26 @@ absl::Status Coordinator::LoadHistory() {
         job.train.last_committed_step = train.value("last_committed_step", int64_t{-1});
       }
       const std::string state = record.at("state").get<std::string>();
+      if (job.spec.parallel_auto && state != "pending" && record.contains("plan")) {
+        // What ran (or was about to): a job still pending plans afresh when it starts.
+        const auto& plan = record["plan"];
+        placement::ParallelSpec layout;
+        layout.tp = plan.at("tp").get<int>();
+        layout.pp = plan.at("pp").get<int>();
+        layout.dp = plan.at("dp").get<int>();
+        layout.zero = plan.at("zero").get<int>();
+        layout.micro_batch = plan.value("micro_batch", int64_t{0});
+        layout.stage_layers = plan.value("stage_layers", std::vector<int>{});
+        if (auto applied = placement::ApplyPlannedLayout(job.spec, layout); applied.ok()) {
+          job.plan.planned = true;
+          job.plan.step_seconds = plan.value("step_seconds", 0.0);
+          job.plan.memory_bytes = plan.value("memory_bytes", int64_t{0});
+          job.plan.summary = plan.value("summary", "");
+        } else {
+          spdlog::warn("{}: the recorded plan does not apply: {}", where,
+                       Text(applied.message()));
+        }
+      }
       job.error = record.value("error", "");
       job.generation = record.value("generation", 0u);
       job.submitted_unix_ms = record.value("submitted_unix_ms", int64_t{0});

@@ -6,11 +6,13 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/clock.h"
+#include "coordinator/calibration.h"
 #include "coordinator/job.h"
 #include "coordinator/kv_store.h"
 #include "coordinator/membership.h"
@@ -86,6 +88,8 @@ class Coordinator {
                            wire::ActorDone::Reader report);
   absl::Status OnShardSaved(const std::string& peer, uint64_t request_id,
                             wire::ShardSaved::Reader report);
+  absl::Status OnCalibration(const std::string& peer, uint64_t request_id,
+                             wire::Calibration::Reader report);
 
   // ---- jobs ----
   // The job's actor of (generation, rank), or an error saying why the report is stale or bad.
@@ -106,6 +110,11 @@ class Coordinator {
   // job (and returns why) when the shards do not make a checkpoint or it cannot be written.
   absl::Status CommitStep(Job& job, int64_t step);
   void TryStartPendingJobs();
+  // A pending `parallel: auto` job: plans it on the free devices and, when a plan fits, applies
+  // it to the job's spec and returns the rank → (node, device slot) placement. Otherwise nothing,
+  // with the job either still pending (waiting_reason says why) or failed (the planner's verdict
+  // on every device it could ever get).
+  std::optional<std::vector<std::pair<std::string, int>>> PlanAutoJob(Job& job);
   void StartGeneration(Job& job, const std::vector<std::pair<std::string, int>>& placement);
   // Ends the current generation: aborts its actors, frees its devices, records `error`.
   void EndJob(Job& job, JobState state, const std::string& error);
@@ -132,6 +141,7 @@ class Coordinator {
   monitoring::CoordinatorMetrics metrics_;
   Membership membership_;
   KvStore kv_;
+  CalibrationBook calibration_;
   std::map<std::string, Job> jobs_;
   std::vector<std::string> job_order_;  // submission order: pending jobs start first-come
   uint64_t next_job_number_ = 1;

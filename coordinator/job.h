@@ -93,6 +93,18 @@ struct TrainRecord {
   int64_t last_committed_step = -1;    // survives generations: a new one resumes from it
 };
 
+// The plan of a `parallel: auto` train job: what the planner chose when the job started (the
+// layout itself is applied to Job::spec.parallel), and what it predicted.
+struct PlanRecord {
+  bool planned = false;
+  double step_seconds = 0;   // predicted time of one step
+  int64_t memory_bytes = 0;  // predicted peak of the fullest rank
+  std::string summary;       // one line: devices used, mapping, MFU
+  // The free devices of the last attempt that found no plan that fits but may once busy devices
+  // free: the same devices are not planned again (the verdict would be the same).
+  std::string failed_on;
+};
+
 struct Job {
   std::string id;
   placement::JobSpec spec;
@@ -115,9 +127,16 @@ struct Job {
   std::vector<GroupRecord> groups;
   std::vector<CollectiveResultRecord> results;
   TrainRecord train;  // kind train only
+  // `parallel: auto` only: the spec's `actors` (the most devices the plan may use; 0: any), kept
+  // because applying the plan sets spec.actors to the plan's world.
+  int auto_max_actors = 0;
+  PlanRecord plan;
 
   int World() const {
-    return spec.kind == placement::JobKind::kTrain ? spec.parallel.world() : spec.actors;
+    if (spec.kind != placement::JobKind::kTrain) return spec.actors;
+    // Until planned, a `parallel: auto` job wants at most its `actors` (0: as many as are free).
+    if (spec.parallel_auto && !plan.planned) return auto_max_actors;
+    return spec.parallel.world();
   }
   // The key prefix of this generation in the coordinator's store.
   std::string StorePrefix() const {

@@ -133,6 +133,7 @@ std::string_view PayloadName(wire::Envelope::Payload::Which which) {
     case W::SHUTDOWN: return "shutdown";
     case W::COMM_JOIN: return "comm_join";
     case W::SHARD_SAVED: return "shard_saved";
+    case W::CALIBRATION: return "calibration";
   }
   return "unknown";
 }

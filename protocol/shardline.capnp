@@ -39,6 +39,7 @@ struct Envelope {
     shutdown @25 :Shutdown;
     commJoin @26 :CommJoin;
     shardSaved @27 :ShardSaved;
+    calibration @28 :Calibration;
   }
 }
 
@@ -126,6 +127,28 @@ struct NodeStatus {
   lastHeartbeatAgoMs @5 :UInt64;
   metricsAddress @6 :Text;
   actors @7 :UInt32;
+  calibration @8 :NodeCalibration;  # what the node's actors last measured
+}
+
+# What the planner knows of one node from its actors' start-up measurements (Calibration); a
+# value of 0 was never measured, and the planner then assumes its defaults. Intra-node numbers
+# come from groups whose ranks all ran on this node, inter-node ones from groups that spanned
+# it and others. Each is from the latest job generation that measured it, the most conservative
+# of that generation's reports (the lowest bandwidth, the highest latency).
+struct NodeCalibration {
+  gemmFlops @0 :Float64;               # fp32 GEMM FLOP/s of one device (the slowest measured)
+  intraBusBytesPerSecond @1 :Float64;  # all-reduce bus bandwidth
+  intraLatencySeconds @2 :Float64;     # of an 8-byte all-reduce
+  interBusBytesPerSecond @3 :Float64;
+  interLatencySeconds @4 :Float64;
+  jobId @5 :Text;                      # the job whose actors measured last
+  measuredUnixMs @6 :Int64;            # 0: never
+  devices @7 :List(DeviceGemm);        # per device
+}
+
+struct DeviceGemm {
+  device @0 :Device;
+  gemmFlops @1 :Float64;
 }
 
 struct JobStatus {
@@ -166,6 +189,10 @@ struct TrainProgress {
   microBatches @15 :UInt64;         # micro-batches per step
   batch @16 :UInt64;                # sequences per step
   seqLen @17 :UInt64;
+  autoPlan @18 :Bool;               # `parallel: auto`: the planner chose the plan above
+  predictedStepSeconds @19 :Float64;  # the planner's estimate; 0 when not planned
+  predictedMemoryBytes @20 :UInt64;   # the planner's peak per device; 0 when not planned
+  planSummary @21 :Text;            # the planner's one-line summary of the chosen plan
 }
 
 struct ActorStatus {
@@ -248,6 +275,17 @@ struct Assignment {
   bootstrapTimeoutMs @10 :UInt32;
   specDir @11 :Text;        # as in SubmitJob: where the spec's relative paths resolve
   workDir @12 :Text;
+  parallel @13 :ParallelLayout;  # kind train: the layout to run (`parallel: auto`: the plan)
+}
+
+# A train job's layout as the coordinator resolved it (placement::ParallelSpec).
+struct ParallelLayout {
+  tp @0 :UInt32;
+  pp @1 :UInt32;
+  dp @2 :UInt32;
+  zero @3 :UInt32;
+  microBatch @4 :UInt64;    # 0: batch / dp
+  stageLayers @5 :List(UInt32);  # empty: an even split
 }
 
 struct Group {
@@ -343,6 +381,30 @@ struct SavedTensor {
   globalShape @2 :List(UInt64);
   offsets @3 :List(UInt64);
   shape @4 :List(UInt64);
+}
+
+# Sent once by every rank of a train job after bootstrap, before its first step: the fp32 GEMM
+# FLOP/s of its device and, for each of its groups of more than one rank, the all-reduce bus
+# bandwidth (2(n-1)/n x bytes / time of an 8 MiB all-reduce, its latency taken off) and latency
+# (time of an 8-byte all-reduce). The coordinator folds them into its per-node calibration (see
+# NodeCalibration), which the planner of later `parallel: auto` jobs plans with; whether a group
+# crossed nodes the coordinator knows from its own placement.
+struct Calibration {
+  jobId @0 :Text;
+  generation @1 :UInt32;
+  rank @2 :UInt32;
+  nodeId @3 :Text;
+  device @4 :Device;
+  gemmFlops @5 :Float64;            # 0: not measured (e.g. a GPU, until its kernels run here)
+  groups @6 :List(GroupBandwidth);
+}
+
+struct GroupBandwidth {
+  groupId @0 :Text;
+  kind @1 :Text;                    # world | tp | pp | dp
+  ranks @2 :UInt32;
+  busBytesPerSecond @3 :Float64;
+  latencySeconds @4 :Float64;
 }
 
 struct Shutdown {

@@ -26,3 +26,11 @@ shardline_test(cluster_train_test
   LIBS shardline_test_cluster shardline_monitoring_testing shardline_training
   LABELS integration TIMEOUT 900)
 add_dependencies(cluster_train_test shardline)
+
+# Planning on a live cluster: start-up calibration in `status --json`, `parallel: auto` jobs
+# planned and run, and `shardline plan` for a file and for the live cluster.
+shardline_test(cluster_plan_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/cluster_plan_test.cc
+  LIBS shardline_test_cluster shardline_monitoring_testing
+  LABELS integration TIMEOUT 300)
+add_dependencies(cluster_plan_test shardline)

@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 
@@ -12,6 +13,7 @@
 #include "placement/job_spec.h"
 #include "protocol/rpc_client.h"
 #include "spdlog/spdlog.h"
+#include "worker/actor/calibration.h"
 #include "worker/actor/comm_check.h"
 #include "worker/actor/coordinator_store.h"
 #include "worker/comm/communicator.h"
@@ -53,6 +55,8 @@ class Actor {
   absl::Status RunJob();
   absl::Status RunCommCheckJob();
   absl::Status RunTrainJob();
+  // Measures this rank's GEMM and its groups' all-reduces and reports them (see calibration.h).
+  absl::Status CalibrateAndReport();
   absl::Status ReportDone(bool ok, const std::string& message);
 
  private:
@@ -90,6 +94,7 @@ class Actor {
   std::chrono::milliseconds bootstrap_timeout_{30000};
   uint32_t world_size_ = 0;
   int device_index_ = 0;
+  bool cuda_device_ = false;
   struct Group {
     std::string kind, id;
     std::vector<uint32_t> ranks;
@@ -137,11 +142,33 @@ absl::Status Actor::Register() {
   base.work_dir = Str(assignment.getWorkDir());
   ASSIGN_OR_RETURN(spec_,
                    placement::ParseJobSpec(Str(assignment.getSpecYaml()), "assignment", base));
+  if (spec_.kind == placement::JobKind::kTrain && assignment.hasParallel()) {
+    // The coordinator's layout: for `parallel: auto` the planner's, which the spec does not say.
+    const auto layout = assignment.getParallel();
+    placement::ParallelSpec parallel;
+    // Clamped so that no wire value wraps negative; ApplyPlannedLayout refuses what is too big.
+    const auto degree = [](uint32_t v) {
+      return static_cast<int>(std::min<uint32_t>(v, 1u << 30));
+    };
+    parallel.tp = degree(layout.getTp());
+    parallel.pp = degree(layout.getPp());
+    parallel.dp = degree(layout.getDp());
+    parallel.zero = degree(layout.getZero());
+    parallel.micro_batch =
+        static_cast<int64_t>(std::min<uint64_t>(layout.getMicroBatch(), uint64_t{1} << 40));
+    for (uint32_t layers : layout.getStageLayers()) parallel.stage_layers.push_back(degree(layers));
+    if (auto status = placement::ApplyPlannedLayout(spec_, parallel); !status.ok()) {
+      return Annotate(status, "the assignment's layout");
+    }
+  } else if (spec_.kind == placement::JobKind::kTrain && spec_.parallel_auto) {
+    return absl::InvalidArgumentError("the assignment of a `parallel: auto` job has no layout");
+  }
   backend_ = Str(assignment.getBackend());
   store_prefix_ = Str(assignment.getStorePrefix());
   bootstrap_timeout_ = std::chrono::milliseconds(assignment.getBootstrapTimeoutMs());
   world_size_ = assignment.getWorldSize();
   device_index_ = static_cast<int>(assignment.getDevice().getIndex());
+  cuda_device_ = assignment.getDevice().getKind() == wire::DeviceKind::CUDA;
   for (auto group : assignment.getGroups()) {
     Group g{Str(group.getKind()), Str(group.getId()), {}};
     for (auto r : group.getRanks()) g.ranks.push_back(r);
@@ -183,6 +210,12 @@ absl::Status Actor::Bootstrap() {
       comm::GlooOptions gloo;
       gloo.hostname = address_;
       gloo.timeout = std::max<std::chrono::milliseconds>(bootstrap_timeout_ + kBootstrapSlack, 30s);
+      // Gloo has one timeout for the bootstrap and every operation. In training a pipeline
+      // stage waits for its neighbour's whole forward, which on a CPU can take minutes; a dead
+      // peer is noticed by the coordinator (its agent reports the exit) long before this.
+      if (spec_.kind == placement::JobKind::kTrain) {
+        gloo.timeout = std::max<std::chrono::milliseconds>(gloo.timeout, spec_.run_timeout);
+      }
       communicator = comm::CreateGlooCommunicator(group_store, index, size, gloo);
     }
     if (!communicator.ok()) {
@@ -219,7 +252,58 @@ absl::Status Actor::RunJob() {
   return absl::InternalError("unknown job kind");
 }
 
+absl::Status Actor::CalibrateAndReport() {
+  CalibrationOptions calibration;
+  // The CPU kernels measure a CPU device only; NCCL's buffers live on the GPU, which this
+  // measurement does not allocate. A GPU rank reports nothing until the GPU model runs here, and
+  // the planner keeps its defaults for it.
+  calibration.measure_gemm = !cuda_device_;
+  std::vector<CalibrationGroup> groups;
+  if (backend_ != "nccl") {
+    // groups_ is the Assignment's list, the same order on every rank (RankGrid::AllGroups).
+    for (const auto& group : groups_) {
+      auto found = communicators_.find(group.id);
+      if (found == communicators_.end()) continue;
+      groups.push_back({group.id, group.kind, found->second.get()});
+    }
+  }
+  if (!calibration.measure_gemm && groups.empty()) return absl::OkStatus();
+  const auto start = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(const CalibrationResult result, Calibrate(groups, calibration));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  spdlog::info("calibration in {:.3f} s: GEMM {:.2f} GFLOP/s, {} groups", seconds,
+               result.gemm_flops / 1e9, result.groups.size());
+  for (const auto& group : result.groups) {
+    spdlog::info("  group {} ({} ranks): all-reduce bus {:.3f} GB/s, latency {:.1f} us", group.id,
+                 group.ranks, group.bus_bytes_per_second / 1e9, group.latency_seconds * 1e6);
+  }
+  // Measurements inform later plans; a report the coordinator missed costs no training.
+  auto status = Report([&](auto payload) {
+    auto report = Origin(payload.initCalibration());
+    report.setNodeId(options_.node_id);
+    auto device = report.initDevice();
+    device.setKind(cuda_device_ ? wire::DeviceKind::CUDA : wire::DeviceKind::CPU);
+    device.setIndex(static_cast<uint32_t>(device_index_));
+    report.setGemmFlops(result.gemm_flops);
+    auto list = report.initGroups(static_cast<unsigned>(result.groups.size()));
+    for (size_t i = 0; i < result.groups.size(); ++i) {
+      const GroupBandwidth& group = result.groups[i];
+      auto out = list[static_cast<unsigned>(i)];
+      out.setGroupId(group.id);
+      out.setKind(group.kind);
+      out.setRanks(static_cast<uint32_t>(group.ranks));
+      out.setBusBytesPerSecond(group.bus_bytes_per_second);
+      out.setLatencySeconds(group.latency_seconds);
+    }
+  });
+  if (!status.ok()) spdlog::warn("calibration report: {}", ToString(status.message()));
+  return absl::OkStatus();
+}
+
 absl::Status Actor::RunTrainJob() {
+  // Before the first step, while every rank is idle: the same collectives on every rank.
+  RETURN_IF_ERROR(CalibrateAndReport());
   training::ShardedTrainOptions options;
   options.spec = spec_;
   options.rank = static_cast<int>(options_.rank);
