@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cli/coordinator_client.h"
+#include "placement/byte_size.h"
 #include "protocol/envelope.h"
 
 namespace shardline::cli {
@@ -80,16 +81,6 @@ std::string Percent(double part, double whole) {
   return std::to_string(static_cast<int>(std::lround(100.0 * part / whole))) + "%";
 }
 
-// "1.23 GiB": a predicted size (FormatBytes prints only exact multiples).
-std::string ApproxBytes(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (u < 4 && bytes >= 1024) {
-    bytes /= 1024;
-    ++u;
-  }
-  return Fixed(bytes, u == 0 ? 0 : 1) + " " + units[u];
-}
 
 // "12.3 GB/s", "812 MB/s": a measured bandwidth.
 std::string FormatBandwidth(double bytes_per_second) {
@@ -108,7 +99,7 @@ std::string FormatPlan(wire::TrainProgress::Reader t) {
                      std::to_string(t.getMicroBatches()) + " per step)";
   if (t.getAutoPlan()) {
     plan += ", auto: predicted " + Fixed(t.getPredictedStepSeconds(), 3) + " s/step, " +
-            ApproxBytes(static_cast<double>(t.getPredictedMemoryBytes())) + " per device";
+            placement::FormatApproxByteSize(static_cast<double>(t.getPredictedMemoryBytes())) + " per device";
   }
   return plan;
 }

@@ -11,6 +11,7 @@
 #include "common/status_macros.h"
 #include "coordinator/checkpoint_commit.h"
 #include "nlohmann/json.hpp"
+#include "placement/byte_size.h"
 #include "placement/parallel_layout.h"
 #include "placement/plan_request.h"
 #include "placement/planner.h"
@@ -55,19 +56,6 @@ DeviceInfo ReadDevice(wire::Device::Reader in) {
 
 double SecondsBetween(TimePoint a, TimePoint b) { return Seconds(b - a); }
 
-// "12.3 MiB", "1.50 GiB": a predicted size for status lines and logs.
-std::string FormatMemory(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (u < 4 && bytes >= 1024) {
-    bytes /= 1024;
-    ++u;
-  }
-  std::ostringstream out;
-  out.precision(u == 0 ? 0 : 1);
-  out << std::fixed << bytes << " " << units[u];
-  return out.str();
-}
 
 std::string FormatSeconds(double s) {
   std::ostringstream out;
@@ -568,7 +556,7 @@ std::optional<std::vector<std::pair<std::string, int>>> Coordinator::PlanAutoJob
   job.plan.failed_on.clear();
   spdlog::info("job {}: planned {} ({}): predicted {:.4f} s per step, {} per device\n{}", job.id,
                PlanSummary(job.spec), job.plan.summary, best.time.total,
-               FormatMemory(static_cast<double>(best.memory.total())),
+               placement::FormatApproxByteSize(static_cast<double>(best.memory.total())),
                placement::FormatPlan(*report, false));
   return placement;
 }

@@ -1,11 +1,13 @@
 #include "placement/byte_size.h"
 
 #include <array>
+#include <cmath>
 #include <limits>
 
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "placement/string_view_compat.h"
 
 namespace shardline::placement {
@@ -74,6 +76,16 @@ std::string FormatByteSize(int64_t bytes) {
     }
   }
   return absl::StrCat(bytes, "B");
+}
+
+std::string FormatApproxByteSize(double bytes) {
+  static constexpr std::array<std::string_view, 5> kUnits = {"B", "KiB", "MiB", "GiB", "TiB"};
+  size_t unit = 0;
+  while (unit + 1 < kUnits.size() && std::abs(bytes) >= 1024.0) {
+    bytes /= 1024.0;
+    ++unit;
+  }
+  return absl::StrFormat(unit == 0 ? "%.0f %s" : "%.1f %s", bytes, AbslView(kUnits[unit]));
 }
 
 }  // namespace shardline::placement

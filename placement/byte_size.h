@@ -20,4 +20,8 @@ absl::StatusOr<int64_t> ParseByteSize(std::string_view text);
 // "1000B", so ParseByteSize(FormatByteSize(n)) == n for every n >= 0.
 std::string FormatByteSize(int64_t bytes);
 
+// A measured or predicted size as people read it, rounded: "72.1 GiB", "3.4 MiB", "880.0 KiB",
+// "512 B" (one decimal from KiB up, in the largest binary unit not above it).
+std::string FormatApproxByteSize(double bytes);
+
 }  // namespace shardline::placement

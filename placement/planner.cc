@@ -14,25 +14,18 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "placement/byte_size.h"
 #include "placement/string_view_compat.h"
 
 namespace shardline::placement {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 // Timed candidates refined exactly (mapping, split, memory) before the best is chosen. The
 // screening already splits the layers exactly, so the refinement changes little; a few dozen
 // leave room for the alternatives and for screening's estimate of the data-parallel overlap.
 constexpr size_t kRefine = 48;
 
-// Bytes as people read them: "72.1 GiB", "3.4 MiB", "880.0 KiB".
-std::string GiB(double bytes) {
-  if (std::abs(bytes) >= kGiB) return absl::StrFormat("%.1f GiB", bytes / kGiB);
-  if (std::abs(bytes) >= 1024.0 * 1024.0)
-    return absl::StrFormat("%.1f MiB", bytes / (1024.0 * 1024.0));
-  return absl::StrFormat("%.1f KiB", bytes / 1024.0);
-}
 
 // ---- nodes, sorted and indexed for range queries ----
 
@@ -332,6 +325,17 @@ struct Candidate {
   bool recompute = false;
   Order order = Order::kDpInner;
   double time = kInf;  // screening's step time
+
+  // The layout without its stage split (the refinement chooses that).
+  ParallelSpec Parallel() const {
+    ParallelSpec par;
+    par.tp = tp;
+    par.pp = pp;
+    par.dp = dp;
+    par.zero = zero;
+    par.micro_batch = micro_batch;
+    return par;
+  }
 };
 
 std::string Describe(int tp, int pp, int dp, int zero, int64_t mb, bool recompute) {
@@ -586,8 +590,8 @@ void SearchLayout(Search& s, const SlotMap& map, int tp, int pp, int dp, size_t 
         }
         s.rejected.Add(kOutOfMemory, rest, [&] {
           return absl::StrCat(Describe(c), ": stage ", worst_stage, " needs ",
-                              GiB(static_cast<double>(need)), " per device, ",
-                              GiB(static_cast<double>(site[worst_stage].capacity)), " free");
+                              FormatApproxByteSize(static_cast<double>(need)), " per device, ",
+                              FormatApproxByteSize(static_cast<double>(site[worst_stage].capacity)), " free");
         });
         break;
       }
@@ -601,12 +605,7 @@ void SearchLayout(Search& s, const SlotMap& map, int tp, int pp, int dp, size_t 
 Miss ExactMiss(const Search& s, const SlotMap& map, const Miss& estimate) {
   const Candidate& c = estimate.candidate;
   const int layers = static_cast<int>(s.model.layers);
-  ParallelSpec par;
-  par.tp = c.tp;
-  par.pp = c.pp;
-  par.dp = c.dp;
-  par.zero = c.zero;
-  par.micro_batch = c.micro_batch;
+  const ParallelSpec par = c.Parallel();
   const std::vector<StageSite> sites = SitesOf(map, Order::kDpInner, c.pp, c.dp);
   std::vector<StageMemoryTerms> mem;
   StageTerms(s, par, c.recompute, mem);
@@ -661,12 +660,7 @@ Miss ExactMiss(const Search& s, const SlotMap& map, const Miss& estimate) {
 // its time and its rank → device map. Fails (nullopt-like: empty stage_layers) if it does not fit.
 bool Refine(const Search& s, const SlotMap& map, const Candidate& c, PlannedLayout& out) {
   const int layers = static_cast<int>(s.model.layers);
-  ParallelSpec par;
-  par.tp = c.tp;
-  par.pp = c.pp;
-  par.dp = c.dp;
-  par.zero = c.zero;
-  par.micro_batch = c.micro_batch;
+  ParallelSpec par = c.Parallel();
   const std::vector<StageSite> sites = SitesOf(map, c.order, c.pp, c.dp);
   std::vector<StageMemoryTerms> mem;
   StageTerms(s, par, c.recompute, mem);
@@ -1057,9 +1051,9 @@ absl::StatusOr<PlanReport> Plan(const PlanRequest& request) {
       const Miss m = map != nullptr ? ExactMiss(s, *map, s.miss) : s.miss;
       return absl::ResourceExhaustedError(absl::StrCat(
           "no layout fits in memory (", s.candidates, " candidates): the closest, ",
-          Describe(m.candidate), ", needs ", GiB(static_cast<double>(m.need)),
-          " per device on stage ", m.stage, " where ", GiB(static_cast<double>(m.capacity)),
-          " is free: ", GiB(static_cast<double>(m.need - m.capacity)), " short"));
+          Describe(m.candidate), ", needs ", FormatApproxByteSize(static_cast<double>(m.need)),
+          " per device on stage ", m.stage, " where ", FormatApproxByteSize(static_cast<double>(m.capacity)),
+          " is free: ", FormatApproxByteSize(static_cast<double>(m.need - m.capacity)), " short"));
     }
     std::vector<std::string> reasons;
     for (const Rejection& r : report.rejected) {
@@ -1115,12 +1109,12 @@ std::string FormatPlan(const PlanReport& r, bool explain) {
   absl::StrAppend(&out, "  stages: [", absl::StrJoin(p.stage_layers, ", "), "] layers\n");
   const MemoryBreakdown& m = b.memory;
   absl::StrAppend(
-      &out, "  memory per device: ", GiB(static_cast<double>(m.total())), " of ",
-      GiB(static_cast<double>(b.memory_capacity)), " usable (stage ", b.peak_stage, "): params ",
-      GiB(static_cast<double>(m.params)), ", grads ", GiB(static_cast<double>(m.grads)),
-      ", optimizer ", GiB(static_cast<double>(m.optimizer)), ", activations ",
-      GiB(static_cast<double>(m.activations)), ", backward ", GiB(static_cast<double>(m.backward)),
-      ", comm buffers ", GiB(static_cast<double>(m.comm_buffers)), "\n");
+      &out, "  memory per device: ", FormatApproxByteSize(static_cast<double>(m.total())), " of ",
+      FormatApproxByteSize(static_cast<double>(b.memory_capacity)), " usable (stage ", b.peak_stage, "): params ",
+      FormatApproxByteSize(static_cast<double>(m.params)), ", grads ", FormatApproxByteSize(static_cast<double>(m.grads)),
+      ", optimizer ", FormatApproxByteSize(static_cast<double>(m.optimizer)), ", activations ",
+      FormatApproxByteSize(static_cast<double>(m.activations)), ", backward ", FormatApproxByteSize(static_cast<double>(m.backward)),
+      ", comm buffers ", FormatApproxByteSize(static_cast<double>(m.comm_buffers)), "\n");
   const StepTime& t = b.time;
   absl::StrAppend(&out, "  step time: ", TimeText(t.total), " = compute ", TimeText(t.compute),
                   " + tp ", TimeText(t.tp), " + pp ", TimeText(t.pp), " + bubble ",
@@ -1135,7 +1129,7 @@ std::string FormatPlan(const PlanReport& r, bool explain) {
     for (const PlannedLayout& a : r.alternatives) {
       absl::StrAppend(&out, "  ", LayoutLine(a), ": step ", TimeText(a.time.total), " (",
                       absl::StrFormat("%+.1f%%", 100 * (a.time.total / t.total - 1)), "), ",
-                      GiB(static_cast<double>(a.memory.total())), " per device, MFU ",
+                      FormatApproxByteSize(static_cast<double>(a.memory.total())), " per device, MFU ",
                       absl::StrFormat("%.1f%%", 100 * a.mfu), "\n");
     }
   }

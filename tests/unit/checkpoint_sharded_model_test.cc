@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/status_macros.h"
+#include "tests/support/box_reference.h"
 #include "kernels/allocator.h"
 #include "worker/checkpoint/gpt2_checkpoint.h"
 #include "worker/checkpoint/manifest.h"
@@ -69,26 +70,9 @@ std::unique_ptr<model::GptModel> TinyModel(kernels::Allocator& allocator, bool t
   return std::move(*gpt);
 }
 
-// The box of a row-major tensor, element by element: deliberately nothing like the reader's copy.
 std::vector<float> Slice(std::span<const float> full, const std::vector<int64_t>& global,
                          const std::vector<int64_t>& offsets, const std::vector<int64_t>& shape) {
-  int64_t count = 1;
-  for (int64_t d : shape) count *= d;
-  std::vector<float> out;
-  for (int64_t i = 0; i < count; ++i) {
-    int64_t rest = i, flat = 0, stride = 1;
-    std::vector<int64_t> index(shape.size());
-    for (size_t d = shape.size(); d-- > 0;) {
-      index[d] = rest % shape[d];
-      rest /= shape[d];
-    }
-    for (size_t d = global.size(); d-- > 0;) {
-      flat += (offsets[d] + index[d]) * stride;
-      stride *= global[d];
-    }
-    out.push_back(full[flat]);
-  }
-  return out;
+  return shardline::testing::ReferenceBox(full, global, offsets, shape);
 }
 
 // The global shape of `name` in a sharded checkpoint: the model's, but (3, C, C) / (3, C) for qkv.

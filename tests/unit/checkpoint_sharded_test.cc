@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/status_macros.h"
+#include "tests/support/box_reference.h"
 #include "worker/checkpoint/manifest.h"
 #include "worker/checkpoint/safetensors_writer.h"
 #include "worker/checkpoint/sharded_reader.h"
@@ -43,26 +44,9 @@ std::vector<float> Iota(int64_t count) {
   return values;
 }
 
-// The box of a row-major tensor, element by element: deliberately nothing like the reader's copy.
-std::vector<float> Slice(const std::vector<float>& full, const std::vector<int64_t>& global,
+std::vector<float> Slice(std::span<const float> full, const std::vector<int64_t>& global,
                          const std::vector<int64_t>& offsets, const std::vector<int64_t>& shape) {
-  int64_t count = 1;
-  for (int64_t d : shape) count *= d;
-  std::vector<float> out;
-  for (int64_t i = 0; i < count; ++i) {
-    int64_t rest = i, flat = 0, stride = 1;
-    std::vector<int64_t> index(shape.size());
-    for (size_t d = shape.size(); d-- > 0;) {
-      index[d] = rest % shape[d];
-      rest /= shape[d];
-    }
-    for (size_t d = global.size(); d-- > 0;) {
-      flat += (offsets[d] + index[d]) * stride;
-      stride *= global[d];
-    }
-    out.push_back(full[flat]);
-  }
-  return out;
+  return shardline::testing::ReferenceBox(full, global, offsets, shape);
 }
 
 // Builds rank files and their manifest: each Add puts a box of a global tensor into a rank's file.

@@ -10,25 +10,12 @@ void Carve(const GptConfig& config, int B, int T, bool with_grads, Carver& c,
            GptActivations& acts) {
   const int64_t N = int64_t{B} * T;
   const int64_t C = config.d_model;
-  const int64_t F = config.ff();
   const int64_t V = config.vocab;
   acts.residual.assign(config.layers + 1, nullptr);
   for (float*& r : acts.residual) r = c.Take(N * C);
   acts.blocks.assign(config.layers, BlockActivations{});
-  for (BlockActivations& b : acts.blocks) {
-    b.ln1 = c.Take(N * C);
-    b.ln1_mean = c.Take(N);
-    b.ln1_rstd = c.Take(N);
-    b.qkv = c.Take(N * 3 * C);
-    b.atty = c.Take(N * C);
-    b.att_lse = c.Take(N * config.heads);
-    b.resid_mid = c.Take(N * C);
-    b.ln2 = c.Take(N * C);
-    b.ln2_mean = c.Take(N);
-    b.ln2_rstd = c.Take(N);
-    b.fch = c.Take(N * F);
-    b.fch_gelu = c.Take(N * F);
-  }
+  const BlockDims dims{B, T, config.d_model, config.heads, config.head_size(), config.ff()};
+  for (BlockActivations& b : acts.blocks) CarveBlockActivations(c, dims, b);
   acts.lnf = c.Take(N * C);
   acts.lnf_mean = c.Take(N);
   acts.lnf_rstd = c.Take(N);
@@ -41,12 +28,7 @@ void Carve(const GptConfig& config, int B, int T, bool with_grads, Carver& c,
   if (!with_grads) return;
   acts.dresidual.assign(config.layers + 1, nullptr);
   for (float*& r : acts.dresidual) r = c.Take(N * C);
-  acts.scratch.dresid_mid = c.Take(N * C);
-  acts.scratch.dln = c.Take(N * C);
-  acts.scratch.dfch_gelu = c.Take(N * F);
-  acts.scratch.dfch = c.Take(N * F);
-  acts.scratch.datty = c.Take(N * C);
-  acts.scratch.dqkv = c.Take(N * 3 * C);
+  CarveBlockGradScratch(c, dims, acts.scratch);
   acts.dlnf = c.Take(N * C);
   acts.dlogits = c.Take(N * V);
   acts.dlosses = c.Take(N);

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "worker/model/gpt_block.h"
+
 namespace shardline::model {
 
 // Hands out consecutive ranges of a buffer; with base == nullptr it only counts.
@@ -22,5 +24,33 @@ class Carver {
   float* base_;
   int64_t used_ = 0;
 };
+
+// One block's forward activations for `dims` (the heads and MLP columns held here).
+inline void CarveBlockActivations(Carver& c, const BlockDims& d, BlockActivations& b) {
+  const int64_t N = d.N();
+  b.ln1 = c.Take(N * d.C);
+  b.ln1_mean = c.Take(N);
+  b.ln1_rstd = c.Take(N);
+  b.qkv = c.Take(N * 3 * d.Attn());
+  b.atty = c.Take(N * d.Attn());
+  b.att_lse = c.Take(N * d.NH);
+  b.resid_mid = c.Take(N * d.C);
+  b.ln2 = c.Take(N * d.C);
+  b.ln2_mean = c.Take(N);
+  b.ln2_rstd = c.Take(N);
+  b.fch = c.Take(N * d.F);
+  b.fch_gelu = c.Take(N * d.F);
+}
+
+// The scratch one block's backward uses, shared by every block.
+inline void CarveBlockGradScratch(Carver& c, const BlockDims& d, BlockGradScratch& s) {
+  const int64_t N = d.N();
+  s.dresid_mid = c.Take(N * d.C);
+  s.dln = c.Take(N * d.C);
+  s.dfch_gelu = c.Take(N * d.F);
+  s.dfch = c.Take(N * d.F);
+  s.datty = c.Take(N * d.Attn());
+  s.dqkv = c.Take(N * 3 * d.Attn());
+}
 
 }  // namespace shardline::model

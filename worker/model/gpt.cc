@@ -17,12 +17,6 @@ namespace cpu = kernels::cpu;
 
 namespace {
 
-constexpr float kInitStd = 0.02f;
-
-bool EndsWith(const std::string& s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // Targets may be negative (ignored) but never >= V.
 absl::Status ValidateTargets(std::span<const int32_t> targets, int vocab) {
   for (size_t i = 0; i < targets.size(); ++i) {
@@ -83,24 +77,13 @@ OuterParams GptModel::OuterParamsView() const {
 }
 
 void GptModel::InitGpt2(uint64_t seed) {
-  const float residual_std = kInitStd / std::sqrt(2.0f * static_cast<float>(config_.layers));
   float* base = params_.data<float>();
   for (const ParamTensorInfo& t : layout_.tensors()) {
+    const Gpt2Init init = Gpt2Init::Of(t.name, t.shape.size() >= 2, config_.layers);
     float* p = base + t.offset;
-    if (t.shape.size() == 1) {
-      // LayerNorm gains start at 1; every bias (and LayerNorm bias) at 0.
-      const bool gain = EndsWith(t.name, "ln1.w") || EndsWith(t.name, "ln2.w") || t.name == "lnf.w";
-      std::fill(p, p + t.numel, gain ? 1.0f : 0.0f);
-      continue;
-    }
-    const bool residual_proj = EndsWith(t.name, "attn_proj.w") || EndsWith(t.name, "fc_proj.w");
-    const double std = residual_proj ? residual_std : kInitStd;
-    const uint64_t stream = NameHash(t.name);
     const int64_t n = t.numel;
 #pragma omp parallel for schedule(static) if (n >= (int64_t{1} << 15))
-    for (int64_t i = 0; i < n; ++i) {
-      p[i] = static_cast<float>(std * NormalAt(seed, stream, static_cast<uint64_t>(i)));
-    }
+    for (int64_t i = 0; i < n; ++i) p[i] = init.Value(seed, static_cast<uint64_t>(i));
   }
   // Moments of other weights would be meaningless for these ones.
   adam_m_ = kernels::Tensor();

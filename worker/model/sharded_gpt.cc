@@ -24,15 +24,11 @@ namespace cpu = kernels::cpu;
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr float kInitStd = 0.02f;  // GptModel::InitGpt2's
 
 double Since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-bool EndsWith(const std::string& s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 // Calls fn(local_index, global_flat_index) for every element of the box, in row-major box order.
 template <typename Fn>
@@ -203,6 +199,10 @@ absl::StatusOr<std::unique_ptr<ShardedGpt>> ShardedGpt::Create(const ShardedOpti
   model->dp_index_ = c.dp;
   model->micro_batch_ = mb;
   model->micro_batches_ = static_cast<int>(placement::MicroBatchCount(par, options.global_batch));
+  if (groups.tp != nullptr) {
+    ShardedGpt* self = model.get();
+    model->tp_all_reduce_ = [self](float* data, int64_t n) { return self->TpAllReduce(data, n); };
+  }
   RETURN_IF_ERROR(model->Allocate());
   // Two queued reductions keep the communication thread busy while bounding ZeRO 2/3's waiting
   // gradient buffers to two units.
@@ -238,30 +238,15 @@ absl::Status ShardedGpt::Allocate() {
   const int nslots = std::min(par.pp - stage, micro_batches_);
   const int64_t N = micro_batch_ * options_.seq_len;
   const int64_t C = options_.config.d_model;
-  const int64_t Cs = C / par.tp;
-  const int64_t Fs = layout_.ff();
-  const int64_t NH = layout_.heads();
   const int64_t Vs = layout_.vocab_shard();
+  const BlockDims dims = MicroBatchDims();
   const int layers = layout_.place().last_layer - layout_.place().first_layer;
   const bool last = layout_.place().last_stage;
   auto carve_slot = [&](Carver& c, Slot& s) {
     s.residual.assign(layers + 1, nullptr);
     for (float*& r : s.residual) r = c.Take(N * C);
     s.blocks.assign(layers, BlockActivations{});
-    for (BlockActivations& b : s.blocks) {
-      b.ln1 = c.Take(N * C);
-      b.ln1_mean = c.Take(N);
-      b.ln1_rstd = c.Take(N);
-      b.qkv = c.Take(N * 3 * Cs);
-      b.atty = c.Take(N * Cs);
-      b.att_lse = c.Take(N * NH);
-      b.resid_mid = c.Take(N * C);
-      b.ln2 = c.Take(N * C);
-      b.ln2_mean = c.Take(N);
-      b.ln2_rstd = c.Take(N);
-      b.fch = c.Take(N * Fs);
-      b.fch_gelu = c.Take(N * Fs);
-    }
+    for (BlockActivations& b : s.blocks) CarveBlockActivations(c, dims, b);
     if (!last) return;
     s.lnf = c.Take(N * C);
     s.lnf_mean = c.Take(N);
@@ -288,12 +273,7 @@ absl::Status ShardedGpt::Allocate() {
   auto carve_backward = [&](Carver& c) {
     dresidual_.assign(layers + 1, nullptr);
     for (float*& r : dresidual_) r = c.Take(N * C);
-    scratch_.dresid_mid = c.Take(N * C);
-    scratch_.dln = c.Take(N * C);
-    scratch_.dfch_gelu = c.Take(N * Fs);
-    scratch_.dfch = c.Take(N * Fs);
-    scratch_.datty = c.Take(N * Cs);
-    scratch_.dqkv = c.Take(N * 3 * Cs);
+    CarveBlockGradScratch(c, dims, scratch_);
     if (!last) return;
     dlnf_ = c.Take(N * C);
     dlogits_ = c.Take(N * Vs);
@@ -314,6 +294,11 @@ ShardedMemory ShardedGpt::memory() const {
                        static_cast<int64_t>(adam_m_.nbytes() + adam_v_.nbytes())};
 }
 
+BlockDims ShardedGpt::MicroBatchDims() const {
+  return BlockDims{static_cast<int>(micro_batch_), options_.seq_len, options_.config.d_model,
+                   layout_.heads(), options_.config.head_size(), layout_.ff()};
+}
+
 int64_t ShardedGpt::OwnedBegin(int u) const {
   return std::min<int64_t>(dp_index_ * shard_size_[u], layout_.units()[u].size);
 }
@@ -326,57 +311,46 @@ int64_t ShardedGpt::OwnedEnd(int u) const {
 
 void ShardedGpt::InitGpt2(uint64_t seed) {
   // Exactly GptModel::InitGpt2, element by global index.
-  const float residual_std =
-      kInitStd / std::sqrt(2.0f * static_cast<float>(options_.config.layers));
-  LoadBoxes([&](const std::string& name, const std::vector<int64_t>& offsets,
-                const std::vector<int64_t>& shape) -> absl::StatusOr<std::vector<float>> {
-    const ShardTensor* t = nullptr;
-    for (const ShardTensor& candidate : layout_.tensors()) {
-      if (candidate.name == name) t = &candidate;
-    }
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    std::vector<float> values(static_cast<size_t>(n));
-    if (!t->decay) {
-      // LayerNorm gains start at 1; every bias (and LayerNorm bias) at 0.
-      const bool gain = EndsWith(name, "ln1.w") || EndsWith(name, "ln2.w") || name == "lnf.w";
-      std::fill(values.begin(), values.end(), gain ? 1.0f : 0.0f);
-      return values;
-    }
-    const bool residual_proj = EndsWith(name, "attn_proj.w") || EndsWith(name, "fc_proj.w");
-    const double std = residual_proj ? residual_std : kInitStd;
-    const uint64_t stream = NameHash(name);
-    ForEachBoxElement(t->global_shape, offsets, shape, [&](int64_t local, int64_t flat) {
-      values[local] = static_cast<float>(std * NormalAt(seed, stream, static_cast<uint64_t>(flat)));
+  for (const ShardTensor& t : layout_.tensors()) {
+    const Gpt2Init init = Gpt2Init::Of(t.name, t.decay, options_.config.layers);
+    std::vector<float> values(static_cast<size_t>(t.numel));
+    ForEachBoxElement(t.global_shape, t.box_offsets, t.box_shape, [&](int64_t local, int64_t flat) {
+      values[local] = init.Value(seed, static_cast<uint64_t>(flat));
     });
-    return values;
-  }).IgnoreError();  // the reader above cannot fail
+    StoreTensor(t, values);
+  }
+  ClearOptimizerState();
 }
 
 absl::Status ShardedGpt::LoadBoxes(const BoxReader& read) {
-  float* p = params_.data<float>();
   for (const ShardTensor& t : layout_.tensors()) {
-    absl::StatusOr<std::vector<float>> read_values = read(t.name, t.box_offsets, t.box_shape);
-    if (!read_values.ok()) return Annotate(read_values.status(), "loading " + t.name);
-    const std::vector<float>& values = *read_values;
-    if (static_cast<int64_t>(values.size()) != t.numel) {
-      return absl::InvalidArgumentError(absl::StrCat("loading ", t.name, ": got ", values.size(),
+    absl::StatusOr<std::vector<float>> values = read(t.name, t.box_offsets, t.box_shape);
+    if (!values.ok()) return Annotate(values.status(), "loading " + t.name);
+    if (static_cast<int64_t>(values->size()) != t.numel) {
+      return absl::InvalidArgumentError(absl::StrCat("loading ", t.name, ": got ", values->size(),
                                                      " values for a box of ", t.numel));
     }
-    if (zero_ < 3) {
-      std::copy(values.begin(), values.end(), p + layout_.units()[t.unit].begin + t.offset);
-      continue;
-    }
-    // ZeRO 3 keeps only the part of the unit this rank owns.
-    const int64_t ob = OwnedBegin(t.unit), oe = OwnedEnd(t.unit);
-    const int64_t begin = std::max(ob, t.offset), end = std::min(oe, t.offset + t.numel);
-    for (int64_t x = begin; x < end; ++x) {
-      p[shard_offset_[t.unit] + (x - ob)] = values[x - t.offset];
-    }
+    StoreTensor(t, *values);
   }
+  ClearOptimizerState();
+  return absl::OkStatus();
+}
+
+void ShardedGpt::StoreTensor(const ShardTensor& t, std::span<const float> values) {
+  float* p = params_.data<float>();
+  if (zero_ < 3) {
+    std::copy(values.begin(), values.end(), p + layout_.units()[t.unit].begin + t.offset);
+    return;
+  }
+  // ZeRO 3 keeps only the part of the unit this rank owns.
+  const int64_t ob = OwnedBegin(t.unit), oe = OwnedEnd(t.unit);
+  const int64_t begin = std::max(ob, t.offset), end = std::min(oe, t.offset + t.numel);
+  for (int64_t x = begin; x < end; ++x) p[shard_offset_[t.unit] + (x - ob)] = values[x - t.offset];
+}
+
+void ShardedGpt::ClearOptimizerState() {
   std::fill(adam_m_.data<float>(), adam_m_.data<float>() + adam_m_.numel(), 0.0f);
   std::fill(adam_v_.data<float>(), adam_v_.data<float>() + adam_v_.numel(), 0.0f);
-  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<std::vector<float>>> ShardedGpt::TensorValues() {
@@ -504,16 +478,12 @@ absl::Status ShardedGpt::Forward(Slot& slot, const std::vector<int32_t>& tokens,
     cpu::PositionEmbeddingForward(slot.residual[0], wpe, b, T, C);
     ReleaseParams(layout_.wpe_unit());
   }
-  const BlockDims dims{b, T, C, layout_.heads(), options_.config.head_size(), layout_.ff()};
-  const AllReduceFn all_reduce =
-      groups_.tp == nullptr ? AllReduceFn()
-                            : AllReduceFn([this](float* d, int64_t n) { return TpAllReduce(d, n); });
   for (int l = place.first_layer; l < place.last_layer; ++l) {
     const int i = l - place.first_layer;
     const int u = layout_.layer_unit(l);
     ASSIGN_OR_RETURN(float* p, UnitParams(u));
-    RETURN_IF_ERROR(Annotate(BlockForward(dims, layout_.Block(p), slot.residual[i],
-                                          slot.residual[i + 1], slot.blocks[i], all_reduce),
+    RETURN_IF_ERROR(Annotate(BlockForward(MicroBatchDims(), layout_.Block(p), slot.residual[i],
+                                          slot.residual[i + 1], slot.blocks[i], tp_all_reduce_),
                              absl::StrCat("layer ", l)));
     ReleaseParams(u);
   }
@@ -581,19 +551,15 @@ absl::Status ShardedGpt::Backward(Slot& slot, bool last_micro_batch) {
     ReleaseParams(layout_.lnf_unit());
     RETURN_IF_ERROR(GradsReady(layout_.lnf_unit(), last_micro_batch));
   }
-  const BlockDims dims{b, T, C, layout_.heads(), options_.config.head_size(), layout_.ff()};
-  const AllReduceFn all_reduce =
-      groups_.tp == nullptr ? AllReduceFn()
-                            : AllReduceFn([this](float* d, int64_t n) { return TpAllReduce(d, n); });
   for (int l = place.last_layer - 1; l >= place.first_layer; --l) {
     const int i = l - place.first_layer;
     const int u = layout_.layer_unit(l);
     ASSIGN_OR_RETURN(float* p, UnitParams(u));
     ASSIGN_OR_RETURN(float* g, UnitGrads(u));
     std::fill(dresidual_[i], dresidual_[i] + NC, 0.0f);
-    RETURN_IF_ERROR(Annotate(BlockBackward(dims, layout_.Block(p), layout_.Block(g),
+    RETURN_IF_ERROR(Annotate(BlockBackward(MicroBatchDims(), layout_.Block(p), layout_.Block(g),
                                            slot.residual[i], dresidual_[i + 1], dresidual_[i],
-                                           slot.blocks[i], scratch_, all_reduce),
+                                           slot.blocks[i], scratch_, tp_all_reduce_),
                              absl::StrCat("layer ", l, " backward")));
     ReleaseParams(u);
     RETURN_IF_ERROR(GradsReady(u, last_micro_batch));
@@ -647,10 +613,10 @@ absl::StatusOr<double> ShardedGpt::OwnedSumOfSquares() const {
     const int u = t.unit;
     const int64_t ob = OwnedBegin(u), oe = OwnedEnd(u);
     const int64_t begin = std::max(ob, t.offset), end = std::min(oe, t.offset + t.numel);
-    for (int64_t x = begin; x < end; ++x) {
-      const double v = zero_ < 2 ? g[layout_.units()[u].begin + x] : g[shard_offset_[u] + (x - ob)];
-      sum += v * v;
-    }
+    // Where element `begin` of the unit sits: in the whole gradients, or in this rank's shard.
+    const float* at = zero_ < 2 ? g + layout_.units()[u].begin + begin
+                                : g + shard_offset_[u] + (begin - ob);
+    for (int64_t x = 0; x < end - begin; ++x) sum += static_cast<double>(at[x]) * at[x];
   }
   return sum;
 }
@@ -739,30 +705,36 @@ absl::StatusOr<StepStats> ShardedGpt::TrainStep(const MicroBatchSource& source, 
   std::vector<int32_t> tokens, targets;
   double loss_sum = 0.0;
   auto slot_of = [&](int i) -> Slot& { return *slots_[i % slots_.size()]; };
-  auto pp_op = [&](absl::Status status, const char* what) {
+  comm::Communicator* pp = groups_.pp;
+  // One pipeline transfer of a (micro-batch, T, C) activation or gradient: a send to stage `to`, a
+  // receive from stage `from`, or both in flight at once (a null buffer: that half is absent).
+  // Time spent here is the bubble: waiting for a neighbouring stage.
+  auto transfer = [&](const float* send, int to, float* recv, int from, const char* what) {
+    const auto start = Clock::now();
+    absl::Status status;
+    if (send != nullptr && recv != nullptr) {
+      status = pp->SendRecv(send, NC, to, recv, NC, from, DType::kFloat32);
+    } else if (send != nullptr) {
+      status = pp->Send(send, NC, DType::kFloat32, to);
+    } else {
+      status = pp->Recv(recv, NC, DType::kFloat32, from);
+    }
+    pp_seconds_ += Since(start);
     return Annotate(status, absl::StrCat("pipeline ", what, " (stage ", s, " of ", P, ")"));
   };
-  auto timed = [&](auto&& op) {
-    const auto start = Clock::now();
-    absl::Status status = op();
-    pp_seconds_ += Since(start);
-    return status;
-  };
-  comm::Communicator* pp = groups_.pp;
-  auto recv_activations = [&](int i) {
-    return pp_op(timed([&] {
-                   return pp->Recv(slot_of(i).residual[0], NC, DType::kFloat32, s - 1);
-                 }),
-                 "receive of activations");
-  };
   auto forward = [&](int i) -> absl::Status {
-    const int64_t first_sample =
-        placement::FirstSample(options_.parallel, options_.global_batch, options_.coords.dp, i);
-    RETURN_IF_ERROR(source(first_sample, micro_batch_, tokens, targets));
-    if (static_cast<int64_t>(tokens.size()) != micro_batch_ * T || tokens.size() != targets.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("micro-batch ", i, " has ", tokens.size(),
-                                                     " tokens and ", targets.size(),
-                                                     " targets, expected ", micro_batch_ * T));
+    // Only the ends of the pipeline read data: the first stage embeds the tokens, the last
+    // scores the targets.
+    if (place.first_stage || place.last_stage) {
+      const int64_t first_sample =
+          placement::FirstSample(options_.parallel, options_.global_batch, options_.coords.dp, i);
+      RETURN_IF_ERROR(source(first_sample, micro_batch_, tokens, targets));
+      if (static_cast<int64_t>(tokens.size()) != micro_batch_ * T ||
+          tokens.size() != targets.size()) {
+        return absl::InvalidArgumentError(absl::StrCat("micro-batch ", i, " has ", tokens.size(),
+                                                       " tokens and ", targets.size(),
+                                                       " targets, expected ", micro_batch_ * T));
+      }
     }
     if (place.first_stage) {
       RETURN_IF_ERROR(Annotate(
@@ -777,55 +749,41 @@ absl::StatusOr<StepStats> ShardedGpt::TrainStep(const MicroBatchSource& source, 
   const int warmup = std::min(P - s - 1, m);
   const int remaining = m - warmup;
   for (int i = 0; i < warmup; ++i) {
-    if (!place.first_stage) RETURN_IF_ERROR(recv_activations(i));
+    if (!place.first_stage) {
+      RETURN_IF_ERROR(transfer(nullptr, 0, slot_of(i).residual[0], s - 1,
+                               "receive of activations"));
+    }
     RETURN_IF_ERROR(forward(i));
     if (!place.last_stage) {
-      RETURN_IF_ERROR(pp_op(timed([&] {
-                              return pp->Send(slot_of(i).residual[L], NC, DType::kFloat32, s + 1);
-                            }),
-                            "send of activations"));
+      RETURN_IF_ERROR(transfer(slot_of(i).residual[L], s + 1, nullptr, 0, "send of activations"));
     }
   }
-  if (remaining > 0 && !place.first_stage) RETURN_IF_ERROR(recv_activations(warmup));
+  if (remaining > 0 && !place.first_stage) {
+    RETURN_IF_ERROR(transfer(nullptr, 0, slot_of(warmup).residual[0], s - 1,
+                             "receive of activations"));
+  }
   for (int j = 0; j < remaining; ++j) {
     const int i = warmup + j;
     RETURN_IF_ERROR(forward(i));
     if (!place.last_stage) {
-      RETURN_IF_ERROR(pp_op(timed([&] {
-                              return pp->SendRecv(slot_of(i).residual[L], NC, s + 1,
-                                                  dresidual_[L], NC, s + 1, DType::kFloat32);
-                            }),
-                            "send of activations / receive of gradients"));
+      RETURN_IF_ERROR(transfer(slot_of(i).residual[L], s + 1, dresidual_[L], s + 1,
+                               "send of activations / receive of gradients"));
     }
     RETURN_IF_ERROR(Backward(slot_of(j), j == m - 1));
     if (place.first_stage) continue;
-    if (j == remaining - 1) {
-      RETURN_IF_ERROR(pp_op(timed([&] {
-                              return pp->Send(dresidual_[0], NC, DType::kFloat32, s - 1);
-                            }),
-                            "send of gradients"));
-    } else {
-      RETURN_IF_ERROR(pp_op(timed([&] {
-                              return pp->SendRecv(dresidual_[0], NC, s - 1,
-                                                  slot_of(i + 1).residual[0], NC, s - 1,
-                                                  DType::kFloat32);
-                            }),
-                            "send of gradients / receive of activations"));
-    }
+    const bool last_steady = j == remaining - 1;
+    RETURN_IF_ERROR(transfer(dresidual_[0], s - 1,
+                             last_steady ? nullptr : slot_of(i + 1).residual[0], s - 1,
+                             last_steady ? "send of gradients"
+                                         : "send of gradients / receive of activations"));
   }
   for (int j = remaining; j < m; ++j) {
     if (!place.last_stage) {
-      RETURN_IF_ERROR(pp_op(timed([&] {
-                              return pp->Recv(dresidual_[L], NC, DType::kFloat32, s + 1);
-                            }),
-                            "receive of gradients"));
+      RETURN_IF_ERROR(transfer(nullptr, 0, dresidual_[L], s + 1, "receive of gradients"));
     }
     RETURN_IF_ERROR(Backward(slot_of(j), j == m - 1));
     if (!place.first_stage) {
-      RETURN_IF_ERROR(pp_op(timed([&] {
-                              return pp->Send(dresidual_[0], NC, DType::kFloat32, s - 1);
-                            }),
-                            "send of gradients"));
+      RETURN_IF_ERROR(transfer(dresidual_[0], s - 1, nullptr, 0, "send of gradients"));
     }
   }
 

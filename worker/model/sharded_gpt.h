@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -134,6 +135,11 @@ class ShardedGpt {
   ShardedGpt(const ShardedOptions& options, const ShardedGroups& groups, ShardLayout layout,
              kernels::Allocator& allocator);
   absl::Status Allocate();
+  // The (micro-batch, T) dims of one block on this rank: its heads and MLP columns.
+  BlockDims MicroBatchDims() const;
+  // Writes one tensor's box (ZeRO 3: the part this rank owns) into the parameters.
+  void StoreTensor(const ShardTensor& tensor, std::span<const float> values);
+  void ClearOptimizerState();
 
   // Parameters and gradients of unit u as this micro-batch sees them.
   absl::StatusOr<float*> UnitParams(int u);
@@ -184,6 +190,7 @@ class ShardedGpt {
   float* dlogits_ = nullptr;
   float* dlosses_ = nullptr;
 
+  AllReduceFn tp_all_reduce_;  // the blocks' tensor-parallel all-reduce; empty without tp
   std::unique_ptr<CommThread> comm_thread_;
   double tp_seconds_ = 0, pp_seconds_ = 0, dp_wait_seconds_ = 0;
 };
