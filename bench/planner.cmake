@@ -3,3 +3,7 @@
 # (bench/planner_bench.cc).
 add_executable(planner_bench ${CMAKE_CURRENT_LIST_DIR}/planner_bench.cc)
 target_link_libraries(planner_bench PRIVATE shardline_placement)
+
+# The actors' layer-rate calibration at more shapes than it measures (bench/layer_rate_bench.cc).
+add_executable(layer_rate_bench ${CMAKE_CURRENT_LIST_DIR}/layer_rate_bench.cc)
+target_link_libraries(layer_rate_bench PRIVATE shardline_worker OpenMP::OpenMP_CXX)

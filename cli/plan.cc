@@ -27,11 +27,11 @@ coordinator::NodeCalibration CalibrationOf(wire::NodeStatus::Reader node) {
     const std::string label =
         std::string(device.getDevice().getKind() == wire::DeviceKind::CUDA ? "cuda:" : "cpu:") +
         std::to_string(device.getDevice().getIndex());
-    out.device_gemm_flops[label] = device.getGemmFlops();
+    out.device_compute[label] = {device.getComputeFlops(), device.getComputeHalfDim()};
   }
   // A reply without the per-device list still says what the node's devices achieve.
-  if (out.device_gemm_flops.empty() && in.getGemmFlops() > 0) {
-    out.device_gemm_flops["node"] = in.getGemmFlops();
+  if (out.device_compute.empty() && in.getComputeFlops() > 0) {
+    out.device_compute["node"] = {in.getComputeFlops(), in.getComputeHalfDim()};
   }
   out.intra.bus_bytes_per_second = in.getIntraBusBytesPerSecond();
   out.intra.latency_seconds = in.getIntraLatencySeconds();

@@ -88,8 +88,16 @@ std::string FormatBandwidth(double bytes_per_second) {
   return Fixed(bytes_per_second / 1e6, 1) + " MB/s";
 }
 
-// The plan of a train job: "tp 2 x pp 2 x dp 1, zero 1, micro-batch 4 (2 per step)", and for
-// `parallel: auto` ", auto: predicted 0.120 s/step, 34.1 MiB per device".
+// One step of the slowest rank, as its last progress report averaged it: what the planner's
+// prediction is compared with.
+double MeasuredStepSeconds(wire::TrainProgress::Reader t) {
+  return t.getComputeSeconds() + t.getCommSeconds() + t.getBubbleSeconds();
+}
+
+// The plan of a train job: "tp 2 x pp 2 x dp 1, zero 1, micro-batch 4 (2 per step)", then the
+// planner's prediction: ", predicted 0.120 s/step calibrated (measured 0.131 s, +9%), 34.1 MiB
+// per device" (", auto: predicted …" when the planner chose the layout; "calibrated" once the
+// job's own ranks' measurements priced it).
 std::string FormatPlan(wire::TrainProgress::Reader t) {
   if (t.getAutoPlan() && t.getTp() == 0) return "auto (not planned yet)";
   std::string plan = "tp " + std::to_string(t.getTp()) + " x pp " + std::to_string(t.getPp()) +
@@ -97,19 +105,30 @@ std::string FormatPlan(wire::TrainProgress::Reader t) {
                      std::to_string(t.getZero()) + ", micro-batch " +
                      std::to_string(t.getMicroBatch()) + " (" +
                      std::to_string(t.getMicroBatches()) + " per step)";
-  if (t.getAutoPlan()) {
-    plan += ", auto: predicted " + Fixed(t.getPredictedStepSeconds(), 3) + " s/step, " +
-            placement::FormatApproxByteSize(static_cast<double>(t.getPredictedMemoryBytes())) + " per device";
+  const double predicted = t.getPredictedStepSeconds();
+  if (predicted > 0) {
+    plan += (t.getAutoPlan() ? ", auto: predicted " : ", predicted ") + Fixed(predicted, 3) +
+            " s/step";
+    if (t.getPredictionCalibrated()) plan += " calibrated";
+    const double measured = MeasuredStepSeconds(t);
+    if (t.getStep() > 0 && measured > 0) {
+      const long off = std::lround(100.0 * (measured / predicted - 1.0));
+      plan += " (measured " + Fixed(measured, 3) + " s, " + (off >= 0 ? "+" : "") +
+              std::to_string(off) + "%)";
+    }
+    plan += ", " +
+            placement::FormatApproxByteSize(static_cast<double>(t.getPredictedMemoryBytes())) +
+            " per device";
   }
   return plan;
 }
 
-// A node's calibration on one line: "GEMM 12.3 GFLOP/s, intra 1.20 GB/s, inter 450.0 MB/s".
+// A node's calibration on one line: "layers 42.1 GFLOP/s, intra 1.20 GB/s, inter 450.0 MB/s".
 std::string FormatCalibration(wire::NodeStatus::Reader node) {
   if (!node.hasCalibration() || node.getCalibration().getMeasuredUnixMs() == 0) return "-";
   const auto c = node.getCalibration();
   std::string line;
-  if (c.getGemmFlops() > 0) line = "GEMM " + Fixed(c.getGemmFlops() / 1e9, 1) + " GFLOP/s";
+  if (c.getComputeFlops() > 0) line = "layers " + Fixed(c.getComputeFlops() / 1e9, 1) + " GFLOP/s";
   if (c.getIntraBusBytesPerSecond() > 0) {
     line += (line.empty() ? "" : ", ") + std::string("intra ") +
             FormatBandwidth(c.getIntraBusBytesPerSecond());
@@ -187,10 +206,12 @@ nlohmann::json StatusToJson(wire::ClusterStatus::Reader status) {
       const auto c = node.getCalibration();
       nlohmann::json devices = nlohmann::json::array();
       for (auto d : c.getDevices()) {
-        devices.push_back(
-            {{"device", DeviceLabel(d.getDevice())}, {"gemm_flops", d.getGemmFlops()}});
+        devices.push_back({{"device", DeviceLabel(d.getDevice())},
+                           {"compute_flops", d.getComputeFlops()},
+                           {"compute_half_dim", d.getComputeHalfDim()}});
       }
-      n["calibration"] = {{"gemm_flops", c.getGemmFlops()},
+      n["calibration"] = {{"compute_flops", c.getComputeFlops()},
+                          {"compute_half_dim", c.getComputeHalfDim()},
                           {"intra_bus_bytes_per_second", c.getIntraBusBytesPerSecond()},
                           {"intra_latency_seconds", c.getIntraLatencySeconds()},
                           {"inter_bus_bytes_per_second", c.getInterBusBytesPerSecond()},
@@ -249,6 +270,7 @@ nlohmann::json StatusToJson(wire::ClusterStatus::Reader status) {
                     {"compute_seconds", t.getComputeSeconds()},
                     {"comm_seconds", t.getCommSeconds()},
                     {"bubble_seconds", t.getBubbleSeconds()},
+                    {"step_seconds", MeasuredStepSeconds(t)},
                     {"eta_seconds", t.getEtaSeconds()},
                     {"last_committed_step", t.getLastCommittedStep()},
                     {"checkpoint_dir", Str(t.getCheckpointDir())},
@@ -263,6 +285,7 @@ nlohmann::json StatusToJson(wire::ClusterStatus::Reader status) {
                       {"seq_len", t.getSeqLen()},
                       {"auto", t.getAutoPlan()},
                       {"predicted_step_seconds", t.getPredictedStepSeconds()},
+                      {"prediction_calibrated", t.getPredictionCalibrated()},
                       {"predicted_memory_bytes", t.getPredictedMemoryBytes()},
                       {"summary", Str(t.getPlanSummary())}}}};
     }

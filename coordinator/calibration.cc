@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <set>
 
+#include "placement/cost_model.h"
+
 namespace shardline::coordinator {
 namespace {
 
@@ -22,19 +24,20 @@ void Fold(LinkCalibration& link, double bandwidth, double latency, const std::st
 
 }  // namespace
 
-double NodeCalibration::GemmFlops() const {
-  double slowest = 0;
-  for (const auto& [device, flops] : device_gemm_flops) {
-    if (flops > 0 && (slowest == 0 || flops < slowest)) slowest = flops;
+ComputeRate NodeCalibration::Compute() const {
+  ComputeRate slowest;
+  for (const auto& [device, rate] : device_compute) {
+    if (rate.flops > 0 && (slowest.flops == 0 || rate.flops < slowest.flops)) slowest = rate;
   }
   return slowest;
 }
 
-void CalibrationBook::RecordGemm(const std::string& node_id, const std::string& device,
-                                 double flops, const std::string& job_id, int64_t unix_ms) {
-  if (!(flops > 0)) return;  // not measured (a GPU rank), or garbage
+void CalibrationBook::RecordCompute(const std::string& node_id, const std::string& device,
+                                    ComputeRate rate, const std::string& job_id,
+                                    int64_t unix_ms) {
+  if (!(rate.flops > 0) || !(rate.half_dim >= 0)) return;  // not measured (a GPU rank), or garbage
   NodeCalibration& node = nodes_[node_id];
-  node.device_gemm_flops[device] = flops;
+  node.device_compute[device] = rate;
   node.job_id = job_id;
   node.measured_unix_ms = unix_ms;
 }
@@ -47,9 +50,13 @@ void CalibrationBook::RecordGroup(const std::vector<std::string>& rank_nodes,
   const std::set<std::string> nodes(rank_nodes.begin(), rank_nodes.end());
   if (nodes.empty() || rank_nodes.size() < 2) return;
   const bool one_node = nodes.size() == 1;
+  // The planner's time model charges a collective CollectiveLatencySteps link latencies: the
+  // measured start-up of the whole all-reduce is that many of them.
+  const double link_latency =
+      latency_seconds / placement::CollectiveLatencySteps(static_cast<int>(rank_nodes.size()));
   for (const std::string& node_id : nodes) {
     NodeCalibration& node = nodes_[node_id];
-    Fold(one_node ? node.intra : node.inter, bus_bytes_per_second, latency_seconds, source);
+    Fold(one_node ? node.intra : node.inter, bus_bytes_per_second, link_latency, source);
     node.job_id = job_id;
     node.measured_unix_ms = unix_ms;
   }
@@ -70,7 +77,9 @@ absl::StatusOr<placement::ClusterSpec> BuildClusterSpec(const std::string& name,
     report.device_kind = node.device_kind;
     report.devices = node.devices;
     report.memory_bytes = node.memory_bytes;
-    report.measured_flops = node.calibration.GemmFlops();
+    const ComputeRate compute = node.calibration.Compute();
+    report.measured_flops = compute.flops;
+    report.measured_half_dim = compute.half_dim;
     report.measured_precision = placement::Precision::kFp32;  // what the actors measure
     report.measured_intra_bandwidth = node.calibration.intra.bus_bytes_per_second;
     report.measured_inter_bandwidth = node.calibration.inter.bus_bytes_per_second;

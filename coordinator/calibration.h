@@ -19,28 +19,37 @@ namespace shardline::coordinator {
 // One kind of link of one node, as the latest job generation that used it measured it.
 struct LinkCalibration {
   double bus_bytes_per_second = 0;  // 0: never measured
+  // One link step's start-up: the measured 8-byte all-reduce of n ranks over the
+  // placement::CollectiveLatencySteps(n) steps the planner's time model charges a collective.
   double latency_seconds = 0;
   std::string source;  // "JOB/GENERATION" of the measurement
 };
 
+// A device's transformer-layer rate (the actor's LayerRate): FLOP/s approached by wide layers and
+// the size min(tokens, d_model) at which a layer reaches half of it.
+struct ComputeRate {
+  double flops = 0;  // 0: never measured
+  double half_dim = 0;
+};
+
 struct NodeCalibration {
-  // fp32 GEMM FLOP/s by device ("cpu:0"), each the latest measurement of that device.
-  std::map<std::string, double> device_gemm_flops;
+  // fp32 layer rates by device ("cpu:0"), each the latest measurement of that device.
+  std::map<std::string, ComputeRate> device_compute;
   LinkCalibration intra;  // groups whose ranks all ran on this node
   LinkCalibration inter;  // groups that spanned this node and others
   std::string job_id;     // the job whose report came last
   int64_t measured_unix_ms = 0;
 
   // The node's devices as the planner sees them: the slowest measured one (a stage is as fast as
-  // its slowest device). 0 when none was measured.
-  double GemmFlops() const;
+  // its slowest device); flops 0 when none was measured.
+  ComputeRate Compute() const;
 };
 
 class CalibrationBook {
  public:
-  // One device's GEMM measurement.
-  void RecordGemm(const std::string& node_id, const std::string& device, double flops,
-                  const std::string& job_id, int64_t unix_ms);
+  // One device's layer-rate measurement (ignored unless flops > 0 and half_dim ≥ 0).
+  void RecordCompute(const std::string& node_id, const std::string& device, ComputeRate rate,
+                     const std::string& job_id, int64_t unix_ms);
   // One group's all-reduce measurement; `rank_nodes` is the node of each of its ranks. A group
   // on one node calibrates that node's intra-node link, a group over several their inter-node
   // links. Within one source (job generation) the most conservative report stands (the lowest

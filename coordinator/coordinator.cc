@@ -561,6 +561,42 @@ std::optional<std::vector<std::pair<std::string, int>>> Coordinator::PlanAutoJob
   return placement;
 }
 
+void Coordinator::PredictLayout(Job& job) {
+  const auto wanted = job.spec.devices == placement::DeviceKind::kCuda ? DeviceInfo::Kind::kCuda
+                                                                       : DeviceInfo::Kind::kCpu;
+  std::map<std::string, int> placed;  // devices per node
+  for (const ActorRecord& actor : job.actors) ++placed[actor.node_id];
+  std::vector<PlannableNode> nodes;
+  for (PlannableNode& node : PlannableNodes(membership_, calibration_, wanted, false, nullptr)) {
+    auto it = placed.find(node.node_id);
+    if (it == placed.end()) continue;
+    node.devices = it->second;
+    nodes.push_back(std::move(node));
+  }
+  auto cluster = BuildClusterSpec(options_.cluster_id, nodes);
+  absl::StatusOr<placement::PlanReport> report =
+      cluster.ok() ? placement::Plan(placement::PlanRequestForLayout(job.spec, *cluster))
+                   : absl::StatusOr<placement::PlanReport>(cluster.status());
+  if (!report.ok()) {
+    // The layout is the user's (or was planned on other numbers) and the trainer is the judge of
+    // whether it runs; only the prediction is missing.
+    spdlog::warn("job {}: no prediction for {}: {}", job.id, PlanSummary(job.spec),
+                 Text(report.status().message()));
+    job.plan.step_seconds = 0;
+    job.plan.memory_bytes = 0;
+    return;
+  }
+  job.plan.step_seconds = report->best.time.total;
+  job.plan.memory_bytes = report->best.memory.total();
+  const placement::StepTime& t = report->best.time;
+  spdlog::info("job {}: {} predicted at {:.4f} s per step (compute {:.4f}, tp {:.4f}, pp {:.4f}, "
+               "bubble {:.4f}, dp {:.4f}, optimizer {:.4f}), {} per device{}",
+               job.id, PlanSummary(job.spec), t.total, t.compute, t.tp, t.pp, t.bubble, t.dp,
+               t.optimizer,
+               placement::FormatApproxByteSize(static_cast<double>(job.plan.memory_bytes)),
+               job.plan.calibrated ? ", with its ranks' own calibration" : "");
+}
+
 void Coordinator::StartGeneration(Job& job,
                                   const std::vector<std::pair<std::string, int>>& placement) {
   // The communicator groups first: nothing is spawned for a layout that cannot be cut.
@@ -605,6 +641,8 @@ void Coordinator::StartGeneration(Job& job,
   job.run_deadline = now + job.spec.run_timeout;
   job.actors.clear();
   job.groups = std::move(groups);
+  job.plan.calibrated_ranks.clear();
+  job.plan.calibrated = false;
   // A new generation reports its steps and saves its shards afresh; what was committed stays.
   job.train.first_step = -1;
   job.train.recent.clear();
@@ -621,6 +659,7 @@ void Coordinator::StartGeneration(Job& job,
     job.actors.push_back(actor);
     ranks_by_node[node_id].push_back(static_cast<int>(rank));
   }
+  if (job.spec.kind == placement::JobKind::kTrain) PredictLayout(job);
   for (const auto& [node_id, ranks] : ranks_by_node) {
     NodeInfo* node = membership_.Find(node_id);
     auto message = NewMessage(0);
@@ -1002,9 +1041,11 @@ absl::Status Coordinator::OnCalibration(const std::string& peer, uint64_t reques
                                        Str(report.getNodeId()));
   }
   const auto valid = [](double v) { return std::isfinite(v) && v >= 0; };
-  if (!valid(report.getGemmFlops())) {
-    return absl::InvalidArgumentError(where + ": GEMM FLOP/s must be finite and ≥ 0, got " +
-                                      std::to_string(report.getGemmFlops()));
+  if (!valid(report.getComputeFlops()) || !valid(report.getComputeHalfDim())) {
+    return absl::InvalidArgumentError(
+        where + ": the layer rate must be finite and ≥ 0, got " +
+        std::to_string(report.getComputeFlops()) + " FLOP/s, half at " +
+        std::to_string(report.getComputeHalfDim()));
   }
   // Check the whole report before recording any of it.
   std::vector<std::pair<const GroupRecord*, wire::GroupBandwidth::Reader>> groups;
@@ -1024,8 +1065,9 @@ absl::Status Coordinator::OnCalibration(const std::string& peer, uint64_t reques
   }
   const int64_t now = UnixMillis();
   // The coordinator's own record says which device and which nodes were measured, not the report.
-  calibration_.RecordGemm(actor->node_id, DeviceLabel(actor->device), report.getGemmFlops(),
-                          job_id, now);
+  calibration_.RecordCompute(actor->node_id, DeviceLabel(actor->device),
+                             ComputeRate{report.getComputeFlops(), report.getComputeHalfDim()},
+                             job_id, now);
   const std::string source = job_id + "/" + std::to_string(job.generation);
   for (const auto& [group, measured] : groups) {
     std::vector<std::string> rank_nodes;
@@ -1033,8 +1075,15 @@ absl::Status Coordinator::OnCalibration(const std::string& peer, uint64_t reques
     calibration_.RecordGroup(rank_nodes, measured.getBusBytesPerSecond(),
                              measured.getLatencySeconds(), source, job_id, now);
   }
-  spdlog::debug("{}: calibration {:.3g} FLOP/s, {} groups", where, report.getGemmFlops(),
+  spdlog::debug("{}: calibration {:.3g} FLOP/s, {} groups", where, report.getComputeFlops(),
                 groups.size());
+  // Once every rank has measured, the job's own numbers price its layout.
+  job.plan.calibrated_ranks.insert(actor->rank);
+  if (!job.plan.calibrated &&
+      job.plan.calibrated_ranks.size() == static_cast<size_t>(job.World())) {
+    job.plan.calibrated = true;
+    PredictLayout(job);
+  }
   ReplyAck(peer, request_id);
   return absl::OkStatus();
 }
@@ -1258,7 +1307,9 @@ void Coordinator::FillStatus(wire::ClusterStatus::Builder status, const std::str
     out.setActors(busy);
     if (const NodeCalibration* measured = calibration_.Find(node.node_id)) {
       auto calibration = out.initCalibration();
-      calibration.setGemmFlops(measured->GemmFlops());
+      const ComputeRate compute = measured->Compute();
+      calibration.setComputeFlops(compute.flops);
+      calibration.setComputeHalfDim(compute.half_dim);
       calibration.setIntraBusBytesPerSecond(measured->intra.bus_bytes_per_second);
       calibration.setIntraLatencySeconds(measured->intra.latency_seconds);
       calibration.setInterBusBytesPerSecond(measured->inter.bus_bytes_per_second);
@@ -1266,15 +1317,16 @@ void Coordinator::FillStatus(wire::ClusterStatus::Builder status, const std::str
       calibration.setJobId(CapText(measured->job_id));
       calibration.setMeasuredUnixMs(measured->measured_unix_ms);
       // The node's devices that were measured (one it no longer reports is left out).
-      std::vector<std::pair<const DeviceInfo*, double>> gemm;
+      std::vector<std::pair<const DeviceInfo*, ComputeRate>> rates;
       for (const DeviceInfo& device : node.devices) {
-        auto it = measured->device_gemm_flops.find(DeviceLabel(device));
-        if (it != measured->device_gemm_flops.end()) gemm.emplace_back(&device, it->second);
+        auto it = measured->device_compute.find(DeviceLabel(device));
+        if (it != measured->device_compute.end()) rates.emplace_back(&device, it->second);
       }
-      auto list = calibration.initDevices(static_cast<unsigned>(gemm.size()));
-      for (unsigned i = 0; i < gemm.size(); ++i) {
-        FillDevice(list[i].initDevice(), *gemm[i].first);
-        list[i].setGemmFlops(gemm[i].second);
+      auto list = calibration.initDevices(static_cast<unsigned>(rates.size()));
+      for (unsigned i = 0; i < rates.size(); ++i) {
+        FillDevice(list[i].initDevice(), *rates[i].first);
+        list[i].setComputeFlops(rates[i].second.flops);
+        list[i].setComputeHalfDim(rates[i].second.half_dim);
       }
     }
   }
@@ -1364,6 +1416,7 @@ void Coordinator::FillTrainProgress(wire::TrainProgress::Builder out, const Job&
   out.setPredictedStepSeconds(job.plan.step_seconds);
   out.setPredictedMemoryBytes(static_cast<uint64_t>(std::max<int64_t>(job.plan.memory_bytes, 0)));
   out.setPlanSummary(CapText(job.plan.summary));
+  out.setPredictionCalibrated(job.plan.calibrated && job.plan.step_seconds > 0);
 }
 
 void Coordinator::Persist(const Job& job) {

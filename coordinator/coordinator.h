@@ -115,6 +115,11 @@ class Coordinator {
   // with the job either still pending (waiting_reason says why) or failed (the planner's verdict
   // on every device it could ever get).
   std::optional<std::vector<std::pair<std::string, int>>> PlanAutoJob(Job& job);
+  // A train job with its layout (fixed by its spec, or planned) and its actors placed: the
+  // planner's price of that layout on those devices — step time and memory — with what
+  // calibration has measured so far, so that status can set it against what the job measures.
+  // Made when the generation starts and again once all its ranks have calibrated.
+  void PredictLayout(Job& job);
   void StartGeneration(Job& job, const std::vector<std::pair<std::string, int>>& placement);
   // Ends the current generation: aborts its actors, frees its devices, records `error`.
   void EndJob(Job& job, JobState state, const std::string& error);

@@ -96,13 +96,19 @@ struct TrainRecord {
 // The plan of a `parallel: auto` train job: what the planner chose when the job started (the
 // layout itself is applied to Job::spec.parallel), and what it predicted.
 struct PlanRecord {
-  bool planned = false;
+  bool planned = false;      // `parallel: auto`, and the planner chose the layout
+  // The planner's prediction for the layout the job runs (planned, or fixed by its spec; 0 when
+  // there is none, e.g. a fixed layout the memory model says does not fit).
   double step_seconds = 0;   // predicted time of one step
   int64_t memory_bytes = 0;  // predicted peak of the fullest rank
   std::string summary;       // one line: devices used, mapping, MFU
   // The free devices of the last attempt that found no plan that fits but may once busy devices
   // free: the same devices are not planned again (the verdict would be the same).
   std::string failed_on;
+  // The ranks of the current generation whose start-up calibration arrived; once all have, the
+  // prediction is made again with what they measured (calibrated == true).
+  std::set<int> calibrated_ranks;
+  bool calibrated = false;
 };
 
 struct Job {

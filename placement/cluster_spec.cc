@@ -152,6 +152,7 @@ constexpr std::string_view kDeviceKind = "device_kind";
 constexpr std::string_view kDeviceMemory = "device_memory";
 constexpr std::string_view kPeakTflops = "peak_tflops";
 constexpr std::string_view kMeasuredTflops = "measured_tflops";
+constexpr std::string_view kMeasuredHalfDim = "measured_half_dim";
 constexpr std::string_view kMemoryBandwidth = "memory_bandwidth_gb_s";
 constexpr std::string_view kRuntimeMemory = "runtime_memory";
 constexpr std::string_view kIntraNode = "intra_node";
@@ -240,6 +241,8 @@ absl::Status ParseNodeGroup(const YamlMap& map, std::vector<NodeSpec>& nodes) {
   ASSIGN_OR_RETURN(const double m16, measured.OptionalDouble(kBf16, 0, {.min = 0, .max = 1e6}));
   node.measured_flops_fp32 = m32 * kTera;
   node.measured_flops_bf16 = m16 * kTera;
+  ASSIGN_OR_RETURN(node.measured_half_dim,
+                   map.OptionalDouble(kMeasuredHalfDim, -1, {.min = 0, .max = 1e9}));
 
   if (!known && !map.Has(kMemoryBandwidth)) {
     return MissingForUnknownKind(map, kMemoryBandwidth, kind);
@@ -368,7 +371,8 @@ absl::StatusOr<ClusterSpec> ParseClusterSpec(const std::string& yaml_text,
   ASSIGN_OR_RETURN(spec.name, map.RequiredString(kName));
   ASSIGN_OR_RETURN(const std::vector<YamlMap> groups,
                    map.RequiredMapList(kNodes, {kName, kCount, kDevices, kDeviceKind, kDeviceMemory,
-                                                kPeakTflops, kMeasuredTflops, kMemoryBandwidth,
+                                                kPeakTflops, kMeasuredTflops, kMeasuredHalfDim,
+                                                kMemoryBandwidth,
                                                 kRuntimeMemory, kIntraNode, kInterNode}));
   int64_t total = 0;
   std::vector<std::string> parts;
@@ -461,6 +465,7 @@ absl::StatusOr<ClusterSpec> ClusterSpecFromNodes(std::string name,
     } else {
       node.measured_flops_bf16 = r.measured_flops;
     }
+    if (r.measured_flops > 0) node.measured_half_dim = r.measured_half_dim;
     // An unknown kind's peak is what was measured: nothing better is known.
     if (defaults == nullptr && r.measured_flops > 0) {
       node.peak_flops_fp32 = node.peak_flops_bf16 = r.measured_flops;

@@ -44,8 +44,14 @@ struct NodeSpec {
   int64_t device_memory = 0;   // bytes per device
   double peak_flops_fp32 = 0;  // FLOP/s per device, dense, datasheet
   double peak_flops_bf16 = 0;
-  double measured_flops_fp32 = 0;  // calibration: achieved GEMM FLOP/s per device; 0: unmeasured
+  // Calibration: the FLOP/s one device reaches on a transformer layer's forward and backward
+  // (FLOPs counted as DeriveModel counts them), approached by wide layers; 0: unmeasured.
+  double measured_flops_fp32 = 0;
   double measured_flops_bf16 = 0;
+  // Calibration: the layer size x = min(tokens per micro-batch, d_model) at which a layer gets
+  // half of measured_flops; a layer of size x runs at measured·x/(x + h). < 0: not measured (the
+  // cost model's default fall-off).
+  double measured_half_dim = -1;
   double memory_bandwidth = 0;  // bytes/s per device (HBM, or the DRAM share of a CPU actor)
   // Bytes per device the runtime holds before the model allocates anything (CUDA context, cuBLAS
   // workspace, NCCL buffers); the planner takes it off device_memory.
@@ -112,7 +118,8 @@ absl::Status ValidateClusterSpec(const ClusterSpec& spec);
 //       device_kind: a100-80gb
 //       device_memory: 80GiB  # per device; default: the kind's
 //       peak_tflops: {fp32: 19.5, bf16: 312}
-//       measured_tflops: {fp32: 0, bf16: 0}
+//       measured_tflops: {fp32: 0, bf16: 0}   # layer rate (calibration), 0: unmeasured
+//       measured_half_dim: 64   # its fall-off with min(tokens, d_model); default: none
 //       memory_bandwidth_gb_s: 2039
 //       runtime_memory: 2GiB  # per device, taken by CUDA/NCCL before the model
 //       intra_node: {bandwidth_gb_s: 300, latency_us: 3, measured_bandwidth_gb_s: 0}
@@ -132,7 +139,8 @@ struct NodeReport {
   std::string device_kind;  // "cpu", "cuda", or a driver's device name (NormalizeDeviceKind)
   int devices = 0;
   int64_t memory_bytes = 0;   // per device; 0: the kind's default
-  double measured_flops = 0;  // achieved GEMM FLOP/s per device in measured_precision; 0: none
+  double measured_flops = 0;  // layer FLOP/s per device in measured_precision (NodeSpec); 0: none
+  double measured_half_dim = -1;  // its fall-off (NodeSpec::measured_half_dim); < 0: none
   Precision measured_precision = Precision::kFp32;
   double measured_intra_bandwidth = 0;  // bytes/s per device (all-reduce bus bandwidth); 0: none
   double measured_inter_bandwidth = 0;

@@ -417,10 +417,6 @@ CostModelOptions CostModelOptions::Defaults() {
   // TFLOP/s), and 56% with selective recomputation (Korthikanti et al. 2022, Table 5). Our model
   // charges the bubble and the communication separately, so the kernels alone run faster: 0.65.
   o.default_flops_fraction = 0.65;
-  // With calibration: the measured GEMM is large and square; a layer also runs layer norms,
-  // softmax/attention and elementwise kernels at lower rates. In Korthikanti et al. 2022 (Table 4)
-  // the GEMMs are ~85-90% of a layer's FLOPs-time at GPT-3 sizes; we take 0.85 of the GEMM rate.
-  o.measured_flops_fraction = 0.85;
   // A 128 × 128 output tile is the unit cuBLAS/CUTLASS schedule tensor-core GEMMs in (CUTLASS's
   // default threadblock shape), so a dimension of d keeps d/(d+128) of the machine busy — a
   // heuristic for thin GEMMs (small d_model/tp or few tokens per micro-batch), not a measurement.
@@ -441,10 +437,19 @@ CostModelOptions CostModelOptions::Defaults() {
   return o;
 }
 
+double CollectiveLatencySteps(int ranks) { return LatencySteps(ranks); }
+
 double AchievableFlops(const NodeSpec& node, Precision precision, const CostModelOptions& options) {
   const double measured = node.MeasuredFlops(precision);
-  if (measured > 0) return measured * options.measured_flops_fraction;
+  if (measured > 0) return measured;  // a whole layer's rate: nothing to discount
   return node.PeakFlops(precision) * options.default_flops_fraction;
+}
+
+double HalfDim(const NodeSpec& node, Precision precision, const CostModelOptions& options) {
+  if (node.MeasuredFlops(precision) > 0 && node.measured_half_dim >= 0) {
+    return node.measured_half_dim;
+  }
+  return options.gemm_half_dim;
 }
 
 StageCostTerms StageCost(const ModelSpec& model, const TrainSetup& setup, const ParallelSpec& par,
@@ -460,10 +465,18 @@ StageCostTerms StageCost(const ModelSpec& model, const TrainSetup& setup, const 
   const bool first = stage == 0;
   const bool last = stage == par.pp - 1;
 
-  // Thin GEMMs run below the large-GEMM rate: the smallest dimension of a layer's GEMMs is the
-  // tokens of the micro-batch or the width one rank holds.
-  const double thin = std::min(N, static_cast<double>(d.Cs));
-  const double rate = hw.flops * thin / (thin + options.gemm_half_dim);
+  // Thin layers run below the wide-layer rate, r·x/(x + h). Without calibration h is the GPU
+  // GEMM-tile heuristic and x the smallest GEMM dimension: the micro-batch's tokens or the width
+  // one rank holds (tensor parallelism thins the tiles). A measured fall-off is a function of the
+  // whole layer's width, the variable calibration varied: on CPUs it is the share of kernels
+  // linear in the width (GELU, layer norms, softmax) against the GEMMs, and tensor parallelism
+  // splits both alike (measured: a tp=2 rank of a d_model-256 layer ran 1.3× faster than a
+  // d_model-128 layer of the same FLOPs), so there x is d_model.
+  const bool measured_fall_off = hw.half_dim >= 0;
+  const double width = static_cast<double>(measured_fall_off ? d.C : d.Cs);
+  const double thin = std::min(N, width);
+  const double half_dim = measured_fall_off ? hw.half_dim : options.gemm_half_dim;
+  const double rate = hw.flops * thin / (thin + half_dim);
 
   const double matmul_weights =
       d.llama ? static_cast<double>(2 * d.C * d.Cs + 2 * d.C * d.KVs + 3 * d.C * d.Fs)
@@ -594,15 +607,14 @@ StepTime StepTimeOfStages(const ModelSpec& model, const TrainSetup& setup, const
           // Every micro-batch gathers the weights for its forward and its backward, and
           // reduce-scatters its gradient. On GPUs the gathers are prefetched and overlap the
           // previous unit's compute (DeepSpeed's ZeRO-3); ShardedGpt (the fp32 CPU path) waits
-          // for each gather before the unit runs, so there they are exposed.
+          // for each gather before the unit runs, and a gather first drains the communication
+          // queue, so the backward's reduce-scatters wait for it too: nothing is hidden.
           const double gathers =
               m * (2 * ScatterOrGatherSeconds(pbytes, dp, bw, lat) + unit_latency);
           const double scatters =
               m * (ScatterOrGatherSeconds(gbytes, dp, bw, lat) + unit_latency / 2);
           if (p == Precision::kFp32) {
-            overlapped = scatters;
-            exposed = gathers;
-            window = m * backward_mb;
+            exposed = gathers + scatters;
           } else {
             overlapped = gathers + scatters;
             window = m * compute_mb;
@@ -615,7 +627,11 @@ StepTime StepTimeOfStages(const ModelSpec& model, const TrainSetup& setup, const
         exposed = ScatterOrGatherSeconds(pbytes, dp, bw, lat) + unit_latency / 2;
       }
     }
-    const double hidden = options.dp_overlap * (window + slack);
+    // On CPU actors (the fp32 path) the communication thread and Gloo's threads run on the cores
+    // the kernels use: an overlapped reduction still takes its time from the step (measured:
+    // data-parallel ranks computed 1.1-1.4× longer than their share of a single rank's step).
+    const double overlap = p == Precision::kFp32 ? 0.0 : options.dp_overlap;
+    const double hidden = overlap * (window + slack);
     out.dp = std::max(out.dp, std::max(0.0, overlapped - hidden) + exposed);
     // Stage s + 1 ends its backward one stage-backward earlier than stage s.
     slack += backward_share * terms[s].fixed_compute + backward_share * n * terms[s].layer_compute +

@@ -136,11 +136,10 @@ struct CostModelOptions {
   // Fraction of a device's peak FLOP/s a transformer layer reaches when calibration has measured
   // nothing (kernels other than GEMMs included).
   double default_flops_fraction = 0;
-  // Fraction of a measured GEMM FLOP/s a whole layer reaches (layer norms, softmax and the other
-  // bandwidth-bound kernels run at a lower rate than the GEMM calibration measured).
-  double measured_flops_fraction = 0;
-  // GEMM efficiency falls off for thin matrices: a GEMM whose smallest dimension is d runs at
-  // d / (d + gemm_half_dim) of the large-GEMM rate.
+  // GEMM efficiency falls off for thin matrices: a layer whose thinnest GEMM dimension is d (the
+  // micro-batch's tokens or the width one tensor-parallel rank holds) runs at d / (d +
+  // gemm_half_dim) of the large-GEMM rate, on devices whose calibration did not measure the
+  // fall-off (NodeSpec::measured_half_dim, a function of min(tokens, d_model); see StageCost).
   double gemm_half_dim = 0;
   // Fraction of a link's nominal bandwidth a collective reaches (unused for measured links).
   double link_efficiency = 0;
@@ -156,6 +155,7 @@ struct CostModelOptions {
 // nodes or device kinds). The planner fills it from the rank → device map.
 struct StageHardware {
   double flops = 0;             // achievable FLOP/s per device (calibrated or peak × fraction)
+  double half_dim = -1;         // its fall-off for thin layers; < 0: CostModelOptions
   double memory_bandwidth = 0;  // bytes/s per device (optimizer step)
   double tp_bandwidth = 0;      // bytes/s, the link inside the tensor-parallel group
   double tp_latency_s = 0;
@@ -211,8 +211,16 @@ StepTime StepTimeOfStages(const ModelSpec& model, const TrainSetup& setup,
                           const CostModelOptions& options,
                           const std::vector<StageMemoryTerms>* memory = nullptr);
 
-// Achievable FLOP/s of one device of `node` in `precision`: measured × measured_flops_fraction
-// when calibration measured it, else peak × default_flops_fraction.
+// The link latencies one collective over `ranks` ranks pays in the time model: 2·ceil(log2 ranks)
+// (see LatencySteps in cost_model.cc); 0 for one rank. Calibration divides a measured collective's
+// start-up time by it to get a link latency.
+double CollectiveLatencySteps(int ranks);
+
+// Achievable FLOP/s of one device of `node` in `precision` on wide layers: what calibration
+// measured (a whole layer's rate), else peak × default_flops_fraction.
 double AchievableFlops(const NodeSpec& node, Precision precision, const CostModelOptions& options);
+// The fall-off of that rate for thin layers: the measured one when the rate was measured and
+// its fall-off too, else options.gemm_half_dim.
+double HalfDim(const NodeSpec& node, Precision precision, const CostModelOptions& options);
 
 }  // namespace shardline::placement

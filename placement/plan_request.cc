@@ -173,4 +173,24 @@ PlanRequest PlanRequestForJob(const JobSpec& spec, const ClusterSpec& cluster) {
   return request;
 }
 
+PlanRequest PlanRequestForLayout(const JobSpec& spec, const ClusterSpec& cluster) {
+  PlanRequest request = PlanRequestForJob(spec, cluster);
+  const ParallelSpec& p = spec.parallel;
+  request.constraints.devices = p.world();
+  request.constraints.tp = p.tp;
+  request.constraints.pp = p.pp;
+  request.constraints.dp = p.dp;
+  request.constraints.zero = p.zero;
+  const int64_t micro_batch = MicroBatchSize(p, spec.train.batch);
+  request.constraints.micro_batch = micro_batch;
+  request.train.min_micro_batch = request.train.max_micro_batch = micro_batch;
+  // A layout that cannot be cut leaves the split to the planner, whose rules then say why.
+  if (auto stages = StagesOf(p, static_cast<int>(spec.train.model.layers)); stages.ok()) {
+    for (const StageRange& stage : *stages) {
+      request.constraints.stage_layers.push_back(stage.size());
+    }
+  }
+  return request;
+}
+
 }  // namespace shardline::placement

@@ -61,7 +61,13 @@ absl::StatusOr<PlanRequest> PlanRequestFor(const ModelSpec& model, const Cluster
 // The request for a `parallel: auto` train job on `cluster` (the devices it may use): its model,
 // batch and seq_len; its micro_batch when the spec fixes one; the precision the job's devices
 // train in (fp32 on CPU, bf16 on CUDA); no activation recomputation, which the trainer does not
-// do.
+// do. The planner chooses the rest.
 PlanRequest PlanRequestForJob(const JobSpec& spec, const ClusterSpec& cluster);
+
+// The same with every choice fixed to the job's layout (spec.parallel: tp, pp, dp, zero, the
+// micro-batch, the stage split, devices = tp·pp·dp): the plan is that layout's price — its
+// predicted step time and memory on `cluster` (its rank → device map as the planner packs
+// data-parallel groups, which is the coordinator's node-order placement on alike devices).
+PlanRequest PlanRequestForLayout(const JobSpec& spec, const ClusterSpec& cluster);
 
 }  // namespace shardline::placement

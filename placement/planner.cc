@@ -35,6 +35,7 @@ struct NodeView {
   int index = 0;  // into ClusterSpec::nodes
   int devices = 0;
   double flops = 0;  // achievable per device
+  double half_dim = 0;  // its fall-off for thin layers (HalfDim)
   double peak_flops = 0;
   int64_t capacity = 0;  // bytes per device left for the model
   double memory_bandwidth = 0;
@@ -87,7 +88,7 @@ struct SlotMap {
   std::vector<int> first_slot;         // per node in `nodes`; plus the total at the end
   std::vector<int> node_of_slot;
   RangeExtreme<double> flops, memory_bandwidth, intra_bandwidth, inter_bandwidth;
-  RangeExtreme<double, true> intra_latency, inter_latency;
+  RangeExtreme<double, true> half_dim, intra_latency, inter_latency;
   RangeExtreme<int64_t> capacity;
 
   int slots() const { return first_slot.back(); }
@@ -96,7 +97,7 @@ struct SlotMap {
 SlotMap MakeSlotMap(const std::vector<NodeView>& sorted, int tp) {
   SlotMap m;
   m.tp = tp;
-  std::vector<double> flops, membw, intra_bw, inter_bw, intra_lat, inter_lat;
+  std::vector<double> flops, half_dim, membw, intra_bw, inter_bw, intra_lat, inter_lat;
   std::vector<int64_t> capacity;
   int slot = 0;
   for (const NodeView& n : sorted) {
@@ -107,6 +108,7 @@ SlotMap MakeSlotMap(const std::vector<NodeView>& sorted, int tp) {
     for (int g = 0; g < groups; ++g) m.node_of_slot.push_back(static_cast<int>(m.nodes.size()) - 1);
     slot += groups;
     flops.push_back(n.flops);
+    half_dim.push_back(n.half_dim);
     membw.push_back(n.memory_bandwidth);
     intra_bw.push_back(n.intra_bandwidth);
     inter_bw.push_back(n.inter_bandwidth);
@@ -117,6 +119,7 @@ SlotMap MakeSlotMap(const std::vector<NodeView>& sorted, int tp) {
   m.first_slot.push_back(slot);
   if (!m.nodes.empty()) {
     m.flops = RangeExtreme<double>(flops);
+    m.half_dim = RangeExtreme<double, true>(half_dim);
     m.memory_bandwidth = RangeExtreme<double>(membw);
     m.intra_bandwidth = RangeExtreme<double>(intra_bw);
     m.inter_bandwidth = RangeExtreme<double>(inter_bw);
@@ -165,6 +168,7 @@ std::vector<StageSite> SitesOf(const SlotMap& m, Order order, int pp, int dp) {
     StageSite& site = sites[p];
     StageHardware& hw = site.hw;
     hw.flops = m.flops.Query(lo, hi);
+    hw.half_dim = m.half_dim.Query(lo, hi);
     hw.memory_bandwidth = m.memory_bandwidth.Query(lo, hi);
     hw.tp_bandwidth = m.intra_bandwidth.Query(lo, hi);
     hw.tp_latency_s = m.intra_latency.Query(lo, hi);
@@ -458,7 +462,8 @@ bool SameSites(const std::vector<StageSite>& a, const std::vector<StageSite>& b)
     const StageHardware& x = a[p].hw;
     const StageHardware& y = b[p].hw;
     if (a[p].capacity != b[p].capacity || x.flops != y.flops ||
-        x.memory_bandwidth != y.memory_bandwidth || x.tp_bandwidth != y.tp_bandwidth ||
+        x.half_dim != y.half_dim || x.memory_bandwidth != y.memory_bandwidth ||
+        x.tp_bandwidth != y.tp_bandwidth ||
         x.tp_latency_s != y.tp_latency_s || x.dp_bandwidth != y.dp_bandwidth ||
         x.dp_latency_s != y.dp_latency_s || x.p2p_bandwidth != y.p2p_bandwidth ||
         x.p2p_latency_s != y.p2p_latency_s) {
@@ -672,7 +677,16 @@ bool Refine(const Search& s, const SlotMap& map, const Candidate& c, PlannedLayo
     hw[p] = sites[p].hw;
     cost[p] = StageCost(s.model, s.train, par, c.recompute, p, hw[p], s.options);
   }
-  const std::vector<int> split = SplitLayers(cost, max_layers, layers);
+  const std::vector<int>& fixed_split = s.request.constraints.stage_layers;
+  std::vector<int> split;
+  if (fixed_split.empty()) {
+    split = SplitLayers(cost, max_layers, layers);
+  } else {
+    split = fixed_split;
+    for (int p = 0; p < c.pp; ++p) {
+      if (split[p] > max_layers[p]) return false;
+    }
+  }
   if (split.empty()) return false;
   par.stage_layers = split;
   // The planner's promise: every plan passes the layout rules and fits every device.
@@ -776,6 +790,20 @@ absl::Status CheckRequest(const PlanRequest& r) {
           absl::StrCat("constraints: zero_stages lists ", z, "; ZeRO stages are 0..3"));
     }
   }
+  if (!c.stage_layers.empty()) {
+    int64_t sum = 0;
+    bool positive = true;
+    for (const int n : c.stage_layers) {
+      sum += n;
+      positive = positive && n >= 1;
+    }
+    if (c.pp != static_cast<int>(c.stage_layers.size()) || !positive || sum != m.layers) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "constraints: stage_layers [", absl::StrJoin(c.stage_layers, ", "),
+          "] must fix pp (", c.pp, ") entries of at least 1 layer summing to the model's ",
+          m.layers, " layers"));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -865,6 +893,7 @@ absl::StatusOr<PlanReport> Plan(const PlanRequest& request) {
     v.index = static_cast<int>(i);
     v.devices = n.devices;
     v.flops = AchievableFlops(n, train.precision, request.cost);
+    v.half_dim = HalfDim(n, train.precision, request.cost);
     v.peak_flops = n.PeakFlops(train.precision) > 0 ? n.PeakFlops(train.precision)
                                                     : n.MeasuredFlops(train.precision);
     v.capacity = UsableMemory(n, request.cost);
@@ -1079,6 +1108,11 @@ absl::StatusOr<PlanReport> Plan(const PlanRequest& request) {
     if (map != nullptr && Refine(s, *map, c, layout)) plans.push_back(std::move(layout));
   }
   if (plans.empty()) {
+    if (!cons.stage_layers.empty()) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the fixed stage split [", absl::StrJoin(cons.stage_layers, ", "),
+                       "] does not fit in memory on any layout the constraints allow"));
+    }
     return absl::InternalError("the planner's screening and refinement disagree: no plan refined");
   }
   std::stable_sort(plans.begin(), plans.end(), [](const PlannedLayout& a, const PlannedLayout& b) {

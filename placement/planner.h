@@ -27,12 +27,13 @@
 // as its smallest, and the split gives slow or small stages fewer layers.
 //
 // Calibration. At start-up the actors measure, and the coordinator stores in the ClusterSpec:
-//   NodeSpec::measured_flops_fp32 / measured_flops_bf16 — achieved dense GEMM FLOP/s per device;
+//   NodeSpec::measured_flops_fp32 / measured_half_dim — the FLOP/s a transformer layer's forward
+//     and backward reaches per device on wide layers, and its fall-off for thin ones;
 //   NodeSpec::intra_node.measured_bandwidth — all-reduce bus bandwidth inside the node, bytes/s;
 //   NodeSpec::inter_node.measured_bandwidth — the same across nodes.
-// The time model takes a measured value over the datasheet's: compute runs at measured ×
-// CostModelOptions::measured_flops_fraction (else peak × default_flops_fraction), both scaled by
-// the thin-GEMM falloff; collectives at the measured bus bandwidth (else nominal ×
+// The time model takes a measured value over the datasheet's: compute runs at the measured layer
+// rate with its measured fall-off (else peak × CostModelOptions::default_flops_fraction with the
+// default gemm_half_dim); collectives at the measured bus bandwidth (else nominal ×
 // link_efficiency). Unmeasured fields stay 0 and the datasheet numbers are used.
 #pragma once
 
@@ -61,6 +62,10 @@ struct PlanConstraints {
   // Activation recomputation may be chosen. Set false for jobs the CPU trainer runs: ShardedGpt
   // does not recompute.
   bool allow_recompute = true;
+  // A fixed layer → stage split (pp entries, summing to the layers; needs pp fixed); empty: the
+  // planner splits by cost. With every field fixed the planner prices one layout: what the
+  // coordinator predicts for a job whose spec fixes its layout.
+  std::vector<int> stage_layers;
 };
 
 struct PlanRequest {

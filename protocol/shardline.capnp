@@ -136,19 +136,23 @@ struct NodeStatus {
 # it and others. Each is from the latest job generation that measured it, the most conservative
 # of that generation's reports (the lowest bandwidth, the highest latency).
 struct NodeCalibration {
-  gemmFlops @0 :Float64;               # fp32 GEMM FLOP/s of one device (the slowest measured)
+  computeFlops @0 :Float64;            # fp32 layer FLOP/s of one device (the slowest measured)
   intraBusBytesPerSecond @1 :Float64;  # all-reduce bus bandwidth
-  intraLatencySeconds @2 :Float64;     # of an 8-byte all-reduce
+  intraLatencySeconds @2 :Float64;     # per link step (an 8-byte all-reduce's over its steps)
   interBusBytesPerSecond @3 :Float64;
   interLatencySeconds @4 :Float64;
   jobId @5 :Text;                      # the job whose actors measured last
   measuredUnixMs @6 :Int64;            # 0: never
-  devices @7 :List(DeviceGemm);        # per device
+  devices @7 :List(DeviceCompute);     # per device
+  computeHalfDim @8 :Float64;          # of the device computeFlops is
 }
 
-struct DeviceGemm {
+# A device's transformer-layer rate (worker/actor/calibration.h): FLOP/s approached by wide
+# layers, and the size min(tokens per micro-batch, d_model) at which a layer reaches half of it.
+struct DeviceCompute {
   device @0 :Device;
-  gemmFlops @1 :Float64;
+  computeFlops @1 :Float64;
+  computeHalfDim @2 :Float64;
 }
 
 struct JobStatus {
@@ -190,9 +194,11 @@ struct TrainProgress {
   batch @16 :UInt64;                # sequences per step
   seqLen @17 :UInt64;
   autoPlan @18 :Bool;               # `parallel: auto`: the planner chose the plan above
-  predictedStepSeconds @19 :Float64;  # the planner's estimate; 0 when not planned
-  predictedMemoryBytes @20 :UInt64;   # the planner's peak per device; 0 when not planned
+  predictedStepSeconds @19 :Float64;  # the planner's price of the layout; 0 when none
+  predictedMemoryBytes @20 :UInt64;   # the planner's peak per device; 0 when none
   planSummary @21 :Text;            # the planner's one-line summary of the chosen plan
+  predictionCalibrated @22 :Bool;   # predictedStepSeconds priced with this generation's own
+                                    # start-up calibration (every rank's), not earlier numbers
 }
 
 struct ActorStatus {
@@ -395,8 +401,9 @@ struct Calibration {
   rank @2 :UInt32;
   nodeId @3 :Text;
   device @4 :Device;
-  gemmFlops @5 :Float64;            # 0: not measured (e.g. a GPU, until its kernels run here)
+  computeFlops @5 :Float64;         # layer rate (DeviceCompute); 0: not measured (a GPU)
   groups @6 :List(GroupBandwidth);
+  computeHalfDim @7 :Float64;
 }
 
 struct GroupBandwidth {

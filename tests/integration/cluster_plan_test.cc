@@ -90,7 +90,8 @@ TEST_F(ClusterPlanTest, CalibrationThenAnAutoJobPlannedWithIt) {
     SCOPED_TRACE(node["node_id"].get<std::string>());
     const json& calibration = node["calibration"];
     ASSERT_TRUE(calibration.is_object()) << node.dump(2);
-    EXPECT_GT(calibration["gemm_flops"].get<double>(), 0);
+    EXPECT_GT(calibration["compute_flops"].get<double>(), 0);
+    EXPECT_GE(calibration["compute_half_dim"].get<double>(), 0);
     EXPECT_GT(calibration["intra_bus_bytes_per_second"].get<double>(), 0);
     EXPECT_GT(calibration["intra_latency_seconds"].get<double>(), 0);
     EXPECT_GT(calibration["inter_bus_bytes_per_second"].get<double>(), 0);

@@ -34,3 +34,11 @@ shardline_test(cluster_plan_test
   LIBS shardline_test_cluster shardline_monitoring_testing
   LABELS integration TIMEOUT 300)
 add_dependencies(cluster_plan_test shardline)
+
+# The planner's predicted step time against measured local CPU jobs (one job per layout); it
+# times what it runs, so ctest runs it alone.
+shardline_test(cluster_step_time_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/cluster_step_time_test.cc
+  LIBS shardline_test_cluster shardline_monitoring_testing
+  LABELS integration TIMEOUT 600 RUN_SERIAL)
+add_dependencies(cluster_step_time_test shardline)

@@ -1,5 +1,5 @@
-// The actor's start-up calibration (worker/actor/calibration.h): a GEMM rate that is positive and
-// finite, and all-reduce numbers that every rank of a group agrees on, with ranks as threads over
+// The actor's start-up calibration (worker/actor/calibration.h): a layer rate that is positive and
+// finite with a fall-off that is not negative, and all-reduce numbers that every rank of a group agrees on, with ranks as threads over
 // Gloo and one in-memory store; groups of one rank are skipped.
 #include <gtest/gtest.h>
 
@@ -13,11 +13,13 @@
 namespace shardline::actor {
 namespace {
 
-TEST(CalibrationTest, GemmRateIsPositive) {
-  absl::StatusOr<double> flops = MeasureGemmFlops();
-  ASSERT_TRUE(flops.ok()) << flops.status();
-  EXPECT_GT(*flops, 1e6);  // any CPU of this century does a MFLOP/s
-  EXPECT_TRUE(std::isfinite(*flops));
+TEST(CalibrationTest, LayerRateIsPositive) {
+  absl::StatusOr<LayerRate> rate = MeasureLayerRate();
+  ASSERT_TRUE(rate.ok()) << rate.status();
+  EXPECT_GT(rate->flops, 1e6);  // any CPU of this century does a MFLOP/s
+  EXPECT_TRUE(std::isfinite(rate->flops));
+  EXPECT_GE(rate->half_dim, 0);
+  EXPECT_TRUE(std::isfinite(rate->half_dim));
 }
 
 TEST(CalibrationTest, RanksOfAGroupAgree) {
@@ -35,7 +37,7 @@ TEST(CalibrationTest, RanksOfAGroupAgree) {
         return;
       }
       CalibrationOptions calibration;
-      calibration.measure_gemm = rank == 0;  // one GEMM is enough for this test
+      calibration.measure_compute = rank == 0;  // one layer rate is enough for this test
       calibration.large_bytes = 1 << 20;
       // A group of one has no link to measure: it is skipped, with or without a communicator.
       std::vector<CalibrationGroup> groups = {{"world", "world", world->get()},
@@ -47,7 +49,7 @@ TEST(CalibrationTest, RanksOfAGroupAgree) {
   for (int rank = 0; rank < kRanks; ++rank) {
     ASSERT_TRUE(results[rank].ok()) << "rank " << rank << ": " << results[rank].status();
     const CalibrationResult& result = *results[rank];
-    EXPECT_EQ(result.gemm_flops > 0, rank == 0);
+    EXPECT_EQ(result.compute.flops > 0, rank == 0);
     ASSERT_EQ(result.groups.size(), 1u);
     const GroupBandwidth& group = result.groups[0];
     EXPECT_EQ(group.id, "world");

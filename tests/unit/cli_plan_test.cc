@@ -276,13 +276,15 @@ TEST(ClusterSpecFromStatusTest, AliveNodesWithTheirMeasurements) {
     }
   }
   auto calibration = nodes[0].initCalibration();
-  calibration.setGemmFlops(4e10);
+  calibration.setComputeFlops(4e10);
+  calibration.setComputeHalfDim(60);
   calibration.setIntraBusBytesPerSecond(3e9);
   calibration.setIntraLatencySeconds(5e-5);
   calibration.setMeasuredUnixMs(1);
-  auto gemm = calibration.initDevices(1);
-  gemm[0].initDevice().setIndex(0);
-  gemm[0].setGemmFlops(4e10);
+  auto rates = calibration.initDevices(1);
+  rates[0].initDevice().setIndex(0);
+  rates[0].setComputeFlops(4e10);
+  rates[0].setComputeHalfDim(60);
 
   auto spec = ClusterSpecFromStatus(status.asReader(), "auto");
   ASSERT_TRUE(spec.ok()) << spec.status();
@@ -290,6 +292,7 @@ TEST(ClusterSpecFromStatusTest, AliveNodesWithTheirMeasurements) {
   ASSERT_EQ(spec->nodes.size(), 2u);  // the dead node is not planned on
   EXPECT_EQ(spec->devices(), 4);
   EXPECT_EQ(spec->nodes[0].measured_flops_fp32, 4e10);
+  EXPECT_EQ(spec->nodes[0].measured_half_dim, 60);
   EXPECT_EQ(spec->nodes[0].intra_node.measured_bandwidth, 3e9);
   EXPECT_EQ(spec->nodes[0].intra_node.latency_s, 5e-5);
   EXPECT_EQ(spec->nodes[0].device_memory, int64_t{2} << 30);

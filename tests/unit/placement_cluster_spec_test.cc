@@ -64,6 +64,7 @@ TEST(ClusterSpecTest, OverridesAndMeasurements) {
       "    device_kind: h100-sxm\n"
       "    device_memory: 40GiB\n"
       "    measured_tflops: {bf16: 700}\n"
+      "    measured_half_dim: 96\n"
       "    intra_node: {measured_bandwidth_gb_s: 380, latency_us: 1.5}\n",
       "c.yaml");
   ASSERT_TRUE(spec.ok()) << spec.status();
@@ -74,6 +75,7 @@ TEST(ClusterSpecTest, OverridesAndMeasurements) {
   EXPECT_EQ(n.device_memory, int64_t{40} << 30);
   EXPECT_DOUBLE_EQ(n.measured_flops_bf16, 700e12);
   EXPECT_DOUBLE_EQ(n.MeasuredFlops(Precision::kBf16), 700e12);
+  EXPECT_DOUBLE_EQ(n.measured_half_dim, 96);
   EXPECT_DOUBLE_EQ(n.intra_node.bandwidth, 450e9);  // the kind's
   EXPECT_DOUBLE_EQ(n.intra_node.measured_bandwidth, 380e9);
   EXPECT_DOUBLE_EQ(n.intra_node.Effective(), 380e9);
@@ -186,6 +188,12 @@ TEST(ClusterSpecTest, OtherErrors) {
                       "    device_kind: a100-80gb\n"
                       "    intra_node: {bandwidth_gb_s: 0}\n"),
               HasSubstr("nodes[0].intra_node.bandwidth_gb_s: must be > 0, got 0"));
+  EXPECT_THAT(ErrorOf("name: a\n"
+                      "nodes:\n"
+                      "  - name: g\n"
+                      "    device_kind: a100-80gb\n"
+                      "    measured_half_dim: -3\n"),
+              HasSubstr("nodes[0].measured_half_dim: must be"));
   EXPECT_THAT(
       ErrorOf("name: a\n"
               "nodes:\n"

@@ -372,9 +372,17 @@ TEST(CostModelTest, DataParallelReductionIsExposedPastTheOverlap) {
   // further unit (6 units: wte, wpe, 2 layers, lnf, the head's count).
   const double expected = 17152 / 1e8 + 2e-5 + 5 * 2e-5;
   EXPECT_NEAR(t.dp, expected, 1e-12);
+  // On CPU actors (fp32) the reduction's threads share the kernels' cores: nothing is hidden.
+  o.dp_overlap = 1;
+  EXPECT_NEAR(PredictStepTime(Tiny(), setup, p, false, {hw}, o).dp, expected, 1e-12);
+  // On GPUs (bf16) the backward hides it.
+  setup.precision = Precision::kBf16;
+  o.dp_overlap = 0;
+  const StepTime exposed = PredictStepTime(Tiny(), setup, p, false, {hw}, o);
   o.dp_overlap = 1;
   const StepTime hidden = PredictStepTime(Tiny(), setup, p, false, {hw}, o);
-  EXPECT_LT(hidden.dp, t.dp);
+  EXPECT_GT(exposed.dp, 0);
+  EXPECT_LT(hidden.dp, exposed.dp);
 }
 
 TEST(CostModelTest, RecomputeCostsAForwardAndSavesMemory) {
@@ -394,8 +402,43 @@ TEST(CostModelTest, CalibrationReplacesThePeak) {
   NodeSpec n;
   n.peak_flops_bf16 = 312e12;
   EXPECT_DOUBLE_EQ(AchievableFlops(n, Precision::kBf16, o), 312e12 * o.default_flops_fraction);
+  EXPECT_EQ(HalfDim(n, Precision::kBf16, o), o.gemm_half_dim);
+  // A measured layer rate is used as it is; its fall-off only once it was measured too.
   n.measured_flops_bf16 = 250e12;
-  EXPECT_DOUBLE_EQ(AchievableFlops(n, Precision::kBf16, o), 250e12 * o.measured_flops_fraction);
+  EXPECT_DOUBLE_EQ(AchievableFlops(n, Precision::kBf16, o), 250e12);
+  EXPECT_EQ(HalfDim(n, Precision::kBf16, o), o.gemm_half_dim);
+  n.measured_half_dim = 40;
+  EXPECT_EQ(HalfDim(n, Precision::kBf16, o), 40);
+  EXPECT_EQ(HalfDim(n, Precision::kFp32, o), o.gemm_half_dim);  // fp32 was not measured
+}
+
+TEST(CostModelTest, MeasuredFallOffScalesThinLayers) {
+  // One stage, no parallelism: the layer compute is 3·N·(2·weights + 4·T·C) / (R·x/(x + h)).
+  ModelSpec m;
+  m.layers = 1;
+  m.heads = 2;
+  m.d_model = 64;
+  m.max_seq_len = 32;
+  TrainSetup setup;
+  setup.global_batch = 2;
+  setup.seq_len = 32;
+  setup.precision = Precision::kFp32;
+  ParallelSpec par;
+  par.micro_batch = 2;
+  StageHardware hw;
+  hw.flops = 1e10;
+  hw.memory_bandwidth = 1e10;
+  const CostModelOptions o = CostModelOptions::Defaults();
+  const double flops = 3.0 * 64 * (2.0 * 12 * 64 * 64 + 4.0 * 32 * 64);
+  const double x = 64;  // min(tokens 64, width 64)
+  hw.half_dim = 0;
+  EXPECT_NEAR(StageCost(m, setup, par, false, 0, hw, o).layer_compute, flops / 1e10, 1e-12);
+  hw.half_dim = 32;
+  EXPECT_NEAR(StageCost(m, setup, par, false, 0, hw, o).layer_compute,
+              flops / (1e10 * x / (x + 32)), 1e-12);
+  hw.half_dim = -1;  // not measured: the options' fall-off
+  EXPECT_NEAR(StageCost(m, setup, par, false, 0, hw, o).layer_compute,
+              flops / (1e10 * x / (x + o.gemm_half_dim)), 1e-12);
 }
 
 }  // namespace

@@ -13,11 +13,13 @@
 #include "common/status_macros.h"
 #include "placement/cluster_spec.h"
 #include "placement/cost_model.h"
+#include "placement/plan_request.h"
 #include "placement/planner.h"
 
 namespace shardline::placement {
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 std::string Message(const absl::Status& status) { return ToString(status.message()); }
@@ -258,6 +260,78 @@ TEST(PlannerTest, ConstraintsAreHonoured) {
     EXPECT_EQ(a.parallel.world(), 12);
     EXPECT_FALSE(a.recompute);
   }
+}
+
+TEST(PlannerTest, AFixedStageSplitIsPricedAsGiven) {
+  PlanRequest r = Request(Gpt(24, 2048, 16), Cluster("h100-sxm", 4), 256);
+  r.constraints.tp = 2;
+  r.constraints.pp = 4;
+  r.constraints.dp = 2;
+  r.constraints.zero = 1;
+  r.constraints.micro_batch = 2;
+  r.constraints.allow_recompute = false;
+  absl::StatusOr<PlanReport> free_split = Plan(r);
+  ASSERT_TRUE(free_split.ok()) << free_split.status();
+  // A lopsided split: the same layout, priced with the layers where the caller put them, and
+  // slower than the planner's own split (the last stage carries 12 layers and the head).
+  r.constraints.stage_layers = {4, 4, 4, 12};
+  absl::StatusOr<PlanReport> fixed = Plan(r);
+  ASSERT_TRUE(fixed.ok()) << fixed.status();
+  ExpectSound(r, fixed->best);
+  EXPECT_THAT(fixed->best.parallel.stage_layers, ElementsAre(4, 4, 4, 12));
+  EXPECT_GT(fixed->best.time.total, free_split->best.time.total);
+  EXPECT_GT(fixed->best.time.compute, free_split->best.time.compute);  // the 12-layer stage
+
+  // A split that does not match pp or the layers is a bad request, naming both.
+  r.constraints.stage_layers = {4, 4, 4};
+  EXPECT_THAT(Message(Plan(r).status()),
+              HasSubstr("stage_layers [4, 4, 4] must fix pp (4) entries of at least 1 layer "
+                        "summing to the model's 24 layers"));
+  r.constraints.stage_layers = {0, 8, 8, 8};
+  EXPECT_THAT(Message(Plan(r).status()), HasSubstr("stage_layers [0, 8, 8, 8]"));
+}
+
+TEST(PlannerTest, AJobLayoutIsPricedNotReplanned) {
+  // PlanRequestForLayout fixes everything a job's spec says, the default stage split included.
+  JobSpec spec;
+  spec.kind = JobKind::kTrain;
+  spec.devices = DeviceKind::kCpu;
+  spec.train.model = Gpt(6, 64, 4, 257, 64);
+  spec.train.batch = 8;
+  spec.train.seq_len = 64;
+  spec.parallel.tp = 2;
+  spec.parallel.pp = 2;
+  spec.parallel.dp = 1;
+  spec.parallel.micro_batch = 2;
+  spec.actors = 4;
+  NodeReport node;
+  node.node_id = "local";
+  node.device_kind = "cpu";
+  node.devices = 4;
+  node.memory_bytes = int64_t{4} << 30;
+  absl::StatusOr<ClusterSpec> cluster = ClusterSpecFromNodes("local", {node});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const PlanRequest request = PlanRequestForLayout(spec, *cluster);
+  EXPECT_EQ(request.constraints.devices, 4);
+  EXPECT_EQ(request.constraints.tp, 2);
+  EXPECT_EQ(request.constraints.pp, 2);
+  EXPECT_EQ(request.constraints.dp, 1);
+  EXPECT_EQ(request.constraints.zero, 0);
+  EXPECT_EQ(request.constraints.micro_batch, 2);
+  EXPECT_FALSE(request.constraints.allow_recompute);
+  EXPECT_THAT(request.constraints.stage_layers, ElementsAre(3, 3));
+  EXPECT_EQ(request.train.precision, Precision::kFp32);
+  absl::StatusOr<PlanReport> report = Plan(request);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->best.parallel.tp, 2);
+  EXPECT_EQ(report->best.parallel.pp, 2);
+  EXPECT_THAT(report->best.parallel.stage_layers, ElementsAre(3, 3));
+  EXPECT_EQ(report->best.parallel.micro_batch, 2);
+  EXPECT_FALSE(report->best.recompute);
+  // PlanRequestForJob leaves the choice to the planner.
+  const PlanRequest free_request = PlanRequestForJob(spec, *cluster);
+  EXPECT_EQ(free_request.constraints.tp, 0);
+  EXPECT_TRUE(free_request.constraints.stage_layers.empty());
 }
 
 TEST(PlannerTest, HeterogeneousNodes) {

@@ -257,7 +257,7 @@ absl::Status Actor::CalibrateAndReport() {
   // The CPU kernels measure a CPU device only; NCCL's buffers live on the GPU, which this
   // measurement does not allocate. A GPU rank reports nothing until the GPU model runs here, and
   // the planner keeps its defaults for it.
-  calibration.measure_gemm = !cuda_device_;
+  calibration.measure_compute = !cuda_device_;
   std::vector<CalibrationGroup> groups;
   if (backend_ != "nccl") {
     // groups_ is the Assignment's list, the same order on every rank (RankGrid::AllGroups).
@@ -267,16 +267,19 @@ absl::Status Actor::CalibrateAndReport() {
       groups.push_back({group.id, group.kind, found->second.get()});
     }
   }
-  if (!calibration.measure_gemm && groups.empty()) return absl::OkStatus();
+  if (!calibration.measure_compute && groups.empty()) return absl::OkStatus();
   const auto start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(const CalibrationResult result, Calibrate(groups, calibration));
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  spdlog::info("calibration in {:.3f} s: GEMM {:.2f} GFLOP/s, {} groups", seconds,
-               result.gemm_flops / 1e9, result.groups.size());
+  spdlog::info("calibration in {:.3f} s: layers {:.2f} GFLOP/s (half at {:.0f}), {} groups",
+               seconds, result.compute.flops / 1e9, result.compute.half_dim,
+               result.groups.size());
   for (const auto& group : result.groups) {
-    spdlog::info("  group {} ({} ranks): all-reduce bus {:.3f} GB/s, latency {:.1f} us", group.id,
-                 group.ranks, group.bus_bytes_per_second / 1e9, group.latency_seconds * 1e6);
+    spdlog::info("  group {} ({} ranks): all-reduce bus {:.3f} GB/s, latency {:.1f} us loaded, "
+                 "{:.1f} us idle",
+                 group.id, group.ranks, group.bus_bytes_per_second / 1e9,
+                 group.latency_seconds * 1e6, group.idle_latency_seconds * 1e6);
   }
   // Measurements inform later plans; a report the coordinator missed costs no training.
   auto status = Report([&](auto payload) {
@@ -285,7 +288,8 @@ absl::Status Actor::CalibrateAndReport() {
     auto device = report.initDevice();
     device.setKind(cuda_device_ ? wire::DeviceKind::CUDA : wire::DeviceKind::CPU);
     device.setIndex(static_cast<uint32_t>(device_index_));
-    report.setGemmFlops(result.gemm_flops);
+    report.setComputeFlops(result.compute.flops);
+    report.setComputeHalfDim(result.compute.half_dim);
     auto list = report.initGroups(static_cast<unsigned>(result.groups.size()));
     for (size_t i = 0; i < result.groups.size(); ++i) {
       const GroupBandwidth& group = result.groups[i];

@@ -7,37 +7,151 @@
 
 #include "common/status_macros.h"
 #include "kernels/cpu/matmul.h"
+#include "placement/cost_model.h"
+#include "worker/model/carver.h"
+#include "worker/model/gpt_block.h"
 
 namespace shardline::actor {
 namespace {
 
 using SteadyClock = std::chrono::steady_clock;
 
-// One GEMM repetition should take about this long: long enough that the timer and the BLAS's
-// thread start-up are noise, short enough that calibration stays well under 0.2 s.
-constexpr double kGemmRepSeconds = 0.025;
-constexpr int kGemmReps = 3;
-constexpr int kGemmMinN = 128;
-constexpr int kGemmMaxN = 2048;  // 3 matrices of 16 MiB: nothing an actor cannot spare
-// Stop repeating once this much time went into the timed runs (a crowded machine).
-constexpr double kGemmBudgetSeconds = 0.15;
+// Two block shapes: (batch, seq, d_model, heads). The small one is as thin as the smallest models
+// people train on CPU actors (d_model 64), the large one as wide as a CPU actor can train in
+// reasonable time; their rates fix the fit below. ~3 GFLOP for the large stack's forward and
+// backward: ~60 ms at 50 GFLOP/s, so the whole calibration takes ~0.3 s.
+constexpr BlockShape kSmallBlock = {2, 64, 64, 4};
+constexpr BlockShape kLargeBlock = {2, 128, 256, 8};
+constexpr int kSmallReps = 9;
+constexpr int kLargeReps = 5;
+// Blocks run as a stack, forward through all then backward in reverse, each with its own weights
+// and activations, as in training: one small block alone stays in the caches a real model's
+// layers evict one another from, and measured 1.5× faster than a 4-layer d_model-128 model
+// trains. A large block (3 MiB of weights) leaves the caches by itself.
+constexpr int kSmallStack = 4;
+constexpr int kLargeStack = 2;
 
 double SecondsSince(SteadyClock::time_point start) {
   return std::chrono::duration<double>(SteadyClock::now() - start).count();
 }
 
-// Seconds of one n×n×n GEMM.
-double TimeGemm(int n, std::vector<float>& a, std::vector<float>& b, std::vector<float>& c) {
-  const size_t elements = static_cast<size_t>(n) * static_cast<size_t>(n);
-  a.resize(elements, 0.5f);
-  b.resize(elements, 0.25f);
-  c.resize(elements);
-  const auto start = SteadyClock::now();
-  kernels::cpu::MatmulForward(c.data(), a.data(), b.data(), nullptr, n, n, n);
-  return SecondsSince(start);
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
 }
 
-double GemmFlop(int n) { return 2.0 * n * n * static_cast<double>(n); }
+// Uniform values in [-bound, bound] from a fixed seed (a 64-bit LCG: only the spread matters).
+void FillUniform(std::vector<float>& values, float bound, uint64_t seed) {
+  uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (float& v : values) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    const float unit = static_cast<float>(state >> 40) / static_cast<float>(1 << 24);  // [0, 1)
+    v = (2 * unit - 1) * bound;
+  }
+}
+
+// FLOPs of one block's forward and backward as the planner's cost model counts them (the same
+// function, so that the measured rate and the model's FLOPs agree by construction).
+double BlockFlops(const BlockShape& shape) {
+  placement::ModelSpec spec;
+  spec.layers = 1;
+  spec.heads = shape.NH;
+  spec.d_model = shape.C;
+  spec.max_seq_len = shape.T;
+  const placement::ModelStats stats = placement::DeriveModel(spec, shape.T);
+  // A tensor-parallel shard does 1/tp of every GEMM and of attention.
+  return 3.0 * stats.layer_forward_flops_per_token * static_cast<double>(shape.B) * shape.T /
+         shape.tp;
+}
+
+}  // namespace
+
+absl::StatusOr<double> MeasureBlockRate(const BlockShape& shape, int blocks, int reps) {
+  model::BlockDims dims;
+  dims.B = shape.B;
+  dims.T = shape.T;
+  dims.C = shape.C;
+  dims.NH = shape.NH / shape.tp;
+  dims.HS = shape.C / shape.NH;
+  dims.F = 4 * shape.C / shape.tp;
+  const int64_t N = dims.N(), C = dims.C, F = dims.F, A = dims.Attn();
+  const int64_t block_params = 4 * C + 3 * A * C + 3 * A + C * A + C + 2 * F * C + F + C;
+  // Parameters and their gradients, carved as the model carves them. The values are what
+  // training sees (GPT-2's init scale, unit activations): GELU's tanh costs more or less by its
+  // argument's size, and near-zero activations measured up to 1.4× faster than training.
+  std::vector<float> params(static_cast<size_t>(blocks * block_params));
+  FillUniform(params, 0.035f, 1);  // std 0.02
+  std::vector<float> grads(params.size(), 0.0f);
+  auto carve = [&](float* base) {
+    model::BlockParams p;
+    model::Carver c(base);
+    p.ln1_w = c.Take(C);
+    p.ln1_b = c.Take(C);
+    p.qkv_w = c.Take(3 * A * C);
+    p.qkv_b = c.Take(3 * A);
+    p.attn_proj_w = c.Take(C * A);
+    p.attn_proj_b = c.Take(C);
+    p.ln2_w = c.Take(C);
+    p.ln2_b = c.Take(C);
+    p.fc_w = c.Take(F * C);
+    p.fc_b = c.Take(F);
+    p.fc_proj_w = c.Take(C * F);
+    p.fc_proj_b = c.Take(C);
+    return p;
+  };
+  model::Carver count_acts(nullptr);
+  model::BlockActivations counted;
+  model::CarveBlockActivations(count_acts, dims, counted);
+  std::vector<float> act_buffer(static_cast<size_t>(blocks * count_acts.used()));
+  model::Carver carve_acts(act_buffer.data());
+  std::vector<model::BlockParams> p(blocks), g(blocks);
+  std::vector<model::BlockActivations> acts(blocks);
+  for (int b = 0; b < blocks; ++b) {
+    p[b] = carve(params.data() + b * block_params);
+    g[b] = carve(grads.data() + b * block_params);
+    // GPT-2's layer norms start at the identity: with the GEMMs' scale they would shrink every
+    // activation towards 0, where GELU's tanh is cheaper than in training.
+    std::fill(p[b].ln1_w, p[b].ln1_w + C, 1.0f);
+    std::fill(p[b].ln2_w, p[b].ln2_w + C, 1.0f);
+    std::fill(p[b].ln1_b, p[b].ln1_b + C, 0.0f);
+    std::fill(p[b].ln2_b, p[b].ln2_b + C, 0.0f);
+    model::CarveBlockActivations(carve_acts, dims, acts[b]);
+  }
+  model::BlockGradScratch scratch;
+  model::Carver count_scratch(nullptr);
+  model::CarveBlockGradScratch(count_scratch, dims, scratch);
+  std::vector<float> scratch_buffer(static_cast<size_t>(count_scratch.used()));
+  model::Carver carve_scratch(scratch_buffer.data());
+  model::CarveBlockGradScratch(carve_scratch, dims, scratch);
+  // The residual stream between blocks, and its gradient going back.
+  std::vector<std::vector<float>> x(blocks + 1, std::vector<float>(N * C));
+  std::vector<std::vector<float>> dx(blocks + 1, std::vector<float>(N * C));
+  FillUniform(x[0], 1.7f, 2);      // std ~1
+  FillUniform(dx[blocks], 1e-3f, 3);
+  const double flops = blocks * BlockFlops(shape);
+  std::vector<double> rates;
+  for (int rep = 0; rep <= reps; ++rep) {
+    const auto start = SteadyClock::now();
+    for (int b = 0; b < blocks; ++b) {
+      RETURN_IF_ERROR(model::BlockForward(dims, p[b], x[b].data(), x[b + 1].data(), acts[b]));
+    }
+    for (int b = blocks - 1; b >= 0; --b) {
+      std::fill(dx[b].begin(), dx[b].end(), 0.0f);
+      RETURN_IF_ERROR(model::BlockBackward(dims, p[b], g[b], x[b].data(), dx[b + 1].data(),
+                                           dx[b].data(), acts[b], scratch));
+    }
+    const double seconds = SecondsSince(start);
+    if (rep > 0 && seconds > 0) rates.push_back(flops / seconds);
+  }
+  if (rates.empty()) return absl::InternalError("the block calibration measured no time");
+  return Median(rates);
+}
+
+double ThinDim(const BlockShape& shape) {
+  return std::min<double>(static_cast<double>(shape.B) * shape.T, shape.C);
+}
+
+namespace {
 
 // The slowest rank's value of each entry, on every rank.
 absl::Status MaxOverRanks(comm::Communicator& comm, std::vector<double>& values) {
@@ -61,32 +175,77 @@ absl::StatusOr<std::vector<double>> TimeAllReduces(comm::Communicator& comm, int
   return times;
 }
 
-double Median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
-}
-
 }  // namespace
 
-absl::StatusOr<double> MeasureGemmFlops() {
-  std::vector<float> a, b, c;
-  // The first call also loads the BLAS and starts its threads: warm up, and size from it.
-  TimeGemm(kGemmMinN, a, b, c);
-  const double probe = std::max(TimeGemm(kGemmMinN, a, b, c), 1e-6);
-  const double rate = GemmFlop(kGemmMinN) / probe;
-  int n = static_cast<int>(std::cbrt(kGemmRepSeconds * rate / 2.0));
-  n = std::clamp(n / 64 * 64, kGemmMinN, kGemmMaxN);
-  double best = 0;
-  const auto start = SteadyClock::now();
-  for (int rep = 0; rep < kGemmReps; ++rep) {
-    const double seconds = TimeGemm(n, a, b, c);
-    if (seconds > 0) best = std::max(best, GemmFlop(n) / seconds);
-    if (SecondsSince(start) > kGemmBudgetSeconds) break;
+absl::StatusOr<LayerRate> MeasureLayerRate() {
+  // The large shape first: its ~0.2 s also bring the core to its sustained clock and fault in
+  // the process's memory, which a freshly started process measured the small shape without
+  // (25% slower than a minute later).
+  ASSIGN_OR_RETURN(const double large, MeasureBlockRate(kLargeBlock, kLargeStack, kLargeReps));
+  ASSIGN_OR_RETURN(const double small, MeasureBlockRate(kSmallBlock, kSmallStack, kSmallReps));
+  return FitLayerRate(ThinDim(kSmallBlock), small, ThinDim(kLargeBlock), large);
+}
+
+absl::StatusOr<LayerRate> FitLayerRate(double x1, double small, double x2, double large) {
+  // r(x) = R·x / (x + h) is 1/r = 1/R + (h/R)·(1/x): a line through the two measurements.
+  const double slope = (1 / small - 1 / large) / (1 / x1 - 1 / x2);
+  LayerRate rate;
+  if (slope > 0) {
+    const double intercept = 1 / large - slope / x2;
+    if (intercept > 0) {
+      rate.flops = 1 / intercept;
+      rate.half_dim = slope / intercept;
+    }
   }
-  if (!(best > 0) || !std::isfinite(best)) {
-    return absl::InternalError("GEMM calibration measured no time");
+  if (!(rate.flops > 0)) {
+    // The small block ran as fast as the large one (or noise says faster): no fall-off to fit.
+    rate.flops = std::max(small, large);
+    rate.half_dim = 0;
   }
-  return best;
+  if (!std::isfinite(rate.flops) || !std::isfinite(rate.half_dim)) {
+    return absl::InternalError("the block calibration measured no usable rate");
+  }
+  return rate;
+}
+
+// What one all-reduce of `bytes` adds to a stretch of kernels, as training runs them: the median
+// time of `reps` rounds of (a fixed amount of GEMM work, then the all-reduce) less the median
+// time of the same work alone. It includes waiting for a rank the scheduler held back, waking up,
+// and the slower kernels right after (the collective's buffers evicted their data from the
+// caches), none of which a back-to-back all-reduce pays. The work is sized to ~busy_seconds.
+absl::StatusOr<double> TimeLoadedAllReduce(comm::Communicator& comm, int64_t bytes, int reps,
+                                           double busy_seconds) {
+  const size_t count = static_cast<size_t>(std::max<int64_t>(1, bytes / 4));
+  std::vector<float> buffer(count, 1.0f);
+  // A kernel's footprint: three 256 KiB matrices (L2-sized, like a layer's tiles).
+  constexpr int kBusyN = 256;
+  std::vector<float> a(kBusyN * kBusyN), b(a.size()), c(a.size());
+  FillUniform(a, 1.0f, 4);
+  FillUniform(b, 1.0f, 5);
+  auto gemm = [&] {
+    kernels::cpu::MatmulForward(c.data(), a.data(), b.data(), nullptr, kBusyN, kBusyN, kBusyN);
+  };
+  gemm();
+  const auto probe = SteadyClock::now();
+  gemm();
+  const int gemms = std::clamp(static_cast<int>(busy_seconds / std::max(SecondsSince(probe), 1e-6)),
+                               1, 1000);
+  // The same number of GEMMs on every rank, so that their work is equal as in training.
+  std::vector<double> agreed_gemms = {static_cast<double>(gemms)};
+  RETURN_IF_ERROR(MaxOverRanks(comm, agreed_gemms));
+  const int work = static_cast<int>(agreed_gemms[0]);
+  std::vector<double> alone, with_collective;
+  for (int i = 0; i <= reps; ++i) {
+    auto start = SteadyClock::now();
+    for (int g = 0; g < work; ++g) gemm();
+    if (i > 0) alone.push_back(SecondsSince(start));
+    std::fill(buffer.begin(), buffer.end(), 1.0f);
+    start = SteadyClock::now();
+    for (int g = 0; g < work; ++g) gemm();
+    RETURN_IF_ERROR(comm.AllReduce(buffer.data(), count, DType::kFloat32, comm::ReduceOp::kSum));
+    if (i > 0) with_collective.push_back(SecondsSince(start));  // the first round warms up
+  }
+  return std::max(0.0, Median(with_collective) - Median(alone));
 }
 
 absl::StatusOr<GroupBandwidth> MeasureAllReduce(comm::Communicator& comm,
@@ -101,20 +260,32 @@ absl::StatusOr<GroupBandwidth> MeasureAllReduce(comm::Communicator& comm,
   // the operation's.
   std::vector<double> agreed = {Median(small), *std::min_element(large.begin(), large.end())};
   RETURN_IF_ERROR(MaxOverRanks(comm, agreed));
-  result.latency_seconds = agreed[0];
+  result.idle_latency_seconds = agreed[0];
   const double n = comm.size();
-  const double bus_bytes = 2.0 * (n - 1) / n * static_cast<double>(options.large_bytes);
+  auto bus_bytes = [n](int64_t bytes) { return 2.0 * (n - 1) / n * static_cast<double>(bytes); };
   // Latency is paid once per operation whatever its size; what is left is the bandwidth's.
   const double transfer = std::max(agreed[1] - agreed[0], agreed[1] * 0.05);
-  result.bus_bytes_per_second = transfer > 0 ? bus_bytes / transfer : 0;
+  result.bus_bytes_per_second = transfer > 0 ? bus_bytes(options.large_bytes) / transfer : 0;
+  // Between kernels a collective costs more than back to back (TimeLoadedAllReduce). Each rank's
+  // own measurement, averaged over the ranks (every rank pays its wait).
+  ASSIGN_OR_RETURN(const double loaded,
+                   TimeLoadedAllReduce(comm, options.loaded_bytes,
+                                       std::max(1, options.loaded_reps), options.busy_seconds));
+  std::vector<double> mean_loaded = {loaded / n};
+  RETURN_IF_ERROR(
+      comm.AllReduce(mean_loaded.data(), 1, DType::kFloat64, comm::ReduceOp::kSum));
+  const double loaded_transfer =
+      result.bus_bytes_per_second > 0 ? bus_bytes(options.loaded_bytes) / result.bus_bytes_per_second
+                                      : 0;
+  result.latency_seconds = std::max(agreed[0], mean_loaded[0] - loaded_transfer);
   return result;
 }
 
 absl::StatusOr<CalibrationResult> Calibrate(const std::vector<CalibrationGroup>& groups,
                                             const CalibrationOptions& options) {
   CalibrationResult result;
-  if (options.measure_gemm) {
-    ASSIGN_OR_RETURN(result.gemm_flops, MeasureGemmFlops());
+  if (options.measure_compute) {
+    ASSIGN_OR_RETURN(result.compute, MeasureLayerRate());
   }
   for (const CalibrationGroup& group : groups) {
     if (group.communicator == nullptr || group.communicator->size() < 2) continue;

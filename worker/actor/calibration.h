@@ -3,12 +3,18 @@
 // (wire Calibration), whose placement planner plans later `parallel: auto` jobs with it instead
 // of datasheet numbers.
 //
-//   GEMM:        a square fp32 GEMM through the CPU kernels (OpenBLAS), sized from a first small
-//                run so that one repetition takes ~25 ms, best of a few; well under 0.2 s.
-//   all-reduce:  per group of more than one rank, an 8-byte all-reduce (latency, median of 5)
-//                and an 8 MiB one (bus bandwidth 2(n-1)/n · bytes / (time - latency), best of 2),
-//                each after a warm-up; every time is the slowest rank's (all-reduced max), so all
-//                members report the same numbers.
+//   compute:     one GPT transformer block's forward and backward through the CPU kernels (the
+//                trainer's own code), at a thin shape (d_model 64) and a wider one (d_model 256),
+//                median of a few passes each; the two rates fit r(x) = R·x/(x + h), x the
+//                block's size min(tokens, d_model), so the planner's cost
+//                model gets both the large-shape rate R and the fall-off h. Non-GEMM kernels
+//                (layer norms, attention, GELU) are in the measurement, as in training. ~0.1 s.
+//   all-reduce:  per group of more than one rank, an 8-byte all-reduce (idle latency, median of
+//                5) and an 8 MiB one (bus bandwidth 2(n-1)/n · bytes / (time - latency), best of
+//                2), each after a warm-up, the slowest rank's times (all-reduced max); then the
+//                loaded latency: what a 256 KiB all-reduce adds to ~2 ms of GEMMs, as
+//                collectives come between kernels in training (median per rank, mean over ranks,
+//                less the bytes' time). All members report the same numbers.
 #pragma once
 
 #include <cstdint>
@@ -25,11 +31,21 @@ struct GroupBandwidth {
   std::string kind;  // world | tp | pp | dp
   int ranks = 0;
   double bus_bytes_per_second = 0;
+  // One all-reduce's start-up as training pays it: what it adds between kernels less its bytes'
+  // time, never less than idle_latency_seconds.
   double latency_seconds = 0;
+  double idle_latency_seconds = 0;  // an 8-byte all-reduce back to back with the previous one
+};
+
+// A device's compute rate for transformer layers: FLOP/s (placement::DeriveModel's counting)
+// approached by wide layers, and the size min(tokens, d_model) at which a layer gets half of it.
+struct LayerRate {
+  double flops = 0;  // 0: not measured
+  double half_dim = 0;
 };
 
 struct CalibrationResult {
-  double gemm_flops = 0;  // 0: not measured
+  LayerRate compute;
   std::vector<GroupBandwidth> groups;
 };
 
@@ -43,15 +59,37 @@ struct CalibrationGroup {
 };
 
 struct CalibrationOptions {
-  bool measure_gemm = true;  // false on a device the CPU kernels do not run on
+  bool measure_compute = true;  // false on a device the CPU kernels do not run on
   int64_t small_bytes = 8;
   int64_t large_bytes = int64_t{8} << 20;
   int small_reps = 5;
   int large_reps = 2;
+  // The loaded latency: what an all-reduce of loaded_bytes (a tensor-parallel activation's size)
+  // adds to busy_seconds of compute, over loaded_reps rounds.
+  int64_t loaded_bytes = int64_t{256} << 10;
+  int loaded_reps = 16;
+  double busy_seconds = 0.002;
 };
 
-// fp32 GEMM FLOP/s of this process's share of the CPU (the BLAS threads it was given).
-absl::StatusOr<double> MeasureGemmFlops();
+// A GPT block's shape: batch, sequence, d_model, heads (d_ff = 4·d_model), and the share of it
+// one rank holds: 1/tp of the heads and of d_ff, as tensor parallelism cuts it.
+struct BlockShape {
+  int B, T, C, NH;
+  int tp = 1;
+};
+// A block's size min(tokens, d_model): the variable of the cost model's measured fall-off.
+double ThinDim(const BlockShape& shape);
+// The median FLOP/s of `reps` forward + backward passes of a stack of `blocks` blocks of `shape`
+// through the CPU kernels (forward through all, backward in reverse, as in training; after one
+// untimed pass, which also starts the BLAS).
+absl::StatusOr<double> MeasureBlockRate(const BlockShape& shape, int blocks, int reps);
+// R and h of r(x) = R·x/(x + h) through (x1, r1) and (x2, r2), x1 < x2; h = 0 and R the larger
+// rate when the thinner shape was not slower.
+absl::StatusOr<LayerRate> FitLayerRate(double x1, double r1, double x2, double r2);
+
+// The fp32 layer rate of this process's share of the CPU (the OpenMP and BLAS threads it was
+// given), while the job's other ranks calibrate at the same time, as they will train.
+absl::StatusOr<LayerRate> MeasureLayerRate();
 
 // The all-reduce bus bandwidth and latency of `comm`; every rank of the group must call it with
 // the same options. An error only when a collective fails (the job's links are then broken).
