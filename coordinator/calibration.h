@@ -19,8 +19,9 @@ namespace shardline::coordinator {
 // One kind of link of one node, as the latest job generation that used it measured it.
 struct LinkCalibration {
   double bus_bytes_per_second = 0;  // 0: never measured
-  // One link step's start-up: the measured 8-byte all-reduce of n ranks over the
-  // placement::CollectiveLatencySteps(n) steps the planner's time model charges a collective.
+  // One link step's start-up: a measured all-reduce start-up of n ranks (what it adds between
+  // kernels, less its bytes' time) over the placement::CollectiveLatencySteps(n) steps the
+  // planner's time model charges a collective.
   double latency_seconds = 0;
   std::string source;  // "JOB/GENERATION" of the measurement
 };

@@ -93,8 +93,9 @@ struct TrainRecord {
   int64_t last_committed_step = -1;    // survives generations: a new one resumes from it
 };
 
-// The plan of a `parallel: auto` train job: what the planner chose when the job started (the
-// layout itself is applied to Job::spec.parallel), and what it predicted.
+// A train job's plan: for `parallel: auto`, what the planner chose when the job started (the
+// layout itself is applied to Job::spec.parallel); for every train job, the planner's price of
+// the layout it runs (Coordinator::PredictLayout).
 struct PlanRecord {
   bool planned = false;      // `parallel: auto`, and the planner chose the layout
   // The planner's prediction for the layout the job runs (planned, or fixed by its spec; 0 when

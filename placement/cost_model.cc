@@ -445,11 +445,11 @@ double AchievableFlops(const NodeSpec& node, Precision precision, const CostMode
   return node.PeakFlops(precision) * options.default_flops_fraction;
 }
 
-double HalfDim(const NodeSpec& node, Precision precision, const CostModelOptions& options) {
+double MeasuredHalfDim(const NodeSpec& node, Precision precision) {
   if (node.MeasuredFlops(precision) > 0 && node.measured_half_dim >= 0) {
     return node.measured_half_dim;
   }
-  return options.gemm_half_dim;
+  return -1;
 }
 
 StageCostTerms StageCost(const ModelSpec& model, const TrainSetup& setup, const ParallelSpec& par,

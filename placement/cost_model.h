@@ -219,8 +219,9 @@ double CollectiveLatencySteps(int ranks);
 // Achievable FLOP/s of one device of `node` in `precision` on wide layers: what calibration
 // measured (a whole layer's rate), else peak × default_flops_fraction.
 double AchievableFlops(const NodeSpec& node, Precision precision, const CostModelOptions& options);
-// The fall-off of that rate for thin layers: the measured one when the rate was measured and
-// its fall-off too, else options.gemm_half_dim.
-double HalfDim(const NodeSpec& node, Precision precision, const CostModelOptions& options);
+// The measured fall-off of that rate for thin layers (StageHardware::half_dim): the node's when
+// its rate in `precision` was measured and its fall-off too, else −1 (StageCost then applies
+// CostModelOptions::gemm_half_dim the way it is meant for GPU GEMM tiles).
+double MeasuredHalfDim(const NodeSpec& node, Precision precision);
 
 }  // namespace shardline::placement

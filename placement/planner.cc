@@ -35,7 +35,7 @@ struct NodeView {
   int index = 0;  // into ClusterSpec::nodes
   int devices = 0;
   double flops = 0;  // achievable per device
-  double half_dim = 0;  // its fall-off for thin layers (HalfDim)
+  double half_dim = -1;  // its measured fall-off for thin layers; < 0: none (MeasuredHalfDim)
   double peak_flops = 0;
   int64_t capacity = 0;  // bytes per device left for the model
   double memory_bandwidth = 0;
@@ -893,7 +893,7 @@ absl::StatusOr<PlanReport> Plan(const PlanRequest& request) {
     v.index = static_cast<int>(i);
     v.devices = n.devices;
     v.flops = AchievableFlops(n, train.precision, request.cost);
-    v.half_dim = HalfDim(n, train.precision, request.cost);
+    v.half_dim = MeasuredHalfDim(n, train.precision);
     v.peak_flops = n.PeakFlops(train.precision) > 0 ? n.PeakFlops(train.precision)
                                                     : n.MeasuredFlops(train.precision);
     v.capacity = UsableMemory(n, request.cost);

@@ -138,7 +138,7 @@ struct NodeStatus {
 struct NodeCalibration {
   computeFlops @0 :Float64;            # fp32 layer FLOP/s of one device (the slowest measured)
   intraBusBytesPerSecond @1 :Float64;  # all-reduce bus bandwidth
-  intraLatencySeconds @2 :Float64;     # per link step (an 8-byte all-reduce's over its steps)
+  intraLatencySeconds @2 :Float64;     # per link step (LinkCalibration in coordinator/calibration.h)
   interBusBytesPerSecond @3 :Float64;
   interLatencySeconds @4 :Float64;
   jobId @5 :Text;                      # the job whose actors measured last

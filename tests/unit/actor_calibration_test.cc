@@ -1,6 +1,7 @@
 // The actor's start-up calibration (worker/actor/calibration.h): a layer rate that is positive and
-// finite with a fall-off that is not negative, and all-reduce numbers that every rank of a group agrees on, with ranks as threads over
-// Gloo and one in-memory store; groups of one rank are skipped.
+// finite with a fall-off that is not negative, the fit that recovers a known fall-off, and
+// all-reduce numbers that every rank of a group agrees on, with ranks as threads over Gloo and one
+// in-memory store; groups of one rank are skipped.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -20,6 +21,20 @@ TEST(CalibrationTest, LayerRateIsPositive) {
   EXPECT_TRUE(std::isfinite(rate->flops));
   EXPECT_GE(rate->half_dim, 0);
   EXPECT_TRUE(std::isfinite(rate->half_dim));
+}
+
+TEST(CalibrationTest, FitRecoversTheFallOff) {
+  // Two points of r(x) = 80·x/(x + 200) give back R = 80 and h = 200.
+  auto rate = [](double x) { return 80e9 * x / (x + 200); };
+  absl::StatusOr<LayerRate> fit = FitLayerRate(64, rate(64), 256, rate(256));
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  EXPECT_NEAR(fit->flops, 80e9, 1e3);
+  EXPECT_NEAR(fit->half_dim, 200, 1e-6);
+  // A thin layer no slower than a wide one (noise): no fall-off, the faster rate.
+  fit = FitLayerRate(64, 50e9, 256, 40e9);
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  EXPECT_EQ(fit->flops, 50e9);
+  EXPECT_EQ(fit->half_dim, 0);
 }
 
 TEST(CalibrationTest, RanksOfAGroupAgree) {

@@ -402,14 +402,14 @@ TEST(CostModelTest, CalibrationReplacesThePeak) {
   NodeSpec n;
   n.peak_flops_bf16 = 312e12;
   EXPECT_DOUBLE_EQ(AchievableFlops(n, Precision::kBf16, o), 312e12 * o.default_flops_fraction);
-  EXPECT_EQ(HalfDim(n, Precision::kBf16, o), o.gemm_half_dim);
+  EXPECT_LT(MeasuredHalfDim(n, Precision::kBf16), 0);
   // A measured layer rate is used as it is; its fall-off only once it was measured too.
   n.measured_flops_bf16 = 250e12;
   EXPECT_DOUBLE_EQ(AchievableFlops(n, Precision::kBf16, o), 250e12);
-  EXPECT_EQ(HalfDim(n, Precision::kBf16, o), o.gemm_half_dim);
+  EXPECT_LT(MeasuredHalfDim(n, Precision::kBf16), 0);
   n.measured_half_dim = 40;
-  EXPECT_EQ(HalfDim(n, Precision::kBf16, o), 40);
-  EXPECT_EQ(HalfDim(n, Precision::kFp32, o), o.gemm_half_dim);  // fp32 was not measured
+  EXPECT_EQ(MeasuredHalfDim(n, Precision::kBf16), 40);
+  EXPECT_LT(MeasuredHalfDim(n, Precision::kFp32), 0);  // fp32 was not measured
 }
 
 TEST(CostModelTest, MeasuredFallOffScalesThinLayers) {
@@ -439,6 +439,17 @@ TEST(CostModelTest, MeasuredFallOffScalesThinLayers) {
   hw.half_dim = -1;  // not measured: the options' fall-off
   EXPECT_NEAR(StageCost(m, setup, par, false, 0, hw, o).layer_compute,
               flops / (1e10 * x / (x + o.gemm_half_dim)), 1e-12);
+
+  // tp = 2: each rank does half the FLOPs. A measured fall-off still sees the layer's width
+  // (x = min(64 tokens, d_model 64)); the default one the rank's GEMM width (x = 32).
+  par.tp = 2;
+  const double half_flops = 3.0 * 64 * (2.0 * 6 * 64 * 64 + 4.0 * 32 * 32);
+  hw.half_dim = 32;
+  EXPECT_NEAR(StageCost(m, setup, par, false, 0, hw, o).layer_compute,
+              half_flops / (1e10 * 64 / (64 + 32)), 1e-12);
+  hw.half_dim = -1;
+  EXPECT_NEAR(StageCost(m, setup, par, false, 0, hw, o).layer_compute,
+              half_flops / (1e10 * 32 / (32 + o.gemm_half_dim)), 1e-12);
 }
 
 }  // namespace

@@ -18,8 +18,9 @@ using SteadyClock = std::chrono::steady_clock;
 
 // Two block shapes: (batch, seq, d_model, heads). The small one is as thin as the smallest models
 // people train on CPU actors (d_model 64), the large one as wide as a CPU actor can train in
-// reasonable time; their rates fix the fit below. ~3 GFLOP for the large stack's forward and
-// backward: ~60 ms at 50 GFLOP/s, so the whole calibration takes ~0.3 s.
+// reasonable time; their rates fix the fit below. ~2.6 GFLOP for the large stack's forward and
+// backward, ~65 ms at 40 GFLOP/s: with the links' measurements the calibration takes ~0.6 s on
+// one core per actor.
 constexpr BlockShape kSmallBlock = {2, 64, 64, 4};
 constexpr BlockShape kLargeBlock = {2, 128, 256, 8};
 constexpr int kSmallReps = 9;
@@ -208,6 +209,8 @@ absl::StatusOr<LayerRate> FitLayerRate(double x1, double small, double x2, doubl
   return rate;
 }
 
+namespace {
+
 // What one all-reduce of `bytes` adds to a stretch of kernels, as training runs them: the median
 // time of `reps` rounds of (a fixed amount of GEMM work, then the all-reduce) less the median
 // time of the same work alone. It includes waiting for a rank the scheduler held back, waking up,
@@ -247,6 +250,8 @@ absl::StatusOr<double> TimeLoadedAllReduce(comm::Communicator& comm, int64_t byt
   }
   return std::max(0.0, Median(with_collective) - Median(alone));
 }
+
+}  // namespace
 
 absl::StatusOr<GroupBandwidth> MeasureAllReduce(comm::Communicator& comm,
                                                 const CalibrationOptions& options) {
