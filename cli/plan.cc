@@ -27,11 +27,13 @@ coordinator::NodeCalibration CalibrationOf(wire::NodeStatus::Reader node) {
     const std::string label =
         std::string(device.getDevice().getKind() == wire::DeviceKind::CUDA ? "cuda:" : "cpu:") +
         std::to_string(device.getDevice().getIndex());
-    out.device_compute[label] = {device.getComputeFlops(), device.getComputeHalfDim()};
+    out.device_compute[label] = {device.getComputeFlops(), device.getComputeHalfDim(),
+                                 device.getOptimizerBytesPerSecond()};
   }
   // A reply without the per-device list still says what the node's devices achieve.
   if (out.device_compute.empty() && in.getComputeFlops() > 0) {
-    out.device_compute["node"] = {in.getComputeFlops(), in.getComputeHalfDim()};
+    out.device_compute["node"] = {in.getComputeFlops(), in.getComputeHalfDim(),
+                                  in.getOptimizerBytesPerSecond()};
   }
   out.intra.bus_bytes_per_second = in.getIntraBusBytesPerSecond();
   out.intra.latency_seconds = in.getIntraLatencySeconds();

@@ -208,10 +208,12 @@ nlohmann::json StatusToJson(wire::ClusterStatus::Reader status) {
       for (auto d : c.getDevices()) {
         devices.push_back({{"device", DeviceLabel(d.getDevice())},
                            {"compute_flops", d.getComputeFlops()},
-                           {"compute_half_dim", d.getComputeHalfDim()}});
+                           {"compute_half_dim", d.getComputeHalfDim()},
+                           {"optimizer_bytes_per_second", d.getOptimizerBytesPerSecond()}});
       }
       n["calibration"] = {{"compute_flops", c.getComputeFlops()},
                           {"compute_half_dim", c.getComputeHalfDim()},
+                          {"optimizer_bytes_per_second", c.getOptimizerBytesPerSecond()},
                           {"intra_bus_bytes_per_second", c.getIntraBusBytesPerSecond()},
                           {"intra_latency_seconds", c.getIntraLatencySeconds()},
                           {"inter_bus_bytes_per_second", c.getInterBusBytesPerSecond()},

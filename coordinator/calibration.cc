@@ -26,9 +26,13 @@ void Fold(LinkCalibration& link, double bandwidth, double latency, const std::st
 
 ComputeRate NodeCalibration::Compute() const {
   ComputeRate slowest;
+  double optimizer = 0;
   for (const auto& [device, rate] : device_compute) {
     if (rate.flops > 0 && (slowest.flops == 0 || rate.flops < slowest.flops)) slowest = rate;
+    const double o = rate.optimizer_bytes_per_second;
+    if (o > 0 && (optimizer == 0 || o < optimizer)) optimizer = o;
   }
+  slowest.optimizer_bytes_per_second = optimizer;
   return slowest;
 }
 
@@ -36,6 +40,7 @@ void CalibrationBook::RecordCompute(const std::string& node_id, const std::strin
                                     ComputeRate rate, const std::string& job_id,
                                     int64_t unix_ms) {
   if (!(rate.flops > 0) || !(rate.half_dim >= 0)) return;  // not measured (a GPU rank), or garbage
+  if (!(rate.optimizer_bytes_per_second > 0)) rate.optimizer_bytes_per_second = 0;
   NodeCalibration& node = nodes_[node_id];
   node.device_compute[device] = rate;
   node.job_id = job_id;
@@ -80,6 +85,7 @@ absl::StatusOr<placement::ClusterSpec> BuildClusterSpec(const std::string& name,
     const ComputeRate compute = node.calibration.Compute();
     report.measured_flops = compute.flops;
     report.measured_half_dim = compute.half_dim;
+    report.measured_memory_bandwidth = compute.optimizer_bytes_per_second;
     report.measured_precision = placement::Precision::kFp32;  // what the actors measure
     report.measured_intra_bandwidth = node.calibration.intra.bus_bytes_per_second;
     report.measured_inter_bandwidth = node.calibration.inter.bus_bytes_per_second;

@@ -31,6 +31,9 @@ struct LinkCalibration {
 struct ComputeRate {
   double flops = 0;  // 0: never measured
   double half_dim = 0;
+  // The optimizer step, in placement::kOptimizerBytesPerParam bytes per parameter per second;
+  // 0: never measured.
+  double optimizer_bytes_per_second = 0;
 };
 
 struct NodeCalibration {
@@ -42,13 +45,14 @@ struct NodeCalibration {
   int64_t measured_unix_ms = 0;
 
   // The node's devices as the planner sees them: the slowest measured one (a stage is as fast as
-  // its slowest device); flops 0 when none was measured.
+  // its slowest device), and the slowest optimizer step of any; 0 when none was measured.
   ComputeRate Compute() const;
 };
 
 class CalibrationBook {
  public:
-  // One device's layer-rate measurement (ignored unless flops > 0 and half_dim ≥ 0).
+  // One device's layer-rate measurement (ignored unless flops > 0 and half_dim ≥ 0; an optimizer
+  // rate that is not > 0 counts as unmeasured).
   void RecordCompute(const std::string& node_id, const std::string& device, ComputeRate rate,
                      const std::string& job_id, int64_t unix_ms);
   // One group's all-reduce measurement; `rank_nodes` is the node of each of its ranks. A group

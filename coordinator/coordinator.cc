@@ -1041,11 +1041,13 @@ absl::Status Coordinator::OnCalibration(const std::string& peer, uint64_t reques
                                        Str(report.getNodeId()));
   }
   const auto valid = [](double v) { return std::isfinite(v) && v >= 0; };
-  if (!valid(report.getComputeFlops()) || !valid(report.getComputeHalfDim())) {
+  if (!valid(report.getComputeFlops()) || !valid(report.getComputeHalfDim()) ||
+      !valid(report.getOptimizerBytesPerSecond())) {
     return absl::InvalidArgumentError(
-        where + ": the layer rate must be finite and ≥ 0, got " +
+        where + ": the layer and optimizer rates must be finite and ≥ 0, got " +
         std::to_string(report.getComputeFlops()) + " FLOP/s, half at " +
-        std::to_string(report.getComputeHalfDim()));
+        std::to_string(report.getComputeHalfDim()) + ", optimizer " +
+        std::to_string(report.getOptimizerBytesPerSecond()) + " B/s");
   }
   // Check the whole report before recording any of it.
   std::vector<std::pair<const GroupRecord*, wire::GroupBandwidth::Reader>> groups;
@@ -1066,7 +1068,8 @@ absl::Status Coordinator::OnCalibration(const std::string& peer, uint64_t reques
   const int64_t now = UnixMillis();
   // The coordinator's own record says which device and which nodes were measured, not the report.
   calibration_.RecordCompute(actor->node_id, DeviceLabel(actor->device),
-                             ComputeRate{report.getComputeFlops(), report.getComputeHalfDim()},
+                             ComputeRate{report.getComputeFlops(), report.getComputeHalfDim(),
+                                         report.getOptimizerBytesPerSecond()},
                              job_id, now);
   const std::string source = job_id + "/" + std::to_string(job.generation);
   for (const auto& [group, measured] : groups) {
@@ -1310,6 +1313,7 @@ void Coordinator::FillStatus(wire::ClusterStatus::Builder status, const std::str
       const ComputeRate compute = measured->Compute();
       calibration.setComputeFlops(compute.flops);
       calibration.setComputeHalfDim(compute.half_dim);
+      calibration.setOptimizerBytesPerSecond(compute.optimizer_bytes_per_second);
       calibration.setIntraBusBytesPerSecond(measured->intra.bus_bytes_per_second);
       calibration.setIntraLatencySeconds(measured->intra.latency_seconds);
       calibration.setInterBusBytesPerSecond(measured->inter.bus_bytes_per_second);
@@ -1327,6 +1331,7 @@ void Coordinator::FillStatus(wire::ClusterStatus::Builder status, const std::str
         FillDevice(list[i].initDevice(), *rates[i].first);
         list[i].setComputeFlops(rates[i].second.flops);
         list[i].setComputeHalfDim(rates[i].second.half_dim);
+        list[i].setOptimizerBytesPerSecond(rates[i].second.optimizer_bytes_per_second);
       }
     }
   }

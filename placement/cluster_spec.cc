@@ -448,7 +448,7 @@ absl::StatusOr<ClusterSpec> ClusterSpecFromNodes(std::string name,
     }
     if (node.runtime_memory >= node.device_memory) node.runtime_memory = 0;
     if (!(r.measured_flops >= 0) || !(r.measured_intra_bandwidth >= 0) ||
-        !(r.measured_inter_bandwidth >= 0)) {
+        !(r.measured_inter_bandwidth >= 0) || !(r.measured_memory_bandwidth >= 0)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "node '", r.node_id, "': measurements must be ≥ 0 (0: not measured), got flops ",
           r.measured_flops, ", intra ", r.measured_intra_bandwidth, ", inter ",
@@ -466,6 +466,7 @@ absl::StatusOr<ClusterSpec> ClusterSpecFromNodes(std::string name,
       node.measured_flops_bf16 = r.measured_flops;
     }
     if (r.measured_flops > 0) node.measured_half_dim = r.measured_half_dim;
+    if (r.measured_memory_bandwidth > 0) node.memory_bandwidth = r.measured_memory_bandwidth;
     // An unknown kind's peak is what was measured: nothing better is known.
     if (defaults == nullptr && r.measured_flops > 0) {
       node.peak_flops_fp32 = node.peak_flops_bf16 = r.measured_flops;

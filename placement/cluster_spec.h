@@ -141,6 +141,9 @@ struct NodeReport {
   int64_t memory_bytes = 0;   // per device; 0: the kind's default
   double measured_flops = 0;  // layer FLOP/s per device in measured_precision (NodeSpec); 0: none
   double measured_half_dim = -1;  // its fall-off (NodeSpec::measured_half_dim); < 0: none
+  // The optimizer step's rate in kOptimizerBytesPerParam bytes per parameter (calibration);
+  // replaces the kind's memory_bandwidth, which the time model uses for nothing else. 0: none.
+  double measured_memory_bandwidth = 0;
   Precision measured_precision = Precision::kFp32;
   double measured_intra_bandwidth = 0;  // bytes/s per device (all-reduce bus bandwidth); 0: none
   double measured_inter_bandwidth = 0;

@@ -30,12 +30,6 @@ int64_t OptimizerBytes(Precision p) {
   return p == Precision::kFp32 ? 2 * kFp32Bytes : 3 * kFp32Bytes;
 }
 
-// AdamW's update touches every parameter it owns: reads p, g, m, v and writes p, m, v (7 fp32
-// words; under mixed precision the fp32 master, m and v are read and written, the bf16 gradient
-// read and the bf16 copy written: about the same), plus one read of the gradient for the global
-// norm: 8 × 4 bytes. The update is memory-bound (a handful of FLOPs per 32 bytes).
-constexpr double kOptimizerBytesPerParam = 32;
-
 // Ring collectives (NCCL, Gloo): an all-reduce moves 2(d−1)/d of the message through every
 // device's link, a reduce-scatter or all-gather (d−1)/d (Patarasuk & Yuan 2009; NCCL's
 // PERFORMANCE.md "bus bandwidth"). Latency: NCCL switches to trees at scale, whose start-up grows

@@ -30,6 +30,14 @@ namespace shardline::placement {
 
 enum class OptimizerKind { kAdamW };  // the only one the trainer runs; two fp32 moments
 
+// AdamW's update touches every parameter it owns: reads p, g, m, v and writes p, m, v (7 fp32
+// words; under mixed precision the fp32 master, m and v are read and written, the bf16 gradient
+// read and the bf16 copy written: about the same), plus one read of the gradient for the global
+// norm: 8 × 4 bytes. On GPUs the update is memory-bound (a handful of FLOPs per 32 bytes), and the
+// time model divides these bytes by NodeSpec::memory_bandwidth; on CPU actors calibration measures
+// the update and reports its rate in these bytes.
+inline constexpr double kOptimizerBytesPerParam = 32;
+
 // The training set-up the planner plans for: what TrainSpec says about a step, plus the choices
 // that are the planner's to make within bounds.
 struct TrainSetup {

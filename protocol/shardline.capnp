@@ -145,6 +145,7 @@ struct NodeCalibration {
   measuredUnixMs @6 :Int64;            # 0: never
   devices @7 :List(DeviceCompute);     # per device
   computeHalfDim @8 :Float64;          # of the device computeFlops is
+  optimizerBytesPerSecond @9 :Float64; # the slowest measured device's optimizer step
 }
 
 # A device's transformer-layer rate (worker/actor/calibration.h): FLOP/s approached by wide
@@ -153,6 +154,7 @@ struct DeviceCompute {
   device @0 :Device;
   computeFlops @1 :Float64;
   computeHalfDim @2 :Float64;
+  optimizerBytesPerSecond @3 :Float64;  # AdamW + gradient norm, 32 bytes per parameter
 }
 
 struct JobStatus {
@@ -404,6 +406,7 @@ struct Calibration {
   computeFlops @5 :Float64;         # layer rate (DeviceCompute); 0: not measured (a GPU)
   groups @6 :List(GroupBandwidth);
   computeHalfDim @7 :Float64;
+  optimizerBytesPerSecond @8 :Float64;  # 0: not measured
 }
 
 struct GroupBandwidth {

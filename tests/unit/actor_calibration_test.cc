@@ -1,7 +1,7 @@
 // The actor's start-up calibration (worker/actor/calibration.h): a layer rate that is positive and
 // finite with a fall-off that is not negative, the fit that recovers a known fall-off, and
 // all-reduce numbers that every rank of a group agrees on, with ranks as threads over Gloo and one
-// in-memory store; groups of one rank are skipped.
+// in-memory store; groups of one rank are skipped, groups of ranks already measured reuse them.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -55,8 +55,10 @@ TEST(CalibrationTest, RanksOfAGroupAgree) {
       calibration.measure_compute = rank == 0;  // one layer rate is enough for this test
       calibration.large_bytes = 1 << 20;
       // A group of one has no link to measure: it is skipped, with or without a communicator.
-      std::vector<CalibrationGroup> groups = {{"world", "world", world->get()},
-                                              {"tp-d0-p0", "tp", nullptr}};
+      // A group of the same ranks as the world reports the world's numbers.
+      std::vector<CalibrationGroup> groups = {{"world", "world", world->get(), {0, 1, 2}},
+                                              {"tp-d0-p0", "tp", nullptr, {0}},
+                                              {"dp-t0-p0", "dp", world->get(), {0, 1, 2}}};
       results[rank] = Calibrate(groups, calibration);
     });
   }
@@ -65,8 +67,14 @@ TEST(CalibrationTest, RanksOfAGroupAgree) {
     ASSERT_TRUE(results[rank].ok()) << "rank " << rank << ": " << results[rank].status();
     const CalibrationResult& result = *results[rank];
     EXPECT_EQ(result.compute.flops > 0, rank == 0);
-    ASSERT_EQ(result.groups.size(), 1u);
+    EXPECT_EQ(result.optimizer_bytes_per_second > 0, rank == 0);
+    ASSERT_EQ(result.groups.size(), 2u);
     const GroupBandwidth& group = result.groups[0];
+    const GroupBandwidth& same_ranks = result.groups[1];
+    EXPECT_EQ(same_ranks.id, "dp-t0-p0");
+    EXPECT_EQ(same_ranks.kind, "dp");
+    EXPECT_EQ(same_ranks.bus_bytes_per_second, group.bus_bytes_per_second);
+    EXPECT_EQ(same_ranks.latency_seconds, group.latency_seconds);
     EXPECT_EQ(group.id, "world");
     EXPECT_EQ(group.kind, "world");
     EXPECT_EQ(group.ranks, kRanks);

@@ -15,8 +15,8 @@ using ::testing::HasSubstr;
 
 TEST(CalibrationBookTest, GroupsCalibrateIntraOrInterNodeLinks) {
   CalibrationBook book;
-  book.RecordCompute("a", "cpu:0", {2e10, 30}, "job-1", 100);
-  book.RecordCompute("a", "cpu:1", {1e10, 50}, "job-1", 100);
+  book.RecordCompute("a", "cpu:0", {2e10, 30, 4e9}, "job-1", 100);
+  book.RecordCompute("a", "cpu:1", {1e10, 50, 6e9}, "job-1", 100);
   book.RecordCompute("a", "cpu:2", {0, 10}, "job-1", 100);     // not measured: ignored
   book.RecordCompute("a", "cpu:3", {5e9, -1}, "job-1", 100);   // garbage: ignored
   // A group on node a alone, and one over a and b. A collective of n ranks pays 2·ceil(log2 n)
@@ -28,6 +28,7 @@ TEST(CalibrationBookTest, GroupsCalibrateIntraOrInterNodeLinks) {
   ASSERT_NE(a, nullptr);
   EXPECT_EQ(a->Compute().flops, 1e10);  // the slowest device, with its fall-off
   EXPECT_EQ(a->Compute().half_dim, 50);
+  EXPECT_EQ(a->Compute().optimizer_bytes_per_second, 4e9);  // the slowest of any device
   EXPECT_EQ(a->device_compute.size(), 2u);
   EXPECT_EQ(a->intra.bus_bytes_per_second, 5e9);
   EXPECT_EQ(a->intra.latency_seconds, 2e-5);  // 4e-5 over 2 steps
@@ -83,7 +84,7 @@ TEST(ClusterSpecTest, FromMembershipWithMeasurements) {
   membership.Find("c")->alive = false;
   membership.Find("b")->devices[0].busy_job = "other-1";
   CalibrationBook book;
-  book.RecordCompute("a", "cpu:0", {3e10, 40}, "job-1", 1);
+  book.RecordCompute("a", "cpu:0", {3e10, 40, 5e9}, "job-1", 1);
   book.RecordGroup({"a", "a"}, 5e9, 4e-5, "job-1/1", "job-1", 1);
   book.RecordGroup({"a", "b"}, 1e9, 2e-4, "job-1/1", "job-1", 1);
 
@@ -105,12 +106,14 @@ TEST(ClusterSpecTest, FromMembershipWithMeasurements) {
   EXPECT_EQ(a.device_kind, "cpu");
   EXPECT_EQ(a.measured_flops_fp32, 3e10);
   EXPECT_EQ(a.measured_half_dim, 40);
+  EXPECT_EQ(a.memory_bandwidth, 5e9);  // the measured optimizer step replaces the kind's
   EXPECT_EQ(a.intra_node.measured_bandwidth, 5e9);
   EXPECT_EQ(a.intra_node.latency_s, 2e-5);  // measured latency replaces the nominal one
   EXPECT_EQ(a.inter_node.measured_bandwidth, 1e9);
   EXPECT_EQ(a.inter_node.latency_s, 1e-4);
   EXPECT_EQ(spec->nodes[1].measured_flops_fp32, 0);
   EXPECT_LT(spec->nodes[1].measured_half_dim, 0);
+  EXPECT_EQ(spec->nodes[1].memory_bandwidth, placement::FindDeviceKind("cpu")->memory_bandwidth);
 
   // Every alive device, busy or not.
   const auto all = PlannableNodes(membership, book, DeviceInfo::Kind::kCpu, false, nullptr);

@@ -264,7 +264,7 @@ absl::Status Actor::CalibrateAndReport() {
     for (const auto& group : groups_) {
       auto found = communicators_.find(group.id);
       if (found == communicators_.end()) continue;
-      groups.push_back({group.id, group.kind, found->second.get()});
+      groups.push_back({group.id, group.kind, found->second.get(), group.ranks});
     }
   }
   if (!calibration.measure_compute && groups.empty()) return absl::OkStatus();
@@ -272,9 +272,10 @@ absl::Status Actor::CalibrateAndReport() {
   ASSIGN_OR_RETURN(const CalibrationResult result, Calibrate(groups, calibration));
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  spdlog::info("calibration in {:.3f} s: layers {:.2f} GFLOP/s (half at {:.0f}), {} groups",
+  spdlog::info("calibration in {:.3f} s: layers {:.2f} GFLOP/s (half at {:.0f}), optimizer "
+               "{:.2f} GB/s, {} groups",
                seconds, result.compute.flops / 1e9, result.compute.half_dim,
-               result.groups.size());
+               result.optimizer_bytes_per_second / 1e9, result.groups.size());
   for (const auto& group : result.groups) {
     spdlog::info("  group {} ({} ranks): all-reduce bus {:.3f} GB/s, latency {:.1f} us loaded, "
                  "{:.1f} us idle",
@@ -290,6 +291,7 @@ absl::Status Actor::CalibrateAndReport() {
     device.setIndex(static_cast<uint32_t>(device_index_));
     report.setComputeFlops(result.compute.flops);
     report.setComputeHalfDim(result.compute.half_dim);
+    report.setOptimizerBytesPerSecond(result.optimizer_bytes_per_second);
     auto list = report.initGroups(static_cast<unsigned>(result.groups.size()));
     for (size_t i = 0; i < result.groups.size(); ++i) {
       const GroupBandwidth& group = result.groups[i];

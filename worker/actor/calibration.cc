@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <vector>
 
 #include "common/status_macros.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/optimizer.h"
 #include "placement/cost_model.h"
 #include "worker/model/carver.h"
 #include "worker/model/gpt_block.h"
@@ -187,6 +189,30 @@ absl::StatusOr<LayerRate> MeasureLayerRate() {
   return FitLayerRate(ThinDim(kSmallBlock), small, ThinDim(kLargeBlock), large);
 }
 
+absl::StatusOr<double> MeasureOptimizerRate() {
+  constexpr int64_t kParams = int64_t{2} << 20;
+  constexpr int kReps = 3;
+  std::vector<float> params(kParams), grads(kParams), m(kParams, 0.0f), v(kParams, 0.0f);
+  FillUniform(params, 0.035f, 6);
+  FillUniform(grads, 1e-3f, 7);
+  kernels::cpu::AdamWConfig config;
+  config.learning_rate = 1e-4f;
+  std::vector<double> rates;
+  for (int rep = 0; rep <= kReps; ++rep) {
+    const auto start = SteadyClock::now();
+    const std::span<const float> grad_span(grads);
+    const double sum = kernels::cpu::GradSumOfSquares(std::span(&grad_span, 1));
+    RETURN_IF_ERROR(kernels::cpu::AdamWUpdate(params.data(), grads.data(), m.data(), v.data(),
+                                              kParams, config, rep + 1));
+    const double seconds = SecondsSince(start);
+    if (rep > 0 && seconds > 0 && std::isfinite(sum)) {
+      rates.push_back(placement::kOptimizerBytesPerParam * kParams / seconds);
+    }
+  }
+  if (rates.empty()) return absl::InternalError("the optimizer calibration measured no time");
+  return Median(rates);
+}
+
 absl::StatusOr<LayerRate> FitLayerRate(double x1, double small, double x2, double large) {
   // r(x) = R·x / (x + h) is 1/r = 1/R + (h/R)·(1/x): a line through the two measurements.
   const double slope = (1 / small - 1 / large) / (1 / x1 - 1 / x2);
@@ -291,11 +317,18 @@ absl::StatusOr<CalibrationResult> Calibrate(const std::vector<CalibrationGroup>&
   CalibrationResult result;
   if (options.measure_compute) {
     ASSIGN_OR_RETURN(result.compute, MeasureLayerRate());
+    ASSIGN_OR_RETURN(result.optimizer_bytes_per_second, MeasureOptimizerRate());
   }
+  std::map<std::vector<uint32_t>, GroupBandwidth> by_ranks;
   for (const CalibrationGroup& group : groups) {
     if (group.communicator == nullptr || group.communicator->size() < 2) continue;
-    auto measured = MeasureAllReduce(*group.communicator, options);
+    // Every rank of the group sees the same list, so all of them skip it or none does.
+    auto same = group.ranks.empty() ? by_ranks.end() : by_ranks.find(group.ranks);
+    absl::StatusOr<GroupBandwidth> measured =
+        same != by_ranks.end() ? absl::StatusOr<GroupBandwidth>(same->second)
+                               : MeasureAllReduce(*group.communicator, options);
     if (!measured.ok()) return Annotate(measured.status(), "calibrating group " + group.id);
+    if (!group.ranks.empty()) by_ranks.emplace(group.ranks, *measured);
     measured->id = group.id;
     measured->kind = group.kind;
     result.groups.push_back(std::move(*measured));

@@ -8,7 +8,8 @@
 //                median of a few passes each; the two rates fit r(x) = R·x/(x + h), x the
 //                block's size min(tokens, d_model), so the planner's cost
 //                model gets both the large-shape rate R and the fall-off h. Non-GEMM kernels
-//                (layer norms, attention, GELU) are in the measurement, as in training. ~0.1 s.
+//                (layer norms, attention, GELU) are in the measurement, as in training; then
+//                the optimizer step (AdamW and the gradient norm) over 2M parameters.
 //   all-reduce:  per group of more than one rank, an 8-byte all-reduce (idle latency, median of
 //                5) and an 8 MiB one (bus bandwidth 2(n-1)/n · bytes / (time - latency), best of
 //                2), each after a warm-up, the slowest rank's times (all-reduced max); then the
@@ -46,6 +47,9 @@ struct LayerRate {
 
 struct CalibrationResult {
   LayerRate compute;
+  // The AdamW step with the gradient norm's read, in placement::kOptimizerBytesPerParam bytes
+  // per parameter per second; 0: not measured.
+  double optimizer_bytes_per_second = 0;
   std::vector<GroupBandwidth> groups;
 };
 
@@ -56,6 +60,10 @@ struct CalibrationGroup {
   std::string id;
   std::string kind;
   comm::Communicator* communicator = nullptr;  // groups of one rank are skipped (may be null)
+  // The job's ranks in the group. A group with the same ranks as one measured before it (the
+  // world of a two-rank job and its data-parallel group) runs over the same links: it reports
+  // that group's numbers without measuring again. Empty: always measured.
+  std::vector<uint32_t> ranks;
 };
 
 struct CalibrationOptions {
@@ -86,6 +94,10 @@ absl::StatusOr<double> MeasureBlockRate(const BlockShape& shape, int blocks, int
 // R and h of r(x) = R·x/(x + h) through (x1, r1) and (x2, r2), x1 < x2; h = 0 and R the larger
 // rate when the thinner shape was not slower.
 absl::StatusOr<LayerRate> FitLayerRate(double x1, double r1, double x2, double r2);
+
+// The optimizer step's rate (CalibrationResult::optimizer_bytes_per_second): AdamW and the
+// gradient's sum of squares over 2M parameters (32 MiB of state, past most caches), median of 3.
+absl::StatusOr<double> MeasureOptimizerRate();
 
 // The fp32 layer rate of this process's share of the CPU (the OpenMP and BLAS threads it was
 // given), while the job's other ranks calibrate at the same time, as they will train.
