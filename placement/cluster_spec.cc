@@ -452,7 +452,7 @@ absl::StatusOr<ClusterSpec> ClusterSpecFromNodes(std::string name,
       return absl::InvalidArgumentError(absl::StrCat(
           "node '", r.node_id, "': measurements must be ≥ 0 (0: not measured), got flops ",
           r.measured_flops, ", intra ", r.measured_intra_bandwidth, ", inter ",
-          r.measured_inter_bandwidth));
+          r.measured_inter_bandwidth, ", optimizer ", r.measured_memory_bandwidth));
     }
     if (defaults == nullptr && kind != "cpu" && !(r.measured_flops > 0)) {
       // An unknown accelerator with the CPU's peak would be planned as a CPU; better to say so.

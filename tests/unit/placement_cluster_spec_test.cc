@@ -302,6 +302,15 @@ TEST(ClusterSpecTest, FromMembershipErrors) {
   EXPECT_THAT(Message(ClusterSpecFromNodes("c", {r, twin}).status()),
               HasSubstr("nodes[1] (id 'n3').id: 'n3' is also the id of nodes[0]"));
   EXPECT_THAT(Message(ClusterSpecFromNodes("c", {}).status()), HasSubstr("no node"));
+  // A measured optimizer rate replaces the memory bandwidth; a negative one is refused.
+  r.measured_memory_bandwidth = 6e9;
+  spec = ClusterSpecFromNodes("c", {r});
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_DOUBLE_EQ(spec->nodes[0].memory_bandwidth, 6e9);
+  r.measured_memory_bandwidth = -1;
+  EXPECT_THAT(Message(ClusterSpecFromNodes("c", {r}).status()),
+              HasSubstr("node 'n3': measurements must be ≥ 0 (0: not measured), got flops 1e+14, "
+                        "intra 0, inter 0, optimizer -1"));
 }
 
 }  // namespace
