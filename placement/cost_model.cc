@@ -34,20 +34,16 @@ int64_t OptimizerBytes(Precision p) {
 // device's link, a reduce-scatter or all-gather (d−1)/d (Patarasuk & Yuan 2009; NCCL's
 // PERFORMANCE.md "bus bandwidth"). Latency: NCCL switches to trees at scale, whose start-up grows
 // with log2 d rather than d (NCCL's tuning model, src/graph/tuning.cc), so a collective pays
-// 2·ceil(log2 d) link latencies (one way up, one down).
-double LatencySteps(int d) {
-  // ceil(log2 d) without libm: the bit width of d − 1.
-  return d <= 1 ? 0.0 : 2.0 * (32 - __builtin_clz(static_cast<unsigned>(d - 1)));
-}
-
+// 2·ceil(log2 d) link latencies (one way up, one down): CollectiveLatencySteps, below.
 double AllReduceSeconds(double bytes, int d, double bandwidth, double latency) {
   if (d <= 1 || bytes <= 0) return 0;
-  return 2.0 * (d - 1) / d * bytes / bandwidth + LatencySteps(d) * latency;
+  return 2.0 * (d - 1) / d * bytes / bandwidth + CollectiveLatencySteps(d) * latency;
 }
 
 double ScatterOrGatherSeconds(double bytes, int d, double bandwidth, double latency) {
   if (d <= 1 || bytes <= 0) return 0;
-  return static_cast<double>(d - 1) / d * bytes / bandwidth + LatencySteps(d) / 2 * latency;
+  return static_cast<double>(d - 1) / d * bytes / bandwidth +
+         CollectiveLatencySteps(d) / 2 * latency;
 }
 
 double PointToPointSeconds(double bytes, double bandwidth, double latency) {
@@ -217,6 +213,11 @@ int64_t TransientPeak(const TransientUnits& u, int zero, int64_t dp, Precision p
 }
 
 }  // namespace
+
+double CollectiveLatencySteps(int ranks) {
+  // ceil(log2 ranks) without libm: the bit width of ranks − 1.
+  return ranks <= 1 ? 0.0 : 2.0 * (32 - __builtin_clz(static_cast<unsigned>(ranks - 1)));
+}
 
 TrainSetup TrainSetupFor(const TrainSpec& spec, Precision precision) {
   TrainSetup setup;
@@ -431,8 +432,6 @@ CostModelOptions CostModelOptions::Defaults() {
   return o;
 }
 
-double CollectiveLatencySteps(int ranks) { return LatencySteps(ranks); }
-
 double AchievableFlops(const NodeSpec& node, Precision precision, const CostModelOptions& options) {
   const double measured = node.MeasuredFlops(precision);
   if (measured > 0) return measured;  // a whole layer's rate: nothing to discount
@@ -580,7 +579,7 @@ StepTime StepTimeOfStages(const ModelSpec& model, const TrainSetup& setup, const
     const double bw = hw[s].dp_bandwidth, lat = hw[s].dp_latency_s;
     // One collective per unit (ShardedGpt reduces layer by layer): latencies add up.
     const double units = n + (s == 0 ? 2 : 0) + (s == par.pp - 1 ? 2 : 0);
-    const double unit_latency = (units - 1) * LatencySteps(dp) * lat;
+    const double unit_latency = (units - 1) * CollectiveLatencySteps(dp) * lat;
     const double compute_mb = terms[s].fixed_compute + n * terms[s].layer_compute;
     const double backward_mb = backward_share * compute_mb;
     double overlapped = 0, exposed = 0, window = 0;

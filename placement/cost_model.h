@@ -219,9 +219,9 @@ StepTime StepTimeOfStages(const ModelSpec& model, const TrainSetup& setup,
                           const CostModelOptions& options,
                           const std::vector<StageMemoryTerms>* memory = nullptr);
 
-// The link latencies one collective over `ranks` ranks pays in the time model: 2·ceil(log2 ranks)
-// (see LatencySteps in cost_model.cc); 0 for one rank. Calibration divides a measured collective's
-// start-up time by it to get a link latency.
+// The link latencies one collective over `ranks` ranks pays in the time model: 2·ceil(log2 ranks),
+// NCCL's tree start-up (the sources are in cost_model.cc); 0 for one rank. Calibration divides a
+// measured collective's start-up time by it to get a link latency.
 double CollectiveLatencySteps(int ranks);
 
 // Achievable FLOP/s of one device of `node` in `precision` on wide layers: what calibration

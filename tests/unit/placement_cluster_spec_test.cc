@@ -7,6 +7,7 @@
 
 #include "common/status_macros.h"
 #include "placement/cluster_spec.h"
+#include "tests/support/source_dir.h"
 
 namespace shardline::placement {
 namespace {
@@ -15,12 +16,7 @@ using ::testing::HasSubstr;
 
 std::string Message(const absl::Status& status) { return ToString(status.message()); }
 
-std::string SourceDir() {
-  if (const char* dir = std::getenv("SHARDLINE_SOURCE_DIR"); dir != nullptr && *dir != '\0') {
-    return dir;
-  }
-  return SHARDLINE_SOURCE_DIR_DEFAULT;
-}
+using test_support::SourceDir;
 
 std::string ErrorOf(const std::string& text) {
   absl::StatusOr<ClusterSpec> spec = ParseClusterSpec(text, "c.yaml");

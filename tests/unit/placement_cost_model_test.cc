@@ -9,6 +9,7 @@
 #include "kernels/allocator.h"
 #include "placement/cost_model.h"
 #include "placement/train_spec.h"
+#include "tests/support/source_dir.h"
 #include "worker/model/shard_layout.h"
 #include "worker/model/sharded_gpt.h"
 
@@ -19,12 +20,7 @@ using ::testing::HasSubstr;
 
 std::string Message(const absl::Status& status) { return ToString(status.message()); }
 
-std::string SourceDir() {
-  if (const char* dir = std::getenv("SHARDLINE_SOURCE_DIR"); dir != nullptr && *dir != '\0') {
-    return dir;
-  }
-  return SHARDLINE_SOURCE_DIR_DEFAULT;
-}
+using test_support::SourceDir;
 
 // The hand-computed case: 2 layers, C = 8, F = 32, V = 300, 16 positions, tied.
 ModelSpec Tiny() {

@@ -9,6 +9,7 @@
 
 #include "common/status_macros.h"
 #include "placement/job_spec.h"
+#include "tests/support/source_dir.h"
 
 namespace shardline::placement {
 namespace {
@@ -18,12 +19,7 @@ using ::testing::HasSubstr;
 
 std::string Message(const absl::Status& status) { return ToString(status.message()); }
 
-std::string SourceDir() {
-  if (const char* dir = std::getenv("SHARDLINE_SOURCE_DIR"); dir != nullptr && *dir != '\0') {
-    return dir;
-  }
-  return SHARDLINE_SOURCE_DIR_DEFAULT;
-}
+using test_support::SourceDir;
 
 // A valid spec that each test changes in one place.
 constexpr char kMinimal[] =

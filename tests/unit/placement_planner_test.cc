@@ -15,6 +15,7 @@
 #include "placement/cost_model.h"
 #include "placement/plan_request.h"
 #include "placement/planner.h"
+#include "tests/support/source_dir.h"
 
 namespace shardline::placement {
 namespace {
@@ -24,12 +25,7 @@ using ::testing::HasSubstr;
 
 std::string Message(const absl::Status& status) { return ToString(status.message()); }
 
-std::string SourceDir() {
-  if (const char* dir = std::getenv("SHARDLINE_SOURCE_DIR"); dir != nullptr && *dir != '\0') {
-    return dir;
-  }
-  return SHARDLINE_SOURCE_DIR_DEFAULT;
-}
+using test_support::SourceDir;
 
 ModelSpec Gpt(int64_t layers, int64_t d_model, int64_t heads, int64_t vocab = 51200,
               int64_t seq = 2048) {

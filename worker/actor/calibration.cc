@@ -12,6 +12,7 @@
 #include "placement/cost_model.h"
 #include "worker/model/carver.h"
 #include "worker/model/gpt_block.h"
+#include "worker/model/shard_layout.h"
 
 namespace shardline::actor {
 namespace {
@@ -77,31 +78,26 @@ absl::StatusOr<double> MeasureBlockRate(const BlockShape& shape, int blocks, int
   dims.NH = shape.NH / shape.tp;
   dims.HS = shape.C / shape.NH;
   dims.F = 4 * shape.C / shape.tp;
-  const int64_t N = dims.N(), C = dims.C, F = dims.F, A = dims.Attn();
-  const int64_t block_params = 4 * C + 3 * A * C + 3 * A + C * A + C + 2 * F * C + F + C;
-  // Parameters and their gradients, carved as the model carves them. The values are what
-  // training sees (GPT-2's init scale, unit activations): GELU's tanh costs more or less by its
-  // argument's size, and near-zero activations measured up to 1.4× faster than training.
-  std::vector<float> params(static_cast<size_t>(blocks * block_params));
+  const int64_t N = dims.N(), C = dims.C;
+  // The blocks' tensors as the sharded model lays them out: a middle pipeline stage of `blocks`
+  // layers, tensor-parallel rank 0 of shape.tp.
+  model::GptConfig config;
+  config.layers = blocks;
+  config.heads = shape.NH;
+  config.d_model = shape.C;
+  config.vocab = 257;  // the byte vocabulary; a middle stage holds no embedding
+  config.max_seq_len = shape.T;
+  model::ShardPlace place;
+  place.tp_size = shape.tp;
+  place.last_layer = blocks;
+  place.first_stage = place.last_stage = false;
+  ASSIGN_OR_RETURN(const model::ShardLayout layout, model::ShardLayout::Create(config, place));
+  // Parameters and their gradients. The values are what training sees (GPT-2's init scale, unit
+  // activations): GELU's tanh costs more or less by its argument's size, and near-zero
+  // activations measured up to 1.4× faster than training.
+  std::vector<float> params(static_cast<size_t>(layout.total()));
   FillUniform(params, 0.035f, 1);  // std 0.02
   std::vector<float> grads(params.size(), 0.0f);
-  auto carve = [&](float* base) {
-    model::BlockParams p;
-    model::Carver c(base);
-    p.ln1_w = c.Take(C);
-    p.ln1_b = c.Take(C);
-    p.qkv_w = c.Take(3 * A * C);
-    p.qkv_b = c.Take(3 * A);
-    p.attn_proj_w = c.Take(C * A);
-    p.attn_proj_b = c.Take(C);
-    p.ln2_w = c.Take(C);
-    p.ln2_b = c.Take(C);
-    p.fc_w = c.Take(F * C);
-    p.fc_b = c.Take(F);
-    p.fc_proj_w = c.Take(C * F);
-    p.fc_proj_b = c.Take(C);
-    return p;
-  };
   model::Carver count_acts(nullptr);
   model::BlockActivations counted;
   model::CarveBlockActivations(count_acts, dims, counted);
@@ -110,8 +106,9 @@ absl::StatusOr<double> MeasureBlockRate(const BlockShape& shape, int blocks, int
   std::vector<model::BlockParams> p(blocks), g(blocks);
   std::vector<model::BlockActivations> acts(blocks);
   for (int b = 0; b < blocks; ++b) {
-    p[b] = carve(params.data() + b * block_params);
-    g[b] = carve(grads.data() + b * block_params);
+    const int64_t begin = layout.units()[layout.layer_unit(b)].begin;
+    p[b] = layout.Block(params.data() + begin);
+    g[b] = layout.Block(grads.data() + begin);
     // GPT-2's layer norms start at the identity: with the GEMMs' scale they would shrink every
     // activation towards 0, where GELU's tanh is cheaper than in training.
     std::fill(p[b].ln1_w, p[b].ln1_w + C, 1.0f);
