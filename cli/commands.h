@@ -46,6 +46,8 @@ struct TrainOptions {
   std::string spec_path;
   int64_t steps = 0;           // > 0 overrides the spec
   std::string checkpoint_dir;  // non-empty overrides the spec
+  std::string device;          // non-empty overrides the spec: cpu, cuda, cuda:N
+  std::string precision;       // non-empty overrides the spec: fp32, bf16
 };
 int Train(const TrainOptions& options);
 

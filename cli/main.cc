@@ -180,6 +180,11 @@ int Main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   train_cmd->add_option("--checkpoint-dir", train_options.checkpoint_dir,
                         "Override the spec's checkpoint dir");
+  train_cmd->add_option("--device", train_options.device,
+                        "Override the spec's device: cpu, cuda or cuda:N (its default precision "
+                        "too: bf16 on cuda)");
+  train_cmd->add_option("--precision", train_options.precision,
+                        "Override the spec's precision: fp32 or bf16 (cuda only)");
   train_cmd->add_option("--log-level", log_level);
 
   GenerateCommandOptions generate_options;

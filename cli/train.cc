@@ -35,10 +35,24 @@ int Train(const TrainOptions& options) {
   }
   if (options.steps > 0) spec->steps = options.steps;
   if (!options.checkpoint_dir.empty()) spec->checkpoint_dir = options.checkpoint_dir;
+  // --device picks the device's default precision unless --precision is given too.
+  if (!options.device.empty()) {
+    if (const absl::Status s = placement::SetTrainDevice(options.device, *spec); !s.ok()) {
+      std::cerr << "error: --device: " << s.message() << "\n";
+      return 2;
+    }
+  }
+  if (!options.precision.empty()) {
+    if (const absl::Status s = placement::SetTrainPrecision(options.precision, *spec); !s.ok()) {
+      std::cerr << "error: --precision: " << s.message() << "\n";
+      return 2;
+    }
+  }
   std::cout << "Training " << spec->name << ": " << spec->model.layers << " layers, d_model "
             << spec->model.d_model << ", " << spec->model.heads << " heads, " << spec->steps
             << " steps of " << spec->batch << "×" << spec->seq_len << " tokens on "
-            << (spec->data.path.empty() ? "the synthetic corpus" : spec->data.path) << std::endl;
+            << (spec->data.path.empty() ? "the synthetic corpus" : spec->data.path) << " ("
+            << placement::TrainDeviceName(*spec) << ")" << std::endl;
   InstallStopHandlers();
   auto result = training::Train(
       *spec,

@@ -4,6 +4,8 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "placement/string_view_compat.h"
@@ -133,16 +135,72 @@ absl::Status ParseTrainSections(const YamlMap& map, TrainSpec& spec) {
 
 }  // namespace internal
 
+absl::Status SetTrainDevice(std::string_view device, TrainSpec& spec) {
+  int index = 0;
+  if (device == "cpu") {
+    spec.device = TrainDevice::kCpu;
+  } else if (device == "cuda" || (absl::StartsWith(AbslView(device), "cuda:") &&
+                                  absl::SimpleAtoi(AbslView(device.substr(5)), &index) && index >= 0)) {
+    spec.device = TrainDevice::kCuda;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", AbslView(device), "' is not a device: cpu, cuda or cuda:N"));
+  }
+  spec.device_index = index;
+  spec.precision =
+      spec.device == TrainDevice::kCuda ? TrainPrecision::kBFloat16 : TrainPrecision::kFloat32;
+  return absl::OkStatus();
+}
+
+absl::Status SetTrainPrecision(std::string_view precision, TrainSpec& spec) {
+  if (precision == "fp32") {
+    spec.precision = TrainPrecision::kFloat32;
+  } else if (precision == "bf16") {
+    if (spec.device == TrainDevice::kCpu) {
+      return absl::InvalidArgumentError(
+          "bf16 needs device cuda (the CPU kernels compute in fp32)");
+    }
+    spec.precision = TrainPrecision::kBFloat16;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", AbslView(precision), "' is not a precision: fp32 or bf16"));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// The keys of a standalone spec that a cluster job does not have (its devices are placed).
+absl::Status ParseTrainDevice(const YamlMap& map, TrainSpec& spec) {
+  for (const std::string_view key : {"device", "precision"}) {
+    if (!map.Has(key)) continue;
+    ASSIGN_OR_RETURN(const std::string value, map.RequiredString(key));
+    const absl::Status status =
+        key == "device" ? SetTrainDevice(value, spec) : SetTrainPrecision(value, spec);
+    if (!status.ok()) return map.ErrorAt(key, std::string(status.message()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<TrainSpec> ParseTrainSpec(const std::string& yaml_text,
                                          const std::string& source_name) {
-  std::vector<std::string_view> known_keys = {"name"};
+  std::vector<std::string_view> known_keys = {"name", "device", "precision"};
   known_keys.insert(known_keys.end(), internal::kTrainSectionKeys.begin(),
                     internal::kTrainSectionKeys.end());
   ASSIGN_OR_RETURN(const YamlMap map, YamlMap::Parse(yaml_text, source_name, known_keys));
   TrainSpec spec;
   ASSIGN_OR_RETURN(spec.name, map.RequiredString("name"));
+  RETURN_IF_ERROR(ParseTrainDevice(map, spec));
   RETURN_IF_ERROR(internal::ParseTrainSections(map, spec));
   return spec;
+}
+
+std::string TrainDeviceName(const TrainSpec& spec) {
+  const std::string device =
+      spec.device == TrainDevice::kCpu ? "cpu" : absl::StrCat("cuda:", spec.device_index);
+  return absl::StrCat(device, spec.precision == TrainPrecision::kBFloat16 ? ", bf16" : ", fp32");
 }
 
 std::string_view ModelArchName(ModelArch arch) {

@@ -52,8 +52,18 @@ struct OptimizerSpec {
   int64_t warmup_steps = 0;  // linear warm-up, then constant
 };
 
+// Where `shardline train` computes: YAML `device: cpu | cuda | cuda:N` (default cpu).
+enum class TrainDevice { kCpu, kCuda };
+// How its matrix products compute: YAML `precision: fp32 | bf16`. bf16 (CUDA only, and its default
+// there) multiplies bf16 operands with f32 accumulation over f32 master weights; fp32 is f32
+// throughout (the CPU's only mode; on CUDA the mode that matches the CPU to rounding).
+enum class TrainPrecision { kFloat32, kBFloat16 };
+
 struct TrainSpec {
   std::string name;
+  TrainDevice device = TrainDevice::kCpu;
+  int device_index = 0;  // N of cuda:N
+  TrainPrecision precision = TrainPrecision::kFloat32;
   ModelSpec model;
   DataSpec data;
   OptimizerSpec optimizer;
@@ -66,6 +76,15 @@ struct TrainSpec {
   int64_t log_interval = 10;
 };
 
+// Where and how `spec` trains, from the names of YAML `device` and `precision` (or the command
+// line's overrides). SetTrainDevice also resets the precision to the device's default (bf16 on
+// cuda, fp32 on cpu); SetTrainPrecision refuses bf16 on the CPU. InvalidArgument saying what is
+// wrong; the caller adds where.
+absl::Status SetTrainDevice(std::string_view device, TrainSpec& spec);
+absl::Status SetTrainPrecision(std::string_view precision, TrainSpec& spec);
+// "cpu, fp32", "cuda:0, bf16": where and how a spec trains, for progress output.
+std::string TrainDeviceName(const TrainSpec& spec);
+
 // A standalone model spec (examples/model-*.yaml): the keys of a train job's `model:` section at
 // the top level — arch, layers, heads, kv_heads, d_model, d_ff, vocab, max_seq_len,
 // tied_embeddings. Errors as ParseTrainSpec's (heads not divisible by kv_heads, ...).
@@ -74,8 +93,9 @@ absl::StatusOr<ModelSpec> ParseModelSpec(const std::string& yaml_text,
 absl::StatusOr<ModelSpec> LoadModelSpecFile(const std::string& path);
 
 // Every error is InvalidArgument "SOURCE:LINE:COL: PATH: message" (see yaml_reader.h), among them
-// inconsistent sizes: d_model not divisible by heads, seq_len past max_seq_len, and a model the
-// trainer cannot run (arch other than gpt).
+// inconsistent sizes: d_model not divisible by heads, seq_len past max_seq_len, a model the
+// trainer cannot run (arch other than gpt), and bf16 asked of the CPU. (`device` and `precision`
+// are keys of a standalone train spec only: a cluster job's devices are those it is placed on.)
 absl::StatusOr<TrainSpec> ParseTrainSpec(const std::string& yaml_text,
                                          const std::string& source_name);
 // Reads and parses `path`; a relative data path is resolved against the spec's folder.

@@ -62,5 +62,40 @@ TEST(TrainCliTest, TrainsSavesAndGenerates) {
   fs::remove_all(dir);
 }
 
+// The device flags, and what `--device cuda` says where it cannot run (here: no GPU, or a build
+// without CUDA); where a GPU is visible the same command must train.
+TEST(TrainCliTest, DeviceFlagsAreCheckedAndCudaSaysWhyItCannotRun) {
+  const fs::path dir = fs::temp_directory_path() / ("shardline-train-dev-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::ofstream(dir / "spec.yaml")
+      << "name: dev\nmodel:\n  layers: 1\n  heads: 2\n  d_model: 32\n  max_seq_len: 32\n"
+         "data:\n  synthetic:\n    bytes: 64KiB\nsteps: 3\nbatch: 2\n";
+  const std::string spec = (dir / "spec.yaml").string();
+
+  auto bad_device = RunShardline({"train", spec, "--device", "gpu"});
+  EXPECT_EQ(bad_device.exit_code, 2);
+  EXPECT_NE(bad_device.output.find("--device: 'gpu' is not a device: cpu, cuda or cuda:N"),
+            std::string::npos)
+      << bad_device.output;
+  auto bf16_on_cpu = RunShardline({"train", spec, "--precision", "bf16"});
+  EXPECT_EQ(bf16_on_cpu.exit_code, 2);
+  EXPECT_NE(bf16_on_cpu.output.find("--precision: bf16 needs device cuda"), std::string::npos)
+      << bf16_on_cpu.output;
+
+  auto cuda = RunShardline({"train", spec, "--device", "cuda"}, 120s);
+  EXPECT_NE(cuda.output.find("(cuda:0, bf16)"), std::string::npos) << cuda.output;
+  if (cuda.exit_code == 0) {
+    EXPECT_NE(cuda.output.find("Final loss"), std::string::npos) << cuda.output;
+  } else {
+    EXPECT_EQ(cuda.exit_code, 1) << cuda.output;
+    const bool says_why = cuda.output.find("error: device cuda:0: ") != std::string::npos &&
+                          (cuda.output.find("cudaGetDeviceCount") != std::string::npos ||
+                           cuda.output.find("built without CUDA") != std::string::npos);
+    EXPECT_TRUE(says_why) << cuda.output;
+  }
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace shardline::testing

@@ -20,3 +20,10 @@ shardline_test(placement_memory_validation_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/placement_memory_validation_test.cc
   LIBS shardline_model shardline_data shardline_forked_world shardline_placement
   LABELS unit TIMEOUT 300)
+# CudaGptModel against the CPU model, and `shardline train` on a CUDA device. Labelled `gpu`, as
+# kernels_cuda_test: without a GPU its tests that need one report skipped, with the reason.
+if(SHARDLINE_CUDA)
+  shardline_test(model_cuda_gpt_test
+    SOURCES ${CMAKE_CURRENT_LIST_DIR}/model_cuda_gpt_test.cc
+    LIBS shardline_training shardline_data LABELS gpu TIMEOUT 300)
+endif()

@@ -8,6 +8,9 @@
 
 #include "kernels/allocator.h"
 #include "placement/train_spec.h"
+#if SHARDLINE_WITH_CUDA
+#include "kernels/cuda/cuda_allocator.h"
+#endif
 #include "worker/model/gpt.h"
 #include "worker/training/model_checkpoint.h"
 #include "worker/training/trainer.h"
@@ -72,6 +75,63 @@ TEST(TrainSpecTest, InconsistentSizesAreErrorsBeforeAnyWork) {
   auto unknown = placement::ParseTrainSpec(std::string(kTinySpec) + "learning_rate: 3\n", "t.yaml");
   ASSERT_FALSE(unknown.ok());
   EXPECT_NE(std::string(unknown.status().message()).find("learning_rate"), std::string::npos);
+}
+
+TEST(TrainSpecTest, DeviceAndPrecision) {
+  const placement::TrainSpec cpu = TinySpec();
+  EXPECT_EQ(cpu.device, placement::TrainDevice::kCpu);
+  EXPECT_EQ(cpu.precision, placement::TrainPrecision::kFloat32);
+  EXPECT_EQ(placement::TrainDeviceName(cpu), "cpu, fp32");
+
+  auto cuda = placement::ParseTrainSpec(std::string(kTinySpec) + "device: cuda:1\n", "t.yaml");
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  EXPECT_EQ(cuda->device, placement::TrainDevice::kCuda);
+  EXPECT_EQ(cuda->device_index, 1);
+  EXPECT_EQ(cuda->precision, placement::TrainPrecision::kBFloat16);  // cuda's default
+  EXPECT_EQ(placement::TrainDeviceName(*cuda), "cuda:1, bf16");
+  auto fp32 = placement::ParseTrainSpec(std::string(kTinySpec) + "device: cuda\nprecision: fp32\n",
+                                        "t.yaml");
+  ASSERT_TRUE(fp32.ok()) << fp32.status();
+  EXPECT_EQ(fp32->device_index, 0);
+  EXPECT_EQ(fp32->precision, placement::TrainPrecision::kFloat32);
+
+  struct Bad {
+    const char* yaml;
+    const char* message;
+  };
+  for (const Bad& bad : {Bad{"device: gpu\n", "t.yaml:19:9: device: 'gpu' is not a device"},
+                         Bad{"device: cuda:x\n", "'cuda:x' is not a device"},
+                         Bad{"device: cuda:-1\n", "'cuda:-1' is not a device"},
+                         Bad{"precision: bf16\n", "t.yaml:19:12: precision: bf16 needs device cuda"},
+                         Bad{"device: cuda\nprecision: fp16\n", "'fp16' is not a precision"}}) {
+    auto spec = placement::ParseTrainSpec(std::string(kTinySpec) + bad.yaml, "t.yaml");
+    ASSERT_FALSE(spec.ok()) << bad.yaml;
+    EXPECT_NE(std::string(spec.status().message()).find(bad.message), std::string::npos)
+        << spec.status();
+  }
+}
+
+// Where no GPU can be used, a cuda spec fails before any work, naming the device and why.
+TEST(TrainerTest, CudaDeviceThatCannotRunIsAClearError) {
+#if SHARDLINE_WITH_CUDA
+  if (kernels::cuda::CudaUnavailableReason(0).empty()) {
+    GTEST_SKIP() << "a GPU is visible: model_cuda_gpt_test trains on it";
+  }
+  const char* why = "cudaGetDeviceCount";
+#else
+  const char* why = "built without CUDA";
+#endif
+  placement::TrainSpec spec = TinySpec();
+  ASSERT_TRUE(placement::SetTrainDevice("cuda", spec).ok());
+  const std::string dir = TempDir("cuda");
+  spec.checkpoint_dir = dir + "/ckpt";
+  auto result = Train(spec, nullptr);
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kFailedPrecondition) << result.status();
+  const std::string message(result.status().message());
+  EXPECT_EQ(message.rfind("device cuda:0: ", 0), 0u) << message;
+  EXPECT_NE(message.find(why), std::string::npos) << message;
+  EXPECT_FALSE(fs::exists(spec.checkpoint_dir)) << "nothing may be written before the error";
 }
 
 TEST(TrainerTest, MissingDataFileIsAClearError) {

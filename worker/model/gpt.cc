@@ -15,21 +15,6 @@
 namespace shardline::model {
 namespace cpu = kernels::cpu;
 
-namespace {
-
-// Targets may be negative (ignored) but never >= V.
-absl::Status ValidateTargets(std::span<const int32_t> targets, int vocab) {
-  for (size_t i = 0; i < targets.size(); ++i) {
-    if (targets[i] >= vocab) {
-      return absl::InvalidArgumentError(absl::StrCat("target ", targets[i], " at position ", i,
-                                                     " is outside the vocabulary [0, ", vocab,
-                                                     ") (negative targets are ignored)"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 GptModel::GptModel(const GptConfig& config, kernels::Allocator& allocator)
     : config_(config), layout_(config), allocator_(&allocator) {}
@@ -77,14 +62,7 @@ OuterParams GptModel::OuterParamsView() const {
 }
 
 void GptModel::InitGpt2(uint64_t seed) {
-  float* base = params_.data<float>();
-  for (const ParamTensorInfo& t : layout_.tensors()) {
-    const Gpt2Init init = Gpt2Init::Of(t.name, t.shape.size() >= 2, config_.layers);
-    float* p = base + t.offset;
-    const int64_t n = t.numel;
-#pragma omp parallel for schedule(static) if (n >= (int64_t{1} << 15))
-    for (int64_t i = 0; i < n; ++i) p[i] = init.Value(seed, static_cast<uint64_t>(i));
-  }
+  FillGpt2Init(layout_, config_.layers, seed, params());
   // Moments of other weights would be meaningless for these ones.
   adam_m_ = kernels::Tensor();
   adam_v_ = kernels::Tensor();
@@ -92,24 +70,6 @@ void GptModel::InitGpt2(uint64_t seed) {
 
 void GptModel::ZeroGrad() {
   std::fill(grads().begin(), grads().end(), 0.0f);
-}
-
-absl::Status GptModel::CheckBatch(int B, int T) const {
-  if (B < 1 || T < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("batch B=", B, " T=", T, ": both must be >= 1"));
-  }
-  if (T > config_.max_seq_len) {
-    return absl::InvalidArgumentError(absl::StrCat("sequence length T=", T,
-                                                   " is past the position table (max_seq_len ",
-                                                   config_.max_seq_len, ")"));
-  }
-  // The kernels index rows with int, and the logits (B·T·V) are the largest activation.
-  const int64_t rows = int64_t{B} * T;
-  if (rows * std::max(config_.vocab, 4 * config_.d_model) > (int64_t{1} << 40) ||
-      rows > INT32_MAX) {
-    return absl::InvalidArgumentError(absl::StrCat("batch B=", B, " T=", T, " is too large"));
-  }
-  return absl::OkStatus();
 }
 
 absl::Status GptModel::CheckRange(int first, int last, const char* what) const {
@@ -123,7 +83,7 @@ BlockDims GptModel::Dims(int B, int T) const {
 }
 
 absl::Status GptModel::PrepareBatch(int B, int T) {
-  RETURN_IF_ERROR(CheckBatch(B, T));
+  RETURN_IF_ERROR(config_.CheckBatch(B, T));
   have_logits_ = have_loss_ = false;
   if (acts_.B() == B && acts_.T() == T && acts_.with_grads()) return absl::OkStatus();
   acts_ = GptActivations();  // free the old batch's buffers before taking new ones
@@ -171,7 +131,7 @@ void GptModel::Head(GptActivations& acts) const {
 }
 
 absl::Status GptModel::EmbedForward(std::span<const int32_t> tokens, int B, int T) {
-  RETURN_IF_ERROR(CheckBatch(B, T));
+  RETURN_IF_ERROR(config_.CheckBatch(B, T));
   if (static_cast<int64_t>(tokens.size()) != int64_t{B} * T) {
     return absl::InvalidArgumentError(absl::StrCat("tokens: ", tokens.size(),
                                                    " values for a batch of B=", B, " T=", T));
@@ -207,23 +167,12 @@ absl::StatusOr<float> GptModel::LossForward(std::span<const int32_t> targets) {
                                                    " values for a batch of B=", acts_.B(),
                                                    " T=", acts_.T()));
   }
-  RETURN_IF_ERROR(ValidateTargets(targets, config_.vocab));
+  RETURN_IF_ERROR(CheckTargets(targets, config_.vocab));
   targets_.assign(targets.begin(), targets.end());
   cpu::CrossEntropyForward(acts_.losses, acts_.lse, acts_.logits, targets_.data(), N,
                            config_.vocab);
-  // Mean over the positions that count, summed in double so the loss does not depend on how many
-  // rows round the same way.
-  double sum = 0.0;
-  int64_t counted = 0;
-  for (int n = 0; n < N; ++n) {
-    if (targets_[n] < 0) continue;
-    sum += acts_.losses[n];
-    ++counted;
-  }
-  const float scale = counted > 0 ? 1.0f / static_cast<float>(counted) : 0.0f;
-  for (int n = 0; n < N; ++n) acts_.dlosses[n] = targets_[n] < 0 ? 0.0f : scale;
   have_loss_ = true;
-  return counted > 0 ? static_cast<float>(sum / static_cast<double>(counted)) : 0.0f;
+  return MeanLoss({acts_.losses, size_t(N)}, targets_, {acts_.dlosses, size_t(N)});
 }
 
 absl::StatusOr<float> GptModel::Forward(std::span<const int32_t> tokens,
@@ -233,7 +182,7 @@ absl::StatusOr<float> GptModel::Forward(std::span<const int32_t> tokens,
     return absl::InvalidArgumentError(absl::StrCat("targets: ", targets.size(),
                                                    " values for a batch of B=", B, " T=", T));
   }
-  RETURN_IF_ERROR(ValidateTargets(targets, config_.vocab));
+  RETURN_IF_ERROR(CheckTargets(targets, config_.vocab));
   RETURN_IF_ERROR(ForwardLogits(tokens, B, T));
   return LossForward(targets);
 }
@@ -316,10 +265,8 @@ absl::StatusOr<double> GptModel::AdamWStep(const AdamWOptions& options, int64_t 
   float* m = adam_m_.data<float>();
   float* v = adam_v_.data<float>();
   for (const ParamTensorInfo& t : layout_.tensors()) {
-    cpu::AdamWConfig config = options.adamw;
-    if (t.shape.size() < 2) config.weight_decay = 0.0f;
     RETURN_IF_ERROR(Annotate(cpu::AdamWUpdate(p + t.offset, g + t.offset, m + t.offset,
-                                              v + t.offset, t.numel, config, step),
+                                              v + t.offset, t.numel, options.For(t), step),
                              "AdamW on " + t.name));
   }
   return norm;
@@ -327,7 +274,7 @@ absl::StatusOr<double> GptModel::AdamWStep(const AdamWOptions& options, int64_t 
 
 absl::Status GptModel::ForwardInto(GptActivations& acts, std::span<const int32_t> tokens, int B,
                                    int T) const {
-  RETURN_IF_ERROR(CheckBatch(B, T));
+  RETURN_IF_ERROR(config_.CheckBatch(B, T));
   if (acts.B() != B || acts.T() != T) {
     return absl::InvalidArgumentError(absl::StrCat("ForwardInto: activations are for B=", acts.B(),
                                                    " T=", acts.T(), ", the batch is B=", B,

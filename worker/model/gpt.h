@@ -33,18 +33,11 @@
 #include "worker/model/activations.h"
 #include "worker/model/gpt_config.h"
 #include "worker/model/param_layout.h"
+#include "worker/model/trainable_gpt.h"
 
 namespace shardline::model {
 
-struct AdamWOptions {
-  // Decoupled weight decay applies to matrices (the 2-D tensors: embeddings and linear weights)
-  // and not to biases or LayerNorm parameters, as GPT-2 training recipes (nanoGPT) do.
-  kernels::cpu::AdamWConfig adamw;
-  // Gradients are clipped to this global L2 norm first; <= 0 turns clipping off.
-  double max_grad_norm = 1.0;
-};
-
-class GptModel {
+class GptModel final : public TrainableGpt {
  public:
   // A model of `config` with zeroed parameters (call InitGpt2 or load a checkpoint). InvalidArgument
   // when the config is invalid or `allocator` is not a CPU allocator; ResourceExhausted when the
@@ -55,8 +48,8 @@ class GptModel {
   GptModel(const GptModel&) = delete;
   GptModel& operator=(const GptModel&) = delete;
 
-  const GptConfig& config() const { return config_; }
-  const ParamLayout& layout() const { return layout_; }
+  const GptConfig& config() const override { return config_; }
+  const ParamLayout& layout() const override { return layout_; }
   kernels::Allocator& allocator() const { return *allocator_; }
 
   // name → offset, shape for every parameter tensor, in buffer order (for checkpoints).
@@ -76,23 +69,21 @@ class GptModel {
   BlockParams BlockParamsView(int layer) const;
   OuterParams OuterParamsView() const;
 
-  // GPT-2's initialisation, deterministic in `seed` whatever the thread count: every weight
-  // matrix and embedding ~ N(0, 0.02), the residual projections (attn_proj.w, fc_proj.w) scaled by
-  // 1/√(2·layers), LayerNorm weights 1, biases and LayerNorm biases 0. Clears the optimizer state.
-  void InitGpt2(uint64_t seed);
+  // GPT-2's initialisation (FillGpt2Init). Clears the optimizer state.
+  void InitGpt2(uint64_t seed) override;
   // Gradients accumulate over Backward calls (micro-batches) until this sets them to zero.
-  void ZeroGrad();
+  void ZeroGrad() override;
 
   // The whole forward: tokens and targets are (B,T) row-major; a negative target ignores its
   // position (no loss, no gradient). Returns the mean loss over the positions not ignored (0 when
   // all are). Errors, before any work: T > max_seq_len, sizes that disagree, tokens or targets
   // outside the vocabulary.
   absl::StatusOr<float> Forward(std::span<const int32_t> tokens, std::span<const int32_t> targets,
-                                int B, int T);
+                                int B, int T) override;
   // The forward to the logits only (no loss; Backward is then a FailedPrecondition).
   absl::Status ForwardLogits(std::span<const int32_t> tokens, int B, int T);
   // The whole backward of the last Forward: accumulates into grads().
-  absl::Status Backward();
+  absl::Status Backward() override;
 
   // By stage (see the top of this file). Block ranges are [first, last) with
   // 0 <= first <= last <= layers.
@@ -117,7 +108,13 @@ class GptModel {
   // One optimizer step on the accumulated gradients: clip to options.max_grad_norm, then AdamW
   // with `step` (1-based) for bias correction. Returns the gradient norm before clipping. When the
   // norm is not finite the parameters are left untouched (the caller should skip the step).
-  absl::StatusOr<double> AdamWStep(const AdamWOptions& options, int64_t step);
+  absl::StatusOr<double> AdamWStep(const AdamWOptions& options, int64_t step) override;
+
+  // params() itself: the parameters already live in host memory.
+  absl::StatusOr<std::span<const float>> HostParams() override { return params(); }
+  int64_t PeakBytes() const override {
+    return static_cast<int64_t>(allocator_->stats().peak_bytes);
+  }
 
   // Inference: the forward to the logits into `acts` (allocated for (B,T) with this config; grads
   // not needed), without touching the model's own training state.
@@ -127,7 +124,6 @@ class GptModel {
  private:
   GptModel(const GptConfig& config, kernels::Allocator& allocator);
 
-  absl::Status CheckBatch(int B, int T) const;
   absl::Status CheckRange(int first, int last, const char* what) const;
   BlockDims Dims(int B, int T) const;
   void Embed(GptActivations& acts, const int32_t* tokens) const;

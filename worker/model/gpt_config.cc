@@ -55,4 +55,32 @@ std::string GptConfig::DebugString() const {
                       tied_embeddings ? " tied" : " untied");
 }
 
+absl::Status GptConfig::CheckBatch(int B, int T) const {
+  if (B < 1 || T < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("batch B=", B, " T=", T, ": both must be >= 1"));
+  }
+  if (T > max_seq_len) {
+    return absl::InvalidArgumentError(absl::StrCat("sequence length T=", T,
+                                                   " is past the position table (max_seq_len ",
+                                                   max_seq_len, ")"));
+  }
+  // The kernels index rows with int, and the logits (B·T·V) are the largest activation.
+  const int64_t rows = int64_t{B} * T;
+  if (rows * std::max(vocab, 4 * d_model) > (int64_t{1} << 40) || rows > INT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat("batch B=", B, " T=", T, " is too large"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckTargets(std::span<const int32_t> targets, int vocab) {
+  for (size_t i = 0; i < targets.size(); ++i) {
+    if (targets[i] >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat("target ", targets[i], " at position ", i,
+                                                     " is outside the vocabulary [0, ", vocab,
+                                                     ") (negative targets are ignored)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace shardline::model

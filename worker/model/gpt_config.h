@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 
 #include "absl/status/status.h"
@@ -28,6 +29,14 @@ struct GptConfig {
 
   // "layers=2 heads=4 d_model=16 d_ff=64 vocab=32 max_seq_len=8 tied"
   std::string DebugString() const;
+
+  // OK when a batch of B sequences of T tokens can run: B, T >= 1, T within the position table,
+  // and the largest activation (the logits) within the kernels' sizes. InvalidArgument otherwise.
+  absl::Status CheckBatch(int B, int T) const;
 };
+
+// Targets may be negative (the position is ignored) but never >= vocab: InvalidArgument naming the
+// first bad position.
+absl::Status CheckTargets(std::span<const int32_t> targets, int vocab);
 
 }  // namespace shardline::model

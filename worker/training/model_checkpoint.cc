@@ -130,10 +130,19 @@ absl::Status CheckManifestHoldsTheModel(
 }  // namespace
 
 absl::Status SaveModel(const model::GptModel& model, const std::string& path) {
+  return SaveModel(model.config(), model.params(), path);
+}
+
+absl::Status SaveModel(const model::GptConfig& config, std::span<const float> params,
+                       const std::string& path) {
+  const model::ParamLayout layout(config);
+  if (static_cast<int64_t>(params.size()) != layout.total()) {
+    return absl::InvalidArgumentError(absl::StrCat("SaveModel ", path, ": ", params.size(),
+                                                   " parameters for a model of ", layout.total()));
+  }
   checkpoint::Gpt2Weights weights;
-  weights.config = ToCheckpointConfig(model.config());
-  const auto params = model.params();
-  for (const auto& info : model.NamedTensors()) {
+  weights.config = ToCheckpointConfig(config);
+  for (const auto& info : layout.tensors()) {
     checkpoint::HostTensor tensor;
     tensor.shape = info.shape;
     tensor.values.assign(params.begin() + info.offset, params.begin() + info.offset + info.numel);

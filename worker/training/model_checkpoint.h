@@ -23,6 +23,9 @@ namespace shardline::training {
 
 // Writes every parameter of `model` to `path` (atomically), untied output head included.
 absl::Status SaveModel(const model::GptModel& model, const std::string& path);
+// The same from a model's parameters in ParamLayout(config) order, wherever the model computes.
+absl::Status SaveModel(const model::GptConfig& config, std::span<const float> params,
+                       const std::string& path);
 
 // Loads, into a single-device model:
 //   - a checkpoint written by SaveModel;

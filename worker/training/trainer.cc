@@ -13,6 +13,10 @@
 #include "worker/model/gpt.h"
 #include "worker/training/model_checkpoint.h"
 
+#if SHARDLINE_WITH_CUDA
+#include "worker/model/cuda/gpt_model.h"
+#endif
+
 namespace shardline::training {
 namespace {
 
@@ -21,12 +25,13 @@ using Clock = std::chrono::steady_clock;
 
 // Writes DIR/step-NNNNNNNN/model.safetensors, then points DIR/latest at it (atomically), so a
 // reader never sees a half-written checkpoint as the latest.
-absl::StatusOr<std::string> WriteCheckpoint(const model::GptModel& gpt, const std::string& dir,
+absl::StatusOr<std::string> WriteCheckpoint(model::TrainableGpt& gpt, const std::string& dir,
                                             int64_t step) {
   char name[32];
   std::snprintf(name, sizeof(name), "step-%08lld", static_cast<long long>(step));
   const fs::path file = fs::path(dir) / name / "model.safetensors";
-  RETURN_IF_ERROR(SaveModel(gpt, file.string()));
+  ASSIGN_OR_RETURN(const std::span<const float> params, gpt.HostParams());
+  RETURN_IF_ERROR(SaveModel(gpt.config(), params, file.string()));
   const fs::path tmp = fs::path(dir) / "latest.tmp";
   {
     std::ofstream out(tmp, std::ios::trunc);
@@ -59,6 +64,28 @@ model::GptConfig ModelConfigOf(const placement::ModelSpec& spec) {
   return config;
 }
 
+absl::StatusOr<std::unique_ptr<model::TrainableGpt>> CreateModel(
+    const placement::TrainSpec& spec, kernels::Allocator& cpu_allocator) {
+  const model::GptConfig config = ModelConfigOf(spec.model);
+  if (spec.device == placement::TrainDevice::kCpu) {
+    ASSIGN_OR_RETURN(auto gpt, model::GptModel::Create(config, cpu_allocator));
+    return std::unique_ptr<model::TrainableGpt>(std::move(gpt));
+  }
+  const std::string device = "device cuda:" + std::to_string(spec.device_index);
+#if SHARDLINE_WITH_CUDA
+  const auto precision = spec.precision == placement::TrainPrecision::kBFloat16
+                             ? kernels::cuda::GemmPrecision::kBFloat16
+                             : kernels::cuda::GemmPrecision::kFloat32;
+  auto gpt = model::CudaGptModel::Create(config, spec.device_index, precision);
+  if (!gpt.ok()) return Annotate(gpt.status(), device);
+  return std::unique_ptr<model::TrainableGpt>(std::move(*gpt));
+#else
+  return absl::FailedPreconditionError(
+      device + ": this shardline was built without CUDA (nvcc was not found under "
+               "/usr/local/cuda when it was configured, or -DSHARDLINE_CUDA=OFF)");
+#endif
+}
+
 double LearningRateAt(const placement::OptimizerSpec& spec, int64_t step) {
   const double warmup =
       spec.warmup_steps > 0
@@ -73,8 +100,8 @@ absl::StatusOr<TrainResult> Train(const placement::TrainSpec& spec,
   ASSIGN_OR_RETURN(data::TextDataset dataset, LoadTrainingData(spec.data));
   ASSIGN_OR_RETURN(data::Sampler sampler,
                    data::Sampler::Create(dataset, spec.seq_len, spec.batch, spec.seed));
-  kernels::CpuAllocator allocator;
-  ASSIGN_OR_RETURN(auto gpt, model::GptModel::Create(ModelConfigOf(spec.model), allocator));
+  kernels::CpuAllocator cpu_allocator;
+  ASSIGN_OR_RETURN(std::unique_ptr<model::TrainableGpt> gpt, CreateModel(spec, cpu_allocator));
   gpt->InitGpt2(spec.seed);
 
   model::AdamWOptions adamw;
@@ -130,7 +157,7 @@ absl::StatusOr<TrainResult> Train(const placement::TrainSpec& spec,
     }
     if (last) break;
   }
-  result.peak_bytes = static_cast<int64_t>(allocator.stats().peak_bytes);
+  result.peak_bytes = gpt->PeakBytes();
   return result;
 }
 

@@ -4,13 +4,16 @@
 
 #include <atomic>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "placement/train_spec.h"
 #include "worker/model/data/text_dataset.h"
+#include "kernels/allocator.h"
 #include "worker/model/gpt_config.h"
+#include "worker/model/trainable_gpt.h"
 
 namespace shardline::training {
 
@@ -35,6 +38,11 @@ struct TrainResult {
 absl::StatusOr<data::TextDataset> LoadTrainingData(const placement::DataSpec& spec);
 // The model config of a spec's model section.
 model::GptConfig ModelConfigOf(const placement::ModelSpec& spec);
+// The model a spec trains, with zeroed parameters: a GptModel on `cpu_allocator` (which must
+// outlive it) for device cpu, a CudaGptModel for cuda:N in the spec's precision. Errors name the
+// device: FailedPrecondition when it is not usable (CUDA's reason) or this build has no CUDA.
+absl::StatusOr<std::unique_ptr<model::TrainableGpt>> CreateModel(
+    const placement::TrainSpec& spec, kernels::Allocator& cpu_allocator);
 // The learning rate of `step` (1-based): linear warm-up over warmup_steps, then constant.
 double LearningRateAt(const placement::OptimizerSpec& spec, int64_t step);
 

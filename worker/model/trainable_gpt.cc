@@ -1,0 +1,31 @@
+#include "worker/model/trainable_gpt.h"
+
+#include "worker/model/counter_rng.h"
+
+namespace shardline::model {
+
+void FillGpt2Init(const ParamLayout& layout, int layers, uint64_t seed, std::span<float> params) {
+  for (const ParamTensorInfo& t : layout.tensors()) {
+    const Gpt2Init init = Gpt2Init::Of(t.name, t.shape.size() >= 2, layers);
+    float* p = params.data() + t.offset;
+    const int64_t n = t.numel;
+#pragma omp parallel for schedule(static) if (n >= (int64_t{1} << 15))
+    for (int64_t i = 0; i < n; ++i) p[i] = init.Value(seed, static_cast<uint64_t>(i));
+  }
+}
+
+float MeanLoss(std::span<const float> losses, std::span<const int32_t> targets,
+               std::span<float> dlosses) {
+  double sum = 0.0;
+  int64_t counted = 0;
+  for (size_t n = 0; n < losses.size(); ++n) {
+    if (targets[n] < 0) continue;
+    sum += losses[n];
+    ++counted;
+  }
+  const float scale = counted > 0 ? 1.0f / static_cast<float>(counted) : 0.0f;
+  for (size_t n = 0; n < losses.size(); ++n) dlosses[n] = targets[n] < 0 ? 0.0f : scale;
+  return counted > 0 ? static_cast<float>(sum / static_cast<double>(counted)) : 0.0f;
+}
+
+}  // namespace shardline::model

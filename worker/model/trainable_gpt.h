@@ -1,0 +1,75 @@
+// TrainableGpt: what the single-device training loop (worker/training/trainer.h) needs of a GPT,
+// whatever device it computes on. GptModel (CPU, f32) and CudaGptModel (one CUDA device, bf16 or
+// f32 GEMMs over f32 master weights) implement it; both keep their parameters in the buffer layout
+// of ParamLayout, so a checkpoint written from either is the same file.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/cpu/optimizer.h"
+#include "worker/model/gpt_config.h"
+#include "worker/model/param_layout.h"
+
+namespace shardline::model {
+
+struct AdamWOptions {
+  // Decoupled weight decay applies to matrices (the 2-D tensors: embeddings and linear weights)
+  // and not to biases or LayerNorm parameters, as GPT-2 training recipes (nanoGPT) do.
+  kernels::cpu::AdamWConfig adamw;
+  // Gradients are clipped to this global L2 norm first; <= 0 turns clipping off.
+  double max_grad_norm = 1.0;
+
+  // The AdamW hyper-parameters of one tensor: weight decay only on matrices.
+  kernels::cpu::AdamWConfig For(const ParamTensorInfo& tensor) const {
+    kernels::cpu::AdamWConfig config = adamw;
+    if (tensor.shape.size() < 2) config.weight_decay = 0.0f;
+    return config;
+  }
+};
+
+class TrainableGpt {
+ public:
+  virtual ~TrainableGpt() = default;
+
+  virtual const GptConfig& config() const = 0;
+  virtual const ParamLayout& layout() const = 0;
+
+  // GPT-2's initialisation (FillGpt2Init), the same values on every device; clears the optimizer
+  // state.
+  virtual void InitGpt2(uint64_t seed) = 0;
+  // Gradients accumulate over Backward calls (micro-batches) until this sets them to zero.
+  virtual void ZeroGrad() = 0;
+  // The forward to the mean loss over the targets that are not negative; errors before any work
+  // for sizes that disagree or tokens/targets outside the vocabulary.
+  virtual absl::StatusOr<float> Forward(std::span<const int32_t> tokens,
+                                        std::span<const int32_t> targets, int B, int T) = 0;
+  // The backward of the last Forward, accumulating into the gradients.
+  virtual absl::Status Backward() = 0;
+  // Clip to options.max_grad_norm, then AdamW with `step` (1-based). Returns the norm before
+  // clipping; a non-finite norm leaves the parameters untouched.
+  virtual absl::StatusOr<double> AdamWStep(const AdamWOptions& options, int64_t step) = 0;
+
+  // The parameters in host memory, in ParamLayout order: the model's own buffer on the CPU, a
+  // copy (taken after the work queued so far) on a device. Valid until the next call on the model.
+  virtual absl::StatusOr<std::span<const float>> HostParams() = 0;
+  // The most bytes the model's allocator has held at once (parameters, gradients, optimizer
+  // state, activations).
+  virtual int64_t PeakBytes() const = 0;
+};
+
+// Fills `params` (ParamLayout order) with GPT-2's initialisation, deterministic in `seed` whatever
+// the thread count: every weight matrix and embedding ~ N(0, 0.02), the residual projections
+// (attn_proj.w, fc_proj.w) scaled by 1/√(2·layers), LayerNorm weights 1, biases and LayerNorm
+// biases 0.
+void FillGpt2Init(const ParamLayout& layout, int layers, uint64_t seed, std::span<float> params);
+
+// The mean of losses[n] over the positions whose target is not negative (0 when none is), summed
+// in double so the loss does not depend on how many rows round the same way; writes dlosses[n],
+// the gradient of that mean (1/count, or 0 for an ignored position).
+float MeanLoss(std::span<const float> losses, std::span<const int32_t> targets,
+               std::span<float> dlosses);
+
+}  // namespace shardline::model
