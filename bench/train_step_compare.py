@@ -12,6 +12,12 @@ Shardline / PyTorch, then the per-phase times of each side's best round.
 Default: GPT-2 small (12 layers, d_model 768, 12 heads, seq 256, batch 4, vocab 50304), 2 threads,
 warmup 1, steps 3 (several minutes). --quick: 4 layers, d_model 256, 4 heads, seq 128, batch 4
 (about a minute).
+
+--device cuda: BUILD_DIR/bench/train_step_gpu_bench against train_step_torch.py --device cuda on
+GPU 0, both in --precision (default bf16: our bf16 GEMMs over fp32 master weights, PyTorch's
+autocast), GPT-2 small at seq 1024, batch 16, warmup 3, steps 10; the table adds each side's MFU
+(6·params·tokens/s over --peak-tflops, default 989.4: the H100/H200 SXM dense bf16 peak). Pass the
+Python that has a CUDA torch with --torch-python (on the device machines: python3).
 """
 import argparse
 import os
@@ -35,6 +41,11 @@ def parse_args():
     p.add_argument("--vocab", type=int, default=50304)
     p.add_argument("--torch-python", default="/usr/bin/python3",
                    help="a Python with torch (Debian's python3-torch)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="bf16",
+                   help="with --device cuda: how the GEMMs compute, on both sides")
+    p.add_argument("--peak-tflops", type=float, default=989.4,
+                   help="with --device cuda: the GPU's dense peak for MFU")
     p.add_argument("--torch-no-foreach", action="store_true",
                    help="PyTorch's AdamW with its per-tensor loop (torch 1.13's CPU default)")
     return p.parse_args()
@@ -58,6 +69,7 @@ def run(cmd, env):
         sys.exit(f"train_step_compare: no RESULT line from {' '.join(cmd)}")
     losses = re.findall(r"^loss: first (\S+) last (\S+)", proc.stdout, re.M)
     return {"tokens_per_s": float(result["tokens_per_s"]), "step_s": float(result["step_s"]),
+            "params": int(result.get("params", 0)),
             "peak_bytes": int(result["peak_bytes"]), "peak_kind": result.get("peak_kind", "?"),
             "phases": {k: float(v) for k, v in (phases or {}).items() if k != "impl"},
             "loss": losses[0] if losses else ("?", "?"), "wall_s": wall}
@@ -65,25 +77,36 @@ def run(cmd, env):
 
 def main():
     a = parse_args()
+    cuda = a.device == "cuda"
     if a.quick:
         shape = dict(layers=4, d_model=256, heads=4, seq=128, batch=4)
+    elif cuda:
+        shape = dict(layers=12, d_model=768, heads=12, seq=1024, batch=16)
     else:
         shape = dict(layers=12, d_model=768, heads=12, seq=256, batch=4)
     if a.batch is not None:
         shape["batch"] = a.batch
-    steps = a.steps if a.steps is not None else 3
-    warmup = a.warmup if a.warmup is not None else 1
+    steps = a.steps if a.steps is not None else (10 if cuda else 3)
+    warmup = a.warmup if a.warmup is not None else (3 if cuda else 1)
 
-    bench = os.path.join(a.build_dir, "bench", "train_step_bench")
+    name = "train_step_gpu_bench" if cuda else "train_step_bench"
+    bench = os.path.join(a.build_dir, "bench", name)
     if not os.access(bench, os.X_OK):
         sys.exit(f"train_step_compare: {bench} not found; build it: "
-                 f"ninja -C {a.build_dir} train_step_bench")
+                 f"ninja -C {a.build_dir} {name}")
     common = ["--layers", shape["layers"], "--d-model", shape["d_model"], "--heads", shape["heads"],
               "--seq", shape["seq"], "--batch", shape["batch"], "--vocab", a.vocab,
-              "--steps", steps, "--warmup", warmup, "--threads", a.threads]
+              "--steps", steps, "--warmup", warmup]
     common = [str(x) for x in common]
-    ours_cmd = [bench] + common
-    torch_cmd = [a.torch_python, os.path.join(HERE, "train_step_torch.py")] + common
+    if cuda:
+        ours_cmd = [bench] + common + ["--precision", a.precision,
+                                       "--peak-tflops", str(a.peak_tflops)]
+        torch_cmd = [a.torch_python, os.path.join(HERE, "train_step_torch.py")] + common + [
+            "--device", "cuda", "--precision", a.precision]
+    else:
+        ours_cmd = [bench] + common + ["--threads", str(a.threads)]
+        torch_cmd = [a.torch_python, os.path.join(HERE, "train_step_torch.py")] + common + [
+            "--threads", str(a.threads)]
     if a.torch_no_foreach:
         torch_cmd.append("--no-foreach")
 
@@ -93,7 +116,8 @@ def main():
 
     config = (f"L{shape['layers']} C{shape['d_model']} H{shape['heads']} T{shape['seq']} "
               f"B{shape['batch']} V{a.vocab}")
-    print(f"# {config}, threads {a.threads}, warmup {warmup}, steps {steps}, "
+    where = f"cuda, {a.precision}" if cuda else f"threads {a.threads}"
+    print(f"# {config}, {where}, warmup {warmup}, steps {steps}, "
           f"{a.rounds} rounds each, alternating; load average before: "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     runs = {"shardline": [], "pytorch": []}
@@ -108,9 +132,16 @@ def main():
 
     best = {k: max(v, key=lambda x: x["tokens_per_s"]) for k, v in runs.items()}
     ours, theirs = best["shardline"], best["pytorch"]
-    header = ["config", "threads", "tokens/s Shardline", "tokens/s PyTorch", "ratio"]
-    row = [config, str(a.threads), f"{ours['tokens_per_s']:.1f}", f"{theirs['tokens_per_s']:.1f}",
+    header = ["config", "device" if cuda else "threads", "tokens/s Shardline", "tokens/s PyTorch",
+              "ratio"]
+    row = [config, f"cuda {a.precision}" if cuda else str(a.threads),
+           f"{ours['tokens_per_s']:.1f}", f"{theirs['tokens_per_s']:.1f}",
            f"{ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}x"]
+    if cuda:
+        def mfu(res):
+            return 6.0 * res["params"] * res["tokens_per_s"] / (a.peak_tflops * 1e12)
+        header += ["MFU Shardline", "MFU PyTorch"]
+        row += [f"{100 * mfu(ours):.1f}%", f"{100 * mfu(theirs):.1f}%"]
     widths = [max(len(h), len(c)) for h, c in zip(header, row)]
     print()
     print(" | ".join(h.ljust(w) for h, w in zip(header, widths)))
@@ -118,7 +149,8 @@ def main():
     print(" | ".join(c.ljust(w) for c, w in zip(row, widths)))
     print(f"(best of {a.rounds} rounds each; ratio = Shardline / PyTorch, higher is better; "
           f"peak: Shardline allocator {ours['peak_bytes'] / 2**20:.0f} MiB, "
-          f"PyTorch process max RSS {theirs['peak_bytes'] / 2**20:.0f} MiB)")
+          f"PyTorch {'allocator' if cuda else 'process max RSS'} "
+          f"{theirs['peak_bytes'] / 2**20:.0f} MiB)")
 
     print()
     for impl in ("shardline", "pytorch"):

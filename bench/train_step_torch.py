@@ -12,15 +12,23 @@ Run it with Debian's /usr/bin/python3 (python3-torch):
 
   /usr/bin/python3 bench/train_step_torch.py [--layers 12] [--d-model 768] [--heads 12]
       [--seq 256] [--batch 4] [--vocab 50304] [--steps 3] [--warmup 1] [--threads 2]
-      [--no-foreach]
+      [--no-foreach] [--device cpu|cuda] [--precision fp32|bf16]
+
+--device cuda (the peer of train_step_gpu_bench, with a CUDA build of torch): the model and batch
+on GPU 0, fp32 parameters; --precision bf16 (the default there) runs the forward and loss under
+torch.autocast(bfloat16), PyTorch's mixed precision with fp32 master weights, and AdamW is the
+fused CUDA implementation. Each phase ends with torch.cuda.synchronize(), so phases add up to the
+step.
 
 Prints per-phase times and
-  RESULT impl=pytorch tokens_per_s=... step_s=... peak_bytes=... peak_kind=max_rss
-peak_bytes here is the process's peak resident set size (getrusage ru_maxrss), NOT an allocator
-peak like Shardline's: it includes the Python interpreter and libtorch itself (~hundreds of MiB),
-and tracemalloc cannot see torch's tensor memory. Compare it with care.
+  RESULT impl=pytorch tokens_per_s=... step_s=... params=... peak_bytes=... peak_kind=...
+On the CPU peak_bytes is the process's peak resident set size (getrusage ru_maxrss, peak_kind
+max_rss), NOT an allocator peak like Shardline's: it includes the Python interpreter and libtorch
+itself (~hundreds of MiB), and tracemalloc cannot see torch's tensor memory. Compare it with care.
+On CUDA it is torch.cuda.max_memory_allocated() (peak_kind allocator), comparable with ours.
 """
 import argparse
+import contextlib
 import math
 import os
 import resource
@@ -39,6 +47,9 @@ def parse_args():
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default=None,
+                   help="default fp32 on cpu, bf16 on cuda (autocast)")
     p.add_argument("--foreach", action=argparse.BooleanOptionalAction, default=True,
                    help="AdamW's multi-tensor (foreach) implementation; torch 1.13 defaults to the "
                         "per-tensor loop on the CPU, which is several times slower")
@@ -46,6 +57,10 @@ def parse_args():
 
 
 args = parse_args()
+if args.precision is None:
+    args.precision = "bf16" if args.device == "cuda" else "fp32"
+if args.precision == "bf16" and args.device != "cuda":
+    sys.exit("train_step_torch: --precision bf16 needs --device cuda (as Shardline's CPU path)")
 # Before torch loads: its OpenMP pool and OpenBLAS (Debian's torch uses the system BLAS) read these.
 os.environ["OMP_NUM_THREADS"] = str(args.threads)
 os.environ["OPENBLAS_NUM_THREADS"] = str(args.threads)
@@ -131,23 +146,33 @@ class GPT(nn.Module):
 def main():
     torch.manual_seed(1337)
     B, T, V = args.batch, args.seq, args.vocab
-    model = GPT(args.layers, args.d_model, args.heads, V, T)
+    cuda = args.device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        sys.exit("train_step_torch: --device cuda but torch.cuda.is_available() is False")
+    device = torch.device(args.device)
+    model = GPT(args.layers, args.d_model, args.heads, V, T).to(device)
     model.train()
     n_params = sum(p.numel() for p in model.parameters())  # wte counted once (tied)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
+    # PyTorch at its best on each device: foreach (multi-tensor) on the CPU, fused on CUDA.
+    impl = {"fused": True} if cuda else {"foreach": args.foreach}
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
                              {"params": no_decay, "weight_decay": 0.0}],
-                            lr=3e-4, betas=(0.9, 0.999), eps=1e-8, foreach=args.foreach)
+                            lr=3e-4, betas=(0.9, 0.999), eps=1e-8, **impl)
 
     g = torch.Generator().manual_seed(42)
-    tokens = torch.randint(0, V, (B, T), generator=g)
+    tokens = torch.randint(0, V, (B, T), generator=g).to(device)
     targets = torch.roll(tokens, shifts=-1, dims=1)  # next token; the last wraps to the first
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.precision == "bf16") \
+        if cuda else contextlib.nullcontext()
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
 
     print(f"config: layers={args.layers} heads={args.heads} d_model={args.d_model} "
           f"d_ff={4 * args.d_model} vocab={V} max_seq_len={T} tied B={B} T={T} params={n_params} "
           f"threads={torch.get_num_threads()} torch={torch.__version__} "
-          f"attention={'sdpa' if HAVE_SDPA else 'manual_softmax'} adamw_foreach={args.foreach}",
+          f"attention={'sdpa' if HAVE_SDPA else 'manual_softmax'} adamw={impl} "
+          f"device={args.device} precision={args.precision}",
           flush=True)
 
     names = ["zero_grad", "embed_fwd", "blocks_fwd", "head_fwd", "loss_fwd", "backward",
@@ -162,20 +187,22 @@ def main():
 
         def lap(name):
             nonlocal t0
+            sync()
             t1 = time.perf_counter()
             phase[name] = t1 - t0
             t0 = t1
 
         opt.zero_grad(set_to_none=True)
         lap("zero_grad")
-        x = model.embed(tokens)
-        lap("embed_fwd")
-        x = model.blocks(x)
-        lap("blocks_fwd")
-        logits = model.head(x)
-        lap("head_fwd")
-        loss = F.cross_entropy(logits.view(-1, V), targets.view(-1))
-        lap("loss_fwd")
+        with autocast:
+            x = model.embed(tokens)
+            lap("embed_fwd")
+            x = model.blocks(x)
+            lap("blocks_fwd")
+            logits = model.head(x)
+            lap("head_fwd")
+            loss = F.cross_entropy(logits.view(-1, V).float(), targets.view(-1))
+            lap("loss_fwd")
         loss.backward()
         lap("backward")
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -200,9 +227,12 @@ def main():
         print(f"  {k:<15} {s:9.4f} s  {100.0 * s / step_s:5.1f}%")
     print("PHASES impl=pytorch " + " ".join(f"{k}={phase_total[k] / args.steps:.6f}" for k in names))
     print(f"loss: first {first_loss:.4f} last {last_loss:.4f}")
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    if cuda:
+        peak, peak_kind = torch.cuda.max_memory_allocated(), "allocator"
+    else:
+        peak, peak_kind = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "max_rss"
     print(f"RESULT impl=pytorch tokens_per_s={B * T / step_s:.2f} step_s={step_s:.6f} "
-          f"peak_bytes={peak} peak_kind=max_rss", flush=True)
+          f"params={n_params} peak_bytes={peak} peak_kind={peak_kind}", flush=True)
     return 0
 
 

@@ -1,20 +1,27 @@
 #!/usr/bin/env bash
-# Everything that needs a GPU, in one go, for a session that is lent one: builds with CUDA
-# (Release) into build-gpu, runs the `gpu`-labelled tests (every CUDA kernel against its CPU twin,
-# the CUDA allocator), the NCCL communicator tests, and the GPU benchmarks that exist.
+# Everything that needs a GPU, in one go, for a session that is lent one: the GPU tests (every CUDA
+# kernel against its CPU twin, the CUDA allocator, CudaGptModel against the CPU model, the NCCL
+# communicator), the GPU kernel benchmarks, one training step of GPT-2 small against PyTorch on the
+# same GPU (tokens/s and MFU, bench/train_step_compare.py --device cuda), and `shardline train
+# --device cuda` on examples/gpt-tiny.yaml followed by `shardline generate` from its checkpoint.
 #
-# Usage: scripts/gpu-check.sh [BUILD_DIR]          (default build-gpu)
-#   OUT=DIR                 where the logs go (default gpu-check-out/)
-#   GPU_CHECK_TARGETS="..." build only these targets instead of everything (saves device time;
-#                           gpu-labelled tests of targets left out are then not run)
+# Two ways to get the binaries:
+#   scripts/gpu-check.sh [BUILD_DIR]        builds with CUDA (Release) into BUILD_DIR (default
+#                                           build-gpu) on this machine: needs our apt dependencies
+#   scripts/gpu-check.sh --pack FILE        unpacks what scripts/gpu-pack.sh built elsewhere (the
+#                                           device machines reach no package registry, and their
+#                                           minutes are few: build and pack here, run there)
+# Environment:
+#   OUT=DIR                   where the logs go (default gpu-check-out/)
+#   GPU_CHECK_ROUNDS=N        rounds of each side in the PyTorch comparison (default 2)
 #   GPU_CHECK_ALLOW_NO_GPU=1  exit 0 even when no GPU is visible (the GPU tests then only skip)
 # The first line printed says which GPU(s) `nvidia-smi -L` sees, or that none is visible. Exits
 # non-zero when a step fails, or when no GPU is visible (a run that checked nothing is no pass).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-build_dir=${1:-build-gpu}
 out_dir=${OUT:-gpu-check-out}
 mkdir -p "$out_dir"
+out_dir=$(cd "$out_dir" && pwd)
 
 gpus=""
 if command -v nvidia-smi >/dev/null 2>&1; then
@@ -41,46 +48,69 @@ step() {  # step NAME LOGFILE COMMAND... : runs COMMAND, logs it, records a fail
   fi
 }
 
-jobs=$(nproc)
-step "configure (CUDA, Release)" "$out_dir/configure.log" \
-  cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSHARDLINE_CUDA=ON
-# The root CMakeLists prints "CUDA <version>, NCCL <library>" when the CUDA paths are on.
-if ! grep -q -- '-- CUDA .*NCCL' "$out_dir/configure.log"; then
-  echo "CUDA is not enabled in $build_dir (is nvcc under /usr/local/cuda?)"
-  exit 1
-fi
-if [[ -n "${GPU_CHECK_TARGETS:-}" ]]; then
-  # shellcheck disable=SC2086  # a list of targets
-  step "build ($GPU_CHECK_TARGETS)" "$out_dir/build.log" \
-    cmake --build "$build_dir" -j "$jobs" --target ${GPU_CHECK_TARGETS}
+if [[ "${1:-}" == "--pack" ]]; then
+  pack=${2:?"--pack needs the archive scripts/gpu-pack.sh wrote"}
+  build_dir=$(mktemp -d /tmp/shardline-pack.XXXXXX)
+  tar -C "$build_dir" -xJf "$pack" || { echo "gpu-check: cannot unpack $pack"; exit 1; }
+  echo "pack: $pack, built from $(cat "$build_dir/COMMIT")"
+  # cuBLAS, NCCL and the CUDA runtime come from this machine (a CUDA toolkit, or the nvidia-*
+  # wheels of its PyTorch); the pack's own libraries after them.
+  cuda_dirs=$(find /usr/local/cuda*/lib64 /usr/local/cuda*/targets /opt /usr/lib /usr/local/lib \
+                -maxdepth 8 \( -name 'libcublas.so.1*' -o -name 'libnccl.so.2' -o \
+                -name 'libcudart.so.1*' \) 2>/dev/null | xargs -r -n1 dirname | sort -u |
+              paste -sd: -)
+  echo "CUDA libraries from: ${cuda_dirs:-(none found)}"
+  export LD_LIBRARY_PATH="${cuda_dirs:+$cuda_dirs:}$build_dir/lib:$build_dir/lib-fallback${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 else
-  step "build (everything)" "$out_dir/build.log" cmake --build "$build_dir" -j "$jobs"
-fi
-if [[ ${#failures[@]} -gt 0 ]]; then
-  echo "gpu-check: the build failed; nothing was run"
-  exit 1
-fi
-
-step "ctest -L gpu" "$out_dir/ctest-gpu.log" \
-  ctest --test-dir "$build_dir" -L gpu --output-on-failure --timeout 600
-grep -E 'tests passed|tests failed' "$out_dir/ctest-gpu.log" | sed 's/^/   /'
-step "ctest -R Nccl" "$out_dir/ctest-nccl.log" \
-  ctest --test-dir "$build_dir" -R Nccl --output-on-failure --timeout 600
-grep -E 'tests passed|tests failed|No tests were found' "$out_dir/ctest-nccl.log" | sed 's/^/   /'
-
-# GPU benchmarks: the Google Benchmark binaries whose name says GPU or CUDA.
-shopt -s nullglob
-for bench in "$build_dir"/bench/gpu_* "$build_dir"/bench/*cuda*; do
-  [[ -f "$bench" && -x "$bench" ]] || continue
-  name=$(basename "$bench")
-  step "benchmark $name" "$out_dir/$name.log" timeout 600 "$bench" \
-    --benchmark_out="$out_dir/$name.json" --benchmark_out_format=json
-  # Google Benchmark exits 0 when a benchmark reports an error; with a GPU present that is a failure.
-  if [[ -n "$gpus" ]] && grep -q 'ERROR OCCURRED' "$out_dir/$name.log"; then
-    grep 'ERROR OCCURRED' "$out_dir/$name.log" | sed 's/^/   | /'
-    failures+=("benchmark $name (errors)")
+  build_dir=${1:-build-gpu}
+  step "configure (CUDA, Release)" "$out_dir/configure.log" \
+    cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSHARDLINE_CUDA=ON
+  if ! grep -q '^SHARDLINE_CUDA:BOOL=ON' "$build_dir/CMakeCache.txt" 2>/dev/null; then
+    echo "CUDA is not enabled in $build_dir (is nvcc under /usr/local/cuda?)"
+    exit 1
   fi
+  step "build" "$out_dir/build.log" cmake --build "$build_dir" -j "$(nproc)" --target \
+    kernels_cuda_test model_cuda_gpt_test comm_nccl_test gpu_train_step_bench \
+    train_step_gpu_bench shardline
+  if [[ ${#failures[@]} -gt 0 ]]; then
+    echo "gpu-check: the build failed; nothing was run"
+    exit 1
+  fi
+fi
+
+# The GPU tests, run as binaries (the same tests `ctest -L gpu` and `ctest -R Nccl` run) so that a
+# pack needs no CMake tree. A test that skips says why in its log.
+for test in kernels_cuda_test model_cuda_gpt_test comm_nccl_test; do
+  step "$test" "$out_dir/$test.log" "$build_dir/tests/$test"
+  grep -E '^\[  PASSED  \]|^\[  FAILED  \]|^\[  SKIPPED \] [0-9]+ test' "$out_dir/$test.log" |
+    sed 's/^/   /'
 done
+
+# GPU kernel benchmarks (Google Benchmark). It exits 0 when a benchmark reports an error; with a
+# GPU present that is a failure. (Logs only: the device tool brings back at most 8 files.)
+step "gpu_train_step_bench" "$out_dir/gpu_train_step_bench.log" timeout 300 \
+  "$build_dir/bench/gpu_train_step_bench"
+if [[ -n "$gpus" ]] && grep -q 'ERROR OCCURRED' "$out_dir/gpu_train_step_bench.log"; then
+  grep 'ERROR OCCURRED' "$out_dir/gpu_train_step_bench.log" | sed 's/^/   | /'
+  failures+=("gpu_train_step_bench (errors)")
+fi
+
+# One training step of GPT-2 small, ours against PyTorch's on the same GPU, in the same run.
+torch_python=python3
+[[ -x /usr/bin/python3 ]] && ! python3 -c 'import torch' 2>/dev/null && torch_python=/usr/bin/python3
+step "train step vs PyTorch (cuda, bf16)" "$out_dir/train_step_compare.log" timeout 600 \
+  python3 bench/train_step_compare.py "$build_dir" --device cuda --precision bf16 \
+  --torch-python "$torch_python" --rounds "${GPU_CHECK_ROUNDS:-2}"
+sed -n '/^config /,/^(best/p' "$out_dir/train_step_compare.log" | sed 's/^/   /'
+
+# `shardline train` on the GPU as a user runs it, then text from its checkpoint (on the CPU).
+ckpt=$(mktemp -d /tmp/shardline-gpu-ckpt.XXXXXX)
+step "shardline train --device cuda" "$out_dir/train_cuda.log" timeout 300 \
+  "$build_dir/cli/shardline" train examples/gpt-tiny.yaml --device cuda --checkpoint-dir "$ckpt"
+grep -E '^(Training|step .*/300|Final)' "$out_dir/train_cuda.log" | sed 's/^/   /' | tail -n 4
+step "shardline generate (from the GPU's checkpoint)" "$out_dir/generate.log" timeout 120 \
+  "$build_dir/cli/shardline" generate --checkpoint "$ckpt" --prompt "the cat " --max-new-tokens 40
+sed 's/^/   /' "$out_dir/generate.log" | head -n 3
 
 if [[ ${#failures[@]} -gt 0 ]]; then
   echo "gpu-check: FAILED: ${failures[*]} (logs in $out_dir/)"
