@@ -30,6 +30,7 @@
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/layernorm.h"
 #include "kernels/cpu/matmul.h"
+#include "bench/step_bench_flags.h"
 #include "worker/model/gpt.h"
 #include "worker/model/gpt_config.h"
 
@@ -37,66 +38,27 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-struct Options {
-  int layers = 12;
-  int d_model = 768;
-  int heads = 12;
-  int seq = 256;
-  int batch = 4;
-  int vocab = 50304;
-  int steps = 3;
-  int warmup = 1;
+struct Options : shardline::bench::StepShape {
   int threads = 2;
-  int kernels =
-      0;  // > 0: afterwards, time each kernel of one block and of the head, this many reps
+  int kernels = 0;  // > 0: afterwards, time each kernel of one block and of the head, this many reps
 };
 
-[[noreturn]] void Usage(const char* why) {
-  std::fprintf(stderr,
-               "train_step_bench: %s\nusage: train_step_bench [--layers N] [--d-model N] "
-               "[--heads N] [--seq N] [--batch N] [--vocab N] [--steps N] [--warmup N] "
-               "[--threads N] [--kernels REPS]\n",
-               why);
-  std::exit(2);
-}
-
 Options Parse(int argc, char** argv) {
+  using shardline::bench::IntFlag;
   Options o;
-  struct Flag {
-    const char* name;
-    int* value;
-  };
-  const Flag flags[] = {{"--layers", &o.layers},   {"--d-model", &o.d_model},
-                        {"--heads", &o.heads},     {"--seq", &o.seq},
-                        {"--batch", &o.batch},     {"--vocab", &o.vocab},
-                        {"--steps", &o.steps},     {"--warmup", &o.warmup},
-                        {"--threads", &o.threads}, {"--kernels", &o.kernels}};
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) Usage("help");
-    bool known = false;
-    for (const Flag& f : flags) {
-      if (std::strcmp(argv[i], f.name) != 0) continue;
-      if (i + 1 >= argc) Usage((std::string(f.name) + " needs a value").c_str());
-      char* end = nullptr;
-      const long v = std::strtol(argv[++i], &end, 10);
-      if (*end != '\0' || v < 0 || v > (1L << 30)) {
-        Usage((std::string(f.name) + ": not a non-negative integer: " + argv[i]).c_str());
-      }
-      *f.value = static_cast<int>(v);
-      known = true;
-    }
-    if (!known) Usage((std::string("unknown argument ") + argv[i]).c_str());
+  const shardline::bench::ExtraFlag extra[] = {{"--threads", IntFlag(&o.threads)},
+                                               {"--kernels", IntFlag(&o.kernels)}};
+  shardline::bench::ParseStepFlags(argc, argv, "train_step_bench", "[--threads N] [--kernels REPS]",
+                                   o, extra);
+  if (o.threads < 1) {
+    std::fprintf(stderr, "train_step_bench: --threads must be >= 1\n");
+    std::exit(2);
   }
-  if (o.steps < 1) Usage("--steps must be >= 1");
-  if (o.threads < 1) Usage("--threads must be >= 1");
-  if (o.batch < 1 || o.seq < 1) Usage("--batch and --seq must be >= 1");
   return o;
 }
 
 void Check(const absl::Status& s, const char* what) {
-  if (s.ok()) return;
-  std::fprintf(stderr, "train_step_bench: %s: %s\n", what, s.ToString().c_str());
-  std::exit(1);
+  shardline::bench::CheckOrExit(s, "train_step_bench", what);
 }
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
@@ -311,13 +273,7 @@ int main(int argc, char** argv) {
   setenv("OPENBLAS_NUM_THREADS", threads.c_str(), 1);
   omp_set_num_threads(opt.threads);
 
-  shardline::model::GptConfig config;
-  config.layers = opt.layers;
-  config.heads = opt.heads;
-  config.d_model = opt.d_model;
-  config.vocab = opt.vocab;
-  config.max_seq_len = opt.seq;
-  config.tied_embeddings = true;
+  const shardline::model::GptConfig config = opt.Config();
   Check(config.Validate(), "config");
 
   shardline::kernels::CpuAllocator allocator;

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/step_bench_flags.h"
 #include "kernels/cuda/blas.h"
 #include "kernels/cuda/cuda_allocator.h"
 #include "worker/model/cuda/gpt_model.h"
@@ -33,72 +34,39 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using shardline::kernels::cuda::GemmPrecision;
 
-struct Options {
-  int layers = 12;
-  int d_model = 768;
-  int heads = 12;
-  int seq = 1024;
-  int batch = 16;
-  int vocab = 50304;
-  int steps = 10;
-  int warmup = 3;
+struct Options : shardline::bench::StepShape {
+  Options() {  // GPT-2 small at its own context and a batch that keeps an H100/H200 busy
+    seq = 1024;
+    batch = 16;
+    steps = 10;
+    warmup = 3;
+  }
   GemmPrecision precision = GemmPrecision::kBFloat16;
   double peak_tflops = 989.4;
 };
 
-[[noreturn]] void Usage(const std::string& why) {
-  std::fprintf(stderr,
-               "train_step_gpu_bench: %s\nusage: train_step_gpu_bench [--layers N] [--d-model N] "
-               "[--heads N] [--seq N] [--batch N] [--vocab N] [--steps N] [--warmup N] "
-               "[--precision bf16|fp32] [--peak-tflops X]\n",
-               why.c_str());
-  std::exit(2);
-}
-
 Options Parse(int argc, char** argv) {
   Options o;
-  struct Flag {
-    const char* name;
-    int* value;
-  };
-  const Flag flags[] = {{"--layers", &o.layers}, {"--d-model", &o.d_model}, {"--heads", &o.heads},
-                        {"--seq", &o.seq},       {"--batch", &o.batch},     {"--vocab", &o.vocab},
-                        {"--steps", &o.steps},   {"--warmup", &o.warmup}};
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") Usage("help");
-    if (i + 1 >= argc) Usage(arg + " needs a value");
-    const std::string value = argv[++i];
-    if (arg == "--precision") {
-      if (value != "bf16" && value != "fp32") Usage("--precision: bf16 or fp32, got " + value);
-      o.precision = value == "bf16" ? GemmPrecision::kBFloat16 : GemmPrecision::kFloat32;
-      continue;
-    }
-    if (arg == "--peak-tflops") {
-      char* end = nullptr;
-      o.peak_tflops = std::strtod(value.c_str(), &end);
-      if (*end != '\0' || !(o.peak_tflops > 0)) Usage("--peak-tflops: not a positive number");
-      continue;
-    }
-    bool known = false;
-    for (const Flag& f : flags) {
-      if (arg != f.name) continue;
-      char* end = nullptr;
-      const long v = std::strtol(value.c_str(), &end, 10);
-      if (*end != '\0' || v < 0 || v > (1L << 30)) Usage(arg + ": not a non-negative integer");
-      *f.value = static_cast<int>(v);
-      known = true;
-    }
-    if (!known) Usage("unknown argument " + arg);
-  }
-  if (o.steps < 1) Usage("--steps must be >= 1");
+  const shardline::bench::ExtraFlag extra[] = {
+      {"--precision",
+       [&](const std::string& value) -> std::string {
+         if (value != "bf16" && value != "fp32") return "bf16 or fp32, got " + value;
+         o.precision = value == "bf16" ? GemmPrecision::kBFloat16 : GemmPrecision::kFloat32;
+         return "";
+       }},
+      {"--peak-tflops", [&](const std::string& value) -> std::string {
+         char* end = nullptr;
+         o.peak_tflops = std::strtod(value.c_str(), &end);
+         return value.empty() || *end != '\0' || !(o.peak_tflops > 0) ? "not a positive number"
+                                                                     : "";
+       }}};
+  shardline::bench::ParseStepFlags(argc, argv, "train_step_gpu_bench",
+                                   "[--precision bf16|fp32] [--peak-tflops X]", o, extra);
   return o;
 }
 
 void Check(const absl::Status& s, const char* what) {
-  if (s.ok()) return;
-  std::fprintf(stderr, "train_step_gpu_bench: %s: %s\n", what, s.ToString().c_str());
-  std::exit(1);
+  shardline::bench::CheckOrExit(s, "train_step_gpu_bench", what);
 }
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
@@ -115,13 +83,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "train_step_gpu_bench: %s\n", unavailable.c_str());
     return 1;
   }
-  model::GptConfig config;
-  config.layers = o.layers;
-  config.heads = o.heads;
-  config.d_model = o.d_model;
-  config.vocab = o.vocab;
-  config.max_seq_len = o.seq;
-  config.tied_embeddings = true;
+  const model::GptConfig config = o.Config();
   auto created = model::CudaGptModel::Create(config, 0, o.precision);
   Check(created.status(), "creating the model");
   model::CudaGptModel& gpt = **created;

@@ -36,6 +36,7 @@
 #include "kernels/cuda/blas.h"
 #include "kernels/cuda/cuda_allocator.h"
 #include "placement/train_spec.h"
+#include "tests/support/tiny_train_spec.h"
 #include "worker/model/cuda/gpt_model.h"
 #include "worker/model/data/sampler.h"
 #include "worker/model/data/synthetic_corpus.h"
@@ -136,17 +137,28 @@ TEST(CudaGptNoGpuTest, NoDeviceIsFailedPreconditionWithCudasReason) {
   EXPECT_THAT(std::string(model.status().message()), HasSubstr("cudaGetDeviceCount"));
 }
 
-class CudaGptVsCpuTest : public ::testing::TestWithParam<bool> {};  // tied embeddings
+// The parameter: tied embeddings.
+class CudaGptVsCpuTest : public ::testing::TestWithParam<bool> {
+ protected:
+  // cpu and gpu: TinyConfig(tied), initialised from the same seed.
+  void CreateModels(GemmPrecision precision) {
+    config = TinyConfig(GetParam());
+    cpu = GptModel::Create(config, allocator).value();
+    cpu->InitGpt2(5);
+    gpu = CudaModel(config, precision);
+    ASSERT_NE(gpu, nullptr);
+    gpu->InitGpt2(5);
+  }
+
+  kernels::CpuAllocator allocator;
+  GptConfig config;
+  std::unique_ptr<GptModel> cpu;
+  std::unique_ptr<CudaGptModel> gpu;
+};
 
 TEST_P(CudaGptVsCpuTest, Fp32MatchesTheCpuModelForwardAndBackward) {
   SKIP_WITHOUT_GPU();
-  const GptConfig config = TinyConfig(GetParam());
-  kernels::CpuAllocator allocator;
-  auto cpu = GptModel::Create(config, allocator).value();
-  cpu->InitGpt2(5);
-  auto gpu = CudaModel(config, GemmPrecision::kFloat32);
-  ASSERT_NE(gpu, nullptr);
-  gpu->InitGpt2(5);
+  ASSERT_NO_FATAL_FAILURE(CreateModels(GemmPrecision::kFloat32));
   auto params = gpu->HostParams();
   ASSERT_TRUE(params.ok()) << params.status();
   ASSERT_EQ(0, std::memcmp(params->data(), cpu->params().data(), params->size_bytes()))
@@ -177,13 +189,7 @@ TEST_P(CudaGptVsCpuTest, Fp32MatchesTheCpuModelForwardAndBackward) {
 
 TEST_P(CudaGptVsCpuTest, Bf16GradientsPointTheSameWayAsTheCpus) {
   SKIP_WITHOUT_GPU();
-  const GptConfig config = TinyConfig(GetParam());
-  kernels::CpuAllocator allocator;
-  auto cpu = GptModel::Create(config, allocator).value();
-  cpu->InitGpt2(5);
-  auto gpu = CudaModel(config, GemmPrecision::kBFloat16);
-  ASSERT_NE(gpu, nullptr);
-  gpu->InitGpt2(5);
+  ASSERT_NO_FATAL_FAILURE(CreateModels(GemmPrecision::kBFloat16));
   const Batch b = MakeBatch(config.vocab);
   cpu->ZeroGrad();
   gpu->ZeroGrad();
@@ -279,25 +285,8 @@ TEST(CudaGptTrainingTest, LoadParamsRoundTripsAndBadInputIsRefusedBeforeAnyWork)
 
 TEST(CudaGptTrainingTest, ShardlineTrainOnCudaLearnsAndItsCheckpointLoadsOnTheCpu) {
   SKIP_WITHOUT_GPU();
-  auto spec = placement::ParseTrainSpec(R"(name: tiny-cuda
-device: cuda
-model:
-  layers: 2
-  heads: 4
-  d_model: 32
-  max_seq_len: 32
-data:
-  synthetic:
-    seed: 7
-    bytes: 256KiB
-optimizer:
-  lr: 1.0e-2
-  warmup_steps: 5
-steps: 200
-batch: 4
-seq_len: 32
-seed: 3
-)",
+  // The spec training_test.cc trains on the CPU, on the GPU.
+  auto spec = placement::ParseTrainSpec(std::string(testing::kTinyTrainSpec) + "device: cuda\n",
                                         "tiny-cuda.yaml");
   ASSERT_TRUE(spec.ok()) << spec.status();
   ASSERT_EQ(spec->precision, placement::TrainPrecision::kBFloat16);

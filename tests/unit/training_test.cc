@@ -8,6 +8,7 @@
 
 #include "kernels/allocator.h"
 #include "placement/train_spec.h"
+#include "tests/support/tiny_train_spec.h"
 #if SHARDLINE_WITH_CUDA
 #include "kernels/cuda/cuda_allocator.h"
 #endif
@@ -28,25 +29,7 @@ std::string TempDir(const std::string& name) {
   return dir.string();
 }
 
-constexpr const char* kTinySpec = R"(name: tiny
-model:
-  layers: 2
-  heads: 4
-  d_model: 32
-  max_seq_len: 32
-data:
-  synthetic:
-    seed: 7
-    bytes: 256KiB
-optimizer:
-  lr: 1.0e-2
-  warmup_steps: 5
-steps: 200
-batch: 4
-seq_len: 32
-seed: 3
-log_interval: 20
-)";
+constexpr const char* kTinySpec = testing::kTinyTrainSpec;
 
 placement::TrainSpec TinySpec() {
   auto spec = placement::ParseTrainSpec(kTinySpec, "tiny.yaml");
