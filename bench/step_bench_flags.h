@@ -67,14 +67,11 @@ inline void ParseStepFlags(int argc, char** argv, const char* program, const cha
                  program, why.c_str(), program, extra_usage);
     std::exit(2);
   };
-  const ExtraFlag shared[] = {{"--layers", IntFlag(&shape.layers)},
-                              {"--d-model", IntFlag(&shape.d_model)},
-                              {"--heads", IntFlag(&shape.heads)},
-                              {"--seq", IntFlag(&shape.seq)},
-                              {"--batch", IntFlag(&shape.batch)},
-                              {"--vocab", IntFlag(&shape.vocab)},
-                              {"--steps", IntFlag(&shape.steps)},
-                              {"--warmup", IntFlag(&shape.warmup)}};
+  const ExtraFlag shared[] = {
+      {"--layers", IntFlag(&shape.layers)}, {"--d-model", IntFlag(&shape.d_model)},
+      {"--heads", IntFlag(&shape.heads)},   {"--seq", IntFlag(&shape.seq)},
+      {"--batch", IntFlag(&shape.batch)},   {"--vocab", IntFlag(&shape.vocab)},
+      {"--steps", IntFlag(&shape.steps)},   {"--warmup", IntFlag(&shape.warmup)}};
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") usage("help");

@@ -58,7 +58,7 @@ Options Parse(int argc, char** argv) {
          char* end = nullptr;
          o.peak_tflops = std::strtod(value.c_str(), &end);
          return value.empty() || *end != '\0' || !(o.peak_tflops > 0) ? "not a positive number"
-                                                                     : "";
+                                                                      : "";
        }}};
   shardline::bench::ParseStepFlags(argc, argv, "train_step_gpu_bench",
                                    "[--precision bf16|fp32] [--peak-tflops X]", o, extra);
@@ -136,17 +136,19 @@ int main(int argc, char** argv) {
   }
   const double step_s = timed_s / o.steps;
   const double tokens_per_s = N / step_s;
-  const double mfu = 6.0 * static_cast<double>(gpt.num_params()) * tokens_per_s /
-                     (o.peak_tflops * 1e12);
-  std::printf("phases (mean over %d timed steps): forward+loss %.4f s, backward %.4f s, "
-              "adamw %.4f s\n",
-              o.steps, forward_s / o.steps, backward_s / o.steps, adamw_s / o.steps);
+  const double mfu =
+      6.0 * static_cast<double>(gpt.num_params()) * tokens_per_s / (o.peak_tflops * 1e12);
+  std::printf(
+      "phases (mean over %d timed steps): forward+loss %.4f s, backward %.4f s, "
+      "adamw %.4f s\n",
+      o.steps, forward_s / o.steps, backward_s / o.steps, adamw_s / o.steps);
   std::printf("PHASES impl=shardline forward=%.6f backward=%.6f adamw_step=%.6f\n",
               forward_s / o.steps, backward_s / o.steps, adamw_s / o.steps);
   std::printf("loss: first %.4f last %.4f\n", first_loss, last_loss);
-  std::printf("RESULT impl=shardline tokens_per_s=%.2f step_s=%.6f params=%lld mfu=%.4f "
-              "peak_bytes=%lld peak_kind=allocator\n",
-              tokens_per_s, step_s, static_cast<long long>(gpt.num_params()), mfu,
-              static_cast<long long>(gpt.PeakBytes()));
+  std::printf(
+      "RESULT impl=shardline tokens_per_s=%.2f step_s=%.6f params=%lld mfu=%.4f "
+      "peak_bytes=%lld peak_kind=allocator\n",
+      tokens_per_s, step_s, static_cast<long long>(gpt.num_params()), mfu,
+      static_cast<long long>(gpt.PeakBytes()));
   return 0;
 }

@@ -137,10 +137,11 @@ absl::Status ParseTrainSections(const YamlMap& map, TrainSpec& spec) {
 
 absl::Status SetTrainDevice(std::string_view device, TrainSpec& spec) {
   int index = 0;
+  const bool cuda_n = absl::StartsWith(AbslView(device), "cuda:") &&
+                      absl::SimpleAtoi(AbslView(device.substr(5)), &index) && index >= 0;
   if (device == "cpu") {
     spec.device = TrainDevice::kCpu;
-  } else if (device == "cuda" || (absl::StartsWith(AbslView(device), "cuda:") &&
-                                  absl::SimpleAtoi(AbslView(device.substr(5)), &index) && index >= 0)) {
+  } else if (device == "cuda" || cuda_n) {
     spec.device = TrainDevice::kCuda;
   } else {
     return absl::InvalidArgumentError(

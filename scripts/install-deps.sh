@@ -12,6 +12,8 @@ packages=(
   libabsl-dev libspdlog-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev
   # collectives and compute
   libgloo-dev libopenblas-dev libopenmpi-dev openmpi-bin
+  # vectorized tanh and exp for the CPU kernels (the library PyTorch's CPU kernels use)
+  libsleef-dev
   # monitoring: client library, and the real server + promtool for the monitoring tests
   prometheus-cpp-dev prometheus
   # tests and benchmarks

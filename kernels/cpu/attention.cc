@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/cpu/vector_math.h"
+
 namespace shardline::kernels::cpu {
 namespace {
 
@@ -79,7 +81,7 @@ void ForwardHead(HeadScratch& scratch, float* out, float* lse, int b, int h, int
         const int n = std::min(kKeyTile, i + 1 - j0);
         if (n <= 0) continue;
         scratch.Scores(i, j0, n, T, HS);
-        const float* s = scratch.scores.data();
+        float* s = scratch.scores.data();
         float tile_max = -INFINITY;
         for (int j = 0; j < n; ++j) tile_max = std::fmax(tile_max, s[j]);
         const float new_max = std::fmax(row_max[r], tile_max);
@@ -88,8 +90,10 @@ void ForwardHead(HeadScratch& scratch, float* out, float* lse, int b, int h, int
         float* a = acc.data() + int64_t{r} * HS;
         float sum = row_sum[r] * correction;
         for (int d = 0; d < HS; ++d) a[d] *= correction;
+        for (int j = 0; j < n; ++j) s[j] -= new_max;
+        ExpInto(s, s, n);  // the tile's probabilities (unnormalised), vectorised
         for (int j = 0; j < n; ++j) {
-          const float p = std::exp(s[j] - new_max);
+          const float p = s[j];
           sum += p;
           const float* vj = scratch.v.data() + int64_t{j0 + j} * HS;
           for (int d = 0; d < HS; ++d) a[d] += p * vj[d];
@@ -141,7 +145,8 @@ void BackwardHead(HeadScratch& scratch, float* dqkv, const float* dout, const fl
         if (n <= 0) continue;
         scratch.Scores(i, j0, n, T, HS);
         float* p = scratch.scores.data();
-        for (int j = 0; j < n; ++j) p[j] = std::exp(p[j] - head_lse[i]);
+        for (int j = 0; j < n; ++j) p[j] -= head_lse[i];
+        ExpInto(p, p, n);
         const float* doi = dout_rows.data() + int64_t{i} * HS;
         std::fill(dp.begin(), dp.begin() + n, 0.0f);
         for (int d = 0; d < HS; ++d) {

@@ -1,11 +1,16 @@
 #include "kernels/cpu/cross_entropy.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/vector_math.h"
 
 namespace shardline::kernels::cpu {
+namespace {
+constexpr int kExpBlock = 1024;  // logits per ExpInto call
+}  // namespace
 
 void CrossEntropyLocalStats(float* local_max, float* local_sumexp, float* target_logit,
                             const float* logits, const int32_t* targets, int N, int Vs, int v0) {
@@ -14,8 +19,15 @@ void CrossEntropyLocalStats(float* local_max, float* local_sumexp, float* target
     const float* row = logits + int64_t{n} * Vs;
     float max = -INFINITY;
     for (int j = 0; j < Vs; ++j) max = std::fmax(max, row[j]);
+    // exp of a block at a time (vector_math.h), summed in order.
     float sum = 0.0f;
-    for (int j = 0; j < Vs; ++j) sum += std::exp(row[j] - max);
+    float e[kExpBlock];
+    for (int j0 = 0; j0 < Vs; j0 += kExpBlock) {
+      const int m = std::min(kExpBlock, Vs - j0);
+      for (int j = 0; j < m; ++j) e[j] = row[j0 + j] - max;
+      ExpInto(e, e, m);
+      for (int j = 0; j < m; ++j) sum += e[j];
+    }
     local_max[n] = max;
     local_sumexp[n] = sum;
     const int32_t local = targets[n] - v0;
@@ -49,7 +61,13 @@ void CrossEntropyBackwardShard(float* dlogits, const float* logits, const float*
     float* drow = dlogits + int64_t{n} * Vs;
     const float g = dlosses[n];
     const float z = lse[n];
-    for (int j = 0; j < Vs; ++j) drow[j] += g * std::exp(row[j] - z);
+    float e[kExpBlock];
+    for (int j0 = 0; j0 < Vs; j0 += kExpBlock) {
+      const int m = std::min(kExpBlock, Vs - j0);
+      for (int j = 0; j < m; ++j) e[j] = row[j0 + j] - z;
+      ExpInto(e, e, m);
+      for (int j = 0; j < m; ++j) drow[j0 + j] += g * e[j];
+    }
     const int32_t local = targets[n] - v0;
     if (local >= 0 && local < Vs) drow[local] -= g;
   }

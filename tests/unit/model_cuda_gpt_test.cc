@@ -50,10 +50,10 @@ namespace {
 using kernels::cuda::GemmPrecision;
 using ::testing::HasSubstr;
 
-#define SKIP_WITHOUT_GPU()                                                   \
-  do {                                                                       \
-    const std::string reason = kernels::cuda::CudaUnavailableReason(0);      \
-    if (!reason.empty()) GTEST_SKIP() << reason;                          \
+#define SKIP_WITHOUT_GPU()                                              \
+  do {                                                                  \
+    const std::string reason = kernels::cuda::CudaUnavailableReason(0); \
+    if (!reason.empty()) GTEST_SKIP() << reason;                        \
   } while (false)
 
 GptConfig TinyConfig(bool tied) {
@@ -103,8 +103,8 @@ void ExpectCloseScaled(std::span<const float> a, std::span<const float> b, doubl
   const double atol = atol_of_max * MaxAbs(b);
   for (size_t i = 0; i < a.size(); ++i) {
     ASSERT_LE(std::fabs(double{a[i]} - double{b[i]}), atol)
-        << what << "[" << i << "]: cuda " << a[i] << " cpu " << b[i] << " (max |cpu| "
-        << MaxAbs(b) << ")";
+        << what << "[" << i << "]: cuda " << a[i] << " cpu " << b[i] << " (max |cpu| " << MaxAbs(b)
+        << ")";
   }
 }
 
@@ -262,7 +262,8 @@ TEST(CudaGptTrainingTest, LoadParamsRoundTripsAndBadInputIsRefusedBeforeAnyWork)
   auto gpu = CudaModel(config, GemmPrecision::kBFloat16);
   ASSERT_NE(gpu, nullptr);
   std::vector<float> values(static_cast<size_t>(gpu->num_params()));
-  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i % 1000) * 1e-3f - 0.5f;
+  for (size_t i = 0; i < values.size(); ++i)
+    values[i] = static_cast<float>(i % 1000) * 1e-3f - 0.5f;
   ASSERT_TRUE(gpu->LoadParams(values).ok());
   auto back = gpu->HostParams();
   ASSERT_TRUE(back.ok()) << back.status();

@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/allocator.h"
 #include "placement/train_spec.h"
 #include "worker/model/data/text_dataset.h"
-#include "kernels/allocator.h"
 #include "worker/model/gpt_config.h"
 #include "worker/model/trainable_gpt.h"
 

@@ -33,8 +33,8 @@ absl::Status BlockForward(k::Blas& blas, const BlockDims& d, const BlockParams& 
   RETURN_IF_ERROR(k::ResidualForward(a.resid_mid, a.resid_mid, x, NC, stream));
 
   // MLP half.
-  RETURN_IF_ERROR(k::LayerNormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.resid_mid, p.ln2_w,
-                                      p.ln2_b, N, d.C, kernels::cpu::kLayerNormEps, stream));
+  RETURN_IF_ERROR(k::LayerNormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.resid_mid, p.ln2_w, p.ln2_b,
+                                      N, d.C, kernels::cpu::kLayerNormEps, stream));
   RETURN_IF_ERROR(k::MatmulForward(blas, a.fch, a.ln2, p.fc_w, p.fc_b, N, d.C, d.F, stream));
   RETURN_IF_ERROR(k::GeluForward(a.fch_gelu, a.fch, d.N() * d.F, stream));
   RETURN_IF_ERROR(
@@ -63,8 +63,8 @@ absl::Status BlockBackward(k::Blas& blas, const BlockDims& d, const BlockParams&
   RETURN_IF_ERROR(k::GeluBackward(s.dfch, a.fch, s.dfch_gelu, d.N() * d.F, stream));
   RETURN_IF_ERROR(
       k::MatmulBackward(blas, s.dln, g.fc_w, g.fc_b, s.dfch, a.ln2, p.fc_w, N, d.C, d.F, stream));
-  RETURN_IF_ERROR(k::LayerNormBackward(s.dresid_mid, g.ln2_w, g.ln2_b, s.dln, a.resid_mid,
-                                       p.ln2_w, a.ln2_mean, a.ln2_rstd, N, d.C, stream));
+  RETURN_IF_ERROR(k::LayerNormBackward(s.dresid_mid, g.ln2_w, g.ln2_b, s.dln, a.resid_mid, p.ln2_w,
+                                       a.ln2_mean, a.ln2_rstd, N, d.C, stream));
 
   // Attention half: r = x + attn_proj(attention(qkv(ln1(x)))).
   RETURN_IF_ERROR(k::ResidualBackward(dx, nullptr, s.dresid_mid, NC, stream));

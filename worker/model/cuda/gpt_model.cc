@@ -40,10 +40,9 @@ absl::StatusOr<std::unique_ptr<CudaGptModel>> CudaGptModel::Create(const GptConf
                                                                    k::GemmPrecision precision) {
   RETURN_IF_ERROR(config.Validate());
   if (config.head_size() > k::launch::kAttentionMaxHeadSize) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("CudaGptModel: head size ", config.head_size(), " (d_model ", config.d_model,
-                     " / heads ", config.heads, ") is past the fused attention kernel's ",
-                     k::launch::kAttentionMaxHeadSize));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CudaGptModel: head size ", config.head_size(), " (d_model ", config.d_model, " / heads ",
+        config.heads, ") is past the fused attention kernel's ", k::launch::kAttentionMaxHeadSize));
   }
   ASSIGN_OR_RETURN(auto allocator, k::CudaCachingAllocator::Create(device));
   std::unique_ptr<CudaGptModel> model(new CudaGptModel(config, std::move(allocator)));
@@ -54,17 +53,19 @@ absl::StatusOr<std::unique_ptr<CudaGptModel>> CudaGptModel::Create(const GptConf
                                 "CudaGptModel: creating its stream"));
   ASSIGN_OR_RETURN(model->blas_, k::Blas::Create(*model->allocator_, precision));
   const int64_t n = model->layout_.total();
-  ASSIGN_OR_RETURN(model->params_, kernels::Tensor::Zeros({n}, DType::kFloat32, *model->allocator_));
+  ASSIGN_OR_RETURN(model->params_,
+                   kernels::Tensor::Zeros({n}, DType::kFloat32, *model->allocator_));
   ASSIGN_OR_RETURN(model->grads_, kernels::Tensor::Zeros({n}, DType::kFloat32, *model->allocator_));
-  ASSIGN_OR_RETURN(model->norm_sum_, kernels::Tensor::Zeros({1}, DType::kFloat64, *model->allocator_));
+  ASSIGN_OR_RETURN(model->norm_sum_,
+                   kernels::Tensor::Zeros({1}, DType::kFloat64, *model->allocator_));
   // Tensor::Zeros fills on the legacy stream; the model's stream does not wait for it by itself.
   RETURN_IF_ERROR(k::CudaStatus(cudaDeviceSynchronize(), "CudaGptModel: zeroing its parameters"));
   return model;
 }
 
 absl::Status CudaGptModel::Check(cudaError_t error, const char* what) const {
-  return k::CudaStatus(error, absl::StrCat("CudaGptModel (device ", allocator_->device_index(),
-                                           "): ", what));
+  return k::CudaStatus(
+      error, absl::StrCat("CudaGptModel (device ", allocator_->device_index(), "): ", what));
 }
 
 absl::StatusOr<std::vector<float>> CudaGptModel::CopyToHost(const float* device_data, int64_t n,
@@ -123,7 +124,8 @@ absl::Status CudaGptModel::PrepareBatch(int B, int T) {
   RETURN_IF_ERROR(Check(cudaStreamSynchronize(stream_), "resizing the activations"));
   acts_ = GptActivations();
   tokens_ = targets_ = kernels::Tensor();
-  ASSIGN_OR_RETURN(acts_, GptActivations::Allocate(config_, B, T, /*with_grads=*/true, *allocator_));
+  ASSIGN_OR_RETURN(acts_,
+                   GptActivations::Allocate(config_, B, T, /*with_grads=*/true, *allocator_));
   const int64_t N = int64_t{B} * T;
   ASSIGN_OR_RETURN(tokens_, kernels::Tensor::Empty({N}, DType::kInt32, *allocator_));
   ASSIGN_OR_RETURN(targets_, kernels::Tensor::Empty({N}, DType::kInt32, *allocator_));
@@ -137,13 +139,12 @@ absl::StatusOr<float> CudaGptModel::Forward(std::span<const int32_t> tokens,
   RETURN_IF_ERROR(config_.CheckBatch(B, T));
   const int64_t N = int64_t{B} * T;
   if (static_cast<int64_t>(tokens.size()) != N || static_cast<int64_t>(targets.size()) != N) {
-    return absl::InvalidArgumentError(absl::StrCat("tokens: ", tokens.size(), ", targets: ",
-                                                   targets.size(), " values for a batch of B=", B,
-                                                   " T=", T));
+    return absl::InvalidArgumentError(absl::StrCat("tokens: ", tokens.size(),
+                                                   ", targets: ", targets.size(),
+                                                   " values for a batch of B=", B, " T=", T));
   }
-  RETURN_IF_ERROR(Annotate(kernels::cpu::ValidateTokens(tokens.data(), tokens.size(),
-                                                        config_.vocab),
-                           "tokens"));
+  RETURN_IF_ERROR(Annotate(
+      kernels::cpu::ValidateTokens(tokens.data(), tokens.size(), config_.vocab), "tokens"));
   RETURN_IF_ERROR(CheckTargets(targets, config_.vocab));
   SHARDLINE_ON_DEVICE(allocator_->device_index());
   RETURN_IF_ERROR(PrepareBatch(B, T));
@@ -163,14 +164,14 @@ absl::StatusOr<float> CudaGptModel::Forward(std::span<const int32_t> tokens,
   float* params = params_.data<float>();
   const OuterParams o = layout_.Outer(params);
   const int32_t* device_tokens = tokens_.data<int32_t>();
-  RETURN_IF_ERROR(k::EncoderForward(acts_.residual[0], device_tokens, o.wte, o.wpe, B, T, C, V,
-                                    stream_));
+  RETURN_IF_ERROR(
+      k::EncoderForward(acts_.residual[0], device_tokens, o.wte, o.wpe, B, T, C, V, stream_));
   const BlockDims dims{B, T, C, config_.heads, config_.head_size(), config_.ff()};
   for (int l = 0; l < L; ++l) {
-    RETURN_IF_ERROR(Annotate(cuda::BlockForward(*blas_, dims, layout_.Block(params, l),
-                                                acts_.residual[l], acts_.residual[l + 1],
-                                                acts_.blocks[l], stream_),
-                             absl::StrCat("block ", l, " forward")));
+    RETURN_IF_ERROR(
+        Annotate(cuda::BlockForward(*blas_, dims, layout_.Block(params, l), acts_.residual[l],
+                                    acts_.residual[l + 1], acts_.blocks[l], stream_),
+                 absl::StrCat("block ", l, " forward")));
   }
   RETURN_IF_ERROR(k::LayerNormForward(acts_.lnf, acts_.lnf_mean, acts_.lnf_rstd, acts_.residual[L],
                                       o.lnf_w, o.lnf_b, rows, C, kernels::cpu::kLayerNormEps,
@@ -185,10 +186,10 @@ absl::StatusOr<float> CudaGptModel::Forward(std::span<const int32_t> tokens,
   ASSIGN_OR_RETURN(host_losses_, CopyToHost(acts_.losses, N, "reading the losses"));
   host_dlosses_.resize(static_cast<size_t>(N));
   const float loss = MeanLoss(host_losses_, host_targets_, host_dlosses_);
-  RETURN_IF_ERROR(Check(cudaMemcpyAsync(acts_.dlosses, host_dlosses_.data(),
-                                        sizeof(float) * host_dlosses_.size(),
-                                        cudaMemcpyHostToDevice, stream_),
-                        "copying the loss gradient in"));
+  RETURN_IF_ERROR(
+      Check(cudaMemcpyAsync(acts_.dlosses, host_dlosses_.data(),
+                            sizeof(float) * host_dlosses_.size(), cudaMemcpyHostToDevice, stream_),
+            "copying the loss gradient in"));
   have_loss_ = true;
   return loss;
 }
@@ -207,9 +208,11 @@ absl::Status CudaGptModel::Backward() {
   const int32_t* device_targets = targets_.data<int32_t>();
 
   // The kernels accumulate: the head's buffers start from zero.
-  RETURN_IF_ERROR(Check(cudaMemsetAsync(acts_.dlogits, 0, sizeof(float) * int64_t{rows} * V, stream_),
-                        "zeroing dlogits"));
-  RETURN_IF_ERROR(Check(cudaMemsetAsync(acts_.dlnf, 0, sizeof(float) * NC, stream_), "zeroing dlnf"));
+  RETURN_IF_ERROR(
+      Check(cudaMemsetAsync(acts_.dlogits, 0, sizeof(float) * int64_t{rows} * V, stream_),
+            "zeroing dlogits"));
+  RETURN_IF_ERROR(
+      Check(cudaMemsetAsync(acts_.dlnf, 0, sizeof(float) * NC, stream_), "zeroing dlnf"));
   RETURN_IF_ERROR(Check(cudaMemsetAsync(acts_.dresidual[L], 0, sizeof(float) * NC, stream_),
                         "zeroing the head's input gradient"));
   RETURN_IF_ERROR(k::CrossEntropyBackward(acts_.dlogits, acts_.logits, acts_.lse, device_targets,
@@ -252,9 +255,9 @@ absl::StatusOr<double> CudaGptModel::AdamWStep(const AdamWOptions& options, int6
     const std::span<const float> read[] = {all_grads[0]};
     RETURN_IF_ERROR(k::GradSumOfSquares(read, sum_sq, stream_));
     double host_sum = 0.0;
-    RETURN_IF_ERROR(Check(cudaMemcpyAsync(&host_sum, sum_sq, sizeof(double),
-                                          cudaMemcpyDeviceToHost, stream_),
-                          "reading the gradient norm"));
+    RETURN_IF_ERROR(
+        Check(cudaMemcpyAsync(&host_sum, sum_sq, sizeof(double), cudaMemcpyDeviceToHost, stream_),
+              "reading the gradient norm"));
     RETURN_IF_ERROR(Check(cudaStreamSynchronize(stream_), "reading the gradient norm"));
     norm = std::sqrt(host_sum);
   }
@@ -272,8 +275,8 @@ absl::StatusOr<double> CudaGptModel::AdamWStep(const AdamWOptions& options, int6
 }
 
 absl::StatusOr<std::span<const float>> CudaGptModel::HostParams() {
-  ASSIGN_OR_RETURN(host_params_, CopyToHost(params_.data<float>(), num_params(),
-                                            "copying the parameters out"));
+  ASSIGN_OR_RETURN(host_params_,
+                   CopyToHost(params_.data<float>(), num_params(), "copying the parameters out"));
   return std::span<const float>(host_params_);
 }
 

@@ -9,12 +9,15 @@
 // smaller than bf16's resolution are not lost. kFloat32 runs f32 GEMMs (no TF32): the mode that
 // matches the CPU model to rounding, for checks.
 //
-// Synchronisation: Forward returns the loss, so it waits for the forward (the losses are averaged on
-// the host, as the CPU model does); AdamWStep waits for the gradient norm (clipping needs it on the
-// host to decide, and the caller wants it). Everything else only queues work.
+// Synchronisation: Forward returns the loss, so it waits for the forward (the losses are averaged
+// on the host, as the CPU model does); AdamWStep waits for the gradient norm (clipping needs it on
+// the host to decide, and the caller wants it). Everything else only queues work.
 //
 // Not deterministic to the last bit: the token embedding's backward adds with atomics, so repeated
 // tokens can sum in a different order from run to run (kernels/cuda/ops.h).
+//
+// Errors: the argument checks come before any work and leave the model as it was; an error from
+// CUDA itself (a fault is sticky) leaves it unusable, and the caller stops rather than retries.
 //
 // Thread-safety: none; one thread drives a model. The model makes its device current in every
 // call that touches it.
@@ -43,8 +46,8 @@ class CudaGptModel final : public TrainableGpt {
   // kernel does not take (> 128); FailedPrecondition, with CUDA's reason, when the device is not
   // usable (no driver, no GPU) or cuBLAS cannot be loaded; ResourceExhausted when the parameters
   // and optimizer state do not fit.
-  static absl::StatusOr<std::unique_ptr<CudaGptModel>> Create(const GptConfig& config, int device,
-                                                              kernels::cuda::GemmPrecision precision);
+  static absl::StatusOr<std::unique_ptr<CudaGptModel>> Create(
+      const GptConfig& config, int device, kernels::cuda::GemmPrecision precision);
   ~CudaGptModel() override;
 
   CudaGptModel(const CudaGptModel&) = delete;
@@ -74,9 +77,6 @@ class CudaGptModel final : public TrainableGpt {
   // Waits for the work queued so far (for timing); reports a fault of any of it.
   absl::Status Synchronize();
 
-  // Any error from here on leaves the model in an unknown state (a CUDA fault is sticky): callers
-  // stop training rather than retry.
-
  private:
   CudaGptModel(const GptConfig& config, std::unique_ptr<kernels::cuda::CudaCachingAllocator> alloc);
 
@@ -92,15 +92,15 @@ class CudaGptModel final : public TrainableGpt {
   std::unique_ptr<kernels::cuda::Blas> blas_;
   cudaStream_t stream_ = nullptr;
 
-  kernels::Tensor params_;     // (num_params) f32, the master weights
-  kernels::Tensor grads_;      // (num_params) f32, same layout
-  kernels::Tensor adam_m_;     // (num_params) f32, allocated at the first AdamWStep
+  kernels::Tensor params_;  // (num_params) f32, the master weights
+  kernels::Tensor grads_;   // (num_params) f32, same layout
+  kernels::Tensor adam_m_;  // (num_params) f32, allocated at the first AdamWStep
   kernels::Tensor adam_v_;
-  kernels::Tensor norm_sum_;   // one double: the gradients' sum of squares
+  kernels::Tensor norm_sum_;  // one double: the gradients' sum of squares
 
-  GptActivations acts_;        // on the device, sized for the current batch
-  kernels::Tensor tokens_;     // (B,T) i32 on the device
-  kernels::Tensor targets_;    // (B,T) i32 on the device
+  GptActivations acts_;      // on the device, sized for the current batch
+  kernels::Tensor tokens_;   // (B,T) i32 on the device
+  kernels::Tensor targets_;  // (B,T) i32 on the device
   std::vector<int32_t> host_targets_;
   std::vector<float> host_losses_, host_dlosses_;
   std::vector<float> host_params_;  // HostParams' copy
