@@ -56,7 +56,7 @@ if [[ "${1:-}" == "--pack" ]]; then
   # cuBLAS, NCCL and the CUDA runtime come from this machine (a CUDA toolkit, or the nvidia-*
   # wheels of its PyTorch); the pack's own libraries after them.
   cuda_dirs=$(find /usr/local/cuda*/lib64 /usr/local/cuda*/targets /opt /usr/lib /usr/local/lib \
-                -maxdepth 8 \( -name 'libcublas.so.1*' -o -name 'libnccl.so.2' -o \
+                -maxdepth 10 \( -name 'libcublas.so.1*' -o -name 'libnccl.so.2' -o \
                 -name 'libcudart.so.1*' \) 2>/dev/null | xargs -r -n1 dirname | sort -u |
               paste -sd: -)
   echo "CUDA libraries from: ${cuda_dirs:-(none found)}"
