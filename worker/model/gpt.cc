@@ -15,7 +15,6 @@
 namespace shardline::model {
 namespace cpu = kernels::cpu;
 
-
 GptModel::GptModel(const GptConfig& config, kernels::Allocator& allocator)
     : config_(config), layout_(config), allocator_(&allocator) {}
 
