@@ -594,7 +594,7 @@ void Coordinator::PredictLayout(Job& job) {
                job.id, PlanSummary(job.spec), t.total, t.compute, t.tp, t.pp, t.bubble, t.dp,
                t.optimizer,
                placement::FormatApproxByteSize(static_cast<double>(job.plan.memory_bytes)),
-               job.plan.calibrated ? ", with its ranks' own calibration" : "");
+               job.PredictionCalibrated() ? ", with its ranks' own calibration" : "");
 }
 
 void Coordinator::StartGeneration(Job& job,
@@ -642,7 +642,6 @@ void Coordinator::StartGeneration(Job& job,
   job.actors.clear();
   job.groups = std::move(groups);
   job.plan.calibrated_ranks.clear();
-  job.plan.calibrated = false;
   // A new generation reports its steps and saves its shards afresh; what was committed stays.
   job.train.first_step = -1;
   job.train.recent.clear();
@@ -1081,12 +1080,8 @@ absl::Status Coordinator::OnCalibration(const std::string& peer, uint64_t reques
   spdlog::debug("{}: calibration {:.3g} FLOP/s, {} groups", where, report.getComputeFlops(),
                 groups.size());
   // Once every rank has measured, the job's own numbers price its layout.
-  job.plan.calibrated_ranks.insert(actor->rank);
-  if (!job.plan.calibrated &&
-      job.plan.calibrated_ranks.size() == static_cast<size_t>(job.World())) {
-    job.plan.calibrated = true;
-    PredictLayout(job);
-  }
+  const bool first_from_rank = job.plan.calibrated_ranks.insert(actor->rank).second;
+  if (first_from_rank && job.PredictionCalibrated()) PredictLayout(job);
   ReplyAck(peer, request_id);
   return absl::OkStatus();
 }
@@ -1421,7 +1416,7 @@ void Coordinator::FillTrainProgress(wire::TrainProgress::Builder out, const Job&
   out.setPredictedStepSeconds(job.plan.step_seconds);
   out.setPredictedMemoryBytes(static_cast<uint64_t>(std::max<int64_t>(job.plan.memory_bytes, 0)));
   out.setPlanSummary(CapText(job.plan.summary));
-  out.setPredictionCalibrated(job.plan.calibrated && job.plan.step_seconds > 0);
+  out.setPredictionCalibrated(job.PredictionCalibrated() && job.plan.step_seconds > 0);
 }
 
 void Coordinator::Persist(const Job& job) {

@@ -107,9 +107,8 @@ struct PlanRecord {
   // free: the same devices are not planned again (the verdict would be the same).
   std::string failed_on;
   // The ranks of the current generation whose start-up calibration arrived; once all have, the
-  // prediction is made again with what they measured (calibrated == true).
+  // prediction is made again with what they measured (Job::PredictionCalibrated).
   std::set<int> calibrated_ranks;
-  bool calibrated = false;
 };
 
 struct Job {
@@ -139,6 +138,11 @@ struct Job {
   int auto_max_actors = 0;
   PlanRecord plan;
 
+  // Whether every rank of the current generation has calibrated, so that the prediction was made
+  // with their own numbers.
+  bool PredictionCalibrated() const {
+    return plan.calibrated_ranks.size() == static_cast<size_t>(World());
+  }
   int World() const {
     if (spec.kind != placement::JobKind::kTrain) return spec.actors;
     // Until planned, a `parallel: auto` job wants at most its `actors` (0: as many as are free).

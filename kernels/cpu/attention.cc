@@ -90,8 +90,7 @@ void ForwardHead(HeadScratch& scratch, float* out, float* lse, int b, int h, int
         float* a = acc.data() + int64_t{r} * HS;
         float sum = row_sum[r] * correction;
         for (int d = 0; d < HS; ++d) a[d] *= correction;
-        for (int j = 0; j < n; ++j) s[j] -= new_max;
-        ExpInto(s, s, n);  // the tile's probabilities (unnormalised), vectorised
+        ExpShiftedInto(s, s, new_max, n);  // the tile's probabilities (unnormalised)
         for (int j = 0; j < n; ++j) {
           const float p = s[j];
           sum += p;
@@ -145,8 +144,7 @@ void BackwardHead(HeadScratch& scratch, float* dqkv, const float* dout, const fl
         if (n <= 0) continue;
         scratch.Scores(i, j0, n, T, HS);
         float* p = scratch.scores.data();
-        for (int j = 0; j < n; ++j) p[j] -= head_lse[i];
-        ExpInto(p, p, n);
+        ExpShiftedInto(p, p, head_lse[i], n);
         const float* doi = dout_rows.data() + int64_t{i} * HS;
         std::fill(dp.begin(), dp.begin() + n, 0.0f);
         for (int d = 0; d < HS; ++d) {

@@ -9,7 +9,7 @@
 
 namespace shardline::kernels::cpu {
 namespace {
-constexpr int kExpBlock = 1024;  // logits per ExpInto call
+constexpr int kExpBlock = 1024;  // logits per ExpShiftedInto call
 }  // namespace
 
 void CrossEntropyLocalStats(float* local_max, float* local_sumexp, float* target_logit,
@@ -24,8 +24,7 @@ void CrossEntropyLocalStats(float* local_max, float* local_sumexp, float* target
     float e[kExpBlock];
     for (int j0 = 0; j0 < Vs; j0 += kExpBlock) {
       const int m = std::min(kExpBlock, Vs - j0);
-      for (int j = 0; j < m; ++j) e[j] = row[j0 + j] - max;
-      ExpInto(e, e, m);
+      ExpShiftedInto(e, row + j0, max, m);
       for (int j = 0; j < m; ++j) sum += e[j];
     }
     local_max[n] = max;
@@ -64,8 +63,7 @@ void CrossEntropyBackwardShard(float* dlogits, const float* logits, const float*
     float e[kExpBlock];
     for (int j0 = 0; j0 < Vs; j0 += kExpBlock) {
       const int m = std::min(kExpBlock, Vs - j0);
-      for (int j = 0; j < m; ++j) e[j] = row[j0 + j] - z;
-      ExpInto(e, e, m);
+      ExpShiftedInto(e, row + j0, z, m);
       for (int j = 0; j < m; ++j) drow[j0 + j] += g * e[j];
     }
     const int32_t local = targets[n] - v0;

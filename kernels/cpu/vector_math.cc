@@ -23,8 +23,9 @@ void Apply(Fn fn, float* y, const float* x, int64_t n) {
 
 }  // namespace
 
-void ExpInto(float* y, const float* x, int64_t n) {
-  Apply([](__m128 v) { return Sleef_expf4_u10(v); }, y, x, n);
+void ExpShiftedInto(float* y, const float* x, float shift, int64_t n) {
+  const __m128 s = _mm_set1_ps(shift);
+  Apply([s](__m128 v) { return Sleef_expf4_u10(_mm_sub_ps(v, s)); }, y, x, n);
 }
 void TanhInto(float* y, const float* x, int64_t n) {
   Apply([](__m128 v) { return Sleef_tanhf4_u10(v); }, y, x, n);

@@ -5,9 +5,9 @@
 // Why a library: glibc's scalar expf/tanhf do not vectorise, and its vector variants (libmvec) are
 // only declared under -ffast-math, which would loosen every other kernel's arithmetic. With the
 // scalar calls GELU's tanh was 25-35% of a CPU transformer layer, and cross-entropy's exp 13% of a
-// step of a 2-layer model with GPT-2's 50K vocabulary. PyTorch's CPU kernels use SLEEF for the same functions. Four lanes (SSE)
-// because the binaries target baseline x86-64 (no -march: they run on every node); SLEEF picks the
-// best 128-bit implementation for the CPU it runs on.
+// step of a 2-layer model with GPT-2's 50K vocabulary. PyTorch's CPU kernels use SLEEF for the same
+// functions. Four lanes (SSE) because the binaries target baseline x86-64 (no -march: they run on
+// every node); SLEEF picks the best 128-bit implementation for the CPU it runs on.
 //
 // Single-threaded: callers parallelise over rows or blocks. y may alias x.
 #pragma once
@@ -16,7 +16,9 @@
 
 namespace shardline::kernels::cpu {
 
-void ExpInto(float* y, const float* x, int64_t n);   // y[i] = exp(x[i])
+// y[i] = exp(x[i] − shift): softmax's and cross-entropy's exponentials, shifted by a row's max or
+// log-sum-exp (the subtraction rounds as the scalar x[i] − shift does).
+void ExpShiftedInto(float* y, const float* x, float shift, int64_t n);
 void TanhInto(float* y, const float* x, int64_t n);  // y[i] = tanh(x[i])
 
 }  // namespace shardline::kernels::cpu

@@ -53,6 +53,7 @@ namespace shardline::kernels::cuda {
 namespace {
 
 using kernels::testing::ExpectClose;
+using kernels::testing::ExpectScaled;
 using kernels::testing::RandomVector;
 using ::testing::HasSubstr;
 
@@ -76,14 +77,6 @@ void Expect(const std::vector<float>& cuda, const std::vector<float>& cpu, Toler
   ExpectClose(cuda, cpu, tol.atol, tol.rtol, what);
 }
 
-// For sums whose rounding error scales with the largest terms, not with each result (an element
-// near zero after cancellation): atol = atol_of_max·max|expected|.
-void ExpectScaled(const std::vector<float>& cuda, const std::vector<float>& cpu, double atol_of_max,
-                  double rtol, const std::string& what) {
-  double max_abs = 0.0;
-  for (float x : cpu) max_abs = std::max(max_abs, std::fabs(double{x}));
-  ExpectClose(cuda, cpu, atol_of_max * max_abs, rtol, what);
-}
 constexpr double kAttentionAtolOfMax = 1e-5;
 constexpr double kAttentionRtol = 1e-4;
 

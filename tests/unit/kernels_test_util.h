@@ -8,6 +8,7 @@
 // about 1e-5 on these small shapes; hence the default tolerance |num − ana| <= 2e-3 + 2e-2·|ana|.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -41,6 +42,18 @@ void ExpectClose(const A& actual, const E& expected, double atol, double rtol,
       if (++misses >= 5) return;
     }
   }
+}
+
+// For sums whose rounding error scales with the largest terms, not with each result (an element
+// near zero after cancellation): ExpectClose with atol = atol_of_max·max|expected|.
+template <typename A, typename E>
+void ExpectScaled(const A& actual, const E& expected, double atol_of_max, double rtol,
+                  const std::string& what) {
+  double max_abs = 0.0;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    max_abs = std::max(max_abs, std::fabs(static_cast<double>(expected[i])));
+  }
+  ExpectClose(actual, expected, atol_of_max * max_abs, rtol, what);
 }
 
 // Σ out·w in double: the scalar whose gradient w.r.t. out is w.

@@ -38,6 +38,7 @@
 #include "kernels/cuda/cuda_allocator.h"
 #include "placement/train_spec.h"
 #include "tests/support/tiny_train_spec.h"
+#include "tests/unit/kernels_test_util.h"
 #include "worker/model/cuda/gpt_model.h"
 #include "worker/model/data/sampler.h"
 #include "worker/model/data/synthetic_corpus.h"
@@ -49,6 +50,7 @@ namespace shardline::model {
 namespace {
 
 using kernels::cuda::GemmPrecision;
+using kernels::testing::ExpectScaled;
 using ::testing::HasSubstr;
 
 #define SKIP_WITHOUT_GPU()                                              \
@@ -89,24 +91,6 @@ std::unique_ptr<CudaGptModel> CudaModel(const GptConfig& config, GemmPrecision p
   auto model = CudaGptModel::Create(config, 0, precision);
   EXPECT_TRUE(model.ok()) << model.status();
   return model.ok() ? std::move(*model) : nullptr;
-}
-
-double MaxAbs(std::span<const float> x) {
-  double m = 0.0;
-  for (float v : x) m = std::max(m, std::fabs(double{v}));
-  return m;
-}
-
-// |a − b| <= atol_of_max · max|b| element-wise, naming the first element that is not.
-void ExpectCloseScaled(std::span<const float> a, std::span<const float> b, double atol_of_max,
-                       const std::string& what) {
-  ASSERT_EQ(a.size(), b.size()) << what;
-  const double atol = atol_of_max * MaxAbs(b);
-  for (size_t i = 0; i < a.size(); ++i) {
-    ASSERT_LE(std::fabs(double{a[i]} - double{b[i]}), atol)
-        << what << "[" << i << "]: cuda " << a[i] << " cpu " << b[i] << " (max |cpu| " << MaxAbs(b)
-        << ")";
-  }
 }
 
 double MaxDiff(std::span<const float> a, std::span<const float> b) {
@@ -178,7 +162,7 @@ TEST_P(CudaGptVsCpuTest, Fp32MatchesTheCpuModelForwardAndBackward) {
   EXPECT_NEAR(*gpu_loss, *cpu_loss, 1e-5 * *cpu_loss);
   auto logits = gpu->HostLogits();
   ASSERT_TRUE(logits.ok()) << logits.status();
-  ExpectCloseScaled(*logits, cpu->Logits(), 1e-4, "logits");
+  ExpectScaled(*logits, cpu->Logits(), 1e-4, 0.0, "logits");
 
   cpu->ZeroGrad();
   gpu->ZeroGrad();
@@ -189,8 +173,8 @@ TEST_P(CudaGptVsCpuTest, Fp32MatchesTheCpuModelForwardAndBackward) {
   auto grads = gpu->HostGrads();
   ASSERT_TRUE(grads.ok()) << grads.status();
   for (const ParamTensorInfo& t : cpu->NamedTensors()) {
-    ExpectCloseScaled(std::span<const float>(*grads).subspan(t.offset, t.numel),
-                      cpu->grads().subspan(t.offset, t.numel), 1e-3, "grad " + t.name);
+    ExpectScaled(std::span<const float>(*grads).subspan(t.offset, t.numel),
+                 cpu->grads().subspan(t.offset, t.numel), 1e-3, 0.0, "grad " + t.name);
   }
 }
 

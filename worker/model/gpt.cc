@@ -130,13 +130,7 @@ void GptModel::Head(GptActivations& acts) const {
 }
 
 absl::Status GptModel::EmbedForward(std::span<const int32_t> tokens, int B, int T) {
-  RETURN_IF_ERROR(config_.CheckBatch(B, T));
-  if (static_cast<int64_t>(tokens.size()) != int64_t{B} * T) {
-    return absl::InvalidArgumentError(absl::StrCat("tokens: ", tokens.size(),
-                                                   " values for a batch of B=", B, " T=", T));
-  }
-  RETURN_IF_ERROR(Annotate(cpu::ValidateTokens(tokens.data(), tokens.size(), config_.vocab),
-                           "tokens"));
+  RETURN_IF_ERROR(config_.CheckTokens(tokens, B, T));
   RETURN_IF_ERROR(PrepareBatch(B, T));
   tokens_.assign(tokens.begin(), tokens.end());
   Embed(acts_, tokens_.data());
@@ -161,12 +155,7 @@ absl::Status GptModel::HeadForward() {
 absl::StatusOr<float> GptModel::LossForward(std::span<const int32_t> targets) {
   if (!have_logits_) return absl::FailedPreconditionError("LossForward before HeadForward");
   const int N = acts_.B() * acts_.T();
-  if (static_cast<int64_t>(targets.size()) != N) {
-    return absl::InvalidArgumentError(absl::StrCat("targets: ", targets.size(),
-                                                   " values for a batch of B=", acts_.B(),
-                                                   " T=", acts_.T()));
-  }
-  RETURN_IF_ERROR(CheckTargets(targets, config_.vocab));
+  RETURN_IF_ERROR(config_.CheckTargets(targets, acts_.B(), acts_.T()));
   targets_.assign(targets.begin(), targets.end());
   cpu::CrossEntropyForward(acts_.losses, acts_.lse, acts_.logits, targets_.data(), N,
                            config_.vocab);
@@ -177,11 +166,7 @@ absl::StatusOr<float> GptModel::LossForward(std::span<const int32_t> targets) {
 absl::StatusOr<float> GptModel::Forward(std::span<const int32_t> tokens,
                                         std::span<const int32_t> targets, int B, int T) {
   // Check the targets before any work, as the tokens are.
-  if (static_cast<int64_t>(targets.size()) != int64_t{B} * T) {
-    return absl::InvalidArgumentError(absl::StrCat("targets: ", targets.size(),
-                                                   " values for a batch of B=", B, " T=", T));
-  }
-  RETURN_IF_ERROR(CheckTargets(targets, config_.vocab));
+  RETURN_IF_ERROR(config_.CheckTargets(targets, B, T));
   RETURN_IF_ERROR(ForwardLogits(tokens, B, T));
   return LossForward(targets);
 }
@@ -273,18 +258,12 @@ absl::StatusOr<double> GptModel::AdamWStep(const AdamWOptions& options, int64_t 
 
 absl::Status GptModel::ForwardInto(GptActivations& acts, std::span<const int32_t> tokens, int B,
                                    int T) const {
-  RETURN_IF_ERROR(config_.CheckBatch(B, T));
+  RETURN_IF_ERROR(config_.CheckTokens(tokens, B, T));
   if (acts.B() != B || acts.T() != T) {
     return absl::InvalidArgumentError(absl::StrCat("ForwardInto: activations are for B=", acts.B(),
                                                    " T=", acts.T(), ", the batch is B=", B,
                                                    " T=", T));
   }
-  if (static_cast<int64_t>(tokens.size()) != int64_t{B} * T) {
-    return absl::InvalidArgumentError(absl::StrCat("tokens: ", tokens.size(),
-                                                   " values for a batch of B=", B, " T=", T));
-  }
-  RETURN_IF_ERROR(Annotate(cpu::ValidateTokens(tokens.data(), tokens.size(), config_.vocab),
-                           "tokens"));
   Embed(acts, tokens.data());
   Blocks(acts, 0, config_.layers);
   Head(acts);

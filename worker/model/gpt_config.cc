@@ -6,6 +6,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "kernels/cpu/embedding.h"
 
 namespace shardline::model {
 namespace {
@@ -72,7 +74,20 @@ absl::Status GptConfig::CheckBatch(int B, int T) const {
   return absl::OkStatus();
 }
 
-absl::Status CheckTargets(std::span<const int32_t> targets, int vocab) {
+absl::Status GptConfig::CheckTokens(std::span<const int32_t> tokens, int B, int T) const {
+  RETURN_IF_ERROR(CheckBatch(B, T));
+  if (static_cast<int64_t>(tokens.size()) != int64_t{B} * T) {
+    return absl::InvalidArgumentError(absl::StrCat("tokens: ", tokens.size(),
+                                                   " values for a batch of B=", B, " T=", T));
+  }
+  return Annotate(kernels::cpu::ValidateTokens(tokens.data(), tokens.size(), vocab), "tokens");
+}
+
+absl::Status GptConfig::CheckTargets(std::span<const int32_t> targets, int B, int T) const {
+  if (static_cast<int64_t>(targets.size()) != int64_t{B} * T) {
+    return absl::InvalidArgumentError(absl::StrCat("targets: ", targets.size(),
+                                                   " values for a batch of B=", B, " T=", T));
+  }
   for (size_t i = 0; i < targets.size(); ++i) {
     if (targets[i] >= vocab) {
       return absl::InvalidArgumentError(absl::StrCat("target ", targets[i], " at position ", i,

@@ -33,10 +33,11 @@ struct GptConfig {
   // OK when a batch of B sequences of T tokens can run: B, T >= 1, T within the position table,
   // and the largest activation (the logits) within the kernels' sizes. InvalidArgument otherwise.
   absl::Status CheckBatch(int B, int T) const;
+  // The checks every model makes of a batch before any work (the kernels trust their indices):
+  // CheckBatch, B·T tokens each in [0, vocab); B·T targets, each negative (the position is
+  // ignored) or below vocab. InvalidArgument naming the count or the first bad position.
+  absl::Status CheckTokens(std::span<const int32_t> tokens, int B, int T) const;
+  absl::Status CheckTargets(std::span<const int32_t> targets, int B, int T) const;
 };
-
-// Targets may be negative (the position is ignored) but never >= vocab: InvalidArgument naming the
-// first bad position.
-absl::Status CheckTargets(std::span<const int32_t> targets, int vocab);
 
 }  // namespace shardline::model

@@ -6,7 +6,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "kernels/cpu/embedding.h"
 #include "kernels/cpu/layernorm.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/launchers.h"
@@ -136,16 +135,9 @@ absl::Status CudaGptModel::PrepareBatch(int B, int T) {
 absl::StatusOr<float> CudaGptModel::Forward(std::span<const int32_t> tokens,
                                             std::span<const int32_t> targets, int B, int T) {
   // Every check before any work, as the CPU model's: the kernels trust their indices.
-  RETURN_IF_ERROR(config_.CheckBatch(B, T));
+  RETURN_IF_ERROR(config_.CheckTokens(tokens, B, T));
+  RETURN_IF_ERROR(config_.CheckTargets(targets, B, T));
   const int64_t N = int64_t{B} * T;
-  if (static_cast<int64_t>(tokens.size()) != N || static_cast<int64_t>(targets.size()) != N) {
-    return absl::InvalidArgumentError(absl::StrCat("tokens: ", tokens.size(),
-                                                   ", targets: ", targets.size(),
-                                                   " values for a batch of B=", B, " T=", T));
-  }
-  RETURN_IF_ERROR(Annotate(
-      kernels::cpu::ValidateTokens(tokens.data(), tokens.size(), config_.vocab), "tokens"));
-  RETURN_IF_ERROR(CheckTargets(targets, config_.vocab));
   SHARDLINE_ON_DEVICE(allocator_->device_index());
   RETURN_IF_ERROR(PrepareBatch(B, T));
 
@@ -159,7 +151,6 @@ absl::StatusOr<float> CudaGptModel::Forward(std::span<const int32_t> tokens,
   RETURN_IF_ERROR(Check(cudaMemcpyAsync(targets_.raw_data(), targets.data(), targets.size_bytes(),
                                         cudaMemcpyHostToDevice, stream_),
                         "copying the targets in"));
-  host_targets_.assign(targets.begin(), targets.end());
 
   float* params = params_.data<float>();
   const OuterParams o = layout_.Outer(params);
@@ -185,7 +176,7 @@ absl::StatusOr<float> CudaGptModel::Forward(std::span<const int32_t> tokens,
   // floats each way is little next to the step.
   ASSIGN_OR_RETURN(host_losses_, CopyToHost(acts_.losses, N, "reading the losses"));
   host_dlosses_.resize(static_cast<size_t>(N));
-  const float loss = MeanLoss(host_losses_, host_targets_, host_dlosses_);
+  const float loss = MeanLoss(host_losses_, targets, host_dlosses_);
   RETURN_IF_ERROR(
       Check(cudaMemcpyAsync(acts_.dlosses, host_dlosses_.data(),
                             sizeof(float) * host_dlosses_.size(), cudaMemcpyHostToDevice, stream_),

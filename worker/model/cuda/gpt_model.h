@@ -101,7 +101,6 @@ class CudaGptModel final : public TrainableGpt {
   GptActivations acts_;      // on the device, sized for the current batch
   kernels::Tensor tokens_;   // (B,T) i32 on the device
   kernels::Tensor targets_;  // (B,T) i32 on the device
-  std::vector<int32_t> host_targets_;
   std::vector<float> host_losses_, host_dlosses_;
   std::vector<float> host_params_;  // HostParams' copy
   bool have_loss_ = false;
