@@ -46,6 +46,8 @@ struct TrainOptions {
   std::string spec_path;
   int64_t steps = 0;           // > 0 overrides the spec
   std::string checkpoint_dir;  // non-empty overrides the spec
+  std::string resume;          // non-empty overrides the spec: latest, none or a checkpoint path
+  std::string init_from;       // non-empty overrides the spec
   std::string device;          // non-empty overrides the spec: cpu, cuda, cuda:N
   std::string precision;       // non-empty overrides the spec: fp32, bf16
 };
@@ -62,6 +64,27 @@ struct GenerateCommandOptions {
   bool no_kv_cache = false;
 };
 int Generate(const GenerateCommandOptions& options);
+
+// `shardline checkpoint inspect DIR`: the steps of a run's checkpoint folder (or one step of it).
+struct CheckpointInspectOptions {
+  std::string dir;    // a run's checkpoint dir, a step folder or a step's manifest.json
+  int64_t step = -1;  // >= 0: that step's tensors and train section
+  bool verify = false;
+  bool json = false;
+};
+// 0 when all is well, 1 when --verify finds a step that fails, 2 for bad input (no such dir or
+// step).
+int CheckpointInspect(const CheckpointInspectOptions& options);
+
+// `shardline checkpoint export DIR --format hf --out OUT`.
+struct CheckpointExportOptions {
+  std::string dir;    // anything a loader takes (checkpoint::ResolveCheckpoint)
+  int64_t step = -1;  // >= 0: that committed step of the run dir `dir`
+  std::string format;
+  std::string out;  // must not exist, or be an empty folder
+};
+// 0 when written, 1 when the checkpoint cannot be read or written out, 2 for bad input.
+int CheckpointExport(const CheckpointExportOptions& options);
 
 struct PlanOptions {
   std::string model_path;    // a model spec (examples/model-*.yaml)

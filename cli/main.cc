@@ -180,6 +180,12 @@ int Main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   train_cmd->add_option("--checkpoint-dir", train_options.checkpoint_dir,
                         "Override the spec's checkpoint dir");
+  train_cmd->add_option("--resume", train_options.resume,
+                        "Override the spec's checkpoint.resume: latest (the newest committed step "
+                        "that verifies), none, or a checkpoint step to resume from");
+  train_cmd->add_option("--init-from", train_options.init_from,
+                        "Start a fresh run from the parameters of this checkpoint (ours, a "
+                        "sharded step, or a Hugging Face GPT-2 model.safetensors)");
   train_cmd->add_option("--device", train_options.device,
                         "Override the spec's device: cpu, cuda or cuda:N (its default precision "
                         "too: bf16 on cuda)");
@@ -206,6 +212,38 @@ int Main(int argc, char** argv) {
   generate_cmd->add_flag("--no-kv-cache", generate_options.no_kv_cache,
                          "Recompute the whole sequence for every token (reference path)");
   generate_cmd->add_option("--log-level", log_level);
+
+  CheckpointInspectOptions inspect_options;
+  CheckpointExportOptions export_options;
+  auto* checkpoint_cmd =
+      app.add_subcommand("checkpoint", "Inspect, verify and export checkpoints (no cluster)");
+  checkpoint_cmd->require_subcommand(1);
+  auto* inspect_cmd = checkpoint_cmd->add_subcommand(
+      "inspect", "List the steps of a run's checkpoint dir, or one step's tensors");
+  inspect_cmd
+      ->add_option("dir", inspect_options.dir,
+                   "A run's checkpoint dir, a step folder or a step's manifest.json")
+      ->required();
+  inspect_cmd->add_option("--step", inspect_options.step, "Show this step's tensors")
+      ->check(CLI::NonNegativeNumber);
+  inspect_cmd->add_flag("--verify", inspect_options.verify,
+                        "Check every listed step's files against their checksums");
+  inspect_cmd->add_flag("--json", inspect_options.json, "Machine-readable output");
+  inspect_cmd->add_option("--log-level", log_level);
+  auto* export_cmd = checkpoint_cmd->add_subcommand(
+      "export", "Write a checkpoint step's parameters in another format");
+  export_cmd->add_option("dir", export_options.dir, "A checkpoint (a run's dir, a step, a file)")
+      ->required();
+  export_cmd
+      ->add_option("--step", export_options.step,
+                   "This committed step of the run (default: the one `latest` names)")
+      ->check(CLI::NonNegativeNumber);
+  export_cmd
+      ->add_option("--format", export_options.format,
+                   "hf: a Hugging Face GPT-2 folder (model.safetensors + config.json)")
+      ->required();
+  export_cmd->add_option("--out", export_options.out, "A new or empty folder")->required();
+  export_cmd->add_option("--log-level", log_level);
 
   CLI11_PARSE(app, argc, argv);
 
@@ -245,6 +283,9 @@ int Main(int argc, char** argv) {
   }
   if (*train_cmd) return Train(train_options);
   if (*generate_cmd) return Generate(generate_options);
+  if (*checkpoint_cmd) {
+    return *inspect_cmd ? CheckpointInspect(inspect_options) : CheckpointExport(export_options);
+  }
   if (*up_cmd) {
     up_options.log_level = log_level;
     return Up(up_options);

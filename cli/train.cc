@@ -1,8 +1,10 @@
 // `shardline train SPEC.yaml` and `shardline generate`: one device, no cluster needed.
 #include <cstdio>
 #include <iostream>
+#include <mutex>
 
 #include "cli/commands.h"
+#include "checkpoint/layout.h"
 #include "common/status_macros.h"
 #include "kernels/allocator.h"
 #include "placement/train_spec.h"
@@ -34,7 +36,24 @@ int Train(const TrainOptions& options) {
     return 2;
   }
   if (options.steps > 0) spec->steps = options.steps;
-  if (!options.checkpoint_dir.empty()) spec->checkpoint_dir = options.checkpoint_dir;
+  if (!options.checkpoint_dir.empty()) spec->checkpoint.dir = options.checkpoint_dir;
+  if (!options.resume.empty()) {
+    spec->checkpoint.resume_path.clear();
+    if (options.resume == "latest") {
+      spec->checkpoint.resume = checkpoint::ResumeMode::kLatest;
+    } else if (options.resume == "none") {
+      spec->checkpoint.resume = checkpoint::ResumeMode::kNone;
+    } else {
+      spec->checkpoint.resume = checkpoint::ResumeMode::kPath;
+      spec->checkpoint.resume_path = options.resume;
+    }
+  }
+  if (!options.init_from.empty()) spec->init_from = options.init_from;
+  if (!spec->init_from.empty() && spec->checkpoint.resume == checkpoint::ResumeMode::kPath) {
+    std::cerr << "error: give either an init_from (parameters only, a fresh optimizer) or a "
+                 "checkpoint to resume (the whole state), not both\n";
+    return 2;
+  }
   // --device picks the device's default precision unless --precision is given too.
   if (!options.device.empty()) {
     if (const absl::Status s = placement::SetTrainDevice(options.device, *spec); !s.ok()) {
@@ -54,32 +73,59 @@ int Train(const TrainOptions& options) {
             << (spec->data.path.empty() ? "the synthetic corpus" : spec->data.path) << " ("
             << placement::TrainDeviceName(*spec) << ")" << std::endl;
   InstallStopHandlers();
-  auto result = training::Train(
-      *spec,
-      [](const training::TrainProgress& p) {
-        char line[256];
-        std::snprintf(line, sizeof(line),
-                      "step %6lld/%lld  loss %.4f  grad norm %.3f  %8.0f tok/s  elapsed %s  ETA %s",
-                      static_cast<long long>(p.step), static_cast<long long>(p.steps), p.loss,
-                      p.grad_norm, p.tokens_per_second, Duration(p.elapsed_seconds).c_str(),
-                      Duration(p.eta_seconds).c_str());
-        std::cout << line;
-        if (!p.checkpoint.empty()) std::cout << "  saved " << p.checkpoint;
-        std::cout << std::endl;
-      },
-      &StopRequested());
+  // The checkpoint writer's thread reports commits while the loop reports steps: one line each.
+  std::mutex out_mutex;
+  const auto say = [&](const std::string& line) {
+    std::lock_guard<std::mutex> lock(out_mutex);
+    std::cout << line << std::endl;
+  };
+  training::TrainCallbacks callbacks;
+  callbacks.on_start = [&](const training::TrainStart& start) {
+    for (const checkpoint::SkippedStep& skipped : start.skipped) {
+      say("Skipped checkpoint step " + std::to_string(skipped.step) + ": " + skipped.reason);
+    }
+    for (const std::string& line : start.prepared) say("Checkpoint dir: " + line);
+    if (!start.resumed_from.empty()) {
+      say("Resuming after step " + std::to_string(start.first_step - 1) + " from " +
+          start.resumed_from);
+    } else if (!start.initialized_from.empty()) {
+      say("Starting from the parameters of " + start.initialized_from + " (a fresh optimizer)");
+    }
+  };
+  callbacks.on_progress = [&](const training::TrainProgress& p) {
+    char line[256];
+    std::snprintf(line, sizeof(line),
+                  "step %6lld/%lld  loss %.4f  grad norm %.3f  %8.0f tok/s  elapsed %s  ETA %s%s",
+                  static_cast<long long>(p.step), static_cast<long long>(p.steps), p.loss,
+                  p.grad_norm, p.tokens_per_second, Duration(p.elapsed_seconds).c_str(),
+                  Duration(p.eta_seconds).c_str(), p.saving ? "  saving" : "");
+    say(line);
+  };
+  callbacks.on_committed = [&](int64_t step, const std::string& manifest) {
+    say("committed step " + std::to_string(step) + ": " + manifest);
+  };
+  auto result = training::Train(*spec, callbacks, &StopRequested());
   if (!result.ok()) {
     std::cerr << "error: " << result.status().message() << "\n";
     return 1;
   }
-  std::printf("Final loss %.4f after %zu steps; peak parameter/activation memory %.1f MiB\n",
-              result->losses.back(), result->losses.size(), result->peak_bytes / 1048576.0);
+  if (result->losses.empty()) {
+    std::printf("Nothing to train: the run is already at step %lld of %lld\n",
+                static_cast<long long>(result->start.first_step - 1),
+                static_cast<long long>(spec->steps));
+  } else {
+    std::printf("Final loss %.4f after step %lld (%zu steps this run); peak "
+                "parameter/activation memory %.1f MiB\n",
+                result->losses.back(),
+                static_cast<long long>(result->start.first_step - 1 + result->losses.size()),
+                result->losses.size(), result->peak_bytes / 1048576.0);
+  }
   if (!result->checkpoint.empty()) std::cout << "Checkpoint: " << result->checkpoint << "\n";
   return StopRequested().load() ? 130 : 0;
 }
 
 int Generate(const GenerateCommandOptions& options) {
-  auto path = training::ResolveCheckpoint(options.checkpoint);
+  auto path = checkpoint::ResolveCheckpoint(options.checkpoint);
   if (!path.ok()) {
     std::cerr << "error: " << path.status().message() << "\n";
     return 2;

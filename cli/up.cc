@@ -309,14 +309,14 @@ int Up(const UpOptions& options) {
   if (exit_code == 0) {
     std::cout << "Done in " << static_cast<int>(seconds + 0.5) << " s; the cluster is shut down."
               << std::endl;
-    if (spec->kind == placement::JobKind::kTrain && !spec->train.checkpoint_dir.empty()) {
+    if (spec->kind == placement::JobKind::kTrain && !spec->train.checkpoint.dir.empty()) {
       // A sample from the checkpoint the job committed, greedy, as `shardline generate` would.
       GenerateCommandOptions sample;
-      sample.checkpoint = spec->train.checkpoint_dir;
+      sample.checkpoint = spec->train.checkpoint.dir;
       sample.prompt = "the cat ";
       sample.max_new_tokens = 48;
       std::cout << "\nA sample from the trained model (shardline generate --checkpoint "
-                << spec->train.checkpoint_dir << " --prompt \"" << sample.prompt << "\"):\n  "
+                << spec->train.checkpoint.dir << " --prompt \"" << sample.prompt << "\"):\n  "
                 << std::flush;
       if (Generate(sample) != 0) exit_code = 1;
     }

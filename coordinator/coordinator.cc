@@ -9,7 +9,10 @@
 #include <kj/exception.h>
 
 #include "common/status_macros.h"
-#include "coordinator/checkpoint_commit.h"
+#include "checkpoint/checksum.h"
+#include "checkpoint/layout.h"
+#include "checkpoint/resume.h"
+#include "placement/checkpoint_state.h"
 #include "nlohmann/json.hpp"
 #include "placement/byte_size.h"
 #include "placement/parallel_layout.h"
@@ -157,6 +160,7 @@ absl::Status Coordinator::Run(const std::atomic<bool>& stop) {
                  absl::DeadlineExceededError("key '" + get.key + "' was not set in time"));
     }
     CheckDeadlines();
+    background_.RunFinished();
     TryStartPendingJobs();
     if (now - last_gauge_update_ >= kGaugeInterval) {
       UpdateGauges();
@@ -360,7 +364,7 @@ absl::Status Coordinator::OnSubmitJob(const std::string& peer, uint64_t request_
   job.spec_dir = spec_dir;
   job.work_dir = work_dir;
   if (spec.kind == placement::JobKind::kTrain) {
-    job.train.saving_dir = ResolveUnder(work_dir, spec.train.checkpoint_dir);
+    job.train.saving_dir = ResolveUnder(work_dir, spec.train.checkpoint.dir);
   }
   if (spec.parallel_auto) job.auto_max_actors = spec.actors;
   job.backend = std::string(placement::BackendName(placement::ResolveBackend(spec)));
@@ -398,10 +402,66 @@ absl::Status Coordinator::OnCancelJob(const std::string& peer, uint64_t request_
   return absl::OkStatus();
 }
 
+void Coordinator::DecideStart(Job& job) {
+  const placement::TrainSpec& spec = job.spec.train;
+  const checkpoint::ResumeRequest request = placement::ResumeRequestOf(spec.checkpoint);
+  if (request.dir.empty() && request.mode != checkpoint::ResumeMode::kPath) {
+    job.train.start = TrainRecord::Start::kDecided;  // nothing to read: a fresh start
+    return;
+  }
+  job.train.start = TrainRecord::Start::kDeciding;
+  job.waiting_reason = "checking its checkpoints (" +
+                       (request.mode == checkpoint::ResumeMode::kPath ? request.path : request.dir) +
+                       ")";
+  const checkpoint::Gpt2Config config = placement::CheckpointConfigOf(spec.model);
+  const checkpoint::TrainState train = placement::CheckpointTrainStateOf(spec);
+  // Verifying a step reads all of it: off the event loop. The task touches only its copies.
+  background_.Post([this, id = job.id, request, config, train]() -> BackgroundWork::Finish {
+    absl::StatusOr<checkpoint::ResumePlan> plan =
+        checkpoint::PlanResume(checkpoint::DefaultFileSystem(), request, config, train);
+    return [this, id, plan = std::move(plan)]() { OnStartDecided(id, plan); };
+  });
+}
+
+void Coordinator::OnStartDecided(const std::string& job_id,
+                                 const absl::StatusOr<checkpoint::ResumePlan>& plan) {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return;
+  Job& job = it->second;
+  // Cancelled meanwhile, or decided already: nothing to apply.
+  if (job.state != JobState::kPending || job.train.start != TrainRecord::Start::kDeciding) return;
+  if (!plan.ok()) {
+    EndJob(job, JobState::kFailed, "cannot start: " + Text(plan.status().message()));
+    return;
+  }
+  TrainRecord& train = job.train;
+  train.start = TrainRecord::Start::kDecided;
+  train.resume_manifest = plan->decision.manifest;
+  train.resumed_step = plan->decision.step;
+  train.skipped = plan->decision.skipped;
+  for (const checkpoint::SkippedStep& skipped : train.skipped) {
+    spdlog::warn("job {}: skipped checkpoint step {}: {}", job.id, skipped.step, skipped.reason);
+  }
+  for (const std::string& line : plan->prepared) spdlog::info("job {}: {}", job.id, line);
+  if (!train.resume_manifest.empty()) {
+    train.last_committed_step = std::max(train.last_committed_step, train.resumed_step);
+    spdlog::info("job {}: resumes from step {} ({})", job.id, train.resumed_step,
+                 train.resume_manifest);
+  }
+  job.waiting_reason = "waiting for devices";
+  Persist(job);
+}
+
 void Coordinator::TryStartPendingJobs() {
   for (const auto& id : job_order_) {
     Job& job = jobs_[id];
     if (job.state != JobState::kPending) continue;
+    if (job.spec.kind == placement::JobKind::kTrain &&
+        job.train.start != TrainRecord::Start::kDecided) {
+      if (job.train.start == TrainRecord::Start::kUndecided) DecideStart(job);
+      // A job whose checkpoints are still being read holds no devices: later jobs may start.
+      if (job.train.start != TrainRecord::Start::kDecided) continue;
+    }
     if (job.spec.kind == placement::JobKind::kTrain && job.spec.parallel_auto) {
       auto planned = PlanAutoJob(job);
       if (planned) {
@@ -746,6 +806,7 @@ absl::Status Coordinator::OnRegisterActor(const std::string& peer, uint64_t requ
     for (size_t i = 0; i < parallel.stage_layers.size(); ++i) {
       stages.set(static_cast<unsigned>(i), static_cast<uint32_t>(parallel.stage_layers[i]));
     }
+    assignment.setResumeManifest(CapText(job.train.resume_manifest));
   }
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(job.bootstrap_deadline -
                                                                           clock_->Now());
@@ -979,46 +1040,63 @@ absl::Status Coordinator::OnShardSaved(const std::string& peer, uint64_t request
                                          " is already committed; only later steps can be saved");
   }
   // The coordinator writes into the folder the spec names, never one a message chose.
-  const std::string expected_dir =
-      (std::filesystem::path(train.saving_dir) / StepDirName(step)).string();
-  SavedShardRecord shard;
-  shard.rank = actor->rank;
-  shard.dir = ResolveUnder(job.work_dir, Str(report.getDir()));
-  shard.file = Str(report.getFile());
-  if (shard.dir != expected_dir) {
-    return absl::InvalidArgumentError(where + ": saved into " + shard.dir +
-                                      ", but the step's folder is " + expected_dir);
+  const std::string expected_dir = checkpoint::StepDir(train.saving_dir, step);
+  if (const std::string dir = ResolveUnder(job.work_dir, Str(report.getDir())); dir != expected_dir) {
+    return absl::InvalidArgumentError(where + ": saved into " + dir + ", but the step's folder is " +
+                                      expected_dir);
   }
+  checkpoint::SavedShard shard;
+  shard.rank = actor->rank;
+  shard.file = Str(report.getFile());
+  shard.bytes = report.getFileBytes();
+  shard.xxh3 = report.getFileXxh3();
   for (auto tensor : report.getTensors()) {
-    SavedTensorRecord record;
-    record.name = Str(tensor.getName());
-    record.dtype = Str(tensor.getDtype());
+    checkpoint::SavedPiece piece;
+    piece.name = Str(tensor.getName());
+    piece.tensor = tensor.getTensor().size() ? Str(tensor.getTensor()) : piece.name;
+    const std::string dtype = Str(tensor.getDtype());
+    const std::optional<checkpoint::SafetensorsDType> parsed = checkpoint::ParseDType(dtype);
+    if (!parsed) {
+      return absl::InvalidArgumentError(where + ": tensor '" + piece.name + "': unknown dtype \"" +
+                                        dtype + "\"");
+    }
+    piece.dtype = *parsed;
+    piece.xxh3 = tensor.getXxh3();
     const auto read = [&](capnp::List<uint64_t>::Reader in, std::vector<int64_t>& out,
                           const char* what) -> absl::Status {
       for (uint64_t v : in) {
         if (v >= kMaxDimension) {
-          return absl::InvalidArgumentError(where + ": tensor '" + record.name + "': " + what +
+          return absl::InvalidArgumentError(where + ": tensor '" + piece.name + "': " + what +
                                             " value " + std::to_string(v) + " is too large");
         }
         out.push_back(static_cast<int64_t>(v));
       }
       return absl::OkStatus();
     };
-    RETURN_IF_ERROR(read(tensor.getGlobalShape(), record.global_shape, "global shape"));
-    RETURN_IF_ERROR(read(tensor.getOffsets(), record.offsets, "offset"));
-    RETURN_IF_ERROR(read(tensor.getShape(), record.shape, "shape"));
-    shard.tensors.push_back(std::move(record));
+    RETURN_IF_ERROR(read(tensor.getGlobalShape(), piece.global_shape, "global shape"));
+    RETURN_IF_ERROR(read(tensor.getOffsets(), piece.offsets, "offset"));
+    RETURN_IF_ERROR(read(tensor.getShape(), piece.shape, "shape"));
+    shard.pieces.push_back(std::move(piece));
   }
-  PendingCheckpoint& pending = train.saving[step];
-  if (pending.shards.count(shard.rank)) {
-    return absl::AlreadyExistsError(where + ": the rank already reported its shard of this step");
+  checkpoint::DataIdentity data = train.data;
+  data.tokens = static_cast<int64_t>(std::min<uint64_t>(report.getDataTokens(), kMaxDimension));
+  data.xxh3 = report.getDataXxh3();
+  if (train.data.tokens != 0 && (data.tokens != train.data.tokens || data.xxh3 != train.data.xxh3)) {
+    // The ranks do not train on the same data: no step of this job is one model's state.
+    const std::string error = where + ": the rank trains on " + std::to_string(data.tokens) +
+                              " tokens (checksum " + checkpoint::ChecksumHex(data.xxh3) +
+                              "), other ranks on " + std::to_string(train.data.tokens) +
+                              " (checksum " + checkpoint::ChecksumHex(train.data.xxh3) + ")";
+    EndJob(job, JobState::kFailed, error);
+    return absl::FailedPreconditionError(error);
   }
-  if (auto status = CheckSavedShard(shard, pending); !status.ok()) {
-    if (pending.shards.empty()) train.saving.erase(step);
+  checkpoint::StepAssembly& assembly = train.saving[step];
+  if (auto status = assembly.Add(std::move(shard)); !status.ok()) {
+    if (assembly.size() == 0) train.saving.erase(step);
     return Annotate(status, "job " + job_id + ", step " + std::to_string(step));
   }
-  AddSavedShard(std::move(shard), pending);
-  if (pending.shards.size() < job.actors.size()) {
+  train.data = data;
+  if (assembly.size() < job.actors.size()) {
     ReplyAck(peer, request_id);
     return absl::OkStatus();
   }
@@ -1088,16 +1166,15 @@ absl::Status Coordinator::OnCalibration(const std::string& peer, uint64_t reques
 
 absl::Status Coordinator::CommitStep(Job& job, int64_t step) {
   TrainRecord& train = job.train;
-  const PendingCheckpoint pending = std::move(train.saving[step]);
+  const checkpoint::StepAssembly assembly = std::move(train.saving[step]);
   train.saving.erase(step);
-  auto manifest =
-      BuildManifestJson(step, job.World(), ModelMetadata(job.spec.train.model), pending);
+  const placement::TrainSpec& spec = job.spec.train;
+  const checkpoint::StepHeader header =
+      placement::CheckpointStepHeader(spec, job.spec.parallel, step, job.World(), train.data);
+  checkpoint::FileSystem& fs = checkpoint::DefaultFileSystem();
+  auto manifest = assembly.Build(header);
   absl::Status status = manifest.status();
-  // A step older than one already committed still gets its manifest, but `latest` never goes
-  // back.
-  if (status.ok()) {
-    status = CommitCheckpoint(train.saving_dir, step, *manifest, step > train.last_committed_step);
-  }
+  if (status.ok()) status = checkpoint::CommitStep(fs, train.saving_dir, *manifest);
   if (!status.ok()) {
     // The ranks' shards do not make a checkpoint (or it cannot be written): going on would
     // train on with nothing to resume from.
@@ -1108,7 +1185,15 @@ absl::Status Coordinator::CommitStep(Job& job, int64_t step) {
   }
   train.last_committed_step = std::max(train.last_committed_step, step);
   spdlog::info("job {} generation {}: committed checkpoint step {} of {} ranks in {}", job.id,
-               job.generation, step, pending.shards.size(), train.saving_dir);
+               job.generation, step, assembly.size(), train.saving_dir);
+  // Retention keeps the step this generation resumed from while it runs.
+  const int64_t protect[] = {train.resumed_step};
+  auto removed = checkpoint::ApplyRetention(fs, train.saving_dir, spec.checkpoint.keep, protect);
+  if (!removed.ok()) {
+    spdlog::warn("job {}: pruning old checkpoint steps: {}", job.id, Text(removed.status().message()));
+  } else {
+    for (const std::string& folder : *removed) spdlog::info("job {}: removed {}", job.id, folder);
+  }
   Persist(job);
   return absl::OkStatus();
 }
@@ -1417,6 +1502,13 @@ void Coordinator::FillTrainProgress(wire::TrainProgress::Builder out, const Job&
   out.setPredictedMemoryBytes(static_cast<uint64_t>(std::max<int64_t>(job.plan.memory_bytes, 0)));
   out.setPlanSummary(CapText(job.plan.summary));
   out.setPredictionCalibrated(job.PredictionCalibrated() && job.plan.step_seconds > 0);
+  out.setResumedFromStep(progress.resumed_step);
+  auto skipped = out.initSkippedCheckpoints(static_cast<unsigned>(progress.skipped.size()));
+  for (size_t i = 0; i < progress.skipped.size(); ++i) {
+    skipped[static_cast<unsigned>(i)].setStep(progress.skipped[i].step);
+    skipped[static_cast<unsigned>(i)].setReason(CapText(progress.skipped[i].reason));
+  }
+  if (progress.resume_manifest.empty()) out.setInitializedFrom(CapText(spec.init_from));
 }
 
 void Coordinator::Persist(const Job& job) {
@@ -1443,9 +1535,15 @@ void Coordinator::Persist(const Job& job) {
     // NaN has no JSON spelling: a loss not yet reported is null.
     const nlohmann::json loss =
         std::isnan(job.train.loss) ? nlohmann::json() : nlohmann::json(job.train.loss);
+    nlohmann::json skipped = nlohmann::json::array();
+    for (const checkpoint::SkippedStep& step : job.train.skipped) {
+      skipped.push_back({{"step", step.step}, {"reason", step.reason}});
+    }
     record["train"] = {{"step", job.train.step},
                        {"loss", loss},
-                       {"last_committed_step", job.train.last_committed_step}};
+                       {"last_committed_step", job.train.last_committed_step},
+                       {"resumed_step", job.train.resumed_step},
+                       {"skipped_checkpoints", skipped}};
     if (job.plan.planned) {
       // The spec says only `parallel: auto`: the history keeps what the planner chose.
       const placement::ParallelSpec& p = job.spec.parallel;
@@ -1461,7 +1559,8 @@ void Coordinator::Persist(const Job& job) {
     }
   }
   const auto path = std::filesystem::path(options_.state_dir) / "jobs" / (job.id + ".json");
-  auto status = WriteFileAtomically(path, record.dump(2));
+  auto status =
+      checkpoint::WriteFileAtomically(checkpoint::DefaultFileSystem(), path.string(), record.dump(2));
   if (!status.ok()) spdlog::error("persisting job {}: {}", job.id, Text(status.message()));
 }
 
@@ -1490,13 +1589,18 @@ absl::Status Coordinator::LoadHistory() {
       job.backend = std::string(placement::BackendName(placement::ResolveBackend(job.spec)));
       if (job.spec.parallel_auto) job.auto_max_actors = job.spec.actors;
       if (job.spec.kind == placement::JobKind::kTrain) {
-        job.train.saving_dir = ResolveUnder(job.work_dir, job.spec.train.checkpoint_dir);
+        job.train.saving_dir = ResolveUnder(job.work_dir, job.spec.train.checkpoint.dir);
         const auto train = record.value("train", nlohmann::json::object());
         job.train.step = train.value("step", int64_t{0});
         if (train.contains("loss") && train["loss"].is_number()) {
           job.train.loss = train["loss"].get<double>();
         }
         job.train.last_committed_step = train.value("last_committed_step", int64_t{-1});
+        job.train.resumed_step = train.value("resumed_step", int64_t{0});
+        for (const auto& skipped : train.value("skipped_checkpoints", nlohmann::json::array())) {
+          job.train.skipped.push_back(
+              {skipped.at("step").get<int64_t>(), skipped.at("reason").get<std::string>()});
+        }
       }
       const std::string state = record.at("state").get<std::string>();
       if (job.spec.parallel_auto && state != "pending" && record.contains("plan")) {

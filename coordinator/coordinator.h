@@ -12,6 +12,8 @@
 
 #include "absl/status/statusor.h"
 #include "common/clock.h"
+#include "checkpoint/resume.h"
+#include "coordinator/background_work.h"
 #include "coordinator/calibration.h"
 #include "coordinator/job.h"
 #include "coordinator/kv_store.h"
@@ -110,6 +112,11 @@ class Coordinator {
   // job (and returns why) when the shards do not make a checkpoint or it cannot be written.
   absl::Status CommitStep(Job& job, int64_t step);
   void TryStartPendingJobs();
+  // A train job's start: where it resumes from (checkpoint::PlanResume on the background thread,
+  // then OnStartDecided on the loop), before its first generation; a failed check fails the job.
+  void DecideStart(Job& job);
+  void OnStartDecided(const std::string& job_id,
+                      const absl::StatusOr<checkpoint::ResumePlan>& plan);
   // A pending `parallel: auto` job: plans it on the free devices and, when a plan fits, applies
   // it to the job's spec and returns the rank → (node, device slot) placement. Otherwise nothing,
   // with the job either still pending (waiting_reason says why) or failed (the planner's verdict
@@ -151,6 +158,8 @@ class Coordinator {
   std::vector<std::string> job_order_;  // submission order: pending jobs start first-come
   uint64_t next_job_number_ = 1;
   TimePoint last_gauge_update_;
+  // Last: destroyed first, so no task outlives what its closure would touch.
+  BackgroundWork background_;
 };
 
 }  // namespace shardline::coordinator

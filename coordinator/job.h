@@ -11,7 +11,8 @@
 #include <vector>
 
 #include "common/clock.h"
-#include "coordinator/checkpoint_commit.h"
+#include "checkpoint/commit.h"
+#include "checkpoint/resume.h"
 #include "coordinator/membership.h"
 #include "placement/job_spec.h"
 
@@ -88,9 +89,19 @@ struct TrainRecord {
   TimePoint last_report;
   std::map<int64_t, StepAggregate> recent;  // the last few logged steps, by step
   // Checkpoint shards reported but not yet committed, by step.
-  std::map<int64_t, PendingCheckpoint> saving;
+  std::map<int64_t, checkpoint::StepAssembly> saving;
   std::string saving_dir;              // the checkpoint dir, absolute; empty: no checkpoints
   int64_t last_committed_step = -1;    // survives generations: a new one resumes from it
+  // The token stream the ranks train on, as their ShardSaved reports say (for the manifests).
+  checkpoint::DataIdentity data;
+
+  // Where the job starts, decided once before its first generation (checkpoint::PlanResume, on
+  // the coordinator's background thread: it reads and hashes the candidate steps).
+  enum class Start { kUndecided, kDeciding, kDecided };
+  Start start = Start::kUndecided;
+  std::string resume_manifest;  // the step every rank resumes from; empty: fresh
+  int64_t resumed_step = 0;     // its step
+  std::vector<checkpoint::SkippedStep> skipped;  // newer steps that failed verification
 };
 
 // A train job's plan: for `parallel: auto`, what the planner chose when the job started (the

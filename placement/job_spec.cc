@@ -79,6 +79,15 @@ std::string ResolveAgainst(const std::string& path, const std::string& base) {
   return (std::filesystem::path(base) / path).string();
 }
 
+// The data against the spec's folder; what the run writes or resumes from (checkpoint.dir,
+// checkpoint.resume, init_from) against the submitter's working directory, as `shardline train`.
+void ResolveTrainPaths(const PathBase& base, TrainSpec& train) {
+  train.data.path = ResolveAgainst(train.data.path, base.spec_dir);
+  train.checkpoint.dir = ResolveAgainst(train.checkpoint.dir, base.work_dir);
+  train.checkpoint.resume_path = ResolveAgainst(train.checkpoint.resume_path, base.work_dir);
+  train.init_from = ResolveAgainst(train.init_from, base.work_dir);
+}
+
 template <typename E, size_t N>
 std::string_view NameOf(const EnumName<E> (&names)[N], E value) {
   for (const auto& name : names) {
@@ -254,8 +263,7 @@ absl::Status ParseTrainJob(const YamlMap& map, const PathBase& base, JobSpec& sp
                                                    spec.parallel.micro_batch, ": remainder ",
                                                    spec.train.batch % spec.parallel.micro_batch));
     }
-    spec.train.data.path = ResolveAgainst(spec.train.data.path, base.spec_dir);
-    spec.train.checkpoint_dir = ResolveAgainst(spec.train.checkpoint_dir, base.work_dir);
+    ResolveTrainPaths(base, spec.train);
     return absl::OkStatus();
   }
 
@@ -272,8 +280,7 @@ absl::Status ParseTrainJob(const YamlMap& map, const PathBase& base, JobSpec& sp
       ValidateParallel(spec.train.model, spec.train.batch, spec.parallel, spec.actors);
   if (!layout.ok()) return map.ErrorAt(kParallel, ToString(layout.message()));
 
-  spec.train.data.path = ResolveAgainst(spec.train.data.path, base.spec_dir);
-  spec.train.checkpoint_dir = ResolveAgainst(spec.train.checkpoint_dir, base.work_dir);
+  ResolveTrainPaths(base, spec.train);
   return absl::OkStatus();
 }
 

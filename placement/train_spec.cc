@@ -99,6 +99,33 @@ absl::StatusOr<OptimizerSpec> ParseOptimizer(const YamlMap& map) {
   return o;
 }
 
+absl::StatusOr<CheckpointSpec> ParseCheckpoint(const YamlMap& map) {
+  CheckpointSpec checkpoint;
+  ASSIGN_OR_RETURN(checkpoint.dir, map.OptionalString("dir", ""));
+  ASSIGN_OR_RETURN(checkpoint.interval, map.OptionalInt64("interval", 0, {.min = 0}));
+  ASSIGN_OR_RETURN(checkpoint.keep, map.OptionalInt64("keep", 0, {.min = 0}));
+  if (checkpoint.dir.empty()) {
+    for (const std::string_view key : {"interval", "keep"}) {
+      if (map.Has(key)) {
+        return map.ErrorAt(key, "needs checkpoint.dir (where the steps are saved)");
+      }
+    }
+  }
+  ASSIGN_OR_RETURN(const std::string resume, map.OptionalString("resume", "latest"));
+  if (resume.empty()) {
+    return map.ErrorAt("resume", "give latest, none or the path of a checkpoint step");
+  }
+  if (resume == "latest") {
+    checkpoint.resume = checkpoint::ResumeMode::kLatest;
+  } else if (resume == "none") {
+    checkpoint.resume = checkpoint::ResumeMode::kNone;
+  } else {
+    checkpoint.resume = checkpoint::ResumeMode::kPath;
+    checkpoint.resume_path = resume;
+  }
+  return checkpoint;
+}
+
 absl::Status ParseTrainSections(const YamlMap& map, TrainSpec& spec) {
   ASSIGN_OR_RETURN(const YamlMap model,
                    map.RequiredMap("model", {kModelKeys.begin(), kModelKeys.end()}));
@@ -126,9 +153,14 @@ absl::Status ParseTrainSections(const YamlMap& map, TrainSpec& spec) {
   }
   ASSIGN_OR_RETURN(const int64_t seed, map.OptionalInt64("seed", 1, {.min = 0}));
   spec.seed = static_cast<uint64_t>(seed);
-  ASSIGN_OR_RETURN(const YamlMap checkpoint, map.OptionalMap("checkpoint", {"dir", "interval"}));
-  ASSIGN_OR_RETURN(spec.checkpoint_dir, checkpoint.OptionalString("dir", ""));
-  ASSIGN_OR_RETURN(spec.checkpoint_interval, checkpoint.OptionalInt64("interval", 0, {.min = 0}));
+  ASSIGN_OR_RETURN(const YamlMap checkpoint,
+                   map.OptionalMap("checkpoint", {"dir", "interval", "keep", "resume"}));
+  ASSIGN_OR_RETURN(spec.checkpoint, ParseCheckpoint(checkpoint));
+  ASSIGN_OR_RETURN(spec.init_from, map.OptionalString("init_from", ""));
+  if (!spec.init_from.empty() && spec.checkpoint.resume == checkpoint::ResumeMode::kPath) {
+    return map.ErrorAt("init_from", "give either init_from (parameters only, a fresh optimizer) "
+                                    "or checkpoint.resume: PATH (the whole state), not both");
+  }
   ASSIGN_OR_RETURN(spec.log_interval, map.OptionalInt64("log_interval", 10, {.min = 1}));
   return absl::OkStatus();
 }

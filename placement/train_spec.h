@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "checkpoint/resume.h"
 
 namespace shardline::placement {
 
@@ -59,6 +60,17 @@ enum class TrainDevice { kCpu, kCuda };
 // throughout (the CPU's only mode; on CUDA the mode that matches the CPU to rounding).
 enum class TrainPrecision { kFloat32, kBFloat16 };
 
+// YAML `checkpoint: {dir, interval, keep, resume}`.
+struct CheckpointSpec {
+  std::string dir;       // relative to the working directory; empty: no checkpoints
+  int64_t interval = 0;  // steps; 0: only at the end
+  int64_t keep = 0;      // the newest `keep` committed steps stay, older ones are removed; 0: all
+  // `resume: latest` (the default): from the newest committed step of `dir` that verifies, if any;
+  // `none`: fresh (refused when `dir` already holds committed steps); a path: from that step.
+  checkpoint::ResumeMode resume = checkpoint::ResumeMode::kLatest;
+  std::string resume_path;  // for a path; relative to the working directory
+};
+
 struct TrainSpec {
   std::string name;
   TrainDevice device = TrainDevice::kCpu;
@@ -71,8 +83,11 @@ struct TrainSpec {
   int64_t batch = 0;    // sequences per step
   int64_t seq_len = 0;  // ≤ model.max_seq_len
   uint64_t seed = 1;    // initialisation and data order
-  std::string checkpoint_dir;        // relative to the working directory; empty: no checkpoints
-  int64_t checkpoint_interval = 0;   // steps; 0: only at the end
+  CheckpointSpec checkpoint;
+  // YAML `init_from: PATH`: a run that starts fresh (nothing to resume) takes its parameters from
+  // this checkpoint (ours, one step of a sharded run, or a Hugging Face GPT-2 file) with a fresh
+  // optimizer; relative to the working directory. Empty: GPT-2 initialisation from `seed`.
+  std::string init_from;
   int64_t log_interval = 10;
 };
 

@@ -14,8 +14,9 @@
 namespace shardline::placement::internal {
 
 // The top-level keys ParseTrainSections reads, in the order the known-key lists print them.
-inline constexpr std::array<std::string_view, 9> kTrainSectionKeys = {
-    "model", "data", "optimizer", "steps", "batch", "seq_len", "seed", "checkpoint", "log_interval",
+inline constexpr std::array<std::string_view, 10> kTrainSectionKeys = {
+    "model",      "data",       "optimizer", "steps",     "batch",
+    "seq_len",    "seed",       "checkpoint", "init_from", "log_interval",
 };
 
 // The keys of a `model:` section, which are also the top-level keys of a standalone model spec.
@@ -28,6 +29,7 @@ inline constexpr std::array<std::string_view, 9> kModelKeys = {
 absl::StatusOr<ModelSpec> ParseModel(const YamlMap& map);
 absl::StatusOr<DataSpec> ParseData(const YamlMap& map);
 absl::StatusOr<OptimizerSpec> ParseOptimizer(const YamlMap& map);
+absl::StatusOr<CheckpointSpec> ParseCheckpoint(const YamlMap& map);
 
 // Reads the kTrainSectionKeys of the top-level mapping `map` into `spec` (everything but its
 // name), paths as written.

@@ -201,6 +201,15 @@ struct TrainProgress {
   planSummary @21 :Text;            # the planner's one-line summary of the chosen plan
   predictionCalibrated @22 :Bool;   # predictedStepSeconds priced with this generation's own
                                     # start-up calibration (every rank's), not earlier numbers
+  resumedFromStep @23 :Int64;       # the committed step the job resumed after; 0: it started fresh
+  skippedCheckpoints @24 :List(SkippedCheckpoint);  # newer steps that failed verification
+  initializedFrom @25 :Text;        # init_from, when the job started from those parameters
+}
+
+# A committed checkpoint step that `resume: latest` passed over, and why (checkpoint/verify.h).
+struct SkippedCheckpoint {
+  step @0 :Int64;
+  reason @1 :Text;
 }
 
 struct ActorStatus {
@@ -284,6 +293,8 @@ struct Assignment {
   specDir @11 :Text;        # as in SubmitJob: where the spec's relative paths resolve
   workDir @12 :Text;
   parallel @13 :ParallelLayout;  # kind train: the layout to run (`parallel: auto`: the plan)
+  resumeManifest @14 :Text; # kind train: the manifest of the step every rank resumes from (the
+                            # coordinator verified it); empty: start fresh
 }
 
 # A train job's layout as the coordinator resolved it (placement::ParallelSpec).
@@ -369,8 +380,9 @@ struct ActorDone {
 }
 
 # One rank's checkpoint shard of step `step` is on disk: `file` (relative to `dir`, the step's
-# folder, DIR/step-NNNNNNNN) holds `tensors`. The coordinator commits the step (writes its
-# manifest.json, then DIR/latest) once every rank of the generation has saved it.
+# folder, DIR/step-NNNNNNNN; empty when the rank holds nothing another rank does not write) holds
+# `tensors`. The coordinator commits the step (writes its manifest.json, then DIR/latest) once
+# every rank of the generation has saved it. Sent from the rank's checkpoint writer thread.
 struct ShardSaved {
   jobId @0 :Text;
   generation @1 :UInt32;
@@ -379,16 +391,22 @@ struct ShardSaved {
   dir @4 :Text;
   file @5 :Text;
   tensors @6 :List(SavedTensor);
+  fileBytes @7 :UInt64;     # the file's size and XXH3-64, as written
+  fileXxh3 @8 :UInt64;
+  dataTokens @9 :UInt64;    # the token stream the rank trained on: its length and XXH3-64
+  dataXxh3 @10 :UInt64;
 }
 
 # The box [offsets, offsets + shape) of global tensor `name` (shape globalShape), stored in the
-# shard file under the same name.
+# shard file as tensor `tensor` (empty: `name`), whose bytes have the XXH3-64 `xxh3`.
 struct SavedTensor {
   name @0 :Text;
   dtype @1 :Text;           # a safetensors dtype: "F32", ...
   globalShape @2 :List(UInt64);
   offsets @3 :List(UInt64);
   shape @4 :List(UInt64);
+  tensor @5 :Text;
+  xxh3 @6 :UInt64;
 }
 
 # Sent once by every rank of a train job after bootstrap, before its first step: the fp32 GEMM

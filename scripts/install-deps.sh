@@ -10,6 +10,8 @@ packages=(
   libzmq3-dev cppzmq-dev capnproto libcapnp-dev
   # common libraries
   libabsl-dev libspdlog-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev
+  # checkpoint checksums (XXH3)
+  libxxhash-dev
   # collectives and compute
   libgloo-dev libopenblas-dev libopenmpi-dev openmpi-bin
   # vectorized tanh and exp for the CPU kernels (the library PyTorch's CPU kernels use)

@@ -22,7 +22,7 @@
 #include "placement/parallel_layout.h"
 #include "protocol/rpc_client.h"
 #include "tests/integration/local_cluster.h"
-#include "worker/checkpoint/manifest.h"
+#include "checkpoint/manifest.h"
 
 namespace shardline::testing {
 namespace {
@@ -218,10 +218,17 @@ class FakeActor {
     std::string dtype = "F32";
   };
 
-  // A ShardSaved; the job id, generation and rank may be overridden to send a bad one.
+  // A ShardSaved, of a file it writes first (the coordinator commits only files that are on disk
+  // with the size reported; their content is the loaders' to check); the job id, generation and
+  // rank may be overridden to send a bad one.
   absl::Status SaveShard(uint64_t step, const std::string& dir, const std::string& file,
                          const std::vector<Tensor>& tensors, std::string job_id = "",
                          int64_t generation = -1, int64_t rank = -1) {
+    const std::string contents = "shard of rank " + std::to_string(rank_);
+    if (fs::is_directory(dir) && fs::path(file).is_relative() &&
+        file.find("..") == std::string::npos) {
+      std::ofstream(fs::path(dir) / file) << contents;
+    }
     auto message = client_->NewMessage();
     auto saved = message->payload().initShardSaved();
     saved.setJobId(job_id.empty() ? job_id_ : job_id);
@@ -230,6 +237,8 @@ class FakeActor {
     saved.setStep(step);
     saved.setDir(dir);
     saved.setFile(file);
+    saved.setFileBytes(contents.size());
+    saved.setFileXxh3(0x1234);
     auto list = saved.initTensors(static_cast<unsigned>(tensors.size()));
     for (size_t i = 0; i < tensors.size(); ++i) {
       list[i].setName(tensors[i].name);
@@ -520,7 +529,7 @@ TEST(ClusterTrainTest, ProgressAndCheckpointCommitWithEveryGroup) {
   refused(actors[0]->SaveShard(10, cluster.dir() + "/elsewhere", "rank-0.safetensors", ShardOf(0)),
           absl::StatusCode::kInvalidArgument, "the step's folder is " + step10);
   refused(actors[0]->SaveShard(10, step10, "../rank-0.safetensors", ShardOf(0)),
-          absl::StatusCode::kInvalidArgument, "leaves the step's folder");
+          absl::StatusCode::kInvalidArgument, "a name inside the step's folder");
   refused(actors[0]->SaveShard(21, StepDir(ckpt, 21), "rank-0.safetensors", ShardOf(0)),
           absl::StatusCode::kInvalidArgument, "only 20 steps");
 
@@ -629,7 +638,8 @@ TEST(ClusterTrainTest, ShardsThatDoNotCoverATensorFailTheJobAndCommitNothing) {
   for (auto& actor : actors) {
     auto tensors = ShardOf(actor->rank());
     if (actor->rank() == 1) tensors[0].offsets = {0, 0};
-    const absl::Status status = actor->SaveShard(10, step10, "rank.safetensors", tensors);
+    const absl::Status status = actor->SaveShard(
+        10, step10, "rank-" + std::to_string(actor->rank()) + ".safetensors", tensors);
     if (actor->rank() < 3) {
       ASSERT_TRUE(status.ok()) << status;
     } else {
@@ -642,7 +652,7 @@ TEST(ClusterTrainTest, ShardsThatDoNotCoverATensorFailTheJobAndCommitNothing) {
   const std::string error = (*failed)["error"];
   EXPECT_NE(error.find("checkpoint step 10 could not be committed"), std::string::npos) << error;
   EXPECT_NE(error.find("tensor 'wte'"), std::string::npos) << error;
-  EXPECT_NE(error.find("cover 1040 of its 2080 elements"), std::string::npos) << error;
+  EXPECT_NE(error.find("shards cover 1040 of 2080 elements"), std::string::npos) << error;
   EXPECT_FALSE(fs::exists(step10 + "/manifest.json"));
   EXPECT_FALSE(fs::exists(ckpt + "/latest"));
   EXPECT_EQ((*failed)["train"]["last_committed_step"], -1);

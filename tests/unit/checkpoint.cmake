@@ -1,4 +1,4 @@
-# Unit tests for worker/checkpoint: safetensors I/O, GPT-2 checkpoints and import, manifests, and
+# Unit tests for checkpoint/: safetensors I/O, GPT-2 checkpoints and import, manifests, and
 # reading sharded checkpoints by boxes.
 # checkpoint_safetensors_test runs tests/unit/checkpoint_reference.py with /usr/bin/python3
 # (PyTorch); it finds the script through SHARDLINE_SOURCE_DIR or the compiled-in source path.
@@ -14,3 +14,20 @@ shardline_test(checkpoint_manifest_test
 shardline_test(checkpoint_sharded_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/checkpoint_sharded_test.cc
   LIBS shardline_checkpoint LABELS unit TIMEOUT 60)
+# The commit path without a model: names, boxes of flat ranges, assembling shards into a manifest,
+# committing a step and retention.
+shardline_test(checkpoint_commit_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/checkpoint_commit_test.cc
+  LIBS shardline_checkpoint LABELS unit TIMEOUT 60)
+# What `shardline train`'s checkpoints guarantee: damage named and skipped, bad input refused,
+# bit-exact resume, keep, a crash at every operation of a save, saves off the training loop.
+shardline_test(checkpoint_integrity_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/checkpoint_integrity_test.cc
+  LIBS shardline_training shardline_forked_world nlohmann_json::nlohmann_json
+  LABELS unit TIMEOUT 600)
+# Resume equivalence on another plan: 3 steps in plan A, 3 more resumed in plan B, against one
+# uninterrupted single-device run; every rank a forked process over real Gloo communicators.
+shardline_test(checkpoint_resume_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/checkpoint_resume_test.cc
+  LIBS shardline_training shardline_forked_world nlohmann_json::nlohmann_json
+  LABELS unit TIMEOUT 600)

@@ -8,10 +8,10 @@
 #include <vector>
 
 #include "common/status_macros.h"
-#include "worker/checkpoint/gpt2_checkpoint.h"
-#include "worker/checkpoint/gpt2_hf_import.h"
-#include "worker/checkpoint/safetensors_reader.h"
-#include "worker/checkpoint/safetensors_writer.h"
+#include "checkpoint/gpt2_checkpoint.h"
+#include "checkpoint/gpt2_hf_import.h"
+#include "checkpoint/safetensors_reader.h"
+#include "checkpoint/safetensors_writer.h"
 
 namespace shardline::checkpoint {
 namespace {
@@ -176,13 +176,19 @@ TEST(Gpt2HfImportTest, WidensBFloat16) {
   EXPECT_EQ(weights->tensors.at("wte").values[5], truncated);
 }
 
-TEST(Gpt2HfImportTest, UntiedHeadIsAnError) {
+TEST(Gpt2HfImportTest, AnUntiedHeadBecomesOurs) {
   std::map<std::string, HostTensor> hf = HfTensors();
   hf["lm_head.weight"] = Filled("other head", {kV, kC});
-  const std::string path = WriteHf(hf);
-  const absl::Status status = ImportHfGpt2(path, kHeads).status();
-  EXPECT_THAT(Message(status),
-              AllOf(HasSubstr(path), HasSubstr("'lm_head.weight'"), HasSubstr("untied")));
+  absl::StatusOr<Gpt2Weights> weights = ImportHfGpt2(WriteHf(hf), kHeads);
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  EXPECT_FALSE(weights->config.tied_embeddings);
+  EXPECT_EQ(weights->tensors.at("lm_head.w").values, hf.at("lm_head.weight").values);
+  // A head equal to wte is the tied one a GPT2LMHeadModel saves: no tensor of its own.
+  hf["lm_head.weight"] = hf.at("wte.weight");
+  absl::StatusOr<Gpt2Weights> tied = ImportHfGpt2(WriteHf(hf), kHeads);
+  ASSERT_TRUE(tied.ok()) << tied.status();
+  EXPECT_TRUE(tied->config.tied_embeddings);
+  EXPECT_FALSE(tied->tensors.contains("lm_head.w"));
 }
 
 TEST(Gpt2HfImportTest, MissingTensorIsNamed) {

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "common/status_macros.h"
-#include "worker/checkpoint/manifest.h"
+#include "checkpoint/manifest.h"
 
 namespace shardline::checkpoint {
 namespace {
@@ -15,31 +15,108 @@ using ::testing::HasSubstr;
 
 std::string Message(const absl::Status& status) { return ToString(status.message()); }
 
-// Two tensor-parallel ranks: "h.0.fc.w" (8, 4) split by rows, "h.0.fc_proj.b" (4) replicated.
+// Two tensor-parallel ranks: "h.0.fc.w" (8, 4) split by rows, "h.0.fc_proj.b" (4) replicated,
+// with the train and plan sections a writer fills in.
 Manifest TwoRanks() {
   Manifest manifest;
   manifest.step = 100;
   manifest.world_size = 2;
   manifest.metadata["n_layer"] = "1";
+  manifest.train.seed = 7;
+  manifest.train.batch = 8;
+  manifest.train.seq_len = 16;
+  manifest.train.data.source = "file";
+  manifest.train.data.path = "/data/text.txt";
+  manifest.train.data.tokens = 12345;
+  manifest.train.data.xxh3 = 0xfedcba9876543210ull;
+  manifest.train.steps = 300;
+  manifest.train.optimizer.lr = 3e-4;
+  manifest.train.optimizer.warmup_steps = 10;
+  manifest.plan.tp = 2;
+  manifest.plan.micro_batch = 4;
+  manifest.plan.stage_layers = {1};
+  manifest.files["rank-0.safetensors"] = {0, 1000, 0x0123456789abcdefull};
+  manifest.files["rank-1.safetensors"] = {1, 1000, 42};
   ManifestTensor& fc = manifest.tensors["h.0.fc.w"];
   fc.global_shape = {8, 4};
-  fc.shards = {{0, "rank-0.safetensors", "h.0.fc.w", {0, 0}, {4, 4}},
-               {1, "rank-1.safetensors", "h.0.fc.w", {4, 0}, {4, 4}}};
+  fc.shards = {{0, "rank-0.safetensors", "h.0.fc.w", {0, 0}, {4, 4}, 1},
+               {1, "rank-1.safetensors", "h.0.fc.w", {4, 0}, {4, 4}, 2}};
   ManifestTensor& bias = manifest.tensors["h.0.fc_proj.b"];
   bias.global_shape = {4};
-  bias.shards = {{0, "rank-0.safetensors", "h.0.fc_proj.b", {0}, {4}},
-                 {1, "rank-1.safetensors", "h.0.fc_proj.b", {0}, {4}}};
+  bias.shards = {{0, "rank-0.safetensors", "h.0.fc_proj.b", {0}, {4}, 3},
+                 {1, "rank-1.safetensors", "h.0.fc_proj.b", {0}, {4}, 4}};
   return manifest;
 }
 
-TEST(ManifestTest, RoundTripsThroughAFile) {
+TEST(ManifestTest, RoundTripsThroughAFileWithEverySection) {
   std::string dir = ::testing::TempDir() + "/manifest_XXXXXX";
   ASSERT_NE(::mkdtemp(dir.data()), nullptr);
   const Manifest manifest = TwoRanks();
-  ASSERT_TRUE(WriteManifest(dir + "/manifest.json", manifest).ok());
+  ASSERT_TRUE(WriteManifest(DefaultFileSystem(), dir + "/manifest.json", manifest).ok());
   absl::StatusOr<Manifest> read = ReadManifest(dir + "/manifest.json");
   ASSERT_TRUE(read.ok()) << read.status();
   EXPECT_EQ(*read, manifest);
+  // The synthetic corpus is described by its seed and size instead of a path.
+  Manifest synthetic = TwoRanks();
+  synthetic.train.data = {"synthetic", "", 3, 65536, 65536, 99};
+  absl::StatusOr<Manifest> parsed = ParseManifest(ManifestToJson(synthetic), "m.json");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->train.data, synthetic.train.data);
+  // Checksums are 16 hex digits in the file.
+  EXPECT_THAT(ManifestToJson(manifest), HasSubstr("\"xxh3_64\": \"0123456789abcdef\""));
+}
+
+TEST(ManifestTest, FilesMustBeListedNamedInsideTheStepAndOfTheirRank) {
+  Manifest unlisted = TwoRanks();
+  unlisted.files.erase("rank-1.safetensors");
+  EXPECT_THAT(Message(ValidateManifest(unlisted, "m.json")),
+              AllOf(HasSubstr("tensor 'h.0.fc.w'"), HasSubstr("rank-1.safetensors"),
+                    HasSubstr("not among the manifest's files")));
+  Manifest other_rank = TwoRanks();
+  other_rank.files["rank-1.safetensors"].rank = 0;
+  EXPECT_THAT(Message(ValidateManifest(other_rank, "m.json")),
+              HasSubstr("the file belongs to rank 0"));
+  for (const std::string bad : {"../rank-1.safetensors", "/tmp/rank-1.safetensors"}) {
+    Manifest escape = TwoRanks();
+    escape.files[bad] = {1, 10, 0};
+    EXPECT_THAT(Message(ValidateManifest(escape, "m.json")),
+                AllOf(HasSubstr(bad), HasSubstr("not a name inside the step's folder")))
+        << bad;
+  }
+}
+
+TEST(ManifestTest, OtherVersionsAndBadChecksumsAreRefused) {
+  std::string text = ManifestToJson(TwoRanks());
+  std::string v1 = text;
+  v1.replace(v1.find("\"version\": 2"), 12, "\"version\": 1");
+  EXPECT_THAT(Message(ParseManifest(v1, "m.json").status()),
+              AllOf(HasSubstr("m.json"), HasSubstr("version 1, expected 2")));
+  std::string checksum = text;
+  checksum.replace(checksum.find("0123456789abcdef"), 16, "0123456789abcdeg");
+  EXPECT_THAT(Message(ParseManifest(checksum, "m.json").status()),
+              AllOf(HasSubstr("file 'rank-0.safetensors'"), HasSubstr("not a checksum")));
+  std::string source = text;
+  source.replace(source.find("\"file\","), 7, "\"tape\",");
+  EXPECT_THAT(Message(ParseManifest(source, "m.json").status()),
+              AllOf(HasSubstr("in train"), HasSubstr("neither synthetic nor file")));
+}
+
+TEST(ManifestTest, OptimizerStateIsWholeOrAbsent) {
+  Manifest manifest = TwoRanks();
+  EXPECT_FALSE(HasOptimizerState(manifest));
+  for (const std::string name : {"h.0.fc.w", "h.0.fc_proj.b"}) {
+    for (const StateKind kind : {StateKind::kExpAvg, StateKind::kExpAvgSq}) {
+      manifest.tensors[StateTensorName(kind, name)] = manifest.tensors.at(name);
+    }
+  }
+  EXPECT_TRUE(ValidateManifest(manifest, "m.json").ok());
+  EXPECT_TRUE(HasOptimizerState(manifest));
+  manifest.tensors.erase("optim.exp_avg_sq.h.0.fc_proj.b");
+  EXPECT_FALSE(HasOptimizerState(manifest));
+  EXPECT_EQ(ParseStateTensorName("optim.exp_avg_sq.h.0.fc.w").kind, StateKind::kExpAvgSq);
+  EXPECT_EQ(ParseStateTensorName("optim.exp_avg_sq.h.0.fc.w").param, "h.0.fc.w");
+  EXPECT_EQ(ParseStateTensorName("optim.exp_avg.wte").kind, StateKind::kExpAvg);
+  EXPECT_EQ(ParseStateTensorName("wte").kind, StateKind::kParam);
 }
 
 TEST(ManifestTest, PartialOverlapIsAnError) {

@@ -15,8 +15,8 @@
 
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
-#include "worker/checkpoint/safetensors_reader.h"
-#include "worker/checkpoint/safetensors_writer.h"
+#include "checkpoint/safetensors_reader.h"
+#include "checkpoint/safetensors_writer.h"
 
 namespace shardline::checkpoint {
 namespace {
@@ -154,7 +154,7 @@ TEST(SafetensorsTest, WriteReplacesAtomicallyAndLeavesNoTemporaries) {
   EXPECT_EQ(files, 1);
 
   SafetensorsWriter bad(dir + "/no-such-dir/b.safetensors");
-  const absl::Status status = bad.Finish();
+  const absl::Status status = bad.Finish().status();
   ASSERT_FALSE(status.ok());
   EXPECT_THAT(Message(status), HasSubstr("no-such-dir/b.safetensors"));
 }

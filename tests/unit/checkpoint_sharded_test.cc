@@ -15,9 +15,9 @@
 
 #include "common/status_macros.h"
 #include "tests/support/box_reference.h"
-#include "worker/checkpoint/manifest.h"
-#include "worker/checkpoint/safetensors_writer.h"
-#include "worker/checkpoint/sharded_reader.h"
+#include "checkpoint/manifest.h"
+#include "checkpoint/safetensors_writer.h"
+#include "checkpoint/sharded_reader.h"
 
 namespace shardline::checkpoint {
 namespace {
@@ -73,13 +73,34 @@ class Shards {
   std::string ManifestPath() const { return dir_ + "/manifest.json"; }
   Manifest& manifest() { return manifest_; }
 
+  // Writes every rank file and the manifest, with the files' and pieces' checksums.
   void Write() {
     for (const auto& [rank, tensors] : files_) {
       SafetensorsWriter writer(Path(rank));
       for (const auto& [name, tensor] : tensors) ASSERT_TRUE(writer.Add(tensor.View(name)).ok());
-      ASSERT_TRUE(writer.Finish().ok());
+      absl::StatusOr<SafetensorsWriter::Written> written = writer.Finish();
+      ASSERT_TRUE(written.ok()) << written.status();
+      manifest_.files[File(rank)] = ShardFileInfo{rank, written->bytes, written->xxh3};
+      for (auto& [name, tensor] : manifest_.tensors) {
+        for (ShardSlice& slice : tensor.shards) {
+          if (slice.file == File(rank)) slice.xxh3 = written->tensor_xxh3.at(slice.tensor);
+        }
+      }
     }
-    ASSERT_TRUE(WriteManifest(ManifestPath(), manifest_).ok());
+    WriteManifestNow();
+  }
+
+  // Replaces rank `rank`'s file by `writer`'s and records its size and checksum in the manifest,
+  // so that what the reader then finds wrong is the content, not the file's integrity.
+  void Replace(int64_t rank, SafetensorsWriter& writer) {
+    absl::StatusOr<SafetensorsWriter::Written> written = writer.Finish();
+    ASSERT_TRUE(written.ok()) << written.status();
+    manifest_.files[File(rank)] = ShardFileInfo{rank, written->bytes, written->xxh3};
+    WriteManifestNow();
+  }
+
+  void WriteManifestNow() {
+    ASSERT_TRUE(WriteManifest(DefaultFileSystem(), ManifestPath(), manifest_).ok());
   }
 
  private:
@@ -235,11 +256,13 @@ TEST(ShardedReaderTest, HalfPrecisionShardsAreWidened) {
                                     {1, 3},
                                     std::as_bytes(std::span<const uint16_t>(bits[rank]))})
                     .ok());
-    ASSERT_TRUE(writer.Finish().ok());
-    tensor.shards.push_back(
-        {rank, "r" + std::to_string(rank) + ".safetensors", "w", {rank, 0}, {1, 3}});
+    absl::StatusOr<SafetensorsWriter::Written> written = writer.Finish();
+    ASSERT_TRUE(written.ok()) << written.status();
+    const std::string file = "r" + std::to_string(rank) + ".safetensors";
+    manifest.files[file] = ShardFileInfo{rank, written->bytes, written->xxh3};
+    tensor.shards.push_back({rank, file, "w", {rank, 0}, {1, 3}, written->tensor_xxh3.at("w")});
   }
-  ASSERT_TRUE(WriteManifest(dir + "/manifest.json", manifest).ok());
+  ASSERT_TRUE(WriteManifest(DefaultFileSystem(), dir + "/manifest.json", manifest).ok());
   absl::StatusOr<ShardedReader> reader = ShardedReader::Open(dir + "/manifest.json");
   ASSERT_TRUE(reader.ok()) << reader.status();
   absl::StatusOr<HostTensor> read = reader->ReadTensor("w");
@@ -273,7 +296,7 @@ TEST(ShardedReaderTest, AShardWhoseShapeDisagreesWithTheManifestIsAnError) {
   const std::vector<float> values(18, 1.0f);
   SafetensorsWriter writer(shards.Path(1));
   ASSERT_TRUE(writer.Add(HostTensor{{3, 2, 3}, values}.View("cube")).ok());
-  ASSERT_TRUE(writer.Finish().ok());
+  shards.Replace(1, writer);
   absl::StatusOr<ShardedReader> reader = ShardedReader::Open(shards.ManifestPath());
   ASSERT_TRUE(reader.ok()) << reader.status();
   const absl::Status status = reader->ReadTensor("cube").status();
@@ -299,9 +322,37 @@ TEST(ShardedReaderTest, ATruncatedShardFileIsAnErrorNamingIt) {
   absl::StatusOr<ShardedReader> reader = ShardedReader::Open(shards.ManifestPath());
   ASSERT_TRUE(reader.ok()) << reader.status();
   const absl::Status status = reader->ReadTensor("cube").status();
-  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(Message(status), AllOf(HasSubstr(shards.ManifestPath()), HasSubstr("tensor 'cube'"),
                                      HasSubstr("rank-0.safetensors"), HasSubstr("truncated")));
+  fs::remove_all(dir);
+}
+
+TEST(ShardedReaderTest, AChangedByteFailsTheChecksumOfThePieceThatHoldsIt) {
+  const std::string dir = TempDir("flipped");
+  Shards shards = Standard(dir);
+  shards.Write();
+  // Flip one bit of the last byte of rank 1's file: the data of its last piece.
+  {
+    std::fstream file(shards.Path(1), std::ios::in | std::ios::out | std::ios::binary);
+    file.seekg(-1, std::ios::end);
+    char byte = 0;
+    file.read(&byte, 1);
+    byte ^= 0x10;
+    file.seekp(-1, std::ios::end);
+    file.write(&byte, 1);
+  }
+  absl::StatusOr<ShardedReader> reader = ShardedReader::Open(shards.ManifestPath());
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  // Rank 1's file holds "cube" [0:3, 2:4, 0:4], "four" [0:1, 0:3, 0:4, 3:5] and "bias": the one
+  // laid out last (by element size, then name) is "four".
+  const absl::Status status = reader->ReadTensor("four").status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(Message(status), AllOf(HasSubstr(shards.ManifestPath()), HasSubstr("tensor 'four'"),
+                                     HasSubstr("rank-1.safetensors"),
+                                     HasSubstr("fail their checksum")));
+  // The other pieces of the same file are intact and still read.
+  EXPECT_TRUE(reader->ReadTensor("cube").ok());
   fs::remove_all(dir);
 }
 
@@ -314,11 +365,10 @@ TEST(ShardedReaderTest, AShardWithAnotherDtypeThanTheManifestIsAnError) {
   ASSERT_TRUE(
       writer.Add(TensorView{"bias", SafetensorsDType::kI32, {7}, std::as_bytes(std::span(ints))})
           .ok());
-  ASSERT_TRUE(writer.Finish().ok());
   // Rank 1's replica is read only when rank 0's file is not open yet and it is listed first.
   std::swap(shards.manifest().tensors["bias"].shards[0],
             shards.manifest().tensors["bias"].shards[1]);
-  ASSERT_TRUE(WriteManifest(shards.ManifestPath(), shards.manifest()).ok());
+  shards.Replace(1, writer);
   absl::StatusOr<ShardedReader> reader = ShardedReader::Open(shards.ManifestPath());
   ASSERT_TRUE(reader.ok()) << reader.status();
   const absl::Status status = reader->ReadTensor("bias").status();

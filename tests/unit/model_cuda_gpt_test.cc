@@ -254,7 +254,7 @@ TEST(CudaGptTrainingTest, Fp32AndBf16TrainAsTheCpuDoes) {
   }
 }
 
-TEST(CudaGptTrainingTest, LoadParamsRoundTripsAndBadInputIsRefusedBeforeAnyWork) {
+TEST(CudaGptTrainingTest, LoadStateRoundTripsAndBadInputIsRefusedBeforeAnyWork) {
   SKIP_WITHOUT_GPU();
   const GptConfig config = TinyConfig(false);
   auto gpu = CudaModel(config, GemmPrecision::kBFloat16);
@@ -262,11 +262,11 @@ TEST(CudaGptTrainingTest, LoadParamsRoundTripsAndBadInputIsRefusedBeforeAnyWork)
   std::vector<float> values(static_cast<size_t>(gpu->num_params()));
   for (size_t i = 0; i < values.size(); ++i)
     values[i] = static_cast<float>(i % 1000) * 1e-3f - 0.5f;
-  ASSERT_TRUE(gpu->LoadParams(values).ok());
+  ASSERT_TRUE(gpu->LoadState(values, {}, {}).ok());
   auto back = gpu->HostParams();
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(0, std::memcmp(back->data(), values.data(), values.size() * sizeof(float)));
-  EXPECT_EQ(gpu->LoadParams(std::span<const float>(values).first(10)).code(),
+  EXPECT_EQ(gpu->LoadState(std::span<const float>(values).first(10), {}, {}).code(),
             absl::StatusCode::kInvalidArgument);
 
   Batch b = MakeBatch(config.vocab);

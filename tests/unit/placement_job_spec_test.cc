@@ -294,7 +294,7 @@ TEST(TrainJobSpecTest, ExampleGptShardedParses) {
   EXPECT_EQ(spec->train.steps, 200);
   EXPECT_TRUE(spec->train.data.path.empty());  // synthetic
   // checkpoint.dir is resolved against the working directory of whoever loads the file.
-  EXPECT_EQ(spec->train.checkpoint_dir,
+  EXPECT_EQ(spec->train.checkpoint.dir,
             (std::filesystem::current_path() / "checkpoints/gpt-sharded").string());
   EXPECT_TRUE(
       ValidateParallel(spec->train.model, spec->train.batch, spec->parallel, spec->actors).ok());
@@ -319,8 +319,8 @@ TEST(TrainJobSpecTest, MinimalTrainJobGetsDefaults) {
   EXPECT_EQ(spec->train.seq_len, 64);
   EXPECT_EQ(spec->train.seed, 1u);
   EXPECT_EQ(spec->train.log_interval, 10);
-  EXPECT_TRUE(spec->train.checkpoint_dir.empty());
-  EXPECT_EQ(spec->train.checkpoint_interval, 0);
+  EXPECT_TRUE(spec->train.checkpoint.dir.empty());
+  EXPECT_EQ(spec->train.checkpoint.interval, 0);
   EXPECT_TRUE(spec->train.data.path.empty());
   EXPECT_EQ(spec->train.data.synthetic_seed, 1u);
   const OptimizerSpec optimizer;
@@ -399,8 +399,8 @@ TEST(TrainJobSpecTest, EveryFieldIsRead) {
   EXPECT_EQ(t.batch, 16);
   EXPECT_EQ(t.seq_len, 96);
   EXPECT_EQ(t.seed, 42u);
-  EXPECT_EQ(t.checkpoint_dir, "ckpt/big");
-  EXPECT_EQ(t.checkpoint_interval, 50);
+  EXPECT_EQ(t.checkpoint.dir, "ckpt/big");
+  EXPECT_EQ(t.checkpoint.interval, 50);
   EXPECT_EQ(t.log_interval, 5);
   const ParallelSpec& p = spec->parallel;
   EXPECT_EQ(p.tp, 2);
@@ -630,7 +630,7 @@ TEST(TrainJobSpecTest, RelativePathsResolveAgainstTheirBases) {
   absl::StatusOr<JobSpec> plain = Parse(text);
   ASSERT_TRUE(plain.ok()) << plain.status();
   EXPECT_EQ(plain->train.data.path, "text/corpus.txt");
-  EXPECT_EQ(plain->train.checkpoint_dir, "ckpt/run");
+  EXPECT_EQ(plain->train.checkpoint.dir, "ckpt/run");
 
   PathBase base;
   base.spec_dir = "/specs/jobs";
@@ -638,13 +638,13 @@ TEST(TrainJobSpecTest, RelativePathsResolveAgainstTheirBases) {
   absl::StatusOr<JobSpec> resolved = ParseJobSpec(text, "job.yaml", base);
   ASSERT_TRUE(resolved.ok()) << resolved.status();
   EXPECT_EQ(resolved->train.data.path, "/specs/jobs/text/corpus.txt");
-  EXPECT_EQ(resolved->train.checkpoint_dir, "/home/me/work/ckpt/run");
+  EXPECT_EQ(resolved->train.checkpoint.dir, "/home/me/work/ckpt/run");
 
   // Only one base given: the other path stays as written.
   absl::StatusOr<JobSpec> half = ParseJobSpec(text, "job.yaml", PathBase{.spec_dir = "/s"});
   ASSERT_TRUE(half.ok()) << half.status();
   EXPECT_EQ(half->train.data.path, "/s/text/corpus.txt");
-  EXPECT_EQ(half->train.checkpoint_dir, "ckpt/run");
+  EXPECT_EQ(half->train.checkpoint.dir, "ckpt/run");
 
   // Absolute paths are kept.
   absl::StatusOr<JobSpec> absolute = ParseJobSpec(
@@ -652,7 +652,7 @@ TEST(TrainJobSpecTest, RelativePathsResolveAgainstTheirBases) {
       "job.yaml", base);
   ASSERT_TRUE(absolute.ok()) << absolute.status();
   EXPECT_EQ(absolute->train.data.path, "/data/c.txt");
-  EXPECT_EQ(absolute->train.checkpoint_dir, "/ckpt");
+  EXPECT_EQ(absolute->train.checkpoint.dir, "/ckpt");
 }
 
 TEST(TrainJobSpecTest, LoadJobSpecFileResolvesAgainstFileAndWorkingDirectory) {
@@ -672,7 +672,7 @@ TEST(TrainJobSpecTest, LoadJobSpecFileResolvesAgainstFileAndWorkingDirectory) {
   ASSERT_TRUE(spec.ok()) << spec.status();
   const std::filesystem::path absolute_dir = std::filesystem::absolute(dir).lexically_normal();
   EXPECT_EQ(std::filesystem::path(spec->train.data.path), absolute_dir / "corpus.txt");
-  EXPECT_EQ(spec->train.checkpoint_dir, (std::filesystem::current_path() / "ckpt").string());
+  EXPECT_EQ(spec->train.checkpoint.dir, (std::filesystem::current_path() / "ckpt").string());
   std::filesystem::remove_all(dir);
 }
 

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "checkpoint/layout.h"
 #include "kernels/allocator.h"
 #include "placement/train_spec.h"
 #include "tests/support/tiny_train_spec.h"
@@ -107,20 +108,20 @@ TEST(TrainerTest, CudaDeviceThatCannotRunIsAClearError) {
   placement::TrainSpec spec = TinySpec();
   ASSERT_TRUE(placement::SetTrainDevice("cuda", spec).ok());
   const std::string dir = TempDir("cuda");
-  spec.checkpoint_dir = dir + "/ckpt";
-  auto result = Train(spec, nullptr);
+  spec.checkpoint.dir = dir + "/ckpt";
+  auto result = Train(spec, {});
   ASSERT_FALSE(result.ok());
   EXPECT_EQ(result.status().code(), absl::StatusCode::kFailedPrecondition) << result.status();
   const std::string message(result.status().message());
   EXPECT_EQ(message.rfind("device cuda:0: ", 0), 0u) << message;
   EXPECT_NE(message.find(why), std::string::npos) << message;
-  EXPECT_FALSE(fs::exists(spec.checkpoint_dir)) << "nothing may be written before the error";
+  EXPECT_FALSE(fs::exists(spec.checkpoint.dir)) << "nothing may be written before the error";
 }
 
 TEST(TrainerTest, MissingDataFileIsAClearError) {
   placement::TrainSpec spec = TinySpec();
   spec.data.path = "/nonexistent/corpus.txt";
-  auto result = Train(spec, nullptr);
+  auto result = Train(spec, {});
   ASSERT_FALSE(result.ok());
   EXPECT_NE(std::string(result.status().message()).find("/nonexistent/corpus.txt"),
             std::string::npos)
@@ -130,7 +131,9 @@ TEST(TrainerTest, MissingDataFileIsAClearError) {
 TEST(TrainerTest, LossFallsAndRerunsAreBitIdentical) {
   const placement::TrainSpec spec = TinySpec();
   std::vector<int64_t> reported;
-  auto first = Train(spec, [&](const TrainProgress& p) { reported.push_back(p.step); });
+  TrainCallbacks callbacks;
+  callbacks.on_progress = [&](const TrainProgress& p) { reported.push_back(p.step); };
+  auto first = Train(spec, callbacks);
   ASSERT_TRUE(first.ok()) << first.status();
   ASSERT_EQ(first->losses.size(), 200u);
   // From ln(257) ≈ 5.55 at the start; measured 2.16 at step 200 for this config and seed
@@ -141,7 +144,7 @@ TEST(TrainerTest, LossFallsAndRerunsAreBitIdentical) {
   EXPECT_EQ(reported.back(), 200);
   EXPECT_GT(first->peak_bytes, 0);
 
-  auto second = Train(spec, nullptr);
+  auto second = Train(spec, {});
   ASSERT_TRUE(second.ok());
   ASSERT_EQ(second->losses.size(), first->losses.size());
   EXPECT_EQ(0, std::memcmp(first->losses.data(), second->losses.data(),
@@ -184,25 +187,28 @@ TEST(ModelCheckpointTest, RoundTripIsBitExact) {
 TEST(ModelCheckpointTest, TrainingWritesCheckpointsAndLatestPointsAtTheLast) {
   placement::TrainSpec spec = TinySpec();
   spec.steps = 10;
-  spec.checkpoint_dir = TempDir("run");
-  spec.checkpoint_interval = 4;
-  auto result = Train(spec, nullptr);
+  spec.checkpoint.dir = TempDir("run");
+  spec.checkpoint.interval = 4;
+  auto result = Train(spec, {});
   ASSERT_TRUE(result.ok()) << result.status();
   for (const char* step : {"step-00000004", "step-00000008", "step-00000010"}) {
-    EXPECT_TRUE(fs::exists(fs::path(spec.checkpoint_dir) / step / "model.safetensors")) << step;
+    EXPECT_TRUE(fs::exists(fs::path(spec.checkpoint.dir) / step / "manifest.json")) << step;
+    EXPECT_TRUE(fs::exists(fs::path(spec.checkpoint.dir) / step / "rank-00000.safetensors"))
+        << step;
   }
-  auto latest = ResolveCheckpoint(spec.checkpoint_dir);
+  auto latest = checkpoint::ResolveCheckpoint(spec.checkpoint.dir);
   ASSERT_TRUE(latest.ok()) << latest.status();
   EXPECT_EQ(*latest, result->checkpoint);
   EXPECT_NE(latest->find("step-00000010"), std::string::npos);
-  fs::remove_all(spec.checkpoint_dir);
+  fs::remove_all(spec.checkpoint.dir);
 }
 
 TEST(ModelCheckpointTest, DamagedOrMissingCheckpointsAreErrorsNamingTheFile) {
   const std::string dir = TempDir("damaged");
   kernels::CpuAllocator allocator;
-  EXPECT_EQ(ResolveCheckpoint(dir + "/nothing").status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(ResolveCheckpoint(dir).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(checkpoint::ResolveCheckpoint(dir + "/nothing").status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(checkpoint::ResolveCheckpoint(dir).status().code(), absl::StatusCode::kNotFound);
 
   model::GptConfig config;
   config.layers = 1;

@@ -10,12 +10,14 @@
 #include "common/status_macros.h"
 #include "monitoring/metrics.h"
 #include "monitoring/metrics_server.h"
+#include "checkpoint/layout.h"
 #include "placement/job_spec.h"
 #include "protocol/rpc_client.h"
 #include "spdlog/spdlog.h"
 #include "worker/actor/calibration.h"
 #include "worker/actor/comm_check.h"
 #include "worker/actor/coordinator_store.h"
+#include "worker/actor/report_queue.h"
 #include "worker/comm/communicator.h"
 #include "worker/training/sharded_trainer.h"
 #include "worker/wire_observer.h"
@@ -86,11 +88,14 @@ class Actor {
   std::unique_ptr<worker::MeteredWire> wire_observer_;
   std::unique_ptr<MeteredCollectives> collective_observer_;
   std::unique_ptr<protocol::RpcClient> client_;
+  // What training reports while it runs (steps, saved shards): off the training thread.
+  std::unique_ptr<ReportQueue> reports_;
 
   // From the assignment.
   placement::JobSpec spec_;
   std::string backend_;
   std::string store_prefix_;
+  std::string resume_manifest_;  // kind train: the step to resume from; empty: fresh
   std::chrono::milliseconds bootstrap_timeout_{30000};
   uint32_t world_size_ = 0;
   int device_index_ = 0;
@@ -121,6 +126,8 @@ absl::Status Actor::Connect() {
                              std::to_string(options_.rank);
   ASSIGN_OR_RETURN(client_, protocol::RpcClient::Connect(options_.coordinator, options_.cluster_id,
                                                          sender, wire_observer_.get()));
+  ASSIGN_OR_RETURN(reports_, ReportQueue::Connect(options_.coordinator, options_.cluster_id, sender,
+                                                  wire_observer_.get(), kReportTimeout));
   return absl::OkStatus();
 }
 
@@ -163,6 +170,7 @@ absl::Status Actor::Register() {
   } else if (spec_.kind == placement::JobKind::kTrain && spec_.parallel_auto) {
     return absl::InvalidArgumentError("the assignment of a `parallel: auto` job has no layout");
   }
+  resume_manifest_ = Str(assignment.getResumeManifest());
   backend_ = Str(assignment.getBackend());
   store_prefix_ = Str(assignment.getStorePrefix());
   bootstrap_timeout_ = std::chrono::milliseconds(assignment.getBootstrapTimeoutMs());
@@ -323,11 +331,13 @@ absl::Status Actor::RunTrainJob() {
     if (group.kind == "pp") options.groups.pp = communicator;
     if (group.kind == "dp") options.groups.dp = communicator;
   }
+  options.resume_manifest = resume_manifest_;
   // Every rank reports: the coordinator takes the loss from the last stage and the timings of the
-  // slowest rank. A lost report costs a status line, not the job.
+  // slowest rank. A lost report costs a status line, not the job; none waits on the training
+  // thread.
   options.on_progress = [&](const training::ShardedProgress& progress) {
     actor_metrics_->SetStep(progress.step);
-    auto status = Report([&](auto payload) {
+    reports_->Post("step report", [this, progress](wire::Envelope::Payload::Builder payload) {
       auto report = Origin(payload.initStepReport());
       report.setStep(static_cast<uint64_t>(progress.step));
       report.setLoss(progress.loss);
@@ -336,7 +346,6 @@ absl::Status Actor::RunTrainJob() {
       report.setCommSeconds(progress.comm_seconds);
       report.setBubbleSeconds(progress.bubble_seconds);
     });
-    if (!status.ok()) spdlog::warn("step report: {}", ToString(status.message()));
     if (options_.rank == 0) {
       spdlog::info("step {}/{} loss {:.4f} {:.0f} tokens/s (compute {:.3f} s, comm {:.3f} s, "
                    "bubble {:.3f} s per step)",
@@ -344,31 +353,44 @@ absl::Status Actor::RunTrainJob() {
                    progress.compute_seconds, progress.comm_seconds, progress.bubble_seconds);
     }
   };
-  // The coordinator commits a checkpoint step only when every rank has reported it saved.
-  options.on_saved = [&](const training::SavedShard& saved) {
-    return Report([&](auto payload) {
+  // The coordinator commits a checkpoint step only when every rank has reported it saved. Called
+  // on the checkpoint writer's thread, which may wait for the reply.
+  options.on_saved = [&](const training::SavedStep& saved) {
+    return reports_->Call([this, &saved](wire::Envelope::Payload::Builder payload) {
       auto report = Origin(payload.initShardSaved());
       report.setStep(static_cast<uint64_t>(saved.step));
-      report.setDir(saved.dir);
-      report.setFile(saved.file);
-      auto tensors = report.initTensors(static_cast<unsigned>(saved.tensors.size()));
-      for (size_t i = 0; i < saved.tensors.size(); ++i) {
-        const training::SavedTensor& t = saved.tensors[i];
+      report.setDir(checkpoint::StepDir(spec_.train.checkpoint.dir, saved.step));
+      report.setFile(saved.shard.file);
+      report.setFileBytes(saved.shard.bytes);
+      report.setFileXxh3(saved.shard.xxh3);
+      report.setDataTokens(static_cast<uint64_t>(saved.data.tokens));
+      report.setDataXxh3(saved.data.xxh3);
+      auto tensors = report.initTensors(static_cast<unsigned>(saved.shard.pieces.size()));
+      for (size_t i = 0; i < saved.shard.pieces.size(); ++i) {
+        const checkpoint::SavedPiece& piece = saved.shard.pieces[i];
         auto out = tensors[static_cast<unsigned>(i)];
-        out.setName(t.name);
-        out.setDtype("F32");
+        out.setName(piece.name);
+        out.setTensor(piece.tensor);
+        out.setDtype(checkpoint::DTypeName(piece.dtype));
+        out.setXxh3(piece.xxh3);
         auto fill = [](auto list, const std::vector<int64_t>& values) {
           for (size_t k = 0; k < values.size(); ++k) {
             list.set(static_cast<unsigned>(k), static_cast<uint64_t>(values[k]));
           }
         };
-        fill(out.initGlobalShape(static_cast<unsigned>(t.global_shape.size())), t.global_shape);
-        fill(out.initOffsets(static_cast<unsigned>(t.offsets.size())), t.offsets);
-        fill(out.initShape(static_cast<unsigned>(t.shape.size())), t.shape);
+        fill(out.initGlobalShape(static_cast<unsigned>(piece.global_shape.size())),
+             piece.global_shape);
+        fill(out.initOffsets(static_cast<unsigned>(piece.offsets.size())), piece.offsets);
+        fill(out.initShape(static_cast<unsigned>(piece.shape.size())), piece.shape);
       }
     });
   };
-  ASSIGN_OR_RETURN(const training::ShardedTrainResult result, training::TrainSharded(options));
+  const absl::StatusOr<training::ShardedTrainResult> trained = training::TrainSharded(options);
+  // Whatever happened, what training reported goes out before the actor's verdict does.
+  reports_->Flush();
+  if (!trained.ok()) return trained.status();
+  const training::ShardedTrainResult& result = *trained;
+
   spdlog::info("training done: {} steps, final loss {:.4f}, peak {} bytes", result.losses.size(),
                result.losses.empty() ? 0.0f : result.losses.back(), result.peak_bytes);
   return absl::OkStatus();

@@ -67,6 +67,39 @@ void GptModel::InitGpt2(uint64_t seed) {
   adam_v_ = kernels::Tensor();
 }
 
+absl::Status GptModel::CopyState(std::span<float> out) {
+  const auto n = static_cast<size_t>(num_params());
+  if (out.size() != 3 * n) {
+    return absl::InvalidArgumentError(absl::StrCat("GptModel::CopyState: ", out.size(),
+                                                   " floats for a state of ", 3 * n));
+  }
+  std::copy(params().begin(), params().end(), out.begin());
+  for (const auto& [moment, at] : {std::pair{&adam_m_, n}, std::pair{&adam_v_, 2 * n}}) {
+    if (moment->defined()) {
+      std::copy(moment->data<float>(), moment->data<float>() + n, out.begin() + at);
+    } else {
+      std::fill(out.begin() + at, out.begin() + at + n, 0.0f);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GptModel::LoadState(std::span<const float> params, std::span<const float> exp_avg,
+                                 std::span<const float> exp_avg_sq) {
+  RETURN_IF_ERROR(
+      CheckStateSizes(num_params(), params, exp_avg, exp_avg_sq, "GptModel::LoadState"));
+  std::copy(params.begin(), params.end(), this->params().begin());
+  adam_m_ = kernels::Tensor();
+  adam_v_ = kernels::Tensor();
+  if (exp_avg.empty()) return absl::OkStatus();
+  const int64_t n = num_params();
+  ASSIGN_OR_RETURN(adam_m_, kernels::Tensor::Empty({n}, DType::kFloat32, *allocator_));
+  ASSIGN_OR_RETURN(adam_v_, kernels::Tensor::Empty({n}, DType::kFloat32, *allocator_));
+  std::copy(exp_avg.begin(), exp_avg.end(), adam_m_.data<float>());
+  std::copy(exp_avg_sq.begin(), exp_avg_sq.end(), adam_v_.data<float>());
+  return absl::OkStatus();
+}
+
 void GptModel::ZeroGrad() {
   std::fill(grads().begin(), grads().end(), 0.0f);
 }

@@ -112,6 +112,9 @@ class GptModel final : public TrainableGpt {
 
   // params() itself: the parameters already live in host memory.
   absl::StatusOr<std::span<const float>> HostParams() override { return params(); }
+  absl::Status CopyState(std::span<float> out) override;
+  absl::Status LoadState(std::span<const float> params, std::span<const float> exp_avg,
+                         std::span<const float> exp_avg_sq) override;
   int64_t PeakBytes() const override {
     return static_cast<int64_t>(allocator_->stats().peak_bytes);
   }

@@ -17,6 +17,7 @@
 #include "kernels/cpu/layernorm.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/optimizer.h"
+#include "checkpoint/box.h"
 #include "worker/model/counter_rng.h"
 
 namespace shardline::model {
@@ -322,17 +323,121 @@ void ShardedGpt::InitGpt2(uint64_t seed) {
   ClearOptimizerState();
 }
 
-absl::Status ShardedGpt::LoadBoxes(const BoxReader& read) {
+template <typename Fn>
+void ShardedGpt::ForEachOwnedRange(bool saved_only, Fn&& fn) const {
   for (const ShardTensor& t : layout_.tensors()) {
-    absl::StatusOr<std::vector<float>> values = read(t.name, t.box_offsets, t.box_shape);
-    if (!values.ok()) return Annotate(values.status(), "loading " + t.name);
-    if (static_cast<int64_t>(values->size()) != t.numel) {
-      return absl::InvalidArgumentError(absl::StrCat("loading ", t.name, ": got ", values->size(),
-                                                     " values for a box of ", t.numel));
-    }
-    StoreTensor(t, *values);
+    if (saved_only && (t.tied_copy || (t.tp_replica && options_.coords.tp != 0))) continue;
+    const int64_t ob = OwnedBegin(t.unit), oe = OwnedEnd(t.unit);
+    const int64_t begin = std::max(ob, t.offset), end = std::min(oe, t.offset + t.numel);
+    if (begin < end) fn(t, begin - t.offset, end - t.offset);
   }
+}
+
+float* ShardedGpt::StateAt(checkpoint::StateKind kind, const ShardTensor& t, int64_t local) const {
+  const int u = t.unit;
+  const int64_t x = t.offset + local;  // in the unit
+  // The buffers are the model's own; this const method hands out a pointer for CopyState to read
+  // and LoadState to write.
+  const kernels::Tensor& buffer = kind == checkpoint::StateKind::kParam    ? params_
+                                  : kind == checkpoint::StateKind::kExpAvg ? adam_m_
+                                                                           : adam_v_;
+  float* base = const_cast<float*>(buffer.data<float>());
+  const bool sharded = kind == checkpoint::StateKind::kParam ? zero_ >= 3 : zero_ >= 1;
+  if (!sharded) return base + layout_.units()[u].begin + x;
+  return base + shard_offset_[u] + (x - OwnedBegin(u));
+}
+
+absl::Status ShardedGpt::LoadState(const BoxReader& read, bool with_moments) {
   ClearOptimizerState();
+  // Elements [begin, end) of tensor `t`'s box of the global tensor `name`, read box by box into
+  // `out`: the boxes of a flat range follow one another in its order.
+  const auto read_range = [&](const std::string& name, const ShardTensor& t, int64_t begin,
+                              int64_t end, float* out) -> absl::Status {
+    for (const checkpoint::Box& box : checkpoint::SplitFlatRange(t.box_shape, begin, end)) {
+      std::vector<int64_t> offsets = box.offsets;
+      for (size_t d = 0; d < offsets.size(); ++d) offsets[d] += t.box_offsets[d];
+      absl::StatusOr<std::vector<float>> values = read(name, offsets, box.shape);
+      if (!values.ok()) return Annotate(values.status(), "loading " + name);
+      const int64_t numel = *checkpoint::NumElements(box.shape);
+      if (static_cast<int64_t>(values->size()) != numel) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "loading ", name, ": got ", values->size(), " values for a box of ", numel));
+      }
+      out = std::copy(values->begin(), values->end(), out);
+    }
+    return absl::OkStatus();
+  };
+  absl::Status status;
+  const auto load_owned = [&](checkpoint::StateKind kind) {
+    ForEachOwnedRange(false, [&](const ShardTensor& t, int64_t begin, int64_t end) {
+      if (status.ok()) {
+        status = read_range(checkpoint::StateTensorName(kind, t.name), t, begin, end,
+                            StateAt(kind, t, begin));
+      }
+    });
+  };
+  if (zero_ < 3) {
+    for (const ShardTensor& t : layout_.tensors()) {
+      RETURN_IF_ERROR(read_range(t.name, t, 0, t.numel, StateAt(checkpoint::StateKind::kParam, t, 0)));
+    }
+  } else {
+    load_owned(checkpoint::StateKind::kParam);
+  }
+  if (with_moments) {
+    for (const checkpoint::StateKind kind :
+         {checkpoint::StateKind::kExpAvg, checkpoint::StateKind::kExpAvgSq}) {
+      if (zero_ >= 1) {
+        load_owned(kind);
+        continue;
+      }
+      for (const ShardTensor& t : layout_.tensors()) {
+        RETURN_IF_ERROR(read_range(checkpoint::StateTensorName(kind, t.name), t, 0, t.numel,
+                                   StateAt(kind, t, 0)));
+      }
+    }
+  }
+  return status;
+}
+
+std::vector<StatePiece> ShardedGpt::StatePieces() const {
+  std::vector<StatePiece> pieces;
+  for (const checkpoint::StateKind kind :
+       {checkpoint::StateKind::kParam, checkpoint::StateKind::kExpAvg,
+        checkpoint::StateKind::kExpAvgSq}) {
+    ForEachOwnedRange(true, [&](const ShardTensor& t, int64_t begin, int64_t end) {
+      for (checkpoint::Box& box : checkpoint::SplitFlatRange(t.box_shape, begin, end)) {
+        for (size_t d = 0; d < box.offsets.size(); ++d) box.offsets[d] += t.box_offsets[d];
+        const int64_t numel = static_cast<int64_t>(*checkpoint::NumElements(box.shape));
+        pieces.push_back(StatePiece{kind, t.name, t.global_shape, std::move(box), numel});
+      }
+    });
+  }
+  return pieces;
+}
+
+absl::Status ShardedGpt::CopyState(std::span<float> out) const {
+  size_t at = 0;
+  absl::Status status;
+  for (const checkpoint::StateKind kind :
+       {checkpoint::StateKind::kParam, checkpoint::StateKind::kExpAvg,
+        checkpoint::StateKind::kExpAvgSq}) {
+    ForEachOwnedRange(true, [&](const ShardTensor& t, int64_t begin, int64_t end) {
+      const size_t n = static_cast<size_t>(end - begin);
+      if (at + n > out.size()) {
+        status = absl::InvalidArgumentError(
+            absl::StrCat("CopyState: a buffer of ", out.size(), " floats is too small"));
+        return;
+      }
+      const float* from = StateAt(kind, t, begin);
+      std::copy(from, from + n, out.data() + at);
+      at += n;
+    });
+  }
+  RETURN_IF_ERROR(status);
+  if (at != out.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CopyState: the state has ", at, " floats, the buffer ", out.size()));
+  }
   return absl::OkStatus();
 }
 
@@ -381,7 +486,7 @@ absl::StatusOr<float*> ShardedGpt::UnitParams(int u) {
     return whole;
   }
   comm::Communicator* dp = groups_.dp;
-  comm_thread_->Submit([=] {
+  comm_thread_->Submit([=, this] {
     return Annotate(dp->AllGather(shard, whole, static_cast<size_t>(S), DType::kFloat32),
                     "ZeRO-3 gather of " + layout_.units()[u].name);
   });

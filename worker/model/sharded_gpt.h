@@ -47,6 +47,7 @@
 #include "worker/comm/communicator.h"
 #include "worker/model/gpt.h"
 #include "worker/model/shard_layout.h"
+#include "worker/model/state_piece.h"
 
 namespace shardline::model {
 
@@ -114,8 +115,21 @@ class ShardedGpt {
   // GptModel::InitGpt2's values, each rank drawing exactly the elements of its boxes (the draws
   // are indexed by global element, see counter_rng.h). Clears the optimizer state.
   void InitGpt2(uint64_t seed);
-  // Every tensor's box from `read`; errors name the tensor. Clears the optimizer state.
-  absl::Status LoadBoxes(const BoxReader& read);
+  // Loads the parameters and, `with_moments`, both AdamW moments (StateTensorName) by boxes from
+  // `read`, reading only what this rank keeps: each parameter's whole box, but under ZeRO 3 only
+  // the part of it this rank owns; moments whole under ZeRO 0, the owned part under ZeRO 1-3.
+  // Without moments the optimizer state is cleared. Errors name the tensor. Needs no collective.
+  absl::Status LoadState(const BoxReader& read, bool with_moments);
+
+  // The pieces of the training state this rank saves, parameters then exp_avg then exp_avg_sq:
+  // of each tensor, the part this rank owns under its unit's data-parallel partition (ZeRO's, at
+  // every stage, so that the data-parallel ranks share the writing), cut into boxes
+  // (checkpoint::SplitFlatRange); tensor-parallel replicas only on tensor-parallel rank 0, the
+  // tied copy of wte never. Together the world's pieces cover the whole state exactly once.
+  std::vector<StatePiece> StatePieces() const;
+  // Their values, back to back in StatePieces order; `out` holds the sum of their numel. No
+  // collective: under ZeRO 3 each rank copies only what it owns.
+  absl::Status CopyState(std::span<float> out) const;
 
   // One optimizer step on global step `step` (1-based: AdamW's bias correction) with the given
   // learning rate. Every rank of the job must call it together. Errors: a communicator failure
@@ -140,6 +154,13 @@ class ShardedGpt {
   // Writes one tensor's box (ZeRO 3: the part this rank owns) into the parameters.
   void StoreTensor(const ShardTensor& tensor, std::span<const float> values);
   void ClearOptimizerState();
+  // Calls fn(tensor, begin, end) for every tensor this rank saves, [begin, end) being the part of
+  // its box (flat, row-major) that this rank owns.
+  template <typename Fn>
+  void ForEachOwnedRange(bool saved_only, Fn&& fn) const;
+  // Where element `local` (flat in the tensor's box) of the tensor's `kind` lives here; only for
+  // elements this rank keeps.
+  float* StateAt(checkpoint::StateKind kind, const ShardTensor& tensor, int64_t local) const;
 
   // Parameters and gradients of unit u as this micro-batch sees them.
   absl::StatusOr<float*> UnitParams(int u);

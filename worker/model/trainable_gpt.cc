@@ -1,5 +1,6 @@
 #include "worker/model/trainable_gpt.h"
 
+#include "absl/strings/str_cat.h"
 #include "worker/model/counter_rng.h"
 
 namespace shardline::model {
@@ -12,6 +13,19 @@ void FillGpt2Init(const ParamLayout& layout, int layers, uint64_t seed, std::spa
 #pragma omp parallel for schedule(static) if (n >= (int64_t{1} << 15))
     for (int64_t i = 0; i < n; ++i) p[i] = init.Value(seed, static_cast<uint64_t>(i));
   }
+}
+
+absl::Status CheckStateSizes(int64_t num_params, std::span<const float> params,
+                             std::span<const float> exp_avg, std::span<const float> exp_avg_sq,
+                             const char* where) {
+  const auto n = static_cast<size_t>(num_params);
+  const bool moments_ok = (exp_avg.empty() && exp_avg_sq.empty()) ||
+                          (exp_avg.size() == n && exp_avg_sq.size() == n);
+  if (params.size() == n && moments_ok) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(where, ": ", params.size(), " parameters, ",
+                                                 exp_avg.size(), " and ", exp_avg_sq.size(),
+                                                 " moments for a model of ", num_params,
+                                                 " parameters"));
 }
 
 float MeanLoss(std::span<const float> losses, std::span<const int32_t> targets,

@@ -55,6 +55,15 @@ class TrainableGpt {
   // The parameters in host memory, in ParamLayout order: the model's own buffer on the CPU, a
   // copy (taken after the work queued so far) on a device. Valid until the next call on the model.
   virtual absl::StatusOr<std::span<const float>> HostParams() = 0;
+  // The whole training state copied into `out`, which holds 3 × num_params floats: the parameters,
+  // then AdamW's first and second moments (zero before the first AdamWStep), each in ParamLayout
+  // order (WholeModelPieces' order). On a device it waits for the work queued so far.
+  virtual absl::Status CopyState(std::span<float> out) = 0;
+  // Replaces the parameters and, when `exp_avg` and `exp_avg_sq` are given (both, ParamLayout
+  // order), the AdamW moments; when they are empty the optimizer state is cleared. InvalidArgument
+  // on a size mismatch, before anything changes.
+  virtual absl::Status LoadState(std::span<const float> params, std::span<const float> exp_avg,
+                                 std::span<const float> exp_avg_sq) = 0;
   // The most bytes the model's allocator has held at once (parameters, gradients, optimizer
   // state, activations).
   virtual int64_t PeakBytes() const = 0;
@@ -65,6 +74,12 @@ class TrainableGpt {
 // (attn_proj.w, fc_proj.w) scaled by 1/√(2·layers), LayerNorm weights 1, biases and LayerNorm
 // biases 0.
 void FillGpt2Init(const ParamLayout& layout, int layers, uint64_t seed, std::span<float> params);
+
+// LoadState's argument check, shared by every model: `params` has `num_params` values and the
+// moments either both as many or both none. InvalidArgument prefixed by `where`.
+absl::Status CheckStateSizes(int64_t num_params, std::span<const float> params,
+                             std::span<const float> exp_avg, std::span<const float> exp_avg_sq,
+                             const char* where);
 
 // The mean of losses[n] over the positions whose target is not negative (0 when none is), summed
 // in double so the loss does not depend on how many rows round the same way; writes dlosses[n],

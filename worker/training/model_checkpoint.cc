@@ -1,7 +1,6 @@
 #include "worker/training/model_checkpoint.h"
 
 #include <cctype>
-#include <charconv>
 #include <climits>
 #include <cstring>
 #include <filesystem>
@@ -9,17 +8,18 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "worker/checkpoint/gpt2_hf_import.h"
+#include "checkpoint/gpt2_hf_import.h"
+#include "checkpoint/layout.h"
+#include "checkpoint/verify.h"
 
 namespace shardline::training {
 namespace {
 
 namespace fs = std::filesystem;
 
-constexpr char kManifestName[] = "manifest.json";
-constexpr char kSingleFileName[] = "model.safetensors";
+}  // namespace
 
-checkpoint::Gpt2Config ToCheckpointConfig(const model::GptConfig& config) {
+checkpoint::Gpt2Config Gpt2ConfigOf(const model::GptConfig& config) {
   checkpoint::Gpt2Config out;
   out.n_layer = config.layers;
   out.n_embd = config.d_model;
@@ -30,6 +30,8 @@ checkpoint::Gpt2Config ToCheckpointConfig(const model::GptConfig& config) {
   out.tied_embeddings = config.tied_embeddings;
   return out;
 }
+
+namespace {
 
 // The file's sizes are int64; the model's are int. A size past INT_MAX would wrap silently.
 absl::StatusOr<model::GptConfig> ToModelConfig(const checkpoint::Gpt2Config& config,
@@ -52,79 +54,9 @@ absl::StatusOr<model::GptConfig> ToModelConfig(const checkpoint::Gpt2Config& con
   return out;
 }
 
-// ResolveCheckpoint hands sharded checkpoints out as their manifest, single ones as the file.
-bool IsManifest(const std::string& path) { return fs::path(path).extension() == ".json"; }
-
 // Hugging Face files name their tensors after the PyTorch modules ("wte.weight"); ours do not.
 bool LooksLikeHuggingFace(const checkpoint::SafetensorsReader& reader) {
   return reader.Find("wte.weight") != nullptr || reader.Find("transformer.wte.weight") != nullptr;
-}
-
-// Whether `name` has the form of one of our GPT parameters (of some config): a manifest tensor of
-// that form which the config does not have means metadata and tensors disagree (a writer that
-// forgot tied_embeddings=false, or a wrong n_layer), which must not be ignored.
-bool LooksLikeParameter(const std::string& name) {
-  static constexpr const char* kOuter[] = {"wte", "wpe", "lnf.w", "lnf.b", "lm_head.w"};
-  for (const char* outer : kOuter) {
-    if (name == outer) return true;
-  }
-  if (!name.starts_with("h.")) return false;
-  int64_t layer = 0;
-  const char* begin = name.data() + 2;
-  const char* end = name.data() + name.size();
-  const auto [rest, error] = std::from_chars(begin, end, layer);
-  if (error != std::errc() || rest == begin || rest == end || *rest != '.') return false;
-  static constexpr const char* kBlock[] = {"ln1.w",       "ln1.b",       "qkv.w",     "qkv.b",
-                                           "attn_proj.w", "attn_proj.b", "ln2.w",     "ln2.b",
-                                           "fc.w",        "fc.b",        "fc_proj.w", "fc_proj.b"};
-  const std::string_view suffix(rest + 1, end);
-  for (const char* block : kBlock) {
-    if (suffix == block) return true;
-  }
-  return false;
-}
-
-// N of a file inside a folder named step-N (the single-device trainer's layout).
-std::optional<int64_t> StepOfFolder(const std::string& file) {
-  const std::string folder = fs::path(file).parent_path().filename().string();
-  if (!folder.starts_with("step-")) return std::nullopt;
-  int64_t step = 0;
-  const char* begin = folder.data() + 5;
-  const char* end = folder.data() + folder.size();
-  const auto [rest, error] = std::from_chars(begin, end, step);
-  if (error != std::errc() || rest != end || rest == begin) return std::nullopt;
-  return step;
-}
-
-// Every parameter of the config must be in the manifest with its sharded shape, and nothing named
-// like a parameter may be there besides.
-absl::Status CheckManifestHoldsTheModel(
-    const checkpoint::Manifest& manifest,
-    const std::map<std::string, checkpoint::Gpt2TensorSpec>& specs, const std::string& where) {
-  for (const auto& [name, spec] : specs) {
-    const auto it = manifest.tensors.find(name);
-    if (it == manifest.tensors.end()) {
-      return absl::NotFoundError(absl::StrCat(where, ": tensor '", name,
-                                              "' is missing (the config in the metadata has it)"));
-    }
-    if (it->second.global_shape != spec.sharded_shape) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": tensor '", name, "' has global shape ",
-                       checkpoint::ShapeString(it->second.global_shape), ", expected ",
-                       checkpoint::ShapeString(spec.sharded_shape),
-                       spec.sharded_shape != spec.shape
-                           ? " (sharded checkpoints store the fused QKV as (3, C, C) and (3, C))"
-                           : " for the config in the metadata"));
-    }
-  }
-  for (const auto& [name, tensor] : manifest.tensors) {
-    if (!specs.contains(name) && LooksLikeParameter(name)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": tensor '", name, "' is not a parameter of the config in the metadata (",
-          "n_layer, tied_embeddings)"));
-    }
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -141,7 +73,7 @@ absl::Status SaveModel(const model::GptConfig& config, std::span<const float> pa
                                                    " parameters for a model of ", layout.total()));
   }
   checkpoint::Gpt2Weights weights;
-  weights.config = ToCheckpointConfig(config);
+  weights.config = Gpt2ConfigOf(config);
   for (const auto& info : layout.tensors()) {
     checkpoint::HostTensor tensor;
     tensor.shape = info.shape;
@@ -156,8 +88,8 @@ absl::Status SaveModel(const model::GptConfig& config, std::span<const float> pa
 absl::StatusOr<std::unique_ptr<model::GptModel>> LoadModel(const std::string& path,
                                                            kernels::Allocator& allocator,
                                                            int hf_heads) {
-  ASSIGN_OR_RETURN(const std::string file, ResolveCheckpoint(path));
-  if (IsManifest(file)) {
+  ASSIGN_OR_RETURN(const std::string file, checkpoint::ResolveCheckpoint(path));
+  if (checkpoint::IsManifestPath(file)) {
     // Gathered box by box through the same reader a sharded trainer uses, so that a model loaded
     // here and one assembled from the ranks' boxes cannot disagree.
     ASSIGN_OR_RETURN(const CheckpointSource source, CheckpointSource::Open(file));
@@ -206,37 +138,13 @@ absl::StatusOr<std::unique_ptr<model::GptModel>> LoadModel(const std::string& pa
   return gpt;
 }
 
-absl::StatusOr<std::string> ResolveCheckpoint(const std::string& path) {
-  const fs::path p(path);
-  if (fs::is_regular_file(p)) return path;
-  if (!fs::is_directory(p)) return absl::NotFoundError("no checkpoint at " + path);
-  if (fs::is_regular_file(p / kManifestName)) return (p / kManifestName).string();
-  if (fs::is_regular_file(p / "latest")) {
-    std::ifstream in(p / "latest");
-    std::string step;
-    std::getline(in, step);
-    // Tolerate a hand-edited file's trailing blanks or CR.
-    while (!step.empty() && std::isspace(static_cast<unsigned char>(step.back()))) step.pop_back();
-    if (step.empty()) return absl::NotFoundError(path + "/latest is empty");
-    // A sharded job's step folder holds a manifest, a single-device job's one file.
-    for (const char* name : {kManifestName, kSingleFileName}) {
-      if (fs::is_regular_file(p / step / name)) return (p / step / name).string();
-    }
-    return absl::NotFoundError(path + "/latest points at " + step +
-                               ", which has neither manifest.json nor model.safetensors");
-  }
-  if (fs::is_regular_file(p / kSingleFileName)) return (p / kSingleFileName).string();
-  return absl::NotFoundError(path +
-                             " holds neither a 'latest' file, manifest.json nor model.safetensors");
-}
-
 absl::StatusOr<CheckpointSource> CheckpointSource::Open(const std::string& path, int hf_heads) {
   CheckpointSource source;
-  ASSIGN_OR_RETURN(source.path_, ResolveCheckpoint(path));
+  ASSIGN_OR_RETURN(source.path_, checkpoint::ResolveCheckpoint(path));
   const std::string& file = source.path_;
   checkpoint::Gpt2Config config;
   std::string where;
-  if (IsManifest(file)) {
+  if (checkpoint::IsManifestPath(file)) {
     source.kind_ = CheckpointKind::kSharded;
     where = absl::StrCat("sharded checkpoint ", file);
     ASSIGN_OR_RETURN(source.sharded_, checkpoint::ShardedReader::Open(file));
@@ -256,7 +164,6 @@ absl::StatusOr<CheckpointSource> CheckpointSource::Open(const std::string& path,
       ASSIGN_OR_RETURN(config, checkpoint::Gpt2ConfigFromMetadata(reader.metadata(), where));
       source.file_ = std::move(reader);
     }
-    source.step_ = StepOfFolder(file);
   }
   ASSIGN_OR_RETURN(source.config_, ToModelConfig(config, where));
   for (checkpoint::Gpt2TensorSpec& spec : checkpoint::Gpt2TensorSpecs(config)) {
@@ -265,7 +172,7 @@ absl::StatusOr<CheckpointSource> CheckpointSource::Open(const std::string& path,
   }
   // Checked here, from headers only, so that a bad checkpoint fails before any rank reads a box.
   if (source.sharded_) {
-    RETURN_IF_ERROR(CheckManifestHoldsTheModel(source.sharded_->manifest(), source.specs_, where));
+    RETURN_IF_ERROR(checkpoint::CheckModelTensors(source.sharded_->manifest(), where));
   }
   if (source.file_) {
     for (const auto& [name, spec] : source.specs_) {

@@ -14,12 +14,15 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/allocator.h"
-#include "worker/checkpoint/gpt2_checkpoint.h"
-#include "worker/checkpoint/safetensors_reader.h"
-#include "worker/checkpoint/sharded_reader.h"
+#include "checkpoint/gpt2_checkpoint.h"
+#include "checkpoint/safetensors_reader.h"
+#include "checkpoint/sharded_reader.h"
 #include "worker/model/gpt.h"
 
 namespace shardline::training {
+
+// The checkpoint format's description of a model config.
+checkpoint::Gpt2Config Gpt2ConfigOf(const model::GptConfig& config);
 
 // Writes every parameter of `model` to `path` (atomically), untied output head included.
 absl::Status SaveModel(const model::GptModel& model, const std::string& path);
@@ -33,21 +36,13 @@ absl::Status SaveModel(const model::GptConfig& config, std::span<const float> pa
 //     not stored, so `hf_heads` gives it);
 //   - a sharded checkpoint: its manifest.json, or the step folder holding one (every tensor is
 //     gathered from the rank files; the result is the model a single file would give);
-//   - a training run's folder (through ResolveCheckpoint).
+//   - a training run's folder (through checkpoint::ResolveCheckpoint).
 // A sharded checkpoint must hold every parameter of the config in its metadata, with the global
 // shapes of Gpt2TensorSpec::sharded_shape; other tensors (optimizer state, say) are ignored unless
 // they are named like a parameter the config does not have. Errors name the file and the tensor.
 absl::StatusOr<std::unique_ptr<model::GptModel>> LoadModel(const std::string& path,
                                                            kernels::Allocator& allocator,
                                                            int hf_heads = 12);
-
-// The checkpoint that `path` names, as a file path:
-//   - a file: itself (a ".json" file is taken for a sharded checkpoint's manifest);
-//   - a step folder holding manifest.json: that manifest;
-//   - a training run's folder: the step folder its `latest` file names, resolved as above (its
-//     manifest.json, else its model.safetensors), or else the folder's model.safetensors.
-// NotFound saying what was looked for.
-absl::StatusOr<std::string> ResolveCheckpoint(const std::string& path);
 
 enum class CheckpointKind {
   kSingleFile,   // our format, one safetensors file
@@ -61,17 +56,25 @@ enum class CheckpointKind {
 // file is imported (transposed) into memory whole. Movable; reads may run concurrently.
 class CheckpointSource {
  public:
-  // Opens what ResolveCheckpoint(path) names and reads its config (from the file's or the
-  // manifest's metadata). Errors name the file.
+  // Opens what checkpoint::ResolveCheckpoint(path) names and reads its config (from the file's or
+  // the manifest's metadata); a sharded one must hold the whole model (checkpoint::
+  // CheckModelTensors). Errors name the file.
   static absl::StatusOr<CheckpointSource> Open(const std::string& path, int hf_heads = 12);
 
   CheckpointKind kind() const { return kind_; }
   // The resolved file: the safetensors file, or the manifest.
   const std::string& path() const { return path_; }
   const model::GptConfig& config() const { return config_; }
-  // The training step: a sharded manifest's, or that of a single file inside a step-NNNNNNNN
-  // folder; nullopt when unknown.
+  // The training step of a checkpoint step (its manifest's); nullopt for a single model file.
   std::optional<int64_t> step() const { return step_; }
+  // The manifest of a checkpoint step; nullptr for a single model file.
+  const checkpoint::Manifest* manifest() const {
+    return sharded_ ? &sharded_->manifest() : nullptr;
+  }
+  // Whether it holds the AdamW moments of every parameter (a step a run can resume from).
+  bool has_optimizer_state() const {
+    return sharded_ && checkpoint::HasOptimizerState(sharded_->manifest());
+  }
 
   // The global shape that boxes of `name` are given in: for the model's parameters
   // Gpt2TensorSpec::sharded_shape (so h.{l}.qkv.w is (3, C, C) and h.{l}.qkv.b (3, C), whatever the

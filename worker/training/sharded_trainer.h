@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "checkpoint/commit.h"
+#include "checkpoint/file_system.h"
 #include "placement/job_spec.h"
 #include "worker/model/sharded_gpt.h"
 
@@ -28,48 +30,41 @@ struct ShardedProgress {
   double bubble_seconds = 0;
 };
 
-// One global tensor's box as a rank saved it (what a manifest lists).
-struct SavedTensor {
-  std::string name;
-  std::vector<int64_t> global_shape;
-  std::vector<int64_t> offsets;
-  std::vector<int64_t> shape;
-};
-
-// A rank's part of the checkpoint of `step`: `file` inside `dir` (the step folder), or no file
-// when another rank holds every box this rank has (data-parallel and tensor-parallel replicas are
-// written once).
-struct SavedShard {
+// What a rank reports after writing its shard of a step: the shard, and the identity of the data
+// it trained on (which the step's manifest records).
+struct SavedStep {
   int64_t step = 0;
-  std::string dir;
-  std::string file;  // relative to dir; empty when nothing was written
-  std::vector<SavedTensor> tensors;
+  checkpoint::SavedShard shard;
+  checkpoint::DataIdentity data;
 };
 
 struct ShardedTrainOptions {
   placement::JobSpec spec;  // kind train
   int rank = 0;
   model::ShardedGroups groups;
-  // Parameters to start from: a checkpoint path for training::CheckpointSource (any kind, any
-  // plan); empty: GPT-2 initialisation from the spec's seed.
-  std::string initial_checkpoint;
+  // The manifest of the step to resume from, as the coordinator decided it for the whole job
+  // (checkpoint::DecideResume); empty: start fresh, from spec.train.init_from's parameters when
+  // given, else GPT-2 initialisation from the seed.
+  std::string resume_manifest;
   std::function<void(const ShardedProgress&)> on_progress;
-  // Called after this rank wrote its shard of a step; an error stops training.
-  std::function<absl::Status(const SavedShard&)> on_saved;
+  // Called on the checkpoint writer's thread once this rank's shard of a step is on disk; an error
+  // fails that save, and training at its next step.
+  std::function<absl::Status(const SavedStep&)> on_saved;
   const std::atomic<bool>* stop = nullptr;
+  checkpoint::FileSystem* fs = nullptr;  // null: checkpoint::DefaultFileSystem()
 };
 
 struct ShardedTrainResult {
-  std::vector<float> losses;  // one per step
+  int64_t first_step = 1;     // the first step this run trained (after the one it resumed from)
+  std::vector<float> losses;  // one per step it trained
   int64_t peak_bytes = 0;     // the allocator's peak
   model::ShardedMemory memory;
 };
 
-// The file name of a rank's shard in a step folder: "rank-00003.safetensors".
-std::string ShardFileName(int rank);
-// "step-00000100".
-std::string StepFolderName(int64_t step);
-
+// Trains this rank's part of the job: loads its state (OpenStartingPoint: only the boxes it keeps),
+// runs the steps after it, and saves its shard every checkpoint.interval steps and after the last
+// step in the background (worker/checkpoint/shard_writer.h), waiting for the last save before it
+// returns. Every rank of the job must call it together.
 absl::StatusOr<ShardedTrainResult> TrainSharded(const ShardedTrainOptions& options);
 
 }  // namespace shardline::training

@@ -2,16 +2,20 @@
 
 #include <chrono>
 #include <cmath>
-#include <filesystem>
-#include <fstream>
+#include <mutex>
 
+#include "checkpoint/commit.h"
+#include "checkpoint/layout.h"
 #include "common/status_macros.h"
 #include "kernels/allocator.h"
+#include "placement/checkpoint_state.h"
+#include "worker/checkpoint/shard_writer.h"
 #include "worker/model/data/sampler.h"
 #include "worker/model/data/synthetic_corpus.h"
 #include "worker/model/data/text_dataset.h"
 #include "worker/model/gpt.h"
 #include "worker/training/model_checkpoint.h"
+#include "worker/training/starting_point.h"
 
 #if SHARDLINE_WITH_CUDA
 #include "worker/model/cuda/gpt_model.h"
@@ -20,28 +24,22 @@
 namespace shardline::training {
 namespace {
 
-namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-// Writes DIR/step-NNNNNNNN/model.safetensors, then points DIR/latest at it (atomically), so a
-// reader never sees a half-written checkpoint as the latest.
-absl::StatusOr<std::string> WriteCheckpoint(model::TrainableGpt& gpt, const std::string& dir,
-                                            int64_t step) {
-  char name[32];
-  std::snprintf(name, sizeof(name), "step-%08lld", static_cast<long long>(step));
-  const fs::path file = fs::path(dir) / name / "model.safetensors";
-  ASSIGN_OR_RETURN(const std::span<const float> params, gpt.HostParams());
-  RETURN_IF_ERROR(SaveModel(gpt.config(), params, file.string()));
-  const fs::path tmp = fs::path(dir) / "latest.tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << name << "\n";
-    if (!out) return absl::InternalError("cannot write " + tmp.string());
+// The whole state of a single-device model of `config` from `source`, in WholeModelPieces order:
+// the parameters, then (`with_moments`) both AdamW moments.
+absl::StatusOr<std::vector<float>> ReadWholeState(const CheckpointSource& source,
+                                                  const model::GptConfig& config,
+                                                  bool with_moments) {
+  std::vector<float> state;
+  for (const model::StatePiece& piece : model::WholeModelPieces(config)) {
+    if (piece.kind != checkpoint::StateKind::kParam && !with_moments) continue;
+    ASSIGN_OR_RETURN(const std::vector<float> values,
+                     ReadCheckpointBox(source, checkpoint::StateTensorName(piece.kind, piece.param),
+                                       piece.box.offsets, piece.box.shape));
+    state.insert(state.end(), values.begin(), values.end());
   }
-  std::error_code ec;
-  fs::rename(tmp, fs::path(dir) / "latest", ec);
-  if (ec) return absl::InternalError("cannot update " + dir + "/latest: " + ec.message());
-  return file.string();
+  return state;
 }
 
 }  // namespace
@@ -95,14 +93,72 @@ double LearningRateAt(const placement::OptimizerSpec& spec, int64_t step) {
 }
 
 absl::StatusOr<TrainResult> Train(const placement::TrainSpec& spec,
-                                  const std::function<void(const TrainProgress&)>& on_progress,
-                                  const std::atomic<bool>* stop) {
+                                  const TrainCallbacks& callbacks,
+                                  const std::atomic<bool>* stop, checkpoint::FileSystem& fs) {
   ASSIGN_OR_RETURN(data::TextDataset dataset, LoadTrainingData(spec.data));
   ASSIGN_OR_RETURN(data::Sampler sampler,
                    data::Sampler::Create(dataset, spec.seq_len, spec.batch, spec.seed));
+  const checkpoint::DataIdentity data = IdentifyData(spec, dataset);
+
+  // Where to start: every check of the spec against the checkpoint comes before any step.
+  const std::string& dir = spec.checkpoint.dir;
+  ASSIGN_OR_RETURN(const checkpoint::ResumePlan plan,
+                   checkpoint::PlanResume(fs, placement::ResumeRequestOf(spec.checkpoint),
+                                          placement::CheckpointConfigOf(spec.model),
+                                          placement::CheckpointTrainStateOf(spec)));
+  ASSIGN_OR_RETURN(const StartingPoint start,
+                   OpenStartingPoint(spec, plan.decision.manifest, data));
+  TrainResult result;
+  result.start.first_step = start.step + 1;
+  result.start.resumed_from = plan.decision.manifest;
+  result.start.skipped = plan.decision.skipped;
+  result.start.prepared = plan.prepared;
+  if (start.kind == StartingPoint::Kind::kInitFrom) result.start.initialized_from = spec.init_from;
+
   kernels::CpuAllocator cpu_allocator;
   ASSIGN_OR_RETURN(std::unique_ptr<model::TrainableGpt> gpt, CreateModel(spec, cpu_allocator));
-  gpt->InitGpt2(spec.seed);
+  const model::GptConfig config = ModelConfigOf(spec.model);
+  const size_t n = static_cast<size_t>(gpt->layout().total());
+  if (start.kind == StartingPoint::Kind::kFresh) {
+    gpt->InitGpt2(spec.seed);
+  } else {
+    const bool resume = start.kind == StartingPoint::Kind::kResume;
+    ASSIGN_OR_RETURN(const std::vector<float> state, ReadWholeState(*start.source, config, resume));
+    const std::span<const float> all(state);
+    RETURN_IF_ERROR(resume ? gpt->LoadState(all.first(n), all.subspan(n, n), all.subspan(2 * n, n))
+                           : gpt->LoadState(all, {}, {}));
+  }
+  if (callbacks.on_start) callbacks.on_start(result.start);
+
+  // Saves: the writer's thread writes the file, then commits it as a one-rank step (what the
+  // coordinator does for a sharded job) and prunes old steps.
+  std::unique_ptr<worker::AsyncShardWriter> writer;
+  std::mutex committed_mutex;
+  std::string committed;
+  if (!dir.empty()) {
+    checkpoint::StepHeader header =
+        placement::CheckpointStepHeader(spec, placement::ParallelSpec{}, 0, 1, data);
+    const int64_t resumed_step = start.step;
+    auto on_written = [&, header, resumed_step](int64_t step,
+                                               const checkpoint::SavedShard& saved) mutable {
+      checkpoint::StepAssembly assembly;
+      RETURN_IF_ERROR(assembly.Add(saved));
+      header.step = step;
+      ASSIGN_OR_RETURN(const checkpoint::Manifest manifest, assembly.Build(header));
+      RETURN_IF_ERROR(checkpoint::CommitStep(fs, dir, manifest));
+      const int64_t protect[] = {resumed_step};
+      RETURN_IF_ERROR(checkpoint::ApplyRetention(fs, dir, spec.checkpoint.keep, protect).status());
+      const std::string path = checkpoint::ManifestPath(dir, step);
+      {
+        std::lock_guard<std::mutex> lock(committed_mutex);
+        committed = path;
+      }
+      if (callbacks.on_committed) callbacks.on_committed(step, path);
+      return absl::OkStatus();
+    };
+    writer = std::make_unique<worker::AsyncShardWriter>(
+        worker::MakeShardPlan(model::WholeModelPieces(config)), 0, fs, on_written);
+  }
 
   model::AdamWOptions adamw;
   adamw.adamw.beta1 = static_cast<float>(spec.optimizer.beta1);
@@ -111,13 +167,12 @@ absl::StatusOr<TrainResult> Train(const placement::TrainSpec& spec,
   adamw.adamw.weight_decay = static_cast<float>(spec.optimizer.weight_decay);
   adamw.max_grad_norm = spec.optimizer.grad_clip;
 
-  TrainResult result;
-  const auto start = Clock::now();
-  auto last_report = start;
+  const auto run_start = Clock::now();
+  auto last_report = run_start;
   int64_t tokens_since_report = 0;
   const int B = static_cast<int>(spec.batch);
   const int T = static_cast<int>(spec.seq_len);
-  for (int64_t step = 1; step <= spec.steps; ++step) {
+  for (int64_t step = start.step + 1; step <= spec.steps; ++step) {
     // The samples of step s are a function of (seed, s) alone (data::Sampler).
     const data::Batch batch = sampler.GlobalBatch(static_cast<uint64_t>(step - 1));
     gpt->ZeroGrad();
@@ -131,31 +186,40 @@ absl::StatusOr<TrainResult> Train(const placement::TrainSpec& spec,
     }
     result.losses.push_back(loss);
     tokens_since_report += static_cast<int64_t>(B) * T;
+    if (writer) RETURN_IF_ERROR(writer->PollError());
 
     const bool last = step == spec.steps || (stop && stop->load());
-    std::string checkpoint;
-    if (!spec.checkpoint_dir.empty() &&
-        (last || (spec.checkpoint_interval > 0 && step % spec.checkpoint_interval == 0))) {
-      ASSIGN_OR_RETURN(checkpoint, WriteCheckpoint(*gpt, spec.checkpoint_dir, step));
-      result.checkpoint = checkpoint;
+    const bool save = SavesAfter(spec, step, last);
+    if (save) {
+      // The only stall of a save: waiting for the previous one, and the copy.
+      RETURN_IF_ERROR(writer->WaitIdle());
+      RETURN_IF_ERROR(gpt->CopyState(writer->staging()));
+      writer->Start(step, checkpoint::StepDir(dir, step));
     }
-    if (on_progress && (last || step % spec.log_interval == 0 || !checkpoint.empty())) {
+    if (callbacks.on_progress && (last || step % spec.log_interval == 0 || save)) {
       const auto now = Clock::now();
       TrainProgress progress;
       progress.step = step;
       progress.steps = spec.steps;
       progress.loss = loss;
       progress.grad_norm = grad_norm;
-      progress.elapsed_seconds = std::chrono::duration<double>(now - start).count();
+      progress.elapsed_seconds = std::chrono::duration<double>(now - run_start).count();
       const double window = std::chrono::duration<double>(now - last_report).count();
       progress.tokens_per_second = window > 0 ? tokens_since_report / window : 0;
-      progress.eta_seconds = progress.elapsed_seconds / step * (spec.steps - step);
-      progress.checkpoint = checkpoint;
-      on_progress(progress);
+      const double done = static_cast<double>(step - start.step);
+      progress.eta_seconds =
+          progress.elapsed_seconds / done * static_cast<double>(spec.steps - step);
+      progress.saving = save;
+      callbacks.on_progress(progress);
       last_report = now;
       tokens_since_report = 0;
     }
     if (last) break;
+  }
+  if (writer) RETURN_IF_ERROR(writer->WaitIdle());
+  {
+    std::lock_guard<std::mutex> lock(committed_mutex);
+    result.checkpoint = committed;
   }
   result.peak_bytes = gpt->PeakBytes();
   return result;

@@ -82,21 +82,57 @@ int64_t CudaGptModel::PeakBytes() const {
   return static_cast<int64_t>(allocator_->stats().peak_bytes);
 }
 
-absl::Status CudaGptModel::LoadParams(std::span<const float> params) {
-  if (static_cast<int64_t>(params.size()) != num_params()) {
-    return absl::InvalidArgumentError(absl::StrCat("CudaGptModel::LoadParams: ", params.size(),
-                                                   " values for ", num_params(), " parameters"));
-  }
+absl::Status CudaGptModel::CopyToHost(const float* device_data, std::span<float> out,
+                                      const char* what) {
   SHARDLINE_ON_DEVICE(allocator_->device_index());
-  RETURN_IF_ERROR(Check(cudaMemcpyAsync(params_.raw_data(), params.data(), params.size_bytes(),
-                                        cudaMemcpyHostToDevice, stream_),
-                        "copying the parameters in"));
-  // The host buffer may die when we return.
-  RETURN_IF_ERROR(Check(cudaStreamSynchronize(stream_), "copying the parameters in"));
+  RETURN_IF_ERROR(Check(cudaMemcpyAsync(out.data(), device_data, out.size_bytes(),
+                                        cudaMemcpyDeviceToHost, stream_),
+                        what));
+  return Check(cudaStreamSynchronize(stream_), what);
+}
+
+absl::Status CudaGptModel::CopyToDevice(std::span<const float> host, void* device,
+                                        const char* what) {
+  SHARDLINE_ON_DEVICE(allocator_->device_index());
+  RETURN_IF_ERROR(
+      Check(cudaMemcpyAsync(device, host.data(), host.size_bytes(), cudaMemcpyHostToDevice, stream_),
+            what));
+  return Check(cudaStreamSynchronize(stream_), what);
+}
+
+absl::Status CudaGptModel::CopyState(std::span<float> out) {
+  const auto n = static_cast<size_t>(num_params());
+  if (out.size() != 3 * n) {
+    return absl::InvalidArgumentError(absl::StrCat("CudaGptModel::CopyState: ", out.size(),
+                                                   " floats for a state of ", 3 * n));
+  }
+  RETURN_IF_ERROR(CopyToHost(params_.data<float>(), out.first(n), "copying the parameters out"));
+  for (const auto& [moment, at] : {std::pair{&adam_m_, n}, std::pair{&adam_v_, 2 * n}}) {
+    if (moment->defined()) {
+      RETURN_IF_ERROR(
+          CopyToHost(moment->data<float>(), out.subspan(at, n), "copying the AdamW moments out"));
+    } else {
+      std::fill(out.begin() + at, out.begin() + at + n, 0.0f);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaGptModel::LoadState(std::span<const float> params,
+                                     std::span<const float> exp_avg,
+                                     std::span<const float> exp_avg_sq) {
+  RETURN_IF_ERROR(
+      CheckStateSizes(num_params(), params, exp_avg, exp_avg_sq, "CudaGptModel::LoadState"));
+  RETURN_IF_ERROR(CopyToDevice(params, params_.raw_data(), "copying the parameters in"));
   // Moments of other weights would be meaningless for these ones.
   adam_m_ = kernels::Tensor();
   adam_v_ = kernels::Tensor();
-  return absl::OkStatus();
+  if (exp_avg.empty()) return absl::OkStatus();
+  const int64_t n = num_params();
+  ASSIGN_OR_RETURN(adam_m_, kernels::Tensor::Empty({n}, DType::kFloat32, *allocator_));
+  ASSIGN_OR_RETURN(adam_v_, kernels::Tensor::Empty({n}, DType::kFloat32, *allocator_));
+  RETURN_IF_ERROR(CopyToDevice(exp_avg, adam_m_.raw_data(), "copying the AdamW moments in"));
+  return CopyToDevice(exp_avg_sq, adam_v_.raw_data(), "copying the AdamW moments in");
 }
 
 void CudaGptModel::InitGpt2(uint64_t seed) {
@@ -106,7 +142,7 @@ void CudaGptModel::InitGpt2(uint64_t seed) {
   FillGpt2Init(layout_, config_.layers, seed, host);
   // The interface returns nothing here (the CPU's cannot fail); a failed copy is a dead device,
   // which the next call that synchronises reports.
-  LoadParams(host).IgnoreError();
+  LoadState(host, {}, {}).IgnoreError();
 }
 
 void CudaGptModel::ZeroGrad() {

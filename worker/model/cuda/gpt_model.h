@@ -65,11 +65,12 @@ class CudaGptModel final : public TrainableGpt {
   absl::Status Backward() override;
   absl::StatusOr<double> AdamWStep(const AdamWOptions& options, int64_t step) override;
   absl::StatusOr<std::span<const float>> HostParams() override;
+  absl::Status CopyState(std::span<float> out) override;
+  // E.g. from a checkpoint or a CPU model: copied to the device before it returns.
+  absl::Status LoadState(std::span<const float> params, std::span<const float> exp_avg,
+                         std::span<const float> exp_avg_sq) override;
   int64_t PeakBytes() const override;
 
-  // Replaces every parameter with `params` (ParamLayout order, num_params() values), e.g. from a
-  // checkpoint or a CPU model, and clears the optimizer state. InvalidArgument on a size mismatch.
-  absl::Status LoadParams(std::span<const float> params);
   // The gradients accumulated so far, copied to the host (for checks against the CPU model).
   absl::StatusOr<std::vector<float>> HostGrads();
   // (B,T,V) logits of the last Forward, copied to the host.
@@ -85,6 +86,10 @@ class CudaGptModel final : public TrainableGpt {
   absl::Status Check(cudaError_t error, const char* what) const;
   absl::StatusOr<std::vector<float>> CopyToHost(const float* device_data, int64_t n,
                                                 const char* what);
+  // The same into a host buffer of n floats.
+  absl::Status CopyToHost(const float* device_data, std::span<float> out, const char* what);
+  // `host` (num_params floats) into `device`, waiting for the copy (the host buffer may die).
+  absl::Status CopyToDevice(std::span<const float> host, void* device, const char* what);
 
   GptConfig config_;
   ParamLayout layout_;

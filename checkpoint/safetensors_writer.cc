@@ -1,0 +1,79 @@
+#include "checkpoint/safetensors_writer.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "checkpoint/checksum.h"
+#include "common/status_macros.h"
+
+namespace shardline::checkpoint {
+
+absl::Status SafetensorsWriter::Add(TensorView tensor) {
+  const auto error = [&](absl::string_view what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("writing checkpoint ", path_, ": tensor '", tensor.name, "': ", what));
+  };
+  if (tensor.name.empty()) return error("the name is empty");
+  if (tensor.name == "__metadata__") return error("the name is reserved for the metadata");
+  for (const TensorView& existing : tensors_) {
+    if (existing.name == tensor.name) return error("added twice");
+  }
+  const std::optional<uint64_t> count = NumElements(tensor.shape);
+  if (!count) return error(absl::StrCat("invalid shape ", ShapeString(tensor.shape)));
+  uint64_t bytes = 0;
+  if (__builtin_mul_overflow(*count, DTypeSize(tensor.dtype), &bytes) ||
+      bytes != tensor.data.size()) {
+    return error(absl::StrCat("shape ", ShapeString(tensor.shape), " of ", DTypeName(tensor.dtype),
+                              " needs ", *count, " x ", DTypeSize(tensor.dtype), " bytes, got ",
+                              tensor.data.size()));
+  }
+  tensors_.push_back(std::move(tensor));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SafetensorsWriter::Written> SafetensorsWriter::Finish(FileSystem& fs) {
+  std::vector<const TensorView*> order;
+  for (const TensorView& tensor : tensors_) order.push_back(&tensor);
+  std::sort(order.begin(), order.end(), [](const TensorView* a, const TensorView* b) {
+    const size_t size_a = DTypeSize(a->dtype);
+    const size_t size_b = DTypeSize(b->dtype);
+    return size_a != size_b ? size_a > size_b : a->name < b->name;
+  });
+
+  nlohmann::json header = nlohmann::json::object();
+  if (!metadata_.empty()) header["__metadata__"] = metadata_;
+  uint64_t offset = 0;
+  for (const TensorView* tensor : order) {
+    header[tensor->name] = {{"dtype", DTypeName(tensor->dtype)},
+                            {"shape", tensor->shape},
+                            {"data_offsets", {offset, offset + tensor->data.size()}}};
+    offset += tensor->data.size();
+  }
+  std::string header_text = header.dump();
+  // Spaces are valid JSON whitespace; the official writer pads the same way.
+  header_text.append((8 - (8 + header_text.size()) % 8) % 8, ' ');
+  const uint64_t header_size = header_text.size();
+  unsigned char size_bytes[8];
+  for (int i = 0; i < 8; ++i) size_bytes[i] = static_cast<unsigned char>(header_size >> (8 * i));
+
+  Written written;
+  ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, fs.NewAtomicFile(path_));
+  Xxh3 file_hash;
+  const auto append = [&](std::span<const std::byte> bytes) -> absl::Status {
+    file_hash.Update(bytes);
+    written.bytes += bytes.size();
+    return file->Append(bytes);
+  };
+  RETURN_IF_ERROR(append(std::as_bytes(std::span<const unsigned char>(size_bytes))));
+  RETURN_IF_ERROR(append(std::as_bytes(std::span<const char>(header_text))));
+  for (const TensorView* tensor : order) {
+    written.tensor_xxh3[tensor->name] = Xxh3Of(tensor->data);
+    RETURN_IF_ERROR(append(tensor->data));
+  }
+  RETURN_IF_ERROR(file->Commit());
+  written.xxh3 = file_hash.Digest();
+  return written;
+}
+
+}  // namespace shardline::checkpoint

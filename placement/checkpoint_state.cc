@@ -1,0 +1,74 @@
+#include "placement/checkpoint_state.h"
+
+namespace shardline::placement {
+
+checkpoint::Gpt2Config CheckpointConfigOf(const ModelSpec& model) {
+  checkpoint::Gpt2Config config;
+  config.n_layer = model.layers;
+  config.n_embd = model.d_model;
+  config.n_head = model.heads;
+  config.d_ff = model.ff();
+  config.vocab_size = model.vocab;
+  config.n_positions = model.max_seq_len;
+  config.tied_embeddings = model.tied_embeddings;
+  return config;
+}
+
+checkpoint::TrainState CheckpointTrainStateOf(const TrainSpec& spec) {
+  checkpoint::TrainState train;
+  train.seed = spec.seed;
+  train.batch = spec.batch;
+  train.seq_len = spec.seq_len;
+  if (spec.data.path.empty()) {
+    train.data.source = "synthetic";
+    train.data.synthetic_seed = spec.data.synthetic_seed;
+    train.data.synthetic_bytes = spec.data.synthetic_bytes;
+  } else {
+    train.data.source = "file";
+    train.data.path = spec.data.path;
+  }
+  train.steps = spec.steps;
+  const OptimizerSpec& o = spec.optimizer;
+  train.optimizer = {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.grad_clip, o.warmup_steps};
+  return train;
+}
+
+checkpoint::PlanInfo CheckpointPlanOf(const TrainSpec& spec, const ParallelSpec& parallel) {
+  checkpoint::PlanInfo plan;
+  plan.tp = parallel.tp;
+  plan.pp = parallel.pp;
+  plan.dp = parallel.dp;
+  plan.zero = parallel.zero;
+  plan.micro_batch = MicroBatchSize(parallel, spec.batch);
+  if (auto stages = StagesOf(parallel, static_cast<int>(spec.model.layers)); stages.ok()) {
+    for (const StageRange& stage : *stages) plan.stage_layers.push_back(stage.size());
+  }
+  plan.device = spec.device == TrainDevice::kCuda ? "cuda" : "cpu";
+  plan.precision = spec.precision == TrainPrecision::kBFloat16 ? "bf16" : "fp32";
+  return plan;
+}
+
+checkpoint::StepHeader CheckpointStepHeader(const TrainSpec& spec, const ParallelSpec& parallel,
+                                            int64_t step, int64_t world_size,
+                                            const checkpoint::DataIdentity& data) {
+  checkpoint::StepHeader header;
+  header.step = step;
+  header.world_size = world_size;
+  header.metadata = checkpoint::Gpt2Metadata(CheckpointConfigOf(spec.model));
+  header.train = CheckpointTrainStateOf(spec);
+  // The source is the spec's; what the loaded stream was, the loader's.
+  header.train.data.tokens = data.tokens;
+  header.train.data.xxh3 = data.xxh3;
+  header.plan = CheckpointPlanOf(spec, parallel);
+  return header;
+}
+
+checkpoint::ResumeRequest ResumeRequestOf(const CheckpointSpec& checkpoint) {
+  checkpoint::ResumeRequest request;
+  request.dir = checkpoint.dir;
+  request.mode = checkpoint.resume;
+  request.path = checkpoint.resume_path;
+  return request;
+}
+
+}  // namespace shardline::placement

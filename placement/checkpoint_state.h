@@ -1,0 +1,30 @@
+// What a checkpoint records of a spec (checkpoint/train_state.h): the model config, the train
+// settings a resumed run must keep, and the plan. The coordinator and both trainers describe a run
+// through these, so that a step written by one is checked against the spec of another the same way.
+#pragma once
+
+#include "checkpoint/commit.h"
+#include "checkpoint/gpt2_checkpoint.h"
+#include "checkpoint/resume.h"
+#include "checkpoint/train_state.h"
+#include "placement/parallel_layout.h"
+#include "placement/train_spec.h"
+
+namespace shardline::placement {
+
+checkpoint::Gpt2Config CheckpointConfigOf(const ModelSpec& model);
+// The data's identity from the spec alone: its tokens are known only once it is loaded (0 here).
+checkpoint::TrainState CheckpointTrainStateOf(const TrainSpec& spec);
+// `parallel` as resolved for the run (the single-device trainer passes the default: one rank),
+// with its micro-batch and stage split made explicit; the device and precision from `spec`.
+checkpoint::PlanInfo CheckpointPlanOf(const TrainSpec& spec, const ParallelSpec& parallel);
+// Everything a step's manifest says besides its tensors: the model's metadata, the train section
+// (the data's source from the spec, its tokens and their checksum from `data`, what the loaders
+// saw) and the plan, for step `step` of a run of `world_size` ranks.
+checkpoint::StepHeader CheckpointStepHeader(const TrainSpec& spec, const ParallelSpec& parallel,
+                                            int64_t step, int64_t world_size,
+                                            const checkpoint::DataIdentity& data);
+// Where the run resumes from, for checkpoint::DecideResume.
+checkpoint::ResumeRequest ResumeRequestOf(const CheckpointSpec& checkpoint);
+
+}  // namespace shardline::placement

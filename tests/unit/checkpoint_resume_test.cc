@@ -1,0 +1,324 @@
+// Resume equivalence, the core of checkpoints on any plan: train 3 steps in plan A and save, then
+// resume in plan B for 3 more; the losses of steps 4..6 and the final parameters and both AdamW
+// moments equal an uninterrupted single-device run of 6 steps. Sharded runs are the ranks of
+// TrainSharded as forked processes over real Gloo communicators (tests/support/forked_world.h);
+// their shards are committed with the same StepAssembly and CommitStep as the coordinator's, and
+// every final state is read back through the checkpoint reader. Single-device runs are
+// `shardline train`'s loop (training::Train).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "checkpoint/commit.h"
+#include "checkpoint/layout.h"
+#include "checkpoint/verify.h"
+#include "nlohmann/json.hpp"
+#include "placement/checkpoint_state.h"
+#include "placement/job_spec.h"
+#include "tests/support/forked_world.h"
+#include "worker/training/model_checkpoint.h"
+#include "worker/training/sharded_trainer.h"
+#include "worker/training/trainer.h"
+
+namespace shardline::training {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+
+constexpr int kFirst = 3;  // steps in plan A
+constexpr int kSteps = 6;  // in all
+
+// Tolerances, fp32. Losses relative 1e-5 and parameters absolute 1e-5 (= lr/100), as the sharded
+// equivalence tests (model_sharded_test.cc) hold them: sharding changes only the order of sums.
+// The moments are compared relative to each tensor's largest value, 1e-4: a first moment is a sum
+// of gradients, whose rounding noise is 1e-6 relative, and the second moment of an element whose
+// gradient is near zero is noise of that size itself.
+constexpr double kLossRelTol = 1e-5;
+constexpr double kParamAbsTol = 1e-5;
+constexpr double kMomentRelTol = 1e-4;
+
+struct Plan {
+  int tp = 1, pp = 1, dp = 1, zero = 0;
+  int micro_batch = 2;
+  std::vector<int> stages;  // empty: even
+  bool single() const { return tp * pp * dp == 1 && stages.empty(); }
+  int world() const { return tp * pp * dp; }
+  std::string Name() const {
+    if (single()) return "single";
+    std::string name;
+    if (tp > 1) name += "tp" + std::to_string(tp);
+    if (pp > 1) name += "pp" + std::to_string(pp);
+    if (dp > 1) name += "dp" + std::to_string(dp) + "zero" + std::to_string(zero);
+    for (int s : stages) name += "_" + std::to_string(s);
+    return name;
+  }
+};
+
+// The model, data, optimizer and schedule every run shares: vocab 257 is prime, so tensor
+// parallelism splits the vocabulary unevenly.
+std::string TrainSections(int steps, const std::string& dir) {
+  return "model: {layers: 4, heads: 4, d_model: 32, max_seq_len: 16}\n"
+         "data: {synthetic: {seed: 3, bytes: 64KiB}}\n"
+         "optimizer: {lr: 1.0e-3, weight_decay: 0.1, grad_clip: 1.0}\n"
+         "steps: " + std::to_string(steps) + "\n"
+         "batch: 12\n"
+         "seq_len: 16\n"
+         "seed: 7\n"
+         "checkpoint: {dir: " + dir + ", interval: " + std::to_string(kFirst) + "}\n"
+         "log_interval: 1\n";
+}
+
+placement::JobSpec JobOf(const Plan& plan, int steps, const std::string& dir) {
+  std::string stages;
+  for (int s : plan.stages) stages += (stages.empty() ? "" : ", ") + std::to_string(s);
+  const std::string yaml =
+      "name: resume\nkind: train\ndevices: cpu\nmicro_batch: " + std::to_string(plan.micro_batch) +
+      "\nparallel: {tp: " + std::to_string(plan.tp) + ", pp: " + std::to_string(plan.pp) +
+      ", dp: " + std::to_string(plan.dp) + ", zero: " + std::to_string(plan.zero) +
+      (stages.empty() ? "" : ", stages: [" + stages + "]") + "}\n" + TrainSections(steps, dir);
+  absl::StatusOr<placement::JobSpec> spec = placement::ParseJobSpec(yaml, plan.Name() + ".yaml");
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return *spec;
+}
+
+Json ToJson(const SavedStep& saved) {
+  Json pieces = Json::array();
+  for (const checkpoint::SavedPiece& p : saved.shard.pieces) {
+    pieces.push_back({{"name", p.name}, {"tensor", p.tensor}, {"global_shape", p.global_shape},
+                      {"offsets", p.offsets}, {"shape", p.shape}, {"xxh3", p.xxh3}});
+  }
+  return {{"step", saved.step}, {"rank", saved.shard.rank}, {"file", saved.shard.file},
+          {"bytes", saved.shard.bytes}, {"xxh3", saved.shard.xxh3}, {"pieces", pieces},
+          {"tokens", saved.data.tokens}, {"data_xxh3", saved.data.xxh3}};
+}
+
+SavedStep FromJson(const Json& json) {
+  SavedStep saved;
+  saved.step = json["step"];
+  saved.shard.rank = json["rank"];
+  saved.shard.file = json["file"];
+  saved.shard.bytes = json["bytes"];
+  saved.shard.xxh3 = json["xxh3"];
+  for (const Json& p : json["pieces"]) {
+    saved.shard.pieces.push_back({p["name"], p["tensor"], checkpoint::SafetensorsDType::kF32,
+                                  p["global_shape"], p["offsets"], p["shape"], p["xxh3"]});
+  }
+  saved.data.tokens = json["tokens"];
+  saved.data.xxh3 = json["data_xxh3"];
+  return saved;
+}
+
+std::vector<float> ReadFloats(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<float> values;
+  for (float v; in >> v;) values.push_back(v);
+  return values;
+}
+
+void WriteFloats(const std::string& path, const std::vector<float>& values) {
+  std::ofstream out(path);
+  out.precision(9);
+  for (float v : values) out << v << "\n";
+}
+
+// Runs `plan` for steps [from + 1, steps] with checkpoint.dir `dir`, resuming from `resume` (a
+// manifest; empty: fresh); commits its saves. Returns the losses it trained.
+std::vector<float> RunPlan(const Plan& plan, int steps, const std::string& dir,
+                       const std::string& resume) {
+  const std::string work = testing::MakeTempDir("shardline_resume_work");
+  const placement::JobSpec job = JobOf(plan, steps, dir);
+  auto grid = placement::RankGrid::Create(plan.tp, plan.pp, plan.dp);
+  if (plan.single()) {
+    placement::TrainSpec spec = job.train;
+    if (!resume.empty()) {
+      spec.checkpoint.resume = checkpoint::ResumeMode::kPath;
+      spec.checkpoint.resume_path = resume;
+    }
+    const testing::ForkedWorldResult result = testing::RunForkedWorld(
+        *grid, work, [&](int, const placement::RankCoords&, const model::ShardedGroups&) {
+          auto trained = Train(spec, {});
+          if (!trained.ok()) {
+            std::fprintf(stderr, "single: %s\n", std::string(trained.status().message()).c_str());
+            return 1;
+          }
+          WriteFloats(work + "/losses", trained->losses);
+          return 0;
+        });
+    EXPECT_TRUE(result.ok()) << plan.Name() << ": " << result.Describe();
+  } else {
+    const std::string store = work + "/store";
+    fs::create_directories(store);
+    const testing::ForkedWorldResult result = testing::RunForkedWorld(
+        *grid, store,
+        [&](int rank, const placement::RankCoords&, const model::ShardedGroups& groups) {
+          ShardedTrainOptions options;
+          options.spec = job;
+          options.rank = rank;
+          options.groups = groups;
+          options.resume_manifest = resume;
+          options.on_saved = [&](const SavedStep& saved) {
+            std::ofstream(work + "/saved-" + std::to_string(saved.step) + "-" +
+                          std::to_string(rank) + ".json")
+                << ToJson(saved).dump();
+            return absl::OkStatus();
+          };
+          auto trained = TrainSharded(options);
+          if (!trained.ok()) {
+            std::fprintf(stderr, "rank %d: %s\n", rank,
+                         std::string(trained.status().message()).c_str());
+            return 1;
+          }
+          if (rank == 0) WriteFloats(work + "/losses", trained->losses);
+          return 0;
+        });
+    EXPECT_TRUE(result.ok()) << plan.Name() << ": " << result.Describe();
+    // What the coordinator does once every rank has reported a step.
+    for (int step = kFirst; step <= steps; step += kFirst) {
+      checkpoint::StepAssembly assembly;
+      checkpoint::DataIdentity data;
+      for (int rank = 0; rank < plan.world(); ++rank) {
+        std::ifstream in(work + "/saved-" + std::to_string(step) + "-" + std::to_string(rank) +
+                         ".json");
+        if (!in) continue;  // a step this run did not save (it resumed after it)
+        const SavedStep saved = FromJson(Json::parse(in));
+        data = saved.data;
+        EXPECT_TRUE(assembly.Add(saved.shard).ok());
+      }
+      if (assembly.size() == 0) continue;
+      placement::ParallelSpec parallel = job.parallel;
+      absl::StatusOr<checkpoint::Manifest> manifest = assembly.Build(
+          placement::CheckpointStepHeader(job.train, parallel, step, plan.world(), data));
+      EXPECT_TRUE(manifest.ok()) << plan.Name() << " step " << step << ": " << manifest.status();
+      if (manifest.ok()) {
+        EXPECT_TRUE(checkpoint::CommitStep(checkpoint::DefaultFileSystem(), dir, *manifest).ok());
+      }
+    }
+  }
+  std::vector<float> losses = ReadFloats(work + "/losses");
+  fs::remove_all(work);
+  return losses;
+}
+
+// Every parameter and moment of the newest committed step of `dir`, by name.
+std::map<std::string, std::vector<float>> StateOf(const std::string& dir) {
+  std::map<std::string, std::vector<float>> state;
+  absl::StatusOr<std::string> manifest = checkpoint::ResolveCheckpoint(dir);
+  EXPECT_TRUE(manifest.ok()) << manifest.status();
+  if (!manifest.ok()) return state;
+  EXPECT_TRUE(checkpoint::VerifyStep(*manifest).ok());
+  absl::StatusOr<CheckpointSource> source = CheckpointSource::Open(*manifest);
+  EXPECT_TRUE(source.ok()) << source.status();
+  if (!source.ok()) return state;
+  EXPECT_TRUE(source->has_optimizer_state());
+  for (const auto& [name, tensor] : source->manifest()->tensors) {
+    const std::vector<int64_t> zeros(tensor.global_shape.size(), 0);
+    absl::StatusOr<std::vector<float>> values =
+        ReadCheckpointBox(*source, name, zeros, tensor.global_shape);
+    EXPECT_TRUE(values.ok()) << values.status();
+    if (values.ok()) state[name] = std::move(*values);
+  }
+  return state;
+}
+
+struct Reference {
+  std::vector<float> losses;
+  std::map<std::string, std::vector<float>> state;
+};
+
+// The uninterrupted single-device run of every step, made once per process.
+const Reference& Uninterrupted() {
+  static const Reference reference = [] {
+    const std::string dir = testing::MakeTempDir("shardline_resume_reference");
+    Reference r;
+    r.losses = RunPlan(Plan{}, kSteps, dir, "");
+    r.state = StateOf(dir);
+    fs::remove_all(dir);
+    return r;
+  }();
+  return reference;
+}
+
+struct Pair {
+  Plan a, b;
+};
+
+void PrintTo(const Pair& pair, std::ostream* os) { *os << pair.a.Name() << "_to_" << pair.b.Name(); }
+
+class ResumeOnAnyPlanTest : public ::testing::TestWithParam<Pair> {};
+
+TEST_P(ResumeOnAnyPlanTest, ResumedRunEqualsTheUninterruptedOne) {
+  const Pair& pair = GetParam();
+  const Reference& reference = Uninterrupted();
+  ASSERT_EQ(reference.losses.size(), static_cast<size_t>(kSteps));
+  const std::string root = testing::MakeTempDir("shardline_resume");
+  const std::vector<float> first = RunPlan(pair.a, kFirst, root + "/a", "");
+  ASSERT_EQ(first.size(), static_cast<size_t>(kFirst)) << pair.a.Name();
+  const std::string saved = checkpoint::ManifestPath(root + "/a", kFirst);
+  ASSERT_TRUE(checkpoint::VerifyStep(saved).ok());
+  const std::vector<float> rest = RunPlan(pair.b, kSteps, root + "/b", saved);
+  ASSERT_EQ(rest.size(), static_cast<size_t>(kSteps - kFirst)) << pair.b.Name();
+  for (int i = 0; i < kFirst; ++i) {
+    EXPECT_NEAR(first[i], reference.losses[i], kLossRelTol * std::abs(reference.losses[i]))
+        << "step " << i + 1;
+  }
+  for (int i = kFirst; i < kSteps; ++i) {
+    EXPECT_NEAR(rest[i - kFirst], reference.losses[i], kLossRelTol * std::abs(reference.losses[i]))
+        << "step " << i + 1 << " (resumed)";
+  }
+  const auto state = StateOf(root + "/b");
+  ASSERT_EQ(state.size(), reference.state.size());
+  double worst_param = 0, worst_moment = 0;
+  for (const auto& [name, want] : reference.state) {
+    ASSERT_TRUE(state.contains(name)) << name;
+    const std::vector<float>& got = state.at(name);
+    ASSERT_EQ(got.size(), want.size()) << name;
+    const bool moment = checkpoint::ParseStateTensorName(name).kind != checkpoint::StateKind::kParam;
+    double largest = 0, diff = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      largest = std::max(largest, std::abs(static_cast<double>(want[i])));
+      diff = std::max(diff, std::abs(static_cast<double>(got[i]) - want[i]));
+    }
+    if (moment) {
+      const double relative = largest > 0 ? diff / largest : diff;
+      worst_moment = std::max(worst_moment, relative);
+      EXPECT_LE(relative, kMomentRelTol) << name;
+    } else {
+      worst_param = std::max(worst_param, diff);
+      EXPECT_LE(diff, kParamAbsTol) << name;
+    }
+  }
+  std::printf("%s -> %s: largest parameter difference %.3g, moment difference %.3g of its "
+              "tensor's largest value\n",
+              pair.a.Name().c_str(), pair.b.Name().c_str(), worst_param, worst_moment);
+  fs::remove_all(root);
+}
+
+Plan Single() { return Plan{}; }
+Plan Make(int tp, int pp, int dp, int zero, int micro_batch = 2, std::vector<int> stages = {}) {
+  return Plan{tp, pp, dp, zero, micro_batch, std::move(stages)};
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Pairs, ResumeOnAnyPlanTest,
+    ::testing::Values(Pair{Single(), Make(2, 2, 1, 0)},        // single → tp2·pp2
+                      Pair{Make(2, 2, 1, 0), Make(1, 1, 2, 3)},  // tp2·pp2 → dp2 zero3
+                      Pair{Make(1, 1, 2, 3), Make(2, 1, 1, 0)},  // dp2 zero3 → tp2
+                      Pair{Make(1, 2, 2, 1), Single()},          // pp2·dp2 zero1 → single
+                      Pair{Make(1, 1, 2, 2), Make(1, 1, 4, 1, 3)},  // dp2 zero2 → dp4 zero1
+                      // Uneven: stages 3|1 and a vocabulary of 257 over tp 2, then stages 1|3 and
+                      // ZeRO 2 over dp 3, whose partitions of a layer (12704 values) differ in size.
+                      Pair{Make(2, 2, 1, 0, 2, {3, 1}), Make(1, 2, 3, 2, 2, {1, 3})}),
+    [](const ::testing::TestParamInfo<Pair>& info) {
+      return info.param.a.Name() + "_to_" + info.param.b.Name();
+    });
+
+}  // namespace
+}  // namespace shardline::training
