@@ -98,6 +98,7 @@ int Submit(const ClientOptions& client_options, const SubmitOptions& options) {
   const auto deadline = std::chrono::steady_clock::now() + options.wait_timeout;
   std::string last_phase;
   uint64_t last_step = 0;
+  bool start_shown = false;
   while (!StopRequested().load()) {
     auto status = FetchStatus(**client, job_id, client_options.timeout);
     if (!status.ok()) return Fail(status.status());
@@ -108,6 +109,10 @@ int Submit(const ClientOptions& client_options, const SubmitOptions& options) {
       std::cout << "  " << phase << (job.getError().size() ? ": " + Str(job.getError()) : "")
                 << std::endl;
       last_phase = phase;
+    }
+    if (job.hasTrain() && !start_shown && state == "running") {
+      for (const std::string& line : FormatTrainStart(job)) std::cout << "  " << line << std::endl;
+      start_shown = true;
     }
     if (job.hasTrain() && job.getTrain().getStep() != last_step) {
       last_step = job.getTrain().getStep();

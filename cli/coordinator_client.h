@@ -4,6 +4,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "protocol/rpc_client.h"
@@ -27,5 +28,9 @@ SubmitFolders FoldersOf(const std::string& spec_path);
 // compute/comm/bubble split of a step, the last committed checkpoint and the plan. Expects a job
 // with train progress (JobStatus.hasTrain()).
 std::string FormatTrainProgress(wire::JobStatus::Reader job);
+// Where a train job started, one line each ("resumed after step 200", "skipped checkpoint step
+// 300: ...", "started from the parameters of ..."); empty for a fresh start or one not decided
+// yet.
+std::vector<std::string> FormatTrainStart(wire::JobStatus::Reader job);
 
 }  // namespace shardline::cli

@@ -170,6 +170,22 @@ std::string FormatTrainProgress(wire::JobStatus::Reader job) {
   return line + "  plan " + FormatPlan(t);
 }
 
+std::vector<std::string> FormatTrainStart(wire::JobStatus::Reader job) {
+  std::vector<std::string> lines;
+  const auto t = job.getTrain();
+  for (auto skipped : t.getSkippedCheckpoints()) {
+    lines.push_back("skipped checkpoint step " + std::to_string(skipped.getStep()) + ": " +
+                    Str(skipped.getReason()));
+  }
+  if (t.getResumedFromStep() > 0) {
+    lines.push_back("resumed after step " + std::to_string(t.getResumedFromStep()) + " of " +
+                    Str(t.getCheckpointDir()));
+  } else if (t.getInitializedFrom().size()) {
+    lines.push_back("started from the parameters of " + Str(t.getInitializedFrom()));
+  }
+  return lines;
+}
+
 std::string FormatBytes(uint64_t bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB"};
   int u = 0;
@@ -265,6 +281,10 @@ nlohmann::json StatusToJson(wire::ClusterStatus::Reader status) {
       // A loss not yet reported is NaN, which JSON spells null.
       const nlohmann::json loss =
           std::isnan(t.getLoss()) ? nlohmann::json() : nlohmann::json(t.getLoss());
+      nlohmann::json skipped = nlohmann::json::array();
+      for (auto step : t.getSkippedCheckpoints()) {
+        skipped.push_back({{"step", step.getStep()}, {"reason", Str(step.getReason())}});
+      }
       j["train"] = {{"step", t.getStep()},
                     {"steps", t.getSteps()},
                     {"loss", loss},
@@ -276,6 +296,9 @@ nlohmann::json StatusToJson(wire::ClusterStatus::Reader status) {
                     {"eta_seconds", t.getEtaSeconds()},
                     {"last_committed_step", t.getLastCommittedStep()},
                     {"checkpoint_dir", Str(t.getCheckpointDir())},
+                    {"resumed_from_step", t.getResumedFromStep()},
+                    {"initialized_from", Str(t.getInitializedFrom())},
+                    {"skipped_checkpoints", skipped},
                     {"plan",
                      {{"tp", t.getTp()},
                       {"pp", t.getPp()},
@@ -344,7 +367,10 @@ std::string FormatJob(wire::JobStatus::Reader job) {
   out << ", generation " << job.getGeneration() << ", " << job.getWorldSize() << " actors, "
       << Str(job.getBackend()) << "\n";
   if (job.getError().size()) out << "  " << Str(job.getError()) << "\n";
-  if (job.hasTrain()) out << "  " << FormatTrainProgress(job) << "\n";
+  if (job.hasTrain()) {
+    out << "  " << FormatTrainProgress(job) << "\n";
+    for (const std::string& line : FormatTrainStart(job)) out << "  " << line << "\n";
+  }
   if (job.hasTrain() && job.getTrain().getPlanSummary().size()) {
     out << "  planned (parallel: auto): " << Str(job.getTrain().getPlanSummary()) << "\n";
   }

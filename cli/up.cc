@@ -110,6 +110,7 @@ struct Shown {
   std::string phase;
   uint64_t train_step = 0;
   int64_t committed_step = -1;
+  bool start = false;  // where a train job started from
 };
 
 void PrintProgress(wire::JobStatus::Reader job, Shown* shown,
@@ -128,6 +129,10 @@ void PrintProgress(wire::JobStatus::Reader job, Shown* shown,
   // or newly committed checkpoint.
   if (job.hasTrain()) {
     const auto train = job.getTrain();
+    if (!shown->start && Str(job.getState()) == "running") {
+      for (const std::string& line : FormatTrainStart(job)) std::cout << stamp << line << std::endl;
+      shown->start = true;
+    }
     if (train.getStep() != shown->train_step ||
         train.getLastCommittedStep() != shown->committed_step) {
       shown->train_step = train.getStep();

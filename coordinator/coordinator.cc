@@ -444,6 +444,8 @@ void Coordinator::OnStartDecided(const std::string& job_id,
   }
   for (const std::string& line : plan->prepared) spdlog::info("job {}: {}", job.id, line);
   if (!train.resume_manifest.empty()) {
+    // Where progress stands before the first report: at the step it resumes after.
+    train.step = std::max(train.step, train.resumed_step);
     train.last_committed_step = std::max(train.last_committed_step, train.resumed_step);
     spdlog::info("job {}: resumes from step {} ({})", job.id, train.resumed_step,
                  train.resume_manifest);

@@ -42,3 +42,12 @@ shardline_test(cluster_step_time_test
   LIBS shardline_test_cluster shardline_monitoring_testing
   LABELS integration TIMEOUT 600 RUN_SERIAL)
 add_dependencies(cluster_step_time_test shardline)
+
+# Checkpoints across `shardline train` and cluster jobs: resume on another plan and back, a
+# damaged step skipped and shown in status, a spec refused before spawning, kill -9 of a rank in
+# the middle of its save.
+shardline_test(cluster_checkpoint_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/cluster_checkpoint_test.cc
+  LIBS shardline_test_cluster shardline_monitoring_testing shardline_training
+  LABELS integration TIMEOUT 600)
+add_dependencies(cluster_checkpoint_test shardline)

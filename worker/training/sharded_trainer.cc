@@ -111,9 +111,12 @@ absl::StatusOr<ShardedTrainResult> TrainSharded(const ShardedTrainOptions& optio
     const bool last = step == spec.steps || (options.stop && options.stop->load());
     if (SavesAfter(spec, step, last)) {
       // The only stall of a save: waiting for the previous one, and the copy.
+      const auto stall = Clock::now();
       RETURN_IF_ERROR(writer->WaitIdle());
       RETURN_IF_ERROR(gpt->CopyState(writer->staging()));
       writer->Start(step, checkpoint::StepDir(spec.checkpoint.dir, step));
+      result.save_stall_seconds.push_back(
+          std::chrono::duration<double>(Clock::now() - stall).count());
     }
     if (options.on_progress && (last || step % spec.log_interval == 0)) {
       const auto now = Clock::now();

@@ -59,6 +59,9 @@ struct ShardedTrainResult {
   std::vector<float> losses;  // one per step it trained
   int64_t peak_bytes = 0;     // the allocator's peak
   model::ShardedMemory memory;
+  // Per save, how long the loop stopped for it: waiting for the previous save, and the copy into
+  // the staging buffer (the file is written while training goes on).
+  std::vector<double> save_stall_seconds;
 };
 
 // Trains this rank's part of the job: loads its state (OpenStartingPoint: only the boxes it keeps),

@@ -192,9 +192,12 @@ absl::StatusOr<TrainResult> Train(const placement::TrainSpec& spec,
     const bool save = SavesAfter(spec, step, last);
     if (save) {
       // The only stall of a save: waiting for the previous one, and the copy.
+      const auto stall = Clock::now();
       RETURN_IF_ERROR(writer->WaitIdle());
       RETURN_IF_ERROR(gpt->CopyState(writer->staging()));
       writer->Start(step, checkpoint::StepDir(dir, step));
+      result.save_stall_seconds.push_back(
+          std::chrono::duration<double>(Clock::now() - stall).count());
     }
     if (callbacks.on_progress && (last || step % spec.log_interval == 0 || save)) {
       const auto now = Clock::now();

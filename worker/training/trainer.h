@@ -44,6 +44,8 @@ struct TrainResult {
   std::vector<float> losses;  // one per step this run trained (steps start.first_step ...)
   std::string checkpoint;     // the manifest of the last step committed; empty: none
   int64_t peak_bytes = 0;     // the allocator's peak
+  // Per save, how long the loop stopped for it (waiting for the previous save, and the copy).
+  std::vector<double> save_stall_seconds;
 };
 
 struct TrainCallbacks {
