@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "checkpoint/commit.h"
+#include "checkpoint/gpt2_hf_export.h"
 #include "checkpoint/layout.h"
 #include "checkpoint/verify.h"
 #include "nlohmann/json.hpp"
@@ -130,11 +131,13 @@ void WriteFloats(const std::string& path, const std::vector<float>& values) {
 }
 
 // Runs `plan` for steps [from + 1, steps] with checkpoint.dir `dir`, resuming from `resume` (a
-// manifest; empty: fresh); commits its saves. Returns the losses it trained.
+// manifest; empty: fresh, from `init_from` when given); commits its saves. Returns the losses it
+// trained.
 std::vector<float> RunPlan(const Plan& plan, int steps, const std::string& dir,
-                       const std::string& resume) {
+                           const std::string& resume, const std::string& init_from = "") {
   const std::string work = testing::MakeTempDir("shardline_resume_work");
-  const placement::JobSpec job = JobOf(plan, steps, dir);
+  placement::JobSpec job = JobOf(plan, steps, dir);
+  job.train.init_from = init_from;
   auto grid = placement::RankGrid::Create(plan.tp, plan.pp, plan.dp);
   if (plan.single()) {
     placement::TrainSpec spec = job.train;
@@ -298,6 +301,63 @@ TEST_P(ResumeOnAnyPlanTest, ResumedRunEqualsTheUninterruptedOne) {
   std::printf("%s -> %s: largest parameter difference %.3g, moment difference %.3g of its "
               "tensor's largest value\n",
               pair.a.Name().c_str(), pair.b.Name().c_str(), worst_param, worst_moment);
+  fs::remove_all(root);
+}
+
+// The parameters of a step, in our names and shapes.
+checkpoint::Gpt2Weights WeightsOf(const std::string& manifest) {
+  checkpoint::Gpt2Weights weights;
+  absl::StatusOr<CheckpointSource> source = CheckpointSource::Open(manifest);
+  EXPECT_TRUE(source.ok()) << source.status();
+  if (!source.ok()) return weights;
+  weights.config = Gpt2ConfigOf(source->config());
+  for (const checkpoint::Gpt2TensorSpec& spec : checkpoint::Gpt2TensorSpecs(weights.config)) {
+    const std::vector<int64_t> zeros(spec.sharded_shape.size(), 0);
+    absl::StatusOr<std::vector<float>> values =
+        ReadCheckpointBox(*source, spec.name, zeros, spec.sharded_shape);
+    EXPECT_TRUE(values.ok()) << values.status();
+    weights.tensors[spec.name] = checkpoint::HostTensor{spec.shape, *values};
+  }
+  return weights;
+}
+
+// init_from: a fresh run (step 1, a fresh optimizer) from another run's parameters, on any plan
+// and from any kind of checkpoint. The single-device run from our step and a tp2·pp2 run from its
+// Hugging Face export train the same 3 steps.
+TEST(InitFromTest, ParametersOfAnyCheckpointStartAFreshRunOnAnyPlan) {
+  const std::string root = testing::MakeTempDir("shardline_init_from");
+  ASSERT_EQ(RunPlan(Plan{}, kFirst, root + "/a", "").size(), static_cast<size_t>(kFirst));
+  const std::string step = checkpoint::ManifestPath(root + "/a", kFirst);
+  ASSERT_TRUE(checkpoint::ExportHfGpt2(WeightsOf(step), root + "/hf").ok());
+  const std::vector<float> single = RunPlan(Plan{}, kFirst, root + "/single", "", step);
+  const std::vector<float> sharded =
+      RunPlan(Plan{2, 2, 1, 0, 2, {}}, kFirst, root + "/sharded", "", root + "/hf");
+  ASSERT_EQ(single.size(), static_cast<size_t>(kFirst));
+  ASSERT_EQ(sharded.size(), static_cast<size_t>(kFirst));
+  for (int i = 0; i < kFirst; ++i) {
+    EXPECT_NEAR(sharded[i], single[i], kLossRelTol * std::abs(single[i])) << "step " << i + 1;
+  }
+  // A fresh run: its first loss is that of the parameters it started from, not of GPT-2's
+  // initialisation (the reference run's first loss), and it is lower after 3 trained steps.
+  EXPECT_LT(single[0], Uninterrupted().losses[0]);
+  const auto a = StateOf(root + "/single");
+  const auto b = StateOf(root + "/sharded");
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [name, want] : a) {
+    ASSERT_TRUE(b.contains(name)) << name;
+    double largest = 0, diff = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      largest = std::max(largest, std::abs(static_cast<double>(want[i])));
+      diff = std::max(diff, std::abs(static_cast<double>(b.at(name)[i]) - want[i]));
+    }
+    const bool moment = checkpoint::ParseStateTensorName(name).kind != checkpoint::StateKind::kParam;
+    EXPECT_LE(moment ? diff / largest : diff, moment ? kMomentRelTol : kParamAbsTol) << name;
+  }
+  // The moments are those of 3 steps from zero, not 3 more on top of the first run's.
+  absl::StatusOr<checkpoint::Manifest> manifest =
+      checkpoint::ReadManifest(checkpoint::ManifestPath(root + "/sharded", kFirst));
+  ASSERT_TRUE(manifest.ok());
+  EXPECT_EQ(manifest->step, kFirst);
   fs::remove_all(root);
 }
 

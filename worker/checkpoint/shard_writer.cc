@@ -57,12 +57,17 @@ absl::Status AsyncShardWriter::PollError() {
   return std::exchange(error_, absl::OkStatus());
 }
 
-void AsyncShardWriter::Start(int64_t step, std::string step_dir) {
+absl::Status AsyncShardWriter::Start(int64_t step, std::string step_dir) {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (job_.has_value()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "saving step ", step, ": the save of step ", job_->step, " is still being written"));
+    }
     job_ = Job{step, std::move(step_dir)};
   }
   cv_.notify_all();
+  return absl::OkStatus();
 }
 
 void AsyncShardWriter::Loop() {

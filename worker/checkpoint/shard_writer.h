@@ -62,8 +62,8 @@ class AsyncShardWriter {
   const ShardPlan& plan() const { return plan_; }
 
   // Hands the filled staging buffer to the thread, to be written as step `step`'s shard into
-  // `step_dir`. Call only after WaitIdle.
-  void Start(int64_t step, std::string step_dir);
+  // `step_dir`. FailedPrecondition, starting nothing, while a save is in flight (WaitIdle first).
+  absl::Status Start(int64_t step, std::string step_dir);
 
  private:
   void Loop();

@@ -114,7 +114,7 @@ absl::StatusOr<ShardedTrainResult> TrainSharded(const ShardedTrainOptions& optio
       const auto stall = Clock::now();
       RETURN_IF_ERROR(writer->WaitIdle());
       RETURN_IF_ERROR(gpt->CopyState(writer->staging()));
-      writer->Start(step, checkpoint::StepDir(spec.checkpoint.dir, step));
+      RETURN_IF_ERROR(writer->Start(step, checkpoint::StepDir(spec.checkpoint.dir, step)));
       result.save_stall_seconds.push_back(
           std::chrono::duration<double>(Clock::now() - stall).count());
     }

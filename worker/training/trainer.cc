@@ -195,7 +195,7 @@ absl::StatusOr<TrainResult> Train(const placement::TrainSpec& spec,
       const auto stall = Clock::now();
       RETURN_IF_ERROR(writer->WaitIdle());
       RETURN_IF_ERROR(gpt->CopyState(writer->staging()));
-      writer->Start(step, checkpoint::StepDir(dir, step));
+      RETURN_IF_ERROR(writer->Start(step, checkpoint::StepDir(dir, step)));
       result.save_stall_seconds.push_back(
           std::chrono::duration<double>(Clock::now() - stall).count());
     }
