@@ -38,14 +38,9 @@ int Train(const TrainOptions& options) {
   if (options.steps > 0) spec->steps = options.steps;
   if (!options.checkpoint_dir.empty()) spec->checkpoint.dir = options.checkpoint_dir;
   if (!options.resume.empty()) {
-    spec->checkpoint.resume_path.clear();
-    if (options.resume == "latest") {
-      spec->checkpoint.resume = checkpoint::ResumeMode::kLatest;
-    } else if (options.resume == "none") {
-      spec->checkpoint.resume = checkpoint::ResumeMode::kNone;
-    } else {
-      spec->checkpoint.resume = checkpoint::ResumeMode::kPath;
-      spec->checkpoint.resume_path = options.resume;
+    if (const absl::Status s = placement::SetResume(options.resume, spec->checkpoint); !s.ok()) {
+      std::cerr << "error: --resume: " << s.message() << "\n";
+      return 2;
     }
   }
   if (!options.init_from.empty()) spec->init_from = options.init_from;

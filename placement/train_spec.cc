@@ -112,16 +112,8 @@ absl::StatusOr<CheckpointSpec> ParseCheckpoint(const YamlMap& map) {
     }
   }
   ASSIGN_OR_RETURN(const std::string resume, map.OptionalString("resume", "latest"));
-  if (resume.empty()) {
-    return map.ErrorAt("resume", "give latest, none or the path of a checkpoint step");
-  }
-  if (resume == "latest") {
-    checkpoint.resume = checkpoint::ResumeMode::kLatest;
-  } else if (resume == "none") {
-    checkpoint.resume = checkpoint::ResumeMode::kNone;
-  } else {
-    checkpoint.resume = checkpoint::ResumeMode::kPath;
-    checkpoint.resume_path = resume;
+  if (const absl::Status status = SetResume(resume, checkpoint); !status.ok()) {
+    return map.ErrorAt("resume", std::string(status.message()));
   }
   return checkpoint;
 }
@@ -166,6 +158,22 @@ absl::Status ParseTrainSections(const YamlMap& map, TrainSpec& spec) {
 }
 
 }  // namespace internal
+
+absl::Status SetResume(std::string_view resume, CheckpointSpec& checkpoint) {
+  checkpoint.resume_path.clear();
+  if (resume.empty()) {
+    return absl::InvalidArgumentError("give latest, none or the path of a checkpoint step");
+  }
+  if (resume == "latest") {
+    checkpoint.resume = checkpoint::ResumeMode::kLatest;
+  } else if (resume == "none") {
+    checkpoint.resume = checkpoint::ResumeMode::kNone;
+  } else {
+    checkpoint.resume = checkpoint::ResumeMode::kPath;
+    checkpoint.resume_path = std::string(resume);
+  }
+  return absl::OkStatus();
+}
 
 absl::Status SetTrainDevice(std::string_view device, TrainSpec& spec) {
   int index = 0;

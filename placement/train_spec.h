@@ -97,6 +97,9 @@ struct TrainSpec {
 // wrong; the caller adds where.
 absl::Status SetTrainDevice(std::string_view device, TrainSpec& spec);
 absl::Status SetTrainPrecision(std::string_view precision, TrainSpec& spec);
+// checkpoint.resume from its YAML spelling (or --resume): "latest", "none", or anything else as
+// the path of a step. InvalidArgument for an empty one.
+absl::Status SetResume(std::string_view resume, CheckpointSpec& checkpoint);
 // "cpu, fp32", "cuda:0, bf16": where and how a spec trains, for progress output.
 std::string TrainDeviceName(const TrainSpec& spec);
 

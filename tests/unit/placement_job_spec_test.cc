@@ -271,6 +271,56 @@ constexpr char kMinimalTrain[] =
     "steps: 10\n"          // 8
     "batch: 8\n";          // 9
 
+TEST(TrainJobSpecTest, TheCheckpointSectionSaysWhereToSaveKeepAndResumeFrom) {
+  absl::StatusOr<JobSpec> spec = Parse(std::string(kMinimalTrain) +
+                                       "checkpoint: {dir: ckpt, interval: 5, keep: 3}\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->train.checkpoint.dir, "ckpt");
+  EXPECT_EQ(spec->train.checkpoint.interval, 5);
+  EXPECT_EQ(spec->train.checkpoint.keep, 3);
+  EXPECT_EQ(spec->train.checkpoint.resume, checkpoint::ResumeMode::kLatest);  // the default
+  EXPECT_TRUE(spec->train.init_from.empty());
+  absl::StatusOr<JobSpec> none =
+      Parse(std::string(kMinimalTrain) + "checkpoint: {dir: ckpt, resume: none}\n");
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(none->train.checkpoint.resume, checkpoint::ResumeMode::kNone);
+  // A path resumes from that step; it and init_from resolve like checkpoint.dir.
+  PathBase base;
+  base.work_dir = "/home/me";
+  absl::StatusOr<JobSpec> path = ParseJobSpec(
+      std::string(kMinimalTrain) + "checkpoint: {dir: ckpt, resume: old/step-00000100}\n",
+      "job.yaml", base);
+  ASSERT_TRUE(path.ok()) << path.status();
+  EXPECT_EQ(path->train.checkpoint.resume, checkpoint::ResumeMode::kPath);
+  EXPECT_EQ(path->train.checkpoint.resume_path, "/home/me/old/step-00000100");
+  absl::StatusOr<JobSpec> init = ParseJobSpec(
+      std::string(kMinimalTrain) + "init_from: gpt2/model.safetensors\n", "job.yaml", base);
+  ASSERT_TRUE(init.ok()) << init.status();
+  EXPECT_EQ(init->train.init_from, "/home/me/gpt2/model.safetensors");
+}
+
+TEST(TrainJobSpecTest, ACheckpointSectionThatCannotWorkIsAnErrorAtItsKey) {
+  const struct {
+    std::string yaml;
+    std::string message;
+  } cases[] = {
+      {"checkpoint: {keep: 2}\n", "job.yaml:10:20: checkpoint.keep: needs checkpoint.dir"},
+      {"checkpoint: {interval: 2}\n", "checkpoint.interval: needs checkpoint.dir"},
+      {"checkpoint: {dir: c, keep: -1}\n", "checkpoint.keep"},
+      {"checkpoint: {dir: c, resume: \"\"}\n",
+       "checkpoint.resume: give latest, none or the path of a checkpoint step"},
+      {"checkpoint: {dir: c, resume: old}\ninit_from: x\n",
+       "init_from: give either init_from (parameters only, a fresh optimizer) or "
+       "checkpoint.resume: PATH"},
+      {"checkpoint: {dir: c, resum: none}\n", "resum"},
+  };
+  for (const auto& c : cases) {
+    absl::StatusOr<JobSpec> spec = Parse(std::string(kMinimalTrain) + c.yaml);
+    ASSERT_FALSE(spec.ok()) << c.yaml;
+    EXPECT_THAT(std::string(spec.status().message()), HasSubstr(c.message)) << c.yaml;
+  }
+}
+
 TEST(TrainJobSpecTest, ExampleGptShardedParses) {
   const std::string path = SourceDir() + "/examples/gpt-sharded.yaml";
   absl::StatusOr<JobSpec> spec = LoadJobSpecFile(path);
