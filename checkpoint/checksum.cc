@@ -1,16 +1,10 @@
 #include "checkpoint/checksum.h"
 
-#include <fcntl.h>
-#include <unistd.h>
 #include <xxhash.h>
 
-#include <cerrno>
 #include <charconv>
 #include <cstdio>
-#include <cstring>
-#include <vector>
 
-#include "absl/strings/str_cat.h"
 
 namespace shardline::checkpoint {
 
@@ -46,31 +40,16 @@ std::optional<uint64_t> ParseChecksumHex(std::string_view text) {
   return value;
 }
 
-absl::StatusOr<FileDigest> DigestFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const std::string message = absl::StrCat(path, ": cannot open: ", std::strerror(errno));
-    return errno == ENOENT ? absl::NotFoundError(message) : absl::InternalError(message);
-  }
-  // Sequential reads in large blocks: the kernel reads ahead, and the hash keeps up with it.
-  std::vector<std::byte> buffer(size_t{4} << 20);
+uint64_t FileChecksum(std::span<const std::byte> header_region,
+                      std::span<const uint64_t> tensor_checksums) {
   Xxh3 hash;
-  FileDigest digest;
-  for (;;) {
-    const ssize_t n = ::read(fd, buffer.data(), buffer.size());
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const std::string message = absl::StrCat(path, ": read: ", std::strerror(errno));
-      ::close(fd);
-      return absl::InternalError(message);
-    }
-    if (n == 0) break;
-    hash.Update(std::span<const std::byte>(buffer.data(), static_cast<size_t>(n)));
-    digest.bytes += static_cast<uint64_t>(n);
+  hash.Update(header_region);
+  for (const uint64_t checksum : tensor_checksums) {
+    std::byte bytes[8];
+    for (int i = 0; i < 8; ++i) bytes[i] = static_cast<std::byte>(checksum >> (8 * i));
+    hash.Update(bytes);
   }
-  ::close(fd);
-  digest.xxh3 = hash.Digest();
-  return digest;
+  return hash.Digest();
 }
 
 }  // namespace shardline::checkpoint

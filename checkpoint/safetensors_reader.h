@@ -50,6 +50,11 @@ class SafetensorsReader {
   absl::StatusOr<const TensorInfo*> Get(const std::string& name) const;
   // The tensor's bytes, valid while this reader lives.
   std::span<const std::byte> Data(const TensorInfo& info) const;
+  // The 8-byte header length and the header itself, as in the file (what FileChecksum covers
+  // besides the tensors).
+  std::span<const std::byte> HeaderRegion() const {
+    return {map_, static_cast<size_t>(data_ - map_)};
+  }
 
   // The tensor converted to fp32 (from F32, F64, F16 or BF16). NotFound when absent,
   // InvalidArgument for another dtype; both name the file and the tensor.

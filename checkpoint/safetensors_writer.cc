@@ -59,20 +59,18 @@ absl::StatusOr<SafetensorsWriter::Written> SafetensorsWriter::Finish(FileSystem&
 
   Written written;
   ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, fs.NewAtomicFile(path_));
-  Xxh3 file_hash;
-  const auto append = [&](std::span<const std::byte> bytes) -> absl::Status {
-    file_hash.Update(bytes);
-    written.bytes += bytes.size();
-    return file->Append(bytes);
-  };
-  RETURN_IF_ERROR(append(std::as_bytes(std::span<const unsigned char>(size_bytes))));
-  RETURN_IF_ERROR(append(std::as_bytes(std::span<const char>(header_text))));
+  std::string header_region(reinterpret_cast<const char*>(size_bytes), sizeof(size_bytes));
+  header_region += header_text;
+  RETURN_IF_ERROR(file->Append(std::as_bytes(std::span<const char>(header_region))));
+  std::vector<uint64_t> checksums;
   for (const TensorView* tensor : order) {
-    written.tensor_xxh3[tensor->name] = Xxh3Of(tensor->data);
-    RETURN_IF_ERROR(append(tensor->data));
+    checksums.push_back(Xxh3Of(tensor->data));
+    written.tensor_xxh3[tensor->name] = checksums.back();
+    RETURN_IF_ERROR(file->Append(tensor->data));
   }
   RETURN_IF_ERROR(file->Commit());
-  written.xxh3 = file_hash.Digest();
+  written.bytes = header_region.size() + offset;
+  written.xxh3 = FileChecksum(std::as_bytes(std::span<const char>(header_region)), checksums);
   return written;
 }
 

@@ -33,7 +33,8 @@ class SafetensorsWriter {
   // negative dimension, or a byte count that is not shape x dtype size.
   absl::Status Add(TensorView tensor);
 
-  // What Finish wrote: the file's size and XXH3-64, and each tensor's (of its bytes alone).
+  // What Finish wrote: the file's size and checksum (checksum.h's FileChecksum), and each
+  // tensor's XXH3-64 (of its bytes alone).
   struct Written {
     uint64_t bytes = 0;
     uint64_t xxh3 = 0;
@@ -42,7 +43,8 @@ class SafetensorsWriter {
 
   // Writes the file atomically through `fs` (FileSystem::NewAtomicFile): either the old file or
   // the complete new one is there afterwards, even across a crash. The checksums are taken of the
-  // bytes as they are written, not by reading the file back. Errors name the path and the call.
+  // bytes as they are written (each byte hashed once), not by reading the file back. Errors name
+  // the path and the call.
   absl::StatusOr<Written> Finish(FileSystem& fs = DefaultFileSystem());
 
   const std::string& path() const { return path_; }

@@ -186,7 +186,20 @@ std::vector<Damage> Damages() {
          FlipByteAt(RankFile(dir, 6), fs::file_size(RankFile(dir, 6)) / 2);
        },
        absl::StatusCode::kDataLoss,
-       {"rank-00000.safetensors", "fails its checksum", "the bytes of tensor '"}},
+       {"rank-00000.safetensors", "fails its checksum: the bytes of tensor '"}},
+      {"header edited",
+       [](const std::string& dir) {
+         // The rank file's own metadata says which step it is: "6" becomes "7", valid JSON still.
+         std::fstream file(RankFile(dir, 6), std::ios::in | std::ios::out | std::ios::binary);
+         std::string head(4096, '\0');
+         file.read(head.data(), static_cast<std::streamsize>(head.size()));
+         const size_t at = head.find("\"step\":\"6\"");
+         ASSERT_NE(at, std::string::npos);
+         file.clear();
+         file.seekp(static_cast<std::streamoff>(at + 8));
+         file.write("7", 1);
+       },
+       absl::StatusCode::kDataLoss, {"rank-00000.safetensors", "its header changed"}},
       {"manifest without a tensor",
        [](const std::string& dir) {
          EditManifest(dir, 6, [](nlohmann::json& m) { m["tensors"].erase("h.1.fc.b"); });
@@ -382,11 +395,11 @@ TEST(CheckpointIntegrityTest, ACrashAtAnyPointOfASaveLeavesTheLastCommittedStepL
     ++crashes;
   }
   // Every operation of the save was a crash point: the step folder, the rank file's open, its
-  // appends (size, header, each of the 3 × P tensors of P parameters) and commit, then the
+  // appends (the header, each of the 3 × P tensors of P parameters) and commit, then the
   // manifest's and latest's open, append and commit.
   const checkpoint::Gpt2Config config = placement::CheckpointConfigOf(Spec("", 1, 0).model);
   const int parameters = static_cast<int>(checkpoint::Gpt2TensorSpecs(config).size());
-  EXPECT_EQ(crashes, 1 + 1 + 2 + 3 * parameters + 1 + 3 + 3);
+  EXPECT_EQ(crashes, 1 + 1 + 1 + 3 * parameters + 1 + 3 + 3);
   // And a run resumed after a crash in the middle of the rank file finishes the job.
   const std::string dir = root + "/resume";
   fs::copy(root + "/base", dir, fs::copy_options::recursive);
