@@ -1510,7 +1510,10 @@ void Coordinator::FillTrainProgress(wire::TrainProgress::Builder out, const Job&
     skipped[static_cast<unsigned>(i)].setStep(progress.skipped[i].step);
     skipped[static_cast<unsigned>(i)].setReason(CapText(progress.skipped[i].reason));
   }
-  if (progress.resume_manifest.empty()) out.setInitializedFrom(CapText(spec.init_from));
+  // init_from is used only by a start that resumes nothing, once that is decided.
+  if (progress.start == TrainRecord::Start::kDecided && progress.resume_manifest.empty()) {
+    out.setInitializedFrom(CapText(spec.init_from));
+  }
 }
 
 void Coordinator::Persist(const Job& job) {
