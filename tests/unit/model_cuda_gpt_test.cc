@@ -254,7 +254,7 @@ TEST(CudaGptTrainingTest, Fp32AndBf16TrainAsTheCpuDoes) {
   }
 }
 
-TEST(CudaGptTrainingTest, LoadStateRoundTripsAndBadInputIsRefusedBeforeAnyWork) {
+TEST(CudaGptTrainingTest, StateRoundTripsAndBadInputIsRefusedBeforeAnyWork) {
   SKIP_WITHOUT_GPU();
   const GptConfig config = TinyConfig(false);
   auto gpu = CudaModel(config, GemmPrecision::kBFloat16);
@@ -268,6 +268,37 @@ TEST(CudaGptTrainingTest, LoadStateRoundTripsAndBadInputIsRefusedBeforeAnyWork) 
   EXPECT_EQ(0, std::memcmp(back->data(), values.data(), values.size() * sizeof(float)));
   EXPECT_EQ(gpu->LoadState(std::span<const float>(values).first(10), {}, {}).code(),
             absl::StatusCode::kInvalidArgument);
+
+  // The whole training state: after AdamW steps on the GPU, CopyState and LoadState carry the
+  // parameters and both moments bit for bit, in either direction between the GPU and the CPU
+  // (a checkpoint written on one resumes on the other).
+  Batch batch = MakeBatch(config.vocab);
+  AdamWOptions adam;
+  adam.adamw.learning_rate = 1e-3f;
+  for (int step = 1; step <= 2; ++step) {
+    gpu->ZeroGrad();
+    ASSERT_TRUE(gpu->Forward(batch.tokens, batch.targets, batch.B, batch.T).ok());
+    ASSERT_TRUE(gpu->Backward().ok());
+    ASSERT_TRUE(gpu->AdamWStep(adam, step).ok());
+  }
+  const size_t n = values.size();
+  std::vector<float> state(3 * n);
+  ASSERT_TRUE(gpu->CopyState(state).ok());
+  EXPECT_TRUE(std::any_of(state.begin() + 2 * n, state.end(), [](float v) { return v != 0; }))
+      << "the second moments after two steps are not all zero";
+  kernels::CpuAllocator allocator;
+  auto cpu = GptModel::Create(config, allocator).value();
+  const std::span<const float> all(state);
+  ASSERT_TRUE(cpu->LoadState(all.first(n), all.subspan(n, n), all.subspan(2 * n, n)).ok());
+  std::vector<float> on_cpu(3 * n);
+  ASSERT_TRUE(cpu->CopyState(on_cpu).ok());
+  EXPECT_EQ(0, std::memcmp(on_cpu.data(), state.data(), state.size() * sizeof(float)));
+  auto again = CudaModel(config, GemmPrecision::kBFloat16);
+  ASSERT_NE(again, nullptr);
+  ASSERT_TRUE(again->LoadState(all.first(n), all.subspan(n, n), all.subspan(2 * n, n)).ok());
+  std::vector<float> on_gpu(3 * n);
+  ASSERT_TRUE(again->CopyState(on_gpu).ok());
+  EXPECT_EQ(0, std::memcmp(on_gpu.data(), state.data(), state.size() * sizeof(float)));
 
   Batch b = MakeBatch(config.vocab);
   b.tokens[7] = config.vocab;  // outside the vocabulary
@@ -293,8 +324,8 @@ TEST(CudaGptTrainingTest, ShardlineTrainOnCudaLearnsAndItsCheckpointLoadsOnTheCp
                            ("shardline-cuda-train-" + std::to_string(::getpid())))
                               .string();
   std::filesystem::remove_all(dir);
-  spec->checkpoint_dir = dir;
-  auto result = training::Train(*spec, nullptr);
+  spec->checkpoint.dir = dir;
+  auto result = training::Train(*spec, {});
   ASSERT_TRUE(result.ok()) << result.status();
   // The CPU run of this spec (training_test.cc, LossFallsAndRerunsAreBitIdentical) ends at 2.16
   // and is held below 2.6; bf16 GEMMs are held to the same bound.
