@@ -362,22 +362,10 @@ absl::Status SyncRankLoop(const BenchOptions& o, const std::string& checkpoints,
   ASSIGN_OR_RETURN(const placement::JobSpec job,
                    placement::ParseJobSpec(JobYaml(o, checkpoints), "checkpoint_bench.yaml"));
   const placement::TrainSpec& spec = job.train;
-  ASSIGN_OR_RETURN(const placement::RankGrid grid,
-                   placement::RankGrid::Create(job.parallel.tp, job.parallel.pp, job.parallel.dp));
+  ASSIGN_OR_RETURN(const model::ShardedOptions sharded, training::ShardedOptionsOf(job, rank));
   ASSIGN_OR_RETURN(data::TextDataset dataset, training::LoadTrainingData(spec.data));
   ASSIGN_OR_RETURN(data::Sampler sampler,
                    data::Sampler::Create(dataset, spec.seq_len, spec.batch, spec.seed));
-  model::ShardedOptions sharded;
-  sharded.config = training::ModelConfigOf(spec.model);
-  sharded.parallel = job.parallel;
-  sharded.coords = grid.Coords(rank);
-  sharded.global_batch = spec.batch;
-  sharded.seq_len = static_cast<int>(spec.seq_len);
-  sharded.adamw.adamw.beta1 = static_cast<float>(spec.optimizer.beta1);
-  sharded.adamw.adamw.beta2 = static_cast<float>(spec.optimizer.beta2);
-  sharded.adamw.adamw.eps = static_cast<float>(spec.optimizer.eps);
-  sharded.adamw.adamw.weight_decay = static_cast<float>(spec.optimizer.weight_decay);
-  sharded.adamw.max_grad_norm = spec.optimizer.grad_clip;
   kernels::CpuAllocator allocator;
   ASSIGN_OR_RETURN(auto gpt, model::ShardedGpt::Create(sharded, groups, allocator));
   gpt->InitGpt2(spec.seed);
@@ -385,16 +373,9 @@ absl::Status SyncRankLoop(const BenchOptions& o, const std::string& checkpoints,
   worker::AsyncShardWriter writer(worker::MakeShardPlan(gpt->StatePieces()), rank, file_system,
                                   /*on_written=*/nullptr);
   for (int64_t step = 1; step <= spec.steps; ++step) {
-    auto source = [&](int64_t first, int64_t count, std::vector<int32_t>& inputs,
-                      std::vector<int32_t>& targets) -> absl::Status {
-      ASSIGN_OR_RETURN(data::Batch batch,
-                       sampler.MicroBatch(static_cast<uint64_t>(step - 1), first, count));
-      inputs.assign(batch.inputs.begin(), batch.inputs.end());
-      targets.assign(batch.targets.begin(), batch.targets.end());
-      return absl::OkStatus();
-    };
     const float lr = static_cast<float>(training::LearningRateAt(spec.optimizer, step));
-    ASSIGN_OR_RETURN(const model::StepStats stats, gpt->TrainStep(source, step, lr));
+    ASSIGN_OR_RETURN(const model::StepStats stats,
+                     gpt->TrainStep(training::StepSamples(sampler, step), step, lr));
     double end = Now();
     if (training::SavesAfter(spec, step, step == spec.steps)) {
       const double stall = end;

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "tests/integration/local_cluster.h"
+#include "tests/support/step_time_job.h"
 
 namespace shardline {
 namespace {
@@ -31,6 +32,7 @@ namespace {
 using namespace std::chrono_literals;
 using nlohmann::json;
 using shardline::testing::LocalCluster;
+using shardline::testing::StepTimeJob;
 
 constexpr double kTarget = 0.25;  // issue 5: |measured / predicted - 1| <= 25%
 
@@ -43,30 +45,6 @@ struct Layout {
 constexpr Layout kLayouts[] = {
     {"dp2", "{dp: 2}"}, {"dp2-zero3", "{dp: 2, zero: 3}"}, {"pp2", "{pp: 2}"}, {"tp2", "{tp: 2}"}};
 
-// The test's job (tests/integration/cluster_step_time_test.cc). The model is wide enough
-// (d_model 256) that compute, which calibration measures at this width, dominates the step.
-std::string TrainJob(const std::string& name, const std::string& parallel) {
-  return "name: " + name +
-         "\n"
-         "kind: train\n"
-         "devices: cpu\n"
-         "model:\n"
-         "  layers: 4\n"
-         "  heads: 8\n"
-         "  d_model: 256\n"
-         "  max_seq_len: 128\n"
-         "data:\n"
-         "  synthetic: {seed: 3, bytes: 256KiB}\n"
-         "optimizer:\n"
-         "  lr: 1.0e-3\n"
-         "steps: 8\n"
-         "batch: 8\n"
-         "micro_batch: 2\n"
-         "seq_len: 128\n"
-         "log_interval: 4\n"
-         "parallel: " +
-         parallel + "\n";
-}
 
 struct Run {
   double predicted = 0;  // s/step
@@ -81,7 +59,7 @@ bool RunJob(LocalCluster& cluster, const Layout& layout, int run, Run& out) {
                  cluster.Log("coordinator").c_str());
     return false;
   };
-  auto job_id = cluster.Submit(TrainJob(layout.name, layout.parallel));
+  auto job_id = cluster.Submit(StepTimeJob(layout.name, layout.parallel));
   if (!job_id.ok()) return fail("submit: " + job_id.status().ToString());
   auto job = cluster.WaitForJobEnd(*job_id, 300s);
   if (!job.ok()) return fail("waiting for the job: " + job.status().ToString());

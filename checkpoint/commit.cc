@@ -13,15 +13,6 @@ namespace {
 
 namespace stdfs = std::filesystem;
 
-bool PlainRelativeName(const std::string& file) {
-  const stdfs::path path(file);
-  if (path.is_absolute()) return false;
-  for (const auto& part : path.lexically_normal()) {
-    if (part == "..") return false;
-  }
-  return true;
-}
-
 absl::Status CheckShardAlone(const SavedShard& shard) {
   const std::string where = absl::StrCat("rank ", shard.rank, "'s shard ", shard.file);
   const auto error = [&](const std::string& what) {
@@ -32,7 +23,7 @@ absl::Status CheckShardAlone(const SavedShard& shard) {
     if (shard.pieces.empty()) return absl::OkStatus();
     return error("pieces listed without a file name");
   }
-  if (!PlainRelativeName(shard.file)) {
+  if (!IsNameInsideStepFolder(shard.file)) {
     return error("the file must be a name inside the step's folder");
   }
   std::set<std::string> in_file;

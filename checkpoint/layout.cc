@@ -44,6 +44,15 @@ std::string ShardFileName(int64_t rank) {
   return name;
 }
 
+bool IsNameInsideStepFolder(const std::string& file) {
+  const stdfs::path path(file);
+  if (file.empty() || path.is_absolute()) return false;
+  for (const auto& part : path.lexically_normal()) {
+    if (part == "..") return false;
+  }
+  return true;
+}
+
 std::string StepDir(const std::string& dir, int64_t step) {
   return (stdfs::path(dir) / StepDirName(step)).string();
 }

@@ -32,6 +32,10 @@ std::string StepDirName(int64_t step);
 std::optional<int64_t> ParseStepDirName(std::string_view name);
 // "rank-00003.safetensors".
 std::string ShardFileName(int64_t rank);
+// Whether `file` names something inside a step's folder: relative, and no ".." in it. A manifest
+// names its files so; one that leaves the folder could not be found by a loader that copied the
+// step elsewhere, and could point a writer anywhere.
+bool IsNameInsideStepFolder(const std::string& file);
 
 // DIR/step-NNNNNNNN and DIR/step-NNNNNNNN/manifest.json.
 std::string StepDir(const std::string& dir, int64_t step);

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/checksum.h"
+#include "checkpoint/layout.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -23,17 +24,6 @@ bool Intersect(const ShardSlice& a, const ShardSlice& b) {
     if (a.offsets[d] + a.shape[d] <= b.offsets[d] || b.offsets[d] + b.shape[d] <= a.offsets[d]) {
       return false;
     }
-  }
-  return true;
-}
-
-// A manifest names its files relative to its folder; one that leaves it could not be found by a
-// loader that copied the step's folder elsewhere, and could point a writer anywhere.
-bool PlainRelativeName(const std::string& file) {
-  const std::filesystem::path path(file);
-  if (file.empty() || path.is_absolute()) return false;
-  for (const auto& part : path.lexically_normal()) {
-    if (part == "..") return false;
   }
   return true;
 }
@@ -146,7 +136,7 @@ absl::Status ValidateManifest(const Manifest& manifest, const std::string& sourc
   if (manifest.world_size < 1) return error(absl::StrCat("world_size ", manifest.world_size));
   if (manifest.step < 0) return error(absl::StrCat("step ", manifest.step));
   for (const auto& [name, file] : manifest.files) {
-    if (!PlainRelativeName(name)) {
+    if (!IsNameInsideStepFolder(name)) {
       return error(absl::StrCat("file \"", name, "\" is not a name inside the step's folder"));
     }
     if (file.rank < 0 || file.rank >= manifest.world_size) {

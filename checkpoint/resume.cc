@@ -1,6 +1,7 @@
 #include "checkpoint/resume.h"
 
 #include <filesystem>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/layout.h"
@@ -17,14 +18,19 @@ std::string Canonical(const std::string& path) {
   return ec ? stdfs::path(path).lexically_normal().string() : canonical.string();
 }
 
-}  // namespace
+// DecideResume, and the manifest of the step it chose, read (and verified) once.
+struct Decided {
+  ResumeDecision decision;
+  std::optional<Manifest> manifest;
+};
 
-absl::StatusOr<ResumeDecision> DecideResume(const ResumeRequest& request) {
+absl::StatusOr<Decided> Decide(const ResumeRequest& request) {
   std::vector<int64_t> committed;
   if (!request.dir.empty()) {
     ASSIGN_OR_RETURN(committed, CommittedSteps(request.dir));
   }
-  ResumeDecision decision;
+  Decided decided;
+  ResumeDecision& decision = decided.decision;
   switch (request.mode) {
     case ResumeMode::kNone:
       if (!committed.empty()) {
@@ -33,23 +39,24 @@ absl::StatusOr<ResumeDecision> DecideResume(const ResumeRequest& request) {
             committed.back(), "): resume: none would write a new run over them; resume it "
             "(resume: latest), or give the new run another checkpoint.dir"));
       }
-      return decision;
+      return decided;
     case ResumeMode::kLatest:
       for (auto step = committed.rbegin(); step != committed.rend(); ++step) {
         const std::string manifest = ManifestPath(request.dir, *step);
-        const absl::Status verified = VerifyStep(manifest, request.depth);
+        absl::StatusOr<Manifest> verified = ReadVerifiedStep(manifest, request.depth);
         if (verified.ok()) {
           decision.manifest = manifest;
           decision.step = *step;
-          return decision;
+          decided.manifest = std::move(*verified);
+          return decided;
         }
-        decision.skipped.push_back(SkippedStep{*step, std::string(verified.message())});
+        decision.skipped.push_back(SkippedStep{*step, std::string(verified.status().message())});
       }
       if (!decision.skipped.empty()) {
         return absl::DataLossError(absl::StrCat("no committed step of ", request.dir,
                                                 " verifies: ", DescribeSkipped(decision.skipped)));
       }
-      return decision;
+      return decided;
     case ResumeMode::kPath: {
       ASSIGN_OR_RETURN(const std::string manifest, ResolveCheckpoint(request.path));
       if (!IsManifestPath(manifest)) {
@@ -58,11 +65,10 @@ absl::StatusOr<ResumeDecision> DecideResume(const ResumeRequest& request) {
             "), not a checkpoint step with optimizer state; start from its parameters with "
             "init_from instead"));
       }
-      RETURN_IF_ERROR(VerifyStep(manifest, request.depth));
-      ASSIGN_OR_RETURN(const Manifest read, ReadManifest(manifest));
+      ASSIGN_OR_RETURN(decided.manifest, ReadVerifiedStep(manifest, request.depth));
       decision.manifest = manifest;
-      decision.step = read.step;
-      if (committed.empty()) return decision;
+      decision.step = decided.manifest->step;
+      if (committed.empty()) return decided;
       const bool own_dir = Canonical(stdfs::path(manifest).parent_path().parent_path().string()) ==
                            Canonical(request.dir);
       if (!own_dir) {
@@ -77,10 +83,28 @@ absl::StatusOr<ResumeDecision> DecideResume(const ResumeRequest& request) {
             committed.back(), " of ", request.dir, ", which resuming would write over; resume from ",
             "the newest (resume: latest), or resume into another checkpoint.dir"));
       }
-      return decision;
+      return decided;
     }
   }
   return absl::InternalError("unknown resume mode");
+}
+
+}  // namespace
+
+absl::StatusOr<ResumeDecision> DecideResume(const ResumeRequest& request) {
+  ASSIGN_OR_RETURN(Decided decided, Decide(request));
+  return std::move(decided.decision);
+}
+
+absl::Status CheckCanResume(const Manifest& manifest, const Gpt2Config& config,
+                            const TrainState& train, const std::string& where) {
+  if (!HasOptimizerState(manifest)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": it holds parameters only (no AdamW moments), so a run cannot "
+                            "resume from it; start a new run from its parameters with init_from"));
+  }
+  ASSIGN_OR_RETURN(const Gpt2Config stored, Gpt2ConfigFromMetadata(manifest.metadata, where));
+  return CheckResumable(stored, manifest.train, config, train, where);
 }
 
 absl::StatusOr<std::vector<std::string>> PrepareForResume(FileSystem& fs, const std::string& dir,
@@ -107,20 +131,14 @@ absl::StatusOr<std::vector<std::string>> PrepareForResume(FileSystem& fs, const 
 
 absl::StatusOr<ResumePlan> PlanResume(FileSystem& fs, const ResumeRequest& request,
                                       const Gpt2Config& config, const TrainState& train) {
+  ASSIGN_OR_RETURN(Decided decided, Decide(request));
   ResumePlan plan;
-  ASSIGN_OR_RETURN(plan.decision, DecideResume(request));
-  if (!plan.decision.manifest.empty()) {
-    const std::string where = "resuming from " + plan.decision.manifest;
-    ASSIGN_OR_RETURN(const Manifest manifest, ReadManifest(plan.decision.manifest));
-    if (!HasOptimizerState(manifest)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": it holds parameters only (no AdamW moments), so a run cannot "
-                              "resume from it; start a new run from its parameters with init_from"));
-    }
-    ASSIGN_OR_RETURN(const Gpt2Config stored, Gpt2ConfigFromMetadata(manifest.metadata, where));
+  plan.decision = std::move(decided.decision);
+  if (decided.manifest) {
     TrainState wanted = train;
     wanted.data.tokens = 0;  // not loaded here
-    RETURN_IF_ERROR(CheckResumable(stored, manifest.train, config, wanted, where));
+    RETURN_IF_ERROR(CheckCanResume(*decided.manifest, config, wanted,
+                                   "resuming from " + plan.decision.manifest));
   }
   ASSIGN_OR_RETURN(plan.prepared, PrepareForResume(fs, request.dir, plan.decision));
   return plan;

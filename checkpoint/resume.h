@@ -53,6 +53,12 @@ absl::StatusOr<ResumeDecision> DecideResume(const ResumeRequest& request);
 absl::StatusOr<std::vector<std::string>> PrepareForResume(FileSystem& fs, const std::string& dir,
                                                           const ResumeDecision& decision);
 
+// OK when a run of `config` and `train` can resume from the step `manifest` describes: it holds
+// optimizer state, and its model and train settings are the run's (CheckResumable; the tokens
+// only when both sides know them). InvalidArgument prefixed by `where`.
+absl::Status CheckCanResume(const Manifest& manifest, const Gpt2Config& config,
+                            const TrainState& train, const std::string& where);
+
 // All a run does before its first step, for whoever decides where it starts (`shardline train`, or
 // the coordinator for every rank of a job): DecideResume; then, when it resumes, that the step can
 // be resumed by a run of `config` and `train` (CheckResumable, without the tokens: those are

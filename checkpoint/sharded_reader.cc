@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/checksum.h"
+#include "checkpoint/verify.h"
 #include "common/status_macros.h"
 
 namespace shardline::checkpoint {
@@ -52,13 +53,7 @@ absl::StatusOr<const SafetensorsReader*> ShardedReader::File(const std::string& 
       directory_.empty() ? file : (std::filesystem::path(directory_) / file).string();
   // A truncated file is named as such before its header is read (whose error would say less).
   if (const auto info = manifest_.files.find(file); info != manifest_.files.end()) {
-    std::error_code ec;
-    const uintmax_t size = std::filesystem::file_size(full, ec);
-    if (!ec && size != info->second.bytes) {
-      return absl::DataLossError(absl::StrCat(full, " has ", size, " bytes, the manifest says ",
-                                              info->second.bytes,
-                                              size < info->second.bytes ? " (truncated)" : ""));
-    }
+    RETURN_IF_ERROR(CheckFileSize(full, info->second.bytes, full));
   }
   ASSIGN_OR_RETURN(SafetensorsReader opened, SafetensorsReader::Open(full));
   return &files_->open.emplace(file, std::move(opened)).first->second;

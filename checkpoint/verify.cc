@@ -126,26 +126,32 @@ absl::Status CheckModelTensors(const Manifest& manifest, const std::string& wher
   return absl::OkStatus();
 }
 
+absl::Status CheckFileSize(const std::string& path, uint64_t expected, const std::string& which) {
+  std::error_code ec;
+  const uintmax_t size = stdfs::file_size(path, ec);
+  if (ec) return absl::NotFoundError(absl::StrCat(which, " is missing (", ec.message(), ")"));
+  if (size == expected) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat(which, " has ", size, " bytes, the manifest says ",
+                                          expected, size < expected ? " (truncated)" : ""));
+}
+
 absl::Status VerifyStep(const std::string& manifest_path, VerifyDepth depth) {
-  ASSIGN_OR_RETURN(const Manifest manifest, ReadManifest(manifest_path));
+  return ReadVerifiedStep(manifest_path, depth).status();
+}
+
+absl::StatusOr<Manifest> ReadVerifiedStep(const std::string& manifest_path, VerifyDepth depth) {
+  ASSIGN_OR_RETURN(Manifest manifest, ReadManifest(manifest_path));
   const std::string where = absl::StrCat("checkpoint step ", manifest.step);
   RETURN_IF_ERROR(CheckModelTensors(manifest, absl::StrCat(where, " (", manifest_path, ")")));
   const std::string directory = stdfs::path(manifest_path).parent_path().string();
   for (const auto& [name, file] : manifest.files) {
     const std::string path = (stdfs::path(directory) / name).string();
     const std::string which = absl::StrCat(where, ": rank ", file.rank, "'s file ", path);
-    std::error_code ec;
-    const uintmax_t size = stdfs::file_size(path, ec);
-    if (ec) return absl::NotFoundError(absl::StrCat(which, " is missing (", ec.message(), ")"));
-    if (size != file.bytes) {
-      return absl::DataLossError(absl::StrCat(which, " has ", size, " bytes, the manifest says ",
-                                              file.bytes,
-                                              size < file.bytes ? " (truncated)" : ""));
-    }
+    RETURN_IF_ERROR(CheckFileSize(path, file.bytes, which));
     if (depth == VerifyDepth::kSizes) continue;
     RETURN_IF_ERROR(CheckFileContents(manifest, path, name, which));
   }
-  return absl::OkStatus();
+  return manifest;
 }
 
 }  // namespace shardline::checkpoint

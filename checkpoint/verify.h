@@ -20,9 +20,15 @@ absl::Status CheckModelTensors(const Manifest& manifest, const std::string& wher
 // Whether `name` has the form of one of our GPT parameters of some config ("wte", "h.3.fc.w").
 bool LooksLikeGpt2Parameter(const std::string& name);
 
+// That the rank file at `path` has the size its writer reported: NotFound when it is missing,
+// DataLoss when it has another size (saying "truncated" when shorter); both prefixed by `which`.
+absl::Status CheckFileSize(const std::string& path, uint64_t expected, const std::string& which);
+
+// kChecksums first: a value-initialised depth is the thorough one.
 enum class VerifyDepth {
-  kSizes,      // every file is there with its size: catches missing and truncated shards
-  kChecksums,  // and its bytes hash to the manifest's checksum: catches any changed byte
+  kChecksums,  // every file is there with its size, and its bytes hash to the manifest's
+               // checksums: catches any changed byte
+  kSizes,      // only the sizes: catches missing and truncated shards
 };
 
 // Checks the committed step whose manifest is at `manifest_path`: the manifest parses and
@@ -32,5 +38,8 @@ enum class VerifyDepth {
 // file, DataLoss for a file of the wrong size or content.
 absl::Status VerifyStep(const std::string& manifest_path,
                         VerifyDepth depth = VerifyDepth::kChecksums);
+// The same, handing out the manifest it verified (for callers that go on to use it).
+absl::StatusOr<Manifest> ReadVerifiedStep(const std::string& manifest_path,
+                                          VerifyDepth depth = VerifyDepth::kChecksums);
 
 }  // namespace shardline::checkpoint

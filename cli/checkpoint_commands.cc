@@ -19,6 +19,7 @@
 #include "cli/commands.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
+#include "placement/byte_size.h"
 #include "worker/training/model_checkpoint.h"
 
 namespace shardline::cli {
@@ -37,19 +38,6 @@ constexpr int kBadInput = 2;
 int Fail(int code, absl::string_view message) {
   std::cerr << "error: " << message << "\n";
   return code;
-}
-
-std::string HumanBytes(uint64_t bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double value = static_cast<double>(bytes);
-  int unit = 0;
-  while (value >= 1024 && unit < 4) {
-    value /= 1024;
-    ++unit;
-  }
-  char text[32];
-  std::snprintf(text, sizeof(text), unit == 0 ? "%.0f %s" : "%.1f %s", value, units[unit]);
-  return text;
 }
 
 // "a/b/" and "a/b" name the same folder; filename() of the first is empty.
@@ -245,7 +233,7 @@ void PrintStepLine(const StepReport& report) {
   if (!report.committed) {
     std::cout << "uncommitted (no " << checkpoint::kManifestFileName
               << ": an interrupted or unfinished save), " << Plural(report.files, "file", "files")
-              << ", " << HumanBytes(report.bytes) << " on disk\n";
+              << ", " << placement::FormatApproxByteSize(static_cast<double>(report.bytes)) << " on disk\n";
     return;
   }
   if (!report.manifest.ok()) {
@@ -256,7 +244,7 @@ void PrintStepLine(const StepReport& report) {
   }
   const checkpoint::Manifest& manifest = *report.manifest;
   std::cout << checkpoint::PlanSummary(manifest.plan) << ", world size " << manifest.world_size
-            << ", " << Plural(report.files, "file", "files") << ", " << HumanBytes(report.bytes)
+            << ", " << Plural(report.files, "file", "files") << ", " << placement::FormatApproxByteSize(static_cast<double>(report.bytes))
             << " (" << report.bytes << " bytes), "
             << (checkpoint::HasOptimizerState(manifest) ? "with optimizer state"
                                                         : "parameters only")

@@ -44,9 +44,8 @@ int Train(const TrainOptions& options) {
     }
   }
   if (!options.init_from.empty()) spec->init_from = options.init_from;
-  if (!spec->init_from.empty() && spec->checkpoint.resume == checkpoint::ResumeMode::kPath) {
-    std::cerr << "error: give either an init_from (parameters only, a fresh optimizer) or a "
-                 "checkpoint to resume (the whole state), not both\n";
+  if (const absl::Status s = placement::CheckStartSources(*spec); !s.ok()) {
+    std::cerr << "error: " << s.message() << "\n";
     return 2;
   }
   // --device picks the device's default precision unless --precision is given too.

@@ -149,15 +149,23 @@ absl::Status ParseTrainSections(const YamlMap& map, TrainSpec& spec) {
                    map.OptionalMap("checkpoint", {"dir", "interval", "keep", "resume"}));
   ASSIGN_OR_RETURN(spec.checkpoint, ParseCheckpoint(checkpoint));
   ASSIGN_OR_RETURN(spec.init_from, map.OptionalString("init_from", ""));
-  if (!spec.init_from.empty() && spec.checkpoint.resume == checkpoint::ResumeMode::kPath) {
-    return map.ErrorAt("init_from", "give either init_from (parameters only, a fresh optimizer) "
-                                    "or checkpoint.resume: PATH (the whole state), not both");
+  if (const absl::Status sources = CheckStartSources(spec); !sources.ok()) {
+    return map.ErrorAt("init_from", std::string(sources.message()));
   }
   ASSIGN_OR_RETURN(spec.log_interval, map.OptionalInt64("log_interval", 10, {.min = 1}));
   return absl::OkStatus();
 }
 
 }  // namespace internal
+
+absl::Status CheckStartSources(const TrainSpec& spec) {
+  if (spec.init_from.empty() || spec.checkpoint.resume != checkpoint::ResumeMode::kPath) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      "give either init_from (parameters only, a fresh optimizer) or checkpoint.resume: PATH (the "
+      "whole state), not both");
+}
 
 absl::Status SetResume(std::string_view resume, CheckpointSpec& checkpoint) {
   checkpoint.resume_path.clear();

@@ -97,6 +97,9 @@ struct TrainSpec {
 // wrong; the caller adds where.
 absl::Status SetTrainDevice(std::string_view device, TrainSpec& spec);
 absl::Status SetTrainPrecision(std::string_view precision, TrainSpec& spec);
+// OK unless `spec` gives both init_from and checkpoint.resume: PATH (a run starts from one or the
+// other); InvalidArgument saying so, the caller adds where.
+absl::Status CheckStartSources(const TrainSpec& spec);
 // checkpoint.resume from its YAML spelling (or --resume): "latest", "none", or anything else as
 // the path of a step. InvalidArgument for an empty one.
 absl::Status SetResume(std::string_view resume, CheckpointSpec& checkpoint);

@@ -11,6 +11,7 @@
 #include "checkpoint/safetensors_reader.h"
 #include "nlohmann/json.hpp"
 #include "tests/integration/local_cluster.h"
+#include "tests/support/file_damage.h"
 
 namespace shardline::testing {
 namespace {
@@ -165,15 +166,7 @@ TEST_F(CliCheckpointTest, VerifyNamesTheFileAndTensorOfAChangedByte) {
     in.read(reinterpret_cast<char*>(&header), 8);  // little-endian, as this machine
     offset = 8 + header + info->begin + 100;
   }
-  {
-    std::fstream io(file, std::ios::binary | std::ios::in | std::ios::out);
-    io.seekg(static_cast<std::streamoff>(offset));
-    char byte = 0;
-    io.read(&byte, 1);
-    byte ^= 0x10;
-    io.seekp(static_cast<std::streamoff>(offset));
-    io.write(&byte, 1);
-  }
+  FlipBits(file, static_cast<int64_t>(offset), 0x10);
   const CommandResult bad = RunShardline({"checkpoint", "inspect", ckpt, "--verify"});
   EXPECT_EQ(bad.exit_code, 1) << bad.output;
   EXPECT_THAT(bad.output, AllOf(HasSubstr("verify: FAILED"), HasSubstr("step-00000060"),

@@ -19,6 +19,7 @@
 #include "checkpoint/manifest.h"
 #include "checkpoint/verify.h"
 #include "tests/integration/local_cluster.h"
+#include "tests/support/file_damage.h"
 #include "worker/training/model_checkpoint.h"
 
 namespace shardline::testing {
@@ -159,16 +160,7 @@ TEST_F(ClusterCheckpointTest, AJobSkipsADamagedStepSaysWhyAndRefusesASpecItCanno
   ASSERT_EQ(RunShardline({"train", spec}, 120s).exit_code, 0);
   // One changed byte halfway through step 4's only file.
   const std::string file = checkpoint::StepDir(dir, 4) + "/rank-00000.safetensors";
-  {
-    std::fstream bytes(file, std::ios::in | std::ios::out | std::ios::binary);
-    const auto middle = static_cast<std::streamoff>(fs::file_size(file) / 2);
-    bytes.seekg(middle);
-    char byte = 0;
-    bytes.read(&byte, 1);
-    byte ^= 0x40;
-    bytes.seekp(middle);
-    bytes.write(&byte, 1);
-  }
+  FlipBits(file, static_cast<int64_t>(fs::file_size(file) / 2), 0x40);
 
   // A spec the checkpoint cannot be resumed into fails before anything is spawned.
   const json refused = RunJob(Job("other-model", "{tp: 1, pp: 1, dp: 2}",

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "tests/integration/local_cluster.h"
+#include "tests/support/step_time_job.h"
 
 namespace shardline::testing {
 namespace {
@@ -34,30 +35,6 @@ struct Layout {
 // those hold pointers that change from one build to the next.
 void PrintTo(const Layout& layout, std::ostream* out) { *out << layout.parallel; }
 
-// The same job as bench/step_time_prediction_bench.cc runs, so that what ctest checks is what
-// the benchmark measures.
-std::string TrainJob(const std::string& name, const std::string& parallel) {
-  return "name: " + name +
-         "\n"
-         "kind: train\n"
-         "devices: cpu\n"
-         "model:\n"
-         "  layers: 4\n"
-         "  heads: 8\n"
-         "  d_model: 256\n"
-         "  max_seq_len: 128\n"
-         "data:\n"
-         "  synthetic: {seed: 3, bytes: 256KiB}\n"
-         "optimizer:\n"
-         "  lr: 1.0e-3\n"
-         "steps: 8\n"
-         "batch: 8\n"
-         "micro_batch: 2\n"
-         "seq_len: 128\n"
-         "log_interval: 4\n"
-         "parallel: " +
-         parallel + "\n";
-}
 
 class ClusterStepTimeTest : public ::testing::TestWithParam<Layout> {
  protected:
@@ -72,7 +49,7 @@ class ClusterStepTimeTest : public ::testing::TestWithParam<Layout> {
 
 TEST_P(ClusterStepTimeTest, CalibratedPredictionAndMeasurementShown) {
   const Layout& layout = GetParam();
-  auto job_id = cluster_.Submit(TrainJob(layout.name, layout.parallel));
+  auto job_id = cluster_.Submit(StepTimeJob(layout.name, layout.parallel));
   ASSERT_TRUE(job_id.ok()) << job_id.status();
   auto job = cluster_.WaitForJobEnd(*job_id, 300s);
   ASSERT_TRUE(job.ok()) << job.status() << cluster_.Log("coordinator");

@@ -28,6 +28,7 @@
 #include "nlohmann/json.hpp"
 #include "placement/checkpoint_state.h"
 #include "placement/train_spec.h"
+#include "tests/support/file_damage.h"
 #include "tests/support/forked_world.h"
 #include "tests/support/test_file_systems.h"
 #include "tests/support/tiny_train_spec.h"
@@ -146,16 +147,6 @@ std::string RankFile(const std::string& dir, int64_t step) {
   return (fs::path(checkpoint::StepDir(dir, step)) / checkpoint::ShardFileName(0)).string();
 }
 
-void FlipByteAt(const std::string& path, uintmax_t offset) {
-  std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
-  file.seekg(static_cast<std::streamoff>(offset));
-  char byte = 0;
-  file.read(&byte, 1);
-  byte ^= 0x01;
-  file.seekp(static_cast<std::streamoff>(offset));
-  file.write(&byte, 1);
-}
-
 void EditManifest(const std::string& dir, int64_t step,
                   const std::function<void(nlohmann::json&)>& edit) {
   const std::string path = checkpoint::ManifestPath(dir, step);
@@ -183,7 +174,7 @@ std::vector<Damage> Damages() {
       {"flipped byte",
        [](const std::string& dir) {
          // Halfway into the file: inside the data of one tensor.
-         FlipByteAt(RankFile(dir, 6), fs::file_size(RankFile(dir, 6)) / 2);
+         testing::FlipBits(RankFile(dir, 6), static_cast<int64_t>(fs::file_size(RankFile(dir, 6)) / 2));
        },
        absl::StatusCode::kDataLoss,
        {"rank-00000.safetensors", "fails its checksum: the bytes of tensor '"}},
@@ -237,7 +228,7 @@ TEST(CheckpointIntegrityTest, EveryKindOfDamageIsNamedAndResumeFallsBackPastIt) 
 
 TEST(CheckpointIntegrityTest, TrainingResumesFromTheLastStepThatVerifiesAndSetsTheDamagedOneAside) {
   const std::string dir = CopyOfBase("fallback");
-  FlipByteAt(RankFile(dir, 6), fs::file_size(RankFile(dir, 6)) / 2);
+  testing::FlipBits(RankFile(dir, 6), static_cast<int64_t>(fs::file_size(RankFile(dir, 6)) / 2));
   fs::create_directories(checkpoint::StepDir(dir, 8));  // an interrupted save of a later step
   const Outcome outcome = TrainInChild(Spec(dir, 8, 2));
   ASSERT_TRUE(outcome.error.empty()) << outcome.error;

@@ -15,6 +15,7 @@
 
 #include "common/status_macros.h"
 #include "tests/support/box_reference.h"
+#include "tests/support/file_damage.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/safetensors_writer.h"
 #include "checkpoint/sharded_reader.h"
@@ -333,15 +334,7 @@ TEST(ShardedReaderTest, AChangedByteFailsTheChecksumOfThePieceThatHoldsIt) {
   Shards shards = Standard(dir);
   shards.Write();
   // Flip one bit of the last byte of rank 1's file: the data of its last piece.
-  {
-    std::fstream file(shards.Path(1), std::ios::in | std::ios::out | std::ios::binary);
-    file.seekg(-1, std::ios::end);
-    char byte = 0;
-    file.read(&byte, 1);
-    byte ^= 0x10;
-    file.seekp(-1, std::ios::end);
-    file.write(&byte, 1);
-  }
+  shardline::testing::FlipBits(shards.Path(1), -1, 0x10);
   absl::StatusOr<ShardedReader> reader = ShardedReader::Open(shards.ManifestPath());
   ASSERT_TRUE(reader.ok()) << reader.status();
   // Rank 1's file holds "cube" [0:3, 2:4, 0:4], "four" [0:1, 0:3, 0:4, 3:5] and "bias": the one

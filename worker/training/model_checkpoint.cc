@@ -150,7 +150,6 @@ absl::StatusOr<CheckpointSource> CheckpointSource::Open(const std::string& path,
     ASSIGN_OR_RETURN(source.sharded_, checkpoint::ShardedReader::Open(file));
     const checkpoint::Manifest& manifest = source.sharded_->manifest();
     ASSIGN_OR_RETURN(config, checkpoint::Gpt2ConfigFromMetadata(manifest.metadata, where));
-    source.step_ = manifest.step;
   } else {
     where = absl::StrCat("checkpoint ", file);
     ASSIGN_OR_RETURN(checkpoint::SafetensorsReader reader,

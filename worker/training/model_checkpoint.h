@@ -66,7 +66,9 @@ class CheckpointSource {
   const std::string& path() const { return path_; }
   const model::GptConfig& config() const { return config_; }
   // The training step of a checkpoint step (its manifest's); nullopt for a single model file.
-  std::optional<int64_t> step() const { return step_; }
+  std::optional<int64_t> step() const {
+    return sharded_ ? std::optional<int64_t>(sharded_->manifest().step) : std::nullopt;
+  }
   // The manifest of a checkpoint step; nullptr for a single model file.
   const checkpoint::Manifest* manifest() const {
     return sharded_ ? &sharded_->manifest() : nullptr;
@@ -91,7 +93,6 @@ class CheckpointSource {
   CheckpointKind kind_ = CheckpointKind::kSingleFile;
   std::string path_;
   model::GptConfig config_;
-  std::optional<int64_t> step_;
   std::map<std::string, checkpoint::Gpt2TensorSpec> specs_;  // the model's parameters, by name
   std::optional<checkpoint::SafetensorsReader> file_;        // kSingleFile
   std::optional<checkpoint::Gpt2Weights> imported_;          // kHuggingFace

@@ -20,33 +20,45 @@ using Clock = std::chrono::steady_clock;
 
 }  // namespace
 
-absl::StatusOr<ShardedTrainResult> TrainSharded(const ShardedTrainOptions& options) {
-  const placement::JobSpec& job = options.spec;
-  const placement::TrainSpec& spec = job.train;
+absl::StatusOr<model::ShardedOptions> ShardedOptionsOf(const placement::JobSpec& job, int rank) {
   if (job.kind != placement::JobKind::kTrain) {
     return absl::InvalidArgumentError("TrainSharded needs a job of kind train");
   }
   ASSIGN_OR_RETURN(const placement::RankGrid grid,
                    placement::RankGrid::Create(job.parallel.tp, job.parallel.pp, job.parallel.dp));
-  if (options.rank < 0 || options.rank >= grid.world()) {
-    return absl::InvalidArgumentError(absl::StrCat("rank ", options.rank, " is outside the world of ",
-                                                   grid.world()));
+  if (rank < 0 || rank >= grid.world()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, " is outside the world of ", grid.world()));
   }
-  ASSIGN_OR_RETURN(data::TextDataset dataset, LoadTrainingData(spec.data));
-  ASSIGN_OR_RETURN(data::Sampler sampler,
-                   data::Sampler::Create(dataset, spec.seq_len, spec.batch, spec.seed));
-
+  const placement::TrainSpec& spec = job.train;
   model::ShardedOptions sharded;
   sharded.config = ModelConfigOf(spec.model);
   sharded.parallel = job.parallel;
-  sharded.coords = grid.Coords(options.rank);
+  sharded.coords = grid.Coords(rank);
   sharded.global_batch = spec.batch;
   sharded.seq_len = static_cast<int>(spec.seq_len);
-  sharded.adamw.adamw.beta1 = static_cast<float>(spec.optimizer.beta1);
-  sharded.adamw.adamw.beta2 = static_cast<float>(spec.optimizer.beta2);
-  sharded.adamw.adamw.eps = static_cast<float>(spec.optimizer.eps);
-  sharded.adamw.adamw.weight_decay = static_cast<float>(spec.optimizer.weight_decay);
-  sharded.adamw.max_grad_norm = spec.optimizer.grad_clip;
+  sharded.adamw = AdamWOptionsOf(spec.optimizer);
+  return sharded;
+}
+
+model::MicroBatchSource StepSamples(const data::Sampler& sampler, int64_t step) {
+  return [&sampler, step](int64_t first, int64_t count, std::vector<int32_t>& inputs,
+                          std::vector<int32_t>& targets) -> absl::Status {
+    ASSIGN_OR_RETURN(data::Batch batch,
+                     sampler.MicroBatch(static_cast<uint64_t>(step - 1), first, count));
+    inputs.assign(batch.inputs.begin(), batch.inputs.end());
+    targets.assign(batch.targets.begin(), batch.targets.end());
+    return absl::OkStatus();
+  };
+}
+
+absl::StatusOr<ShardedTrainResult> TrainSharded(const ShardedTrainOptions& options) {
+  const placement::JobSpec& job = options.spec;
+  const placement::TrainSpec& spec = job.train;
+  ASSIGN_OR_RETURN(const model::ShardedOptions sharded, ShardedOptionsOf(job, options.rank));
+  ASSIGN_OR_RETURN(data::TextDataset dataset, LoadTrainingData(spec.data));
+  ASSIGN_OR_RETURN(data::Sampler sampler,
+                   data::Sampler::Create(dataset, spec.seq_len, spec.batch, spec.seed));
   const checkpoint::DataIdentity data = IdentifyData(spec, dataset);
   ASSIGN_OR_RETURN(const StartingPoint starting,
                    OpenStartingPoint(spec, options.resume_manifest, data));
@@ -85,17 +97,9 @@ absl::StatusOr<ShardedTrainResult> TrainSharded(const ShardedTrainOptions& optio
   ShardedProgress window;  // sums over the steps since the last report
   const int64_t tokens_per_step = spec.batch * spec.seq_len;
   for (int64_t step = starting.step + 1; step <= spec.steps; ++step) {
-    // The samples of step s are a function of (seed, s) alone, whatever the plan.
-    auto source = [&](int64_t first, int64_t count, std::vector<int32_t>& inputs,
-                      std::vector<int32_t>& targets) -> absl::Status {
-      ASSIGN_OR_RETURN(data::Batch batch,
-                       sampler.MicroBatch(static_cast<uint64_t>(step - 1), first, count));
-      inputs.assign(batch.inputs.begin(), batch.inputs.end());
-      targets.assign(batch.targets.begin(), batch.targets.end());
-      return absl::OkStatus();
-    };
     const float lr = static_cast<float>(LearningRateAt(spec.optimizer, step));
-    ASSIGN_OR_RETURN(const model::StepStats stats, gpt->TrainStep(source, step, lr));
+    ASSIGN_OR_RETURN(const model::StepStats stats,
+                     gpt->TrainStep(StepSamples(sampler, step), step, lr));
     if (!std::isfinite(stats.loss)) {
       return absl::InternalError(absl::StrCat("the loss became ", stats.loss, " at step ", step,
                                               " (try a lower optimizer.lr)"));

@@ -13,6 +13,7 @@
 #include "checkpoint/commit.h"
 #include "checkpoint/file_system.h"
 #include "placement/job_spec.h"
+#include "worker/model/data/sampler.h"
 #include "worker/model/sharded_gpt.h"
 
 namespace shardline::training {
@@ -63,6 +64,13 @@ struct ShardedTrainResult {
   // the staging buffer (the file is written while training goes on).
   std::vector<double> save_stall_seconds;
 };
+
+// The engine's options for rank `rank` of a train job: its model, layout, coordinates, batch and
+// AdamW. InvalidArgument for a job of another kind or a rank outside the layout.
+absl::StatusOr<model::ShardedOptions> ShardedOptionsOf(const placement::JobSpec& job, int rank);
+// Samples of step `step` (1-based) for the engine: a function of (seed, step) alone, whatever the
+// plan (data/sampler.h). `sampler` must outlive the result.
+model::MicroBatchSource StepSamples(const data::Sampler& sampler, int64_t step);
 
 // Trains this rank's part of the job: loads its state (OpenStartingPoint: only the boxes it keeps),
 // runs the steps after it, and saves its shard every checkpoint.interval steps and after the last

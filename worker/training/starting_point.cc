@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/checksum.h"
 #include "checkpoint/gpt2_checkpoint.h"
+#include "checkpoint/resume.h"
 #include "common/status_macros.h"
 #include "placement/checkpoint_state.h"
 
@@ -25,19 +26,16 @@ absl::StatusOr<StartingPoint> OpenStartingPoint(const placement::TrainSpec& spec
     const std::string where = "resuming from " + resume_manifest;
     absl::StatusOr<CheckpointSource> source = CheckpointSource::Open(resume_manifest);
     if (!source.ok()) return Annotate(source.status(), where);
-    if (!source->has_optimizer_state()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": it holds parameters only (no AdamW moments), so a run cannot "
-                              "resume from it; start a new run from its parameters with init_from"));
+    if (source->manifest() == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": a model file holds no optimizer state, so a run cannot resume from it; start "
+                 "a new run from its parameters with init_from"));
     }
-    const checkpoint::Manifest& manifest = *source->manifest();
-    ASSIGN_OR_RETURN(const checkpoint::Gpt2Config stored,
-                     checkpoint::Gpt2ConfigFromMetadata(manifest.metadata, where));
     checkpoint::TrainState wanted = placement::CheckpointTrainStateOf(spec);
     wanted.data = data;
-    RETURN_IF_ERROR(checkpoint::CheckResumable(stored, manifest.train, config, wanted, where));
+    RETURN_IF_ERROR(checkpoint::CheckCanResume(*source->manifest(), config, wanted, where));
     start.kind = StartingPoint::Kind::kResume;
-    start.step = manifest.step;
+    start.step = source->manifest()->step;
     start.source = std::move(*source);
     return start;
   }

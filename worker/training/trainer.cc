@@ -84,6 +84,16 @@ absl::StatusOr<std::unique_ptr<model::TrainableGpt>> CreateModel(
 #endif
 }
 
+model::AdamWOptions AdamWOptionsOf(const placement::OptimizerSpec& spec) {
+  model::AdamWOptions adamw;
+  adamw.adamw.beta1 = static_cast<float>(spec.beta1);
+  adamw.adamw.beta2 = static_cast<float>(spec.beta2);
+  adamw.adamw.eps = static_cast<float>(spec.eps);
+  adamw.adamw.weight_decay = static_cast<float>(spec.weight_decay);
+  adamw.max_grad_norm = spec.grad_clip;
+  return adamw;
+}
+
 double LearningRateAt(const placement::OptimizerSpec& spec, int64_t step) {
   const double warmup =
       spec.warmup_steps > 0
@@ -160,12 +170,7 @@ absl::StatusOr<TrainResult> Train(const placement::TrainSpec& spec,
         worker::MakeShardPlan(model::WholeModelPieces(config)), 0, fs, on_written);
   }
 
-  model::AdamWOptions adamw;
-  adamw.adamw.beta1 = static_cast<float>(spec.optimizer.beta1);
-  adamw.adamw.beta2 = static_cast<float>(spec.optimizer.beta2);
-  adamw.adamw.eps = static_cast<float>(spec.optimizer.eps);
-  adamw.adamw.weight_decay = static_cast<float>(spec.optimizer.weight_decay);
-  adamw.max_grad_norm = spec.optimizer.grad_clip;
+  model::AdamWOptions adamw = AdamWOptionsOf(spec.optimizer);
 
   const auto run_start = Clock::now();
   auto last_report = run_start;

@@ -65,6 +65,8 @@ model::GptConfig ModelConfigOf(const placement::ModelSpec& spec);
 // device: FailedPrecondition when it is not usable (CUDA's reason) or this build has no CUDA.
 absl::StatusOr<std::unique_ptr<model::TrainableGpt>> CreateModel(
     const placement::TrainSpec& spec, kernels::Allocator& cpu_allocator);
+// AdamW as a spec's optimizer section says (the learning rate is set per step: LearningRateAt).
+model::AdamWOptions AdamWOptionsOf(const placement::OptimizerSpec& spec);
 // The learning rate of `step` (1-based): linear warm-up over warmup_steps, then constant.
 double LearningRateAt(const placement::OptimizerSpec& spec, int64_t step);
 
