@@ -735,9 +735,12 @@ int main(int argc, char** argv) {
       "step | stall s async  sync  copy | stall/step async   sync | write GB/s async  "
       "sync |   dd | async/dd sync/dd\n");
   double worst_async = 0, worst_sync = 0;
+  std::vector<double> async_stalls, sync_stalls;
   for (size_t k = 0; k < async_run[0].saves.size(); ++k) {
     const double stall_async = MaxOver(async_run, k, &SaveRecord::stall);
     const double stall_sync = MaxOver(sync_run, k, &SaveRecord::stall);
+    async_stalls.push_back(stall_async);
+    sync_stalls.push_back(stall_sync);
     const double copy = MaxOver(sync_run, k, &SaveRecord::copy);
     const double write_async = WriteGbps(async_run, k), write_sync = WriteGbps(sync_run, k);
     worst_async = std::max(worst_async, stall_async / step_seconds);
@@ -758,5 +761,11 @@ int main(int argc, char** argv) {
       "rounds) %s; while training (async run, against the rounds' median dd) %.3f GB/s = %.0f%%\n",
       100 * kWriteTarget, dd_version.c_str(), 100 * writer_ratio, ratios.size(),
       writer_ratio >= kWriteTarget ? "PASS" : "FAIL", mean_async, 100 * mean_async / dd_gbps);
+  // For bench/checkpoint_compare.py, which sets these against PyTorch's distributed checkpoint.
+  std::printf(
+      "result bytes=%.0f step_s=%.4f async_stall_s=%.4f sync_stall_s=%.4f writer_gbps=%.4f "
+      "dd_gbps=%.4f\n",
+      static_cast<double>(async_run[0].saves[0].write.bytes + async_run[1].saves[0].write.bytes),
+      step_seconds, Median(async_stalls), Median(sync_stalls), Median(writer_rates), dd_gbps);
   return 0;
 }

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs the peer of the checkpoint benchmark: a current PyTorch 2 from PyPI (with its CUDA
+# wheels, about 5 GB) in a venv of its own, never Debian's Python (whose python3-torch 1.13 the
+# ctest reference checks use, and which has no torch.distributed.checkpoint.async_save).
+# Benchmark-only: nothing in ctest needs it.
+#
+#   bench/setup-torch2.sh [VENV]     default /opt/shardline-bench/torch2
+#
+# Idempotent: a venv that already imports torch 2 is left as it is.
+set -euo pipefail
+
+VENV=${1:-/opt/shardline-bench/torch2}
+if [[ -x "$VENV/bin/python" ]] &&
+   "$VENV/bin/python" -c 'import sys, torch; sys.exit(int(torch.__version__.split(".")[0]) < 2)' \
+     2>/dev/null; then
+  echo "setup-torch2: $VENV already holds torch $("$VENV/bin/python" -c 'import torch; print(torch.__version__)')"
+  exit 0
+fi
+python3 -m venv "$VENV"
+"$VENV/bin/pip" install -q torch numpy
+echo "setup-torch2: $VENV holds torch $("$VENV/bin/python" -c 'import torch; print(torch.__version__)')"
