@@ -99,6 +99,7 @@ int Submit(const ClientOptions& client_options, const SubmitOptions& options) {
   std::string last_phase;
   uint64_t last_step = 0;
   bool start_shown = false;
+  size_t generations_ended = 0;  // of a train job, already shown
   while (!StopRequested().load()) {
     auto status = FetchStatus(**client, job_id, client_options.timeout);
     if (!status.ok()) return Fail(status.status());
@@ -114,8 +115,19 @@ int Submit(const ClientOptions& client_options, const SubmitOptions& options) {
       for (const std::string& line : FormatTrainStart(job)) std::cout << "  " << line << std::endl;
       start_shown = true;
     }
-    if (job.hasTrain() && job.getTrain().getStep() != last_step) {
-      last_step = job.getTrain().getStep();
+    if (job.hasTrain()) {
+      // A generation that ended (a fault, a grow): its line once, as the restart happens.
+      const std::vector<std::string> lines = FormatGenerations(job);
+      const auto generations = job.getTrain().getGenerations();
+      for (; generations_ended < lines.size(); ++generations_ended) {
+        if (Str(generations[static_cast<unsigned>(generations_ended)].getEnding()) == "running") {
+          break;
+        }
+        std::cout << "  " << lines[generations_ended] << std::endl;
+      }
+    }
+    if (job.hasTrain() && job.getTrain().getLoggedStep() != last_step) {
+      last_step = job.getTrain().getLoggedStep();
       std::cout << "  " << FormatTrainProgress(job) << std::endl;
     }
     if (state == "succeeded" || state == "failed" || state == "cancelled") {

@@ -32,5 +32,8 @@ std::string FormatTrainProgress(wire::JobStatus::Reader job);
 // 300: ...", "started from the parameters of ..."); empty for a fresh start or one not decided
 // yet.
 std::vector<std::string> FormatTrainStart(wire::JobStatus::Reader job);
+// A train job's generations, one line each (when, plan, resumed step, how it ended, steps lost,
+// recovery time); nothing for a job that ran one generation and is not elastic.
+std::vector<std::string> FormatGenerations(wire::JobStatus::Reader job);
 
 }  // namespace shardline::cli

@@ -71,7 +71,7 @@ int Main(int argc, char** argv) {
   // ---- daemons ----
   coordinator::CoordinatorOptions coordinator_options;
   std::string endpoint_file;
-  int64_t heartbeat_interval_ms = 1000, heartbeat_timeout_ms = 5000;
+  int64_t heartbeat_interval_ms = 300, heartbeat_timeout_ms = 1500;
   auto* coordinator_cmd = app.add_subcommand("coordinator", "Run the coordinator daemon");
   coordinator_cmd->add_option("--listen", coordinator_options.listen, "ZeroMQ endpoint to bind (port 0: any)")
       ->capture_default_str();

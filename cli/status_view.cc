@@ -186,6 +186,59 @@ std::vector<std::string> FormatTrainStart(wire::JobStatus::Reader job) {
   return lines;
 }
 
+namespace {
+
+// "22:51:03" in local time, for a Unix-millisecond timestamp.
+std::string ClockTime(int64_t unix_ms) {
+  const time_t seconds = static_cast<time_t>(unix_ms / 1000);
+  struct tm local {};
+  localtime_r(&seconds, &local);
+  char buf[16];
+  strftime(buf, sizeof(buf), "%H:%M:%S", &local);
+  return buf;
+}
+
+}  // namespace
+
+std::vector<std::string> FormatGenerations(wire::JobStatus::Reader job) {
+  std::vector<std::string> lines;
+  if (!job.hasTrain()) return lines;
+  const auto t = job.getTrain();
+  // One generation that runs or ran to its end has nothing to tell beyond the job's own lines.
+  if (t.getGenerations().size() < 2 && !t.getElastic()) return lines;
+  for (auto g : t.getGenerations()) {
+    std::string line = "generation " + std::to_string(g.getGeneration()) + "  " +
+                       (g.getStartedUnixMs() ? ClockTime(g.getStartedUnixMs()) : "?") + "-" +
+                       (g.getEndedUnixMs() ? ClockTime(g.getEndedUnixMs()) : "") + "  " +
+                       Str(g.getPlan()) + "  " +
+                       (g.getResumedStep() > 0 ? "resumed after step " +
+                                                     std::to_string(g.getResumedStep())
+                                               : std::string("from the start")) +
+                       ", reached step " + std::to_string(g.getLastStep());
+    const std::string ending = Str(g.getEnding());
+    if (ending == "fault") {
+      line += "  ended by " + Str(g.getCause());
+      if (g.getConsequences().size()) {
+        line += " (" + std::to_string(g.getConsequences().size()) + " consequence" +
+                (g.getConsequences().size() == 1 ? "" : "s") + ")";
+      }
+    } else if (ending == "grow") {
+      line += "  ended to grow onto more devices";
+    } else {
+      line += "  " + ending;
+    }
+    if (ending == "fault" || ending == "grow") {
+      line += "; " + std::to_string(g.getStepsLost()) + " steps lost";
+      if (g.getAbortSeconds() >= 0) line += ", aborted in " + Fixed(g.getAbortSeconds(), 2) + " s";
+      if (g.getRecoverySeconds() >= 0) {
+        line += ", next step " + Fixed(g.getRecoverySeconds(), 2) + " s after the fault";
+      }
+    }
+    lines.push_back(line);
+  }
+  return lines;
+}
+
 std::string FormatBytes(uint64_t bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB"};
   int u = 0;
@@ -285,6 +338,25 @@ nlohmann::json StatusToJson(wire::ClusterStatus::Reader status) {
       for (auto step : t.getSkippedCheckpoints()) {
         skipped.push_back({{"step", step.getStep()}, {"reason", Str(step.getReason())}});
       }
+      nlohmann::json generations = nlohmann::json::array();
+      for (auto g : t.getGenerations()) {
+        nlohmann::json consequences = nlohmann::json::array();
+        for (auto c : g.getConsequences()) consequences.push_back(Str(c));
+        generations.push_back({{"generation", g.getGeneration()},
+                               {"started_unix_ms", g.getStartedUnixMs()},
+                               {"ended_unix_ms", g.getEndedUnixMs()},
+                               {"plan", Str(g.getPlan())},
+                               {"resumed_step", g.getResumedStep()},
+                               {"last_step", g.getLastStep()},
+                               {"ending", Str(g.getEnding())},
+                               {"cause", Str(g.getCause())},
+                               {"cause_kind", Str(g.getCauseKind())},
+                               {"consequences", consequences},
+                               {"steps_lost", g.getStepsLost()},
+                               {"recovery_seconds", g.getRecoverySeconds()},
+                               {"detection_seconds", g.getDetectionSeconds()},
+                               {"abort_seconds", g.getAbortSeconds()}});
+      }
       j["train"] = {{"step", t.getStep()},
                     {"steps", t.getSteps()},
                     {"loss", loss},
@@ -299,6 +371,10 @@ nlohmann::json StatusToJson(wire::ClusterStatus::Reader status) {
                     {"resumed_from_step", t.getResumedFromStep()},
                     {"initialized_from", Str(t.getInitializedFrom())},
                     {"skipped_checkpoints", skipped},
+                    {"elastic", t.getElastic()},
+                    {"min_actors", t.getMinActors()},
+                    {"max_actors", t.getMaxActors()},
+                    {"generations", generations},
                     {"plan",
                      {{"tp", t.getTp()},
                       {"pp", t.getPp()},
@@ -370,6 +446,7 @@ std::string FormatJob(wire::JobStatus::Reader job) {
   if (job.hasTrain()) {
     out << "  " << FormatTrainProgress(job) << "\n";
     for (const std::string& line : FormatTrainStart(job)) out << "  " << line << "\n";
+    for (const std::string& line : FormatGenerations(job)) out << "  " << line << "\n";
   }
   if (job.hasTrain() && job.getTrain().getPlanSummary().size()) {
     out << "  planned (parallel: auto): " << Str(job.getTrain().getPlanSummary()) << "\n";

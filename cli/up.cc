@@ -111,6 +111,7 @@ struct Shown {
   uint64_t train_step = 0;
   int64_t committed_step = -1;
   bool start = false;  // where a train job started from
+  size_t generations_ended = 0;  // of a train job: the ended generations already shown
 };
 
 void PrintProgress(wire::JobStatus::Reader job, Shown* shown,
@@ -133,9 +134,16 @@ void PrintProgress(wire::JobStatus::Reader job, Shown* shown,
       for (const std::string& line : FormatTrainStart(job)) std::cout << stamp << line << std::endl;
       shown->start = true;
     }
-    if (train.getStep() != shown->train_step ||
+    // A generation that ended (a fault, a grow): its line once, as the restart happens.
+    const std::vector<std::string> generation_lines = FormatGenerations(job);
+    for (size_t g = shown->generations_ended; g < generation_lines.size(); ++g) {
+      if (Str(train.getGenerations()[static_cast<unsigned>(g)].getEnding()) == "running") break;
+      std::cout << stamp << generation_lines[g] << std::endl;
+      shown->generations_ended = g + 1;
+    }
+    if (train.getLoggedStep() != shown->train_step ||
         train.getLastCommittedStep() != shown->committed_step) {
-      shown->train_step = train.getStep();
+      shown->train_step = train.getLoggedStep();
       shown->committed_step = train.getLastCommittedStep();
       std::cout << stamp << FormatTrainProgress(job) << std::endl;
     }

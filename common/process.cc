@@ -29,7 +29,13 @@ ExitStatus FromWaitStatus(int status) {
 }  // namespace
 
 std::string ExitStatus::Describe() const {
-  if (signaled) return "killed by signal " + std::to_string(code) + " (" + strsignal(code) + ")";
+  if (signaled) {
+    // "killed by SIGKILL (signal 9)": the name people type in `kill -9` and look for in logs.
+    const char* abbreviation = sigabbrev_np(code);
+    return abbreviation != nullptr
+               ? "killed by SIG" + std::string(abbreviation) + " (signal " + std::to_string(code) + ")"
+               : "killed by signal " + std::to_string(code) + " (" + strsignal(code) + ")";
+  }
   return "exit code " + std::to_string(code);
 }
 

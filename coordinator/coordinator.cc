@@ -4,16 +4,25 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <random>
+#include <set>
 #include <sstream>
+#include <tuple>
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <kj/exception.h>
 
+#include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 #include "checkpoint/checksum.h"
 #include "checkpoint/layout.h"
 #include "checkpoint/resume.h"
 #include "placement/checkpoint_state.h"
 #include "nlohmann/json.hpp"
+#include "coordinator/supervisor.h"
 #include "placement/byte_size.h"
 #include "placement/parallel_layout.h"
 #include "placement/plan_request.h"
@@ -88,6 +97,55 @@ std::string AbsoluteDir(const std::string& dir) {
 
 placement::PathBase PathBaseOf(const Job& job) { return {job.spec_dir, job.work_dir}; }
 
+FaultKind FaultKindFromName(const std::string& name) {
+  for (FaultKind kind : {FaultKind::kActorExit, FaultKind::kActorError, FaultKind::kCommError,
+                         FaultKind::kNodeLost, FaultKind::kHung, FaultKind::kBootstrap,
+                         FaultKind::kAborted, FaultKind::kCoordinatorRestart}) {
+    if (FaultKindName(kind) == name) return kind;
+  }
+  return FaultKind::kActorError;
+}
+
+Ending EndingFromName(const std::string& name) {
+  for (Ending ending : {Ending::kRunning, Ending::kFault, Ending::kGrow, Ending::kSucceeded,
+                        Ending::kFailed, Ending::kCancelled}) {
+    if (EndingName(ending) == name) return ending;
+  }
+  return Ending::kFailed;
+}
+
+// A generation of the job history (Persist writes them); throws on a malformed entry, which
+// LoadHistory reports.
+GenerationRecord GenerationFromJson(const nlohmann::json& entry) {
+  GenerationRecord g;
+  g.generation = entry.at("generation").get<uint32_t>();
+  g.started_unix_ms = entry.value("started_unix_ms", int64_t{0});
+  g.ended_unix_ms = entry.value("ended_unix_ms", int64_t{0});
+  g.plan = entry.value("plan", "");
+  g.world = entry.value("world", 0);
+  g.resumed_step = entry.value("resumed_step", int64_t{0});
+  g.last_step = entry.value("last_step", int64_t{0});
+  g.ending = EndingFromName(entry.value("ending", "failed"));
+  g.consequences = entry.value("consequences", std::vector<std::string>{});
+  g.steps_lost = entry.value("steps_lost", int64_t{0});
+  g.recovery_seconds = entry.value("recovery_seconds", -1.0);
+  g.detection_seconds = entry.value("detection_seconds", -1.0);
+  g.abort_seconds = entry.value("abort_seconds", -1.0);
+  if (entry.contains("cause")) {
+    const auto& cause = entry["cause"];
+    Fault fault;
+    fault.kind = FaultKindFromName(cause.value("kind", ""));
+    fault.unix_ms = cause.value("unix_ms", int64_t{0});
+    fault.rank = cause.value("rank", -1);
+    fault.node = cause.value("node", "");
+    fault.step = cause.value("step", int64_t{-1});
+    fault.detail = cause.value("detail", "");
+    g.cause = fault;
+  }
+  // A generation that was running when the history was written ended with that coordinator.
+  return g;
+}
+
 // A train job's layout for logs and errors: "tp 2 x pp 2 x dp 2, zero 1".
 std::string PlanSummary(const placement::JobSpec& spec) {
   const auto& p = spec.parallel;
@@ -113,10 +171,48 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
                                         " cannot be created: " + ec.message());
     }
   }
-  ASSIGN_OR_RETURN(auto channel, protocol::Channel::Bind(options.listen));
-  ASSIGN_OR_RETURN(auto metrics_server, monitoring::MetricsServer::Start(options.metrics_address));
-  auto coordinator = std::unique_ptr<Coordinator>(
-      new Coordinator(std::move(options), clock, std::move(channel), std::move(metrics_server)));
+  // One coordinator per state dir: a second one would supervise the same jobs twice.
+  int lock_fd = -1;
+  if (!options.state_dir.empty()) {
+    const std::string lock_path = (std::filesystem::path(options.state_dir) / "lock").string();
+    lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (lock_fd < 0) {
+      return absl::InvalidArgumentError("state dir " + options.state_dir + ": cannot open " +
+                                        lock_path + ": " + strerror(errno));
+    }
+    if (::flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
+      std::string holder(32, '\0');
+      const ssize_t n = ::pread(lock_fd, holder.data(), holder.size() - 1, 0);
+      holder.resize(n > 0 ? static_cast<size_t>(n) : 0);
+      ::close(lock_fd);
+      return absl::FailedPreconditionError(
+          "state dir " + options.state_dir + " is in use by another coordinator" +
+          (holder.empty() ? std::string() : " (pid " + holder + ")") +
+          "; stop it first, or give this one another --state-dir");
+    }
+    const std::string pid = std::to_string(::getpid());
+    if (::ftruncate(lock_fd, 0) != 0 ||
+        ::pwrite(lock_fd, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
+      spdlog::warn("could not write the pid into {}", lock_path);
+    }
+  }
+  auto close_lock = [&lock_fd] {
+    if (lock_fd >= 0) ::close(lock_fd);
+    lock_fd = -1;
+  };
+  auto channel = protocol::Channel::Bind(options.listen);
+  if (!channel.ok()) {
+    close_lock();
+    return channel.status();
+  }
+  auto metrics_server = monitoring::MetricsServer::Start(options.metrics_address);
+  if (!metrics_server.ok()) {
+    close_lock();
+    return metrics_server.status();
+  }
+  auto coordinator = std::unique_ptr<Coordinator>(new Coordinator(
+      std::move(options), clock, std::move(*channel), std::move(*metrics_server)));
+  coordinator->state_dir_lock_fd_ = lock_fd;  // closed by the destructor from here on
   RETURN_IF_ERROR(coordinator->LoadHistory());
   return coordinator;
 }
@@ -131,9 +227,16 @@ Coordinator::Coordinator(CoordinatorOptions options, const Clock* clock,
       metrics_server_(std::move(metrics_server)),
       wire_metrics_(metrics_server_->registry(), {{"component", "coordinator"}}),
       metrics_(metrics_server_->registry(), {{"component", "coordinator"}}),
-      membership_(options_.heartbeat_timeout) {}
+      membership_(options_.heartbeat_timeout) {
+  std::random_device random;
+  char id[17];
+  snprintf(id, sizeof(id), "%08x%08x", random(), random());
+  instance_id_ = id;
+}
 
-Coordinator::~Coordinator() = default;
+Coordinator::~Coordinator() {
+  if (state_dir_lock_fd_ >= 0) ::close(state_dir_lock_fd_);
+}
 
 absl::Status Coordinator::Run(const std::atomic<bool>& stop) {
   spdlog::info("coordinator of cluster '{}' listening on {}, metrics on {}", options_.cluster_id,
@@ -160,6 +263,7 @@ absl::Status Coordinator::Run(const std::atomic<bool>& stop) {
                  absl::DeadlineExceededError("key '" + get.key + "' was not set in time"));
     }
     CheckDeadlines();
+    Supervise();
     background_.RunFinished();
     TryStartPendingJobs();
     if (now - last_gauge_update_ >= kGaugeInterval) {
@@ -169,6 +273,10 @@ absl::Status Coordinator::Run(const std::atomic<bool>& stop) {
   }
   for (auto& [id, job] : jobs_) {
     if (job.state == JobState::kRunning) EndJob(job, JobState::kFailed, "coordinator shut down");
+  }
+  if (state_dir_lock_fd_ >= 0) {
+    ::close(state_dir_lock_fd_);
+    state_dir_lock_fd_ = -1;
   }
   spdlog::info("coordinator stopped");
   return absl::OkStatus();
@@ -284,11 +392,32 @@ absl::Status Coordinator::OnRegisterNode(const std::string& peer, uint64_t reque
   NodeInfo replaced;
   replaced.node_id.clear();
   RETURN_IF_ERROR(membership_.Register(node, clock_->Now(), &replaced));
+  // Devices a live generation holds, by label, on the entry this one replaces.
+  std::map<std::string, std::string> busy;
+  if (!replaced.node_id.empty() && replaced.alive) {
+    for (const DeviceInfo& device : replaced.devices) {
+      if (!device.busy_job.empty()) busy[DeviceLabel(device)] = device.busy_job;
+    }
+  }
+  std::set<std::string> labels;
+  for (const DeviceInfo& device : node.devices) labels.insert(DeviceLabel(device));
+  std::set<std::string> old_labels;
+  for (const DeviceInfo& device : replaced.devices) old_labels.insert(DeviceLabel(device));
   if (!replaced.node_id.empty() && replaced.alive && replaced.instance_id != node.instance_id) {
     // A restarted agent has lost the actors it had: jobs that ran there cannot go on.
     spdlog::warn("node {} came back as a new agent (instance {} -> {})", node.node_id,
                  replaced.instance_id, node.instance_id);
     FailJobsOnNode(node.node_id, "its agent restarted");
+  } else if (!busy.empty() && labels != old_labels) {
+    // Another device set is new capacity, never merged into a generation placed on the old one.
+    spdlog::warn("node {} registered again with another device set", node.node_id);
+    FailJobsOnNode(node.node_id, "its agent registered again with another device set");
+  } else if (!busy.empty()) {
+    // The same agent registering again (a lost reply): its generations keep their devices.
+    for (DeviceInfo& device : membership_.Find(node.node_id)->devices) {
+      auto held = busy.find(DeviceLabel(device));
+      if (held != busy.end()) device.busy_job = held->second;
+    }
   } else {
     spdlog::info("node {} registered from {} with {} devices", node.node_id, node.address,
                  node.devices.size());
@@ -297,6 +426,7 @@ absl::Status Coordinator::OnRegisterNode(const std::string& peer, uint64_t reque
   auto body = reply->payload().initRegisterNodeReply();
   body.setHeartbeatIntervalMs(static_cast<uint32_t>(options_.heartbeat_interval.count()));
   body.setHeartbeatTimeoutMs(static_cast<uint32_t>(options_.heartbeat_timeout.count()));
+  body.setCoordinatorInstance(CapText(instance_id_));
   Send(peer, *reply);
   return absl::OkStatus();
 }
@@ -306,6 +436,18 @@ absl::Status Coordinator::OnHeartbeat(const std::string& peer, uint64_t request_
   const std::string node_id = Str(request.getNodeId());
   RETURN_IF_ERROR(membership_.Heartbeat(node_id, Str(request.getInstanceId()), clock_->Now()));
   membership_.Find(node_id)->peer = peer;  // the agent may have reconnected
+  // Which of the node's actors are stopped: the watchdog names them when a generation hangs.
+  std::set<std::tuple<std::string, uint32_t, uint32_t>> stopped;
+  for (auto ref : request.getStoppedActors()) {
+    stopped.emplace(Str(ref.getJobId()), ref.getGeneration(), ref.getRank());
+  }
+  for (auto& [id, job] : jobs_) {
+    if (job.state != JobState::kRunning) continue;
+    for (ActorRecord& actor : job.actors) {
+      if (actor.node_id != node_id) continue;
+      actor.stopped = stopped.count({id, job.generation, static_cast<uint32_t>(actor.rank)}) > 0;
+    }
+  }
   ReplyAck(peer, request_id);
   return absl::OkStatus();
 }
@@ -335,9 +477,12 @@ void Coordinator::FailJobsOnNode(const std::string& node_id, const std::string& 
       ranks += (ranks.empty() ? "rank " : ", rank ") + std::to_string(actor.rank);
     }
     if (ranks.empty() || job.state != JobState::kRunning) continue;
-    EndJob(job, JobState::kFailed,
-           "generation " + std::to_string(job.generation) + " lost " + ranks + " on node " +
-               node_id + ": " + reason);
+    Fault fault =
+        MakeFault(job, FaultKind::kNodeLost, -1, node_id, "lost " + ranks + " (" + reason + ")");
+    if (const NodeInfo* node = membership_.Find(node_id)) {
+      fault.unseen_seconds = SecondsBetween(node->last_heartbeat, fault.at);
+    }
+    OnFault(job, std::move(fault));
   }
 }
 
@@ -366,7 +511,9 @@ absl::Status Coordinator::OnSubmitJob(const std::string& peer, uint64_t request_
   if (spec.kind == placement::JobKind::kTrain) {
     job.train.saving_dir = ResolveUnder(work_dir, spec.train.checkpoint.dir);
   }
-  if (spec.parallel_auto) job.auto_max_actors = spec.actors;
+  if (spec.parallel_auto) {
+    job.auto_max_actors = spec.elastic.enabled ? spec.elastic.max_actors : spec.actors;
+  }
   job.backend = std::string(placement::BackendName(placement::ResolveBackend(spec)));
   job.submitted_unix_ms = UnixMillis();
   job.waiting_reason = "waiting for devices";
@@ -402,9 +549,19 @@ absl::Status Coordinator::OnCancelJob(const std::string& peer, uint64_t request_
   return absl::OkStatus();
 }
 
+checkpoint::ResumeRequest Coordinator::StartRequest(const Job& job) const {
+  checkpoint::ResumeRequest request = placement::ResumeRequestOf(job.spec.train.checkpoint);
+  if (!job.train.committed_here || job.train.saving_dir.empty()) return request;
+  // A restart goes on from the job's own newest committed step, whatever the spec resumed from.
+  request.dir = job.train.saving_dir;
+  request.mode = checkpoint::ResumeMode::kLatest;
+  request.path.clear();
+  return request;
+}
+
 void Coordinator::DecideStart(Job& job) {
   const placement::TrainSpec& spec = job.spec.train;
-  const checkpoint::ResumeRequest request = placement::ResumeRequestOf(spec.checkpoint);
+  const checkpoint::ResumeRequest request = StartRequest(job);
   if (request.dir.empty() && request.mode != checkpoint::ResumeMode::kPath) {
     job.train.start = TrainRecord::Start::kDecided;  // nothing to read: a fresh start
     return;
@@ -429,9 +586,11 @@ void Coordinator::OnStartDecided(const std::string& job_id,
   if (it == jobs_.end()) return;
   Job& job = it->second;
   // Cancelled meanwhile, or decided already: nothing to apply.
-  if (job.state != JobState::kPending || job.train.start != TrainRecord::Start::kDeciding) return;
+  if (!job.WantsDevices() || job.train.start != TrainRecord::Start::kDeciding) return;
   if (!plan.ok()) {
-    EndJob(job, JobState::kFailed, "cannot start: " + Text(plan.status().message()));
+    EndJob(job, JobState::kFailed,
+           std::string(job.generations.empty() ? "cannot start: " : "cannot restart: ") +
+               Text(plan.status().message()));
     return;
   }
   TrainRecord& train = job.train;
@@ -450,14 +609,24 @@ void Coordinator::OnStartDecided(const std::string& job_id,
     spdlog::info("job {}: resumes from step {} ({})", job.id, train.resumed_step,
                  train.resume_manifest);
   }
-  job.waiting_reason = "waiting for devices";
+  if (!job.generations.empty()) {
+    // A restart: what the last generation trained past the step this one resumes from is lost.
+    GenerationRecord& ended = job.generations.back();
+    ended.steps_lost = std::max<int64_t>(0, ended.last_step - train.resumed_step);
+    train.step = train.resumed_step;
+    train.logged_step = train.resumed_step;
+    job.waiting_reason = "restarting after generation " + std::to_string(ended.generation) +
+                         ": waiting for devices";
+  } else {
+    job.waiting_reason = "waiting for devices";
+  }
   Persist(job);
 }
 
 void Coordinator::TryStartPendingJobs() {
   for (const auto& id : job_order_) {
     Job& job = jobs_[id];
-    if (job.state != JobState::kPending) continue;
+    if (!job.WantsDevices()) continue;
     if (job.spec.kind == placement::JobKind::kTrain &&
         job.train.start != TrainRecord::Start::kDecided) {
       if (job.train.start == TrainRecord::Start::kUndecided) DecideStart(job);
@@ -475,6 +644,33 @@ void Coordinator::TryStartPendingJobs() {
     }
     const auto wanted = job.spec.devices == placement::DeviceKind::kCuda ? DeviceInfo::Kind::kCuda
                                                                          : DeviceInfo::Kind::kCpu;
+    const std::string kind(placement::DeviceKindName(job.spec.devices));
+    if (job.Elastic()) {
+      // dp follows the devices: the largest layout within min..max that the free ones hold.
+      int free = 0, alive = 0;
+      for (const auto& [node_id, node] : membership_.nodes()) {
+        if (!node.alive) continue;
+        for (const DeviceInfo& device : node.devices) {
+          if (device.kind != wanted) continue;
+          ++alive;
+          free += device.busy_job.empty() ? 1 : 0;
+        }
+      }
+      auto layout = placement::ElasticLayout(job.spec, free);
+      if (!layout.ok()) {
+        const int more = std::max(1, job.spec.elastic.min_actors - free);
+        job.waiting_reason =
+            std::string(job.phase == Phase::kRestarting
+                            ? "restarting after generation " + std::to_string(job.generation) + ": "
+                            : "") +
+            "waiting for " + std::to_string(more) + " more " + kind + " device" +
+            (more == 1 ? "" : "s") + ": " + std::to_string(free) + " free of " +
+            std::to_string(alive) + " alive, min " + std::to_string(job.spec.elastic.min_actors);
+        return;
+      }
+      job.spec.parallel = *layout;
+      job.spec.actors = layout->world();
+    }
     // Ranks fill one node's devices before the next: neighbouring ranks (a later TP group)
     // share a node.
     std::vector<std::pair<std::string, int>> placement;
@@ -490,7 +686,6 @@ void Coordinator::TryStartPendingJobs() {
         }
       }
     }
-    const std::string kind(placement::DeviceKindName(job.spec.devices));
     if (placement.size() < static_cast<size_t>(job.World())) {
       job.waiting_reason = "waiting for " + std::to_string(job.World()) + " free " + kind +
                            " devices (" + std::to_string(placement.size()) + " free of " +
@@ -534,6 +729,14 @@ std::optional<std::vector<std::pair<std::string, int>>> Coordinator::PlanAutoJob
   if (free_total == 0) {
     job.waiting_reason = "waiting for free " + kind + " devices to plan on (0 free of " +
                          std::to_string(alive_total) + " alive)";
+    return std::nullopt;
+  }
+  if (job.Elastic() && free_total < job.spec.elastic.min_actors) {
+    const int more = job.spec.elastic.min_actors - free_total;
+    job.waiting_reason = "waiting for " + std::to_string(more) + " more " + kind + " device" +
+                         (more == 1 ? "" : "s") + ": " + std::to_string(free_total) +
+                         " free of " + std::to_string(alive_total) + " alive, min " +
+                         std::to_string(job.spec.elastic.min_actors);
     return std::nullopt;
   }
   // The same devices give the same verdict: a job that waits for more is not re-planned on
@@ -704,6 +907,20 @@ void Coordinator::StartGeneration(Job& job,
   job.actors.clear();
   job.groups = std::move(groups);
   job.plan.calibrated_ranks.clear();
+  job.faults.clear();
+  job.error.clear();  // a restart's cause stays in its generation's record
+  job.watchdog = ProgressWatchdog(job.Elastic() ? Duration(job.spec.elastic.progress_timeout)
+                                                : Duration(std::chrono::seconds(10)));
+  GenerationRecord record;
+  record.generation = job.generation;
+  record.started_unix_ms = UnixMillis();
+  record.world = static_cast<int>(placement.size());
+  record.plan = job.spec.kind == placement::JobKind::kTrain
+                    ? PlanSummary(job.spec) + " on " + std::to_string(placement.size()) + " actors"
+                    : std::to_string(placement.size()) + " actors";
+  record.resumed_step = job.train.resumed_step;
+  record.last_step = job.train.resumed_step;
+  job.generations.push_back(std::move(record));
   // A new generation reports its steps and saves its shards afresh; what was committed stays.
   job.train.first_step = -1;
   job.train.recent.clear();
@@ -752,6 +969,11 @@ absl::StatusOr<ActorRecord*> Coordinator::FindActor(const std::string& job_id, u
     return absl::FailedPreconditionError("job " + job_id + " is at generation " +
                                          std::to_string(job.generation) + ", not " +
                                          std::to_string(generation));
+  }
+  if (!job.GenerationLive()) {
+    // Fenced: nothing an aborted generation sends (a late save, a step) is acted on.
+    return absl::FailedPreconditionError("generation " + std::to_string(generation) + " of job " +
+                                         job_id + " was aborted");
   }
   if (rank >= job.actors.size()) {
     return absl::OutOfRangeError("job " + job_id + " has no rank " + std::to_string(rank) +
@@ -831,6 +1053,21 @@ absl::Status Coordinator::OnKvRequest(const std::string& peer, uint64_t request_
                                       wire::KvRequest::Reader request) {
   const std::string key = Str(request.getKey());
   if (key.empty()) return absl::InvalidArgumentError("kv: empty key");
+  // An actor's keys live under its generation's prefix while that generation runs: an aborted
+  // generation's late writes and waits are refused (fencing).
+  if (sender.rfind("actor/", 0) == 0) {
+    const std::vector<std::string> parts = absl::StrSplit(sender, '/');
+    auto job = parts.size() == 4 ? jobs_.find(parts[1]) : jobs_.end();
+    if (job == jobs_.end() || !job->second.GenerationLive() ||
+        std::to_string(job->second.generation) != parts[2]) {
+      return absl::FailedPreconditionError("kv: " + sender + " is not an actor of a running "
+                                           "generation");
+    }
+    if (key.rfind(job->second.StorePrefix() + "/", 0) != 0) {
+      return absl::PermissionDeniedError("kv: key '" + key + "' is outside " +
+                                         job->second.StorePrefix());
+    }
+  }
   switch (request.getOp()) {
     case wire::KvOp::SET: {
       metrics_.OnKvOperation("set");
@@ -930,6 +1167,7 @@ absl::Status Coordinator::OnCommReady(const std::string& peer, uint64_t request_
   });
   if (all_ready && job.phase != Phase::kRunning) {
     job.phase = Phase::kRunning;
+    if (job.spec.kind == placement::JobKind::kTrain) job.watchdog.Arm(clock_->Now());
     spdlog::info("job {} generation {}: all communicators ready", job.id, job.generation);
   }
   ReplyAck(peer, request_id);
@@ -944,9 +1182,10 @@ absl::Status Coordinator::OnCommFailed(const std::string& peer, uint64_t request
   actor->state = ActorState::kFailed;
   actor->detail = Str(report.getMessage());
   ReplyAck(peer, request_id);
-  EndJob(jobs_[job_id], JobState::kFailed,
-         "rank " + std::to_string(actor->rank) + " (node " + actor->node_id +
-             ") could not join group " + Str(report.getGroupId()) + ": " + actor->detail);
+  Job& job = jobs_[job_id];
+  OnFault(job, MakeFault(job, FaultKind::kCommError, actor->rank, actor->node_id,
+                         "could not join group " + Str(report.getGroupId()) + ": " +
+                             actor->detail));
   return absl::OkStatus();
 }
 
@@ -997,8 +1236,24 @@ void Coordinator::RecordStep(Job& job, int rank, wire::StepReport::Reader report
     aggregate.bubble_seconds = report.getBubbleSeconds();
   }
   while (progress.recent.size() > kRecentSteps) progress.recent.erase(progress.recent.begin());
-  if (step < progress.step && progress.first_step >= 0) return;
   const TimePoint now = clock_->Now();
+  job.watchdog.OnStep(step, now);
+  if (!job.generations.empty()) {
+    GenerationRecord& current = job.generations.back();
+    current.last_step = std::max(current.last_step, step);
+  }
+  if (job.recovering && job.generations.size() >= 2) {
+    // The restarted job's first new step: the recovery is over.
+    job.recovering = false;
+    GenerationRecord& ended = job.generations[job.generations.size() - 2];
+    ended.recovery_seconds = SecondsBetween(job.recovering_since, now);
+    const std::string cause(ended.cause ? FaultKindName(ended.cause->kind) : "other");
+    metrics_.OnRecovered(cause, ended.recovery_seconds, ended.steps_lost);
+    spdlog::info("job {} generation {}: first step {} {:.3f} s after the fault ({} steps lost)",
+                 job.id, job.generation, step, ended.recovery_seconds, ended.steps_lost);
+    Persist(job);
+  }
+  if (step < progress.step && progress.first_step >= 0) return;
   if (progress.first_step < 0) {
     progress.first_step = step;
     progress.first_report = now;
@@ -1007,6 +1262,7 @@ void Coordinator::RecordStep(Job& job, int rank, wire::StepReport::Reader report
     progress.last_report = now;  // when the step was first seen: the rate behind the ETA
   }
   progress.step = step;
+  if (report.getLogged()) progress.logged_step = std::max(progress.logged_step, step);
   if (!std::isnan(aggregate.loss)) progress.loss = aggregate.loss;
   progress.tokens_per_second = aggregate.tokens_per_second;
   progress.compute_seconds = aggregate.compute_seconds;
@@ -1186,6 +1442,7 @@ absl::Status Coordinator::CommitStep(Job& job, int64_t step) {
     return absl::Status(status.code(), error);
   }
   train.last_committed_step = std::max(train.last_committed_step, step);
+  train.committed_here = true;
   spdlog::info("job {} generation {}: committed checkpoint step {} of {} ranks in {}", job.id,
                job.generation, step, assembly.size(), train.saving_dir);
   // Retention keeps the step this generation resumed from while it runs.
@@ -1197,12 +1454,27 @@ absl::Status Coordinator::CommitStep(Job& job, int64_t step) {
     for (const std::string& folder : *removed) spdlog::info("job {}: removed {}", job.id, folder);
   }
   Persist(job);
+  MaybeGrow(job);
   return absl::OkStatus();
 }
 
 absl::Status Coordinator::OnActorDone(const std::string& peer, uint64_t request_id,
                                       wire::ActorDone::Reader report) {
   const std::string job_id = Str(report.getJobId());
+  if (auto it = jobs_.find(job_id); it != jobs_.end() && it->second.phase == Phase::kAborting &&
+                                    it->second.generation == report.getGeneration() &&
+                                    report.getRank() < it->second.actors.size() &&
+                                    !report.getOk()) {
+    // A rank of an aborted generation failing: part of the cascade, kept for the record.
+    Job& job = it->second;
+    ActorRecord& actor = job.actors[report.getRank()];
+    actor.state = ActorState::kFailed;
+    actor.detail = Str(report.getMessage());
+    ReplyAck(peer, request_id);
+    OnFault(job, MakeFault(job, FaultKind::kAborted, actor.rank, actor.node_id,
+                           "failed: " + actor.detail));
+    return absl::OkStatus();
+  }
   ASSIGN_OR_RETURN(ActorRecord * actor,
                    FindActor(job_id, report.getGeneration(), report.getRank()));
   Job& job = jobs_[job_id];
@@ -1214,9 +1486,12 @@ absl::Status Coordinator::OnActorDone(const std::string& peer, uint64_t request_
   } else {
     actor->state = ActorState::kFailed;
     actor->detail = Str(report.getMessage());
-    EndJob(job, JobState::kFailed,
-           "rank " + std::to_string(actor->rank) + " (node " + actor->node_id +
-               ") failed: " + actor->detail);
+    const auto code = static_cast<absl::StatusCode>(report.getErrorCode());
+    const bool communicator = code == absl::StatusCode::kUnavailable ||
+                              code == absl::StatusCode::kDeadlineExceeded ||
+                              code == absl::StatusCode::kAborted;
+    OnFault(job, MakeFault(job, communicator ? FaultKind::kCommError : FaultKind::kActorError,
+                           actor->rank, actor->node_id, "failed: " + actor->detail));
   }
   return absl::OkStatus();
 }
@@ -1237,12 +1512,18 @@ absl::Status Coordinator::OnActorExited(const std::string& peer, uint64_t reques
   if (job.state != JobState::kRunning) return absl::OkStatus();
   const bool clean = !report.getSignaled() && report.getCode() == 0;
   if (actor.state == ActorState::kSucceeded && clean) return absl::OkStatus();
+  // An actor that reported its own failure exits after it: that report was the fault.
+  const bool reported = actor.state == ActorState::kFailed;
   actor.state = ActorState::kFailed;
+  if (reported) return absl::OkStatus();
   actor.detail = "exited: " + how;
-  EndJob(job, JobState::kFailed,
-         "rank " + std::to_string(actor.rank) + " (node " + actor.node_id + ", pid " +
-             std::to_string(report.getPid()) + ") " + how +
-             (clean ? " before reporting its result" : ""));
+  // Only the agent knows whether it killed the actor: an exit that reaches us after the abort
+  // began may still be the fault that set it off (a killed rank's peers often report first).
+  const bool aborted = report.getKilledByAgent();
+  OnFault(job, MakeFault(job, aborted ? FaultKind::kAborted : FaultKind::kActorExit, actor.rank,
+                         actor.node_id,
+                         (aborted ? "was stopped by the abort: " : "") + how +
+                             (clean ? " before reporting its result" : "")));
   return absl::OkStatus();
 }
 
@@ -1264,34 +1545,51 @@ void Coordinator::MaybeFinishJob(Job& job) {
   }
 }
 
+void Coordinator::SendAbort(const Job& job, const std::string& reason) {
+  std::set<std::string> nodes;
+  for (const ActorRecord& actor : job.actors) {
+    if (!actor.exited && actor.state != ActorState::kLost) nodes.insert(actor.node_id);
+  }
+  for (const auto& node_id : nodes) {
+    const NodeInfo* node = membership_.Find(node_id);
+    if (!node || !node->alive) continue;
+    auto message = NewMessage(0);
+    auto abort = message->payload().initAbortGeneration();
+    abort.setJobId(CapText(job.id));
+    abort.setGeneration(job.generation);
+    abort.setReason(CapText(reason));
+    Send(node->peer, *message);
+  }
+}
+
 void Coordinator::EndJob(Job& job, JobState state, const std::string& error) {
   if (IsFinal(job.state)) return;
-  const bool was_running = job.state == JobState::kRunning;
+  // A generation still holding actors and devices (not one already closed by the supervisor).
+  const bool generation_open =
+      job.state == JobState::kRunning && job.phase != Phase::kRestarting;
+  if (!job.generations.empty() && job.generations.back().ending == Ending::kRunning) {
+    GenerationRecord& record = job.generations.back();
+    record.ended_unix_ms = UnixMillis();
+    record.ending = state == JobState::kSucceeded  ? Ending::kSucceeded
+                    : state == JobState::kCancelled ? Ending::kCancelled
+                                                    : Ending::kFailed;
+  }
   job.state = state;
   job.error = error;
   job.phase = Phase::kNone;
   job.finished_unix_ms = UnixMillis();
-  if (was_running) {
+  job.watchdog.Disarm();
+  job.recovering = false;
+  if (generation_open) {
     metrics_.OnGeneration(state == JobState::kSucceeded ? "completed" : "aborted");
-    std::set<std::string> nodes;
     for (auto& actor : job.actors) {
-      nodes.insert(actor.node_id);
       if (actor.state != ActorState::kSucceeded && actor.state != ActorState::kFailed &&
           actor.state != ActorState::kLost) {
         actor.state = ActorState::kFailed;
         if (actor.detail.empty()) actor.detail = "aborted with its generation";
       }
     }
-    for (const auto& node_id : nodes) {
-      const NodeInfo* node = membership_.Find(node_id);
-      if (!node || !node->alive) continue;
-      auto message = NewMessage(0);
-      auto abort = message->payload().initAbortGeneration();
-      abort.setJobId(CapText(job.id));
-      abort.setGeneration(job.generation);
-      abort.setReason(CapText(state == JobState::kSucceeded ? "job succeeded" : error));
-      Send(node->peer, *message);
-    }
+    SendAbort(job, state == JobState::kSucceeded ? "job succeeded" : error);
     FreeDevices(job);
     kv_.ErasePrefix("job/" + job.id + "/");
   }
@@ -1311,10 +1609,196 @@ void Coordinator::FreeDevices(const Job& job) {
   }
 }
 
-void Coordinator::CheckDeadlines() {
+// ---------------------------------------------------------------------------------------------
+// Supervision
+
+Fault Coordinator::MakeFault(const Job& job, FaultKind kind, int rank, const std::string& node,
+                             std::string detail) const {
+  Fault fault;
+  fault.kind = kind;
+  fault.at = clock_->Now();
+  fault.unix_ms = UnixMillis();
+  fault.rank = rank;
+  fault.node = node;
+  if (job.spec.kind == placement::JobKind::kTrain) fault.step = job.train.step;
+  fault.detail = std::move(detail);
+  return fault;
+}
+
+void Coordinator::OnFault(Job& job, Fault fault) {
+  const bool aborting = job.state == JobState::kRunning && job.phase == Phase::kAborting;
+  if (!job.GenerationLive() && !aborting) return;
+  const std::string what = DescribeFault(fault);
+  job.faults.Add(std::move(fault));
+  if (aborting) {
+    spdlog::info("job {} generation {}: also {}", job.id, job.generation, what);
+    return;
+  }
+  // The first fault: abort now, name the cause once every actor is gone (its agent's exit report
+  // can arrive after its peers' reports of a broken socket).
+  const TimePoint now = clock_->Now();
+  job.phase = Phase::kAborting;
+  job.abort_ending = Ending::kFault;
+  job.abort_started = now;
+  job.abort_deadline = now + options_.abort_grace;
+  job.watchdog.Disarm();
+  spdlog::warn("job {} generation {}: {}; aborting the generation", job.id, job.generation, what);
+  SendAbort(job, what);
+}
+
+void Coordinator::Supervise() {
   const TimePoint now = clock_->Now();
   for (auto& [id, job] : jobs_) {
     if (job.state != JobState::kRunning) continue;
+    if (job.phase == Phase::kAborting) {
+      const bool all_gone =
+          std::all_of(job.actors.begin(), job.actors.end(), [](const ActorRecord& actor) {
+            return actor.exited || actor.state == ActorState::kLost;
+          });
+      if (all_gone || now >= job.abort_deadline) CloseGeneration(job);
+    } else if (job.phase == Phase::kRunning && job.watchdog.Expired(now)) {
+      // Alive but silent: a stopped process (its agent says which) or a deadlock.
+      int rank = -1;
+      std::string node, stopped;
+      for (const ActorRecord& actor : job.actors) {
+        if (!actor.stopped) continue;
+        if (rank < 0) {
+          rank = actor.rank;
+          node = actor.node_id;
+        }
+        stopped += (stopped.empty() ? "" : ", ") + std::to_string(actor.rank);
+      }
+      const double silent = job.watchdog.SilentSeconds(now);
+      const double interval = job.watchdog.report_interval_seconds();
+      std::string detail =
+          (rank >= 0 ? "is stopped and" : "(every rank)") + std::string(" made no progress for ") +
+          FormatSeconds(silent) + " (the watchdog allows max(" +
+          FormatSeconds(Seconds(job.spec.elastic.enabled ? Duration(job.spec.elastic.progress_timeout)
+                                                         : Duration(std::chrono::seconds(10)))) +
+          ", " + std::to_string(static_cast<int>(ProgressWatchdog::kStepsOfSlack)) + " x " +
+          FormatSeconds(interval) + " between reports))";
+      if (rank >= 0 && stopped.find(',') != std::string::npos) detail += "; stopped ranks " + stopped;
+      Fault fault = MakeFault(job, FaultKind::kHung, rank, node, detail);
+      fault.unseen_seconds = silent;
+      OnFault(job, std::move(fault));
+    } else if (job.phase == Phase::kRestarting && job.Elastic() &&
+               now - job.restart_waiting_since >= job.spec.elastic.wait_timeout) {
+      EndJob(job, JobState::kFailed,
+             "waited " + FormatSeconds(Seconds(job.spec.elastic.wait_timeout)) +
+                 " (elastic.wait_timeout_s) to restart: " + job.waiting_reason);
+    }
+  }
+}
+
+void Coordinator::CloseGeneration(Job& job) {
+  const TimePoint now = clock_->Now();
+  GenerationRecord& record = job.generations.back();
+  record.ended_unix_ms = UnixMillis();
+  record.last_step = std::max(record.last_step, job.train.step);
+  record.abort_seconds = SecondsBetween(job.abort_started, now);
+  for (ActorRecord& actor : job.actors) {
+    if (actor.exited || actor.state == ActorState::kLost) continue;
+    actor.state = ActorState::kLost;
+    actor.detail = "had not exited " + FormatSeconds(record.abort_seconds) + " after the abort";
+  }
+  FreeDevices(job);
+  kv_.ErasePrefix("job/" + job.id + "/");
+  metrics_.OnGeneration("aborted");
+  std::string error;
+  if (job.abort_ending == Ending::kGrow) {
+    record.ending = Ending::kGrow;
+  } else {
+    record.ending = Ending::kFault;
+    const Fault& cause = job.faults.RootCause();
+    record.cause = cause;
+    record.detection_seconds = cause.unseen_seconds;
+    for (const Fault& consequence : job.faults.Consequences()) {
+      record.consequences.push_back(DescribeFault(consequence));
+    }
+    error = "generation " + std::to_string(job.generation) + ": " + DescribeFault(cause);
+    if (!record.consequences.empty()) {
+      error += " (then " + std::to_string(record.consequences.size()) + " consequence" +
+               (record.consequences.size() == 1 ? "" : "s") + ": " + record.consequences.front() +
+               (record.consequences.size() > 1 ? "; ..." : "") + ")";
+    }
+    spdlog::warn("job {} {}; aborted in {:.3f} s", job.id, error, record.abort_seconds);
+  }
+  job.faults.clear();
+  if (!job.Elastic()) {
+    EndJob(job, JobState::kFailed, error);
+    return;
+  }
+  if (record.ending == Ending::kFault) {
+    const RestartVerdict verdict = DecideRestart(job.spec.elastic, job.generations, UnixMillis());
+    if (!verdict.restart) {
+      EndJob(job, JobState::kFailed, "restarts stopped: " + verdict.reason);
+      return;
+    }
+    metrics_.OnRestart(FaultKindName(record.cause->kind));
+    job.recovering = true;
+    job.recovering_since = record.cause->at;
+  } else {
+    // A grow is a restart too, from the step just committed: its recovery is measured from now.
+    job.recovering = true;
+    job.recovering_since = now;
+  }
+  // Between generations: decide where to resume (the newest committed step), then wait for
+  // devices for a layout within min..max (TryStartPendingJobs).
+  job.phase = Phase::kRestarting;
+  job.error = error;
+  job.restart_waiting_since = now;
+  job.train.start = TrainRecord::Start::kUndecided;
+  if (job.spec.parallel_auto) {
+    // The planner plans afresh on what is there now.
+    const int64_t micro_batch = job.spec.parallel.micro_batch;
+    job.spec.parallel = placement::ParallelSpec();
+    job.spec.parallel.micro_batch = micro_batch;
+    job.spec.actors = job.auto_max_actors;
+    job.plan.planned = false;
+    job.plan.failed_on.clear();
+  }
+  job.waiting_reason = "restarting after generation " + std::to_string(job.generation);
+  spdlog::info("job {}: restarting after generation {} ({})", job.id, job.generation,
+               record.ending == Ending::kGrow ? "to grow" : error);
+  Persist(job);
+  TryStartPendingJobs();
+}
+
+void Coordinator::MaybeGrow(Job& job) {
+  if (!job.Elastic() || job.spec.parallel_auto || !job.GenerationLive() ||
+      job.phase != Phase::kRunning || job.train.last_committed_step >= job.spec.train.steps ||
+      job.World() >= job.spec.elastic.max_actors) {
+    return;
+  }
+  const auto wanted = job.spec.devices == placement::DeviceKind::kCuda ? DeviceInfo::Kind::kCuda
+                                                                       : DeviceInfo::Kind::kCpu;
+  int free = 0;
+  for (const auto& [node_id, node] : membership_.nodes()) {
+    if (!node.alive) continue;
+    for (const DeviceInfo& device : node.devices) {
+      free += device.kind == wanted && device.busy_job.empty() ? 1 : 0;
+    }
+  }
+  if (free == 0) return;
+  auto larger = placement::ElasticLayout(job.spec, job.World() + free);
+  if (!larger.ok() || larger->world() <= job.World()) return;
+  const std::string reason = "growing from " + std::to_string(job.World()) + " to " +
+                             std::to_string(larger->world()) + " actors after step " +
+                             std::to_string(job.train.last_committed_step);
+  spdlog::info("job {} generation {}: {}", job.id, job.generation, reason);
+  const TimePoint now = clock_->Now();
+  job.phase = Phase::kAborting;
+  job.abort_ending = Ending::kGrow;
+  job.abort_started = now;
+  job.abort_deadline = now + options_.abort_grace;
+  job.watchdog.Disarm();
+  SendAbort(job, reason);
+}
+
+void Coordinator::CheckDeadlines() {
+  const TimePoint now = clock_->Now();
+  for (auto& [id, job] : jobs_) {
+    if (!job.GenerationLive()) continue;
     if (job.phase != Phase::kRunning && now >= job.bootstrap_deadline) {
       // Name the members that never came; those that came and waited are only counted.
       std::string report;
@@ -1342,9 +1826,10 @@ void Coordinator::CheckDeadlines() {
                                   : (missing.empty() ? ": ranks " : ", while ranks ") + waited +
                                         " joined and waited");
       }
-      EndJob(job, JobState::kFailed,
-             "bootstrap of generation " + std::to_string(job.generation) + " timed out after " +
-                 FormatSeconds(Seconds(job.spec.bootstrap_timeout)) + ": " + report);
+      OnFault(job, MakeFault(job, FaultKind::kBootstrap, -1, "",
+                             "bootstrap timed out after " +
+                                 FormatSeconds(Seconds(job.spec.bootstrap_timeout)) + ": " +
+                                 report));
     } else if (now >= job.run_deadline) {
       EndJob(job, JobState::kFailed,
              "run timeout of " + FormatSeconds(Seconds(job.spec.run_timeout)) + " reached");
@@ -1431,7 +1916,7 @@ void Coordinator::FillStatus(wire::ClusterStatus::Builder status, const std::str
     out.setState(CapText(std::string(JobStateName(job.state))));
     out.setGeneration(job.generation);
     out.setWorldSize(static_cast<uint32_t>(job.World()));
-    out.setError(CapText(job.state == JobState::kPending ? job.waiting_reason : job.error));
+    out.setError(CapText(job.WantsDevices() ? job.waiting_reason : job.error));
     out.setSubmittedUnixMs(job.submitted_unix_ms);
     out.setFinishedUnixMs(job.finished_unix_ms);
     out.setPhase(CapText(std::string(PhaseName(job.phase))));
@@ -1468,6 +1953,7 @@ void Coordinator::FillTrainProgress(wire::TrainProgress::Builder out, const Job&
   const placement::TrainSpec& spec = job.spec.train;
   const placement::ParallelSpec& parallel = job.spec.parallel;
   out.setStep(static_cast<uint64_t>(progress.step));
+  out.setLoggedStep(static_cast<uint64_t>(progress.logged_step));
   out.setSteps(static_cast<uint64_t>(spec.steps));
   out.setLoss(progress.loss);
   out.setTokensPerSecond(progress.tokens_per_second);
@@ -1514,6 +2000,33 @@ void Coordinator::FillTrainProgress(wire::TrainProgress::Builder out, const Job&
   if (progress.start == TrainRecord::Start::kDecided && progress.resume_manifest.empty()) {
     out.setInitializedFrom(CapText(spec.init_from));
   }
+  out.setElastic(job.Elastic());
+  out.setMinActors(static_cast<uint32_t>(std::max(job.spec.elastic.min_actors, 0)));
+  out.setMaxActors(static_cast<uint32_t>(std::max(job.spec.elastic.max_actors, 0)));
+  auto generations = out.initGenerations(static_cast<unsigned>(job.generations.size()));
+  for (size_t i = 0; i < job.generations.size(); ++i) {
+    const GenerationRecord& record = job.generations[i];
+    auto g = generations[static_cast<unsigned>(i)];
+    g.setGeneration(record.generation);
+    g.setStartedUnixMs(record.started_unix_ms);
+    g.setEndedUnixMs(record.ended_unix_ms);
+    g.setPlan(CapText(record.plan));
+    g.setResumedStep(record.resumed_step);
+    g.setLastStep(record.last_step);
+    g.setEnding(CapText(std::string(EndingName(record.ending))));
+    if (record.cause) {
+      g.setCause(CapText(DescribeFault(*record.cause)));
+      g.setCauseKind(CapText(std::string(FaultKindName(record.cause->kind))));
+    }
+    auto consequences = g.initConsequences(static_cast<unsigned>(record.consequences.size()));
+    for (size_t c = 0; c < record.consequences.size(); ++c) {
+      consequences.set(static_cast<unsigned>(c), CapText(record.consequences[c]));
+    }
+    g.setStepsLost(record.steps_lost);
+    g.setRecoverySeconds(record.recovery_seconds);
+    g.setDetectionSeconds(record.detection_seconds);
+    g.setAbortSeconds(record.abort_seconds);
+  }
 }
 
 void Coordinator::Persist(const Job& job) {
@@ -1547,8 +2060,32 @@ void Coordinator::Persist(const Job& job) {
     record["train"] = {{"step", job.train.step},
                        {"loss", loss},
                        {"last_committed_step", job.train.last_committed_step},
+                       {"committed_here", job.train.committed_here},
                        {"resumed_step", job.train.resumed_step},
                        {"skipped_checkpoints", skipped}};
+    nlohmann::json generations = nlohmann::json::array();
+    for (const GenerationRecord& g : job.generations) {
+      nlohmann::json entry = {{"generation", g.generation},
+                              {"started_unix_ms", g.started_unix_ms},
+                              {"ended_unix_ms", g.ended_unix_ms},
+                              {"plan", g.plan},
+                              {"world", g.world},
+                              {"resumed_step", g.resumed_step},
+                              {"last_step", g.last_step},
+                              {"ending", EndingName(g.ending)},
+                              {"consequences", g.consequences},
+                              {"steps_lost", g.steps_lost},
+                              {"recovery_seconds", g.recovery_seconds},
+                              {"detection_seconds", g.detection_seconds},
+                              {"abort_seconds", g.abort_seconds}};
+      if (g.cause) {
+        entry["cause"] = {{"kind", FaultKindName(g.cause->kind)}, {"unix_ms", g.cause->unix_ms},
+                          {"rank", g.cause->rank},  {"node", g.cause->node},
+                          {"step", g.cause->step},  {"detail", g.cause->detail}};
+      }
+      generations.push_back(std::move(entry));
+    }
+    record["generations"] = std::move(generations);
     if (job.plan.planned) {
       // The spec says only `parallel: auto`: the history keeps what the planner chose.
       const placement::ParallelSpec& p = job.spec.parallel;
@@ -1592,7 +2129,10 @@ absl::Status Coordinator::LoadHistory() {
       }
       job.spec = *spec;
       job.backend = std::string(placement::BackendName(placement::ResolveBackend(job.spec)));
-      if (job.spec.parallel_auto) job.auto_max_actors = job.spec.actors;
+      if (job.spec.parallel_auto) {
+        job.auto_max_actors =
+            job.spec.elastic.enabled ? job.spec.elastic.max_actors : job.spec.actors;
+      }
       if (job.spec.kind == placement::JobKind::kTrain) {
         job.train.saving_dir = ResolveUnder(job.work_dir, job.spec.train.checkpoint.dir);
         const auto train = record.value("train", nlohmann::json::object());
@@ -1601,6 +2141,10 @@ absl::Status Coordinator::LoadHistory() {
           job.train.loss = train["loss"].get<double>();
         }
         job.train.last_committed_step = train.value("last_committed_step", int64_t{-1});
+        job.train.committed_here = train.value("committed_here", false);
+        for (const auto& entry : record.value("generations", nlohmann::json::array())) {
+          job.generations.push_back(GenerationFromJson(entry));
+        }
         job.train.resumed_step = train.value("resumed_step", int64_t{0});
         for (const auto& skipped : train.value("skipped_checkpoints", nlohmann::json::array())) {
           job.train.skipped.push_back(
@@ -1643,6 +2187,43 @@ absl::Status Coordinator::LoadHistory() {
         job.state = JobState::kCancelled;
       } else if (state == "pending") {
         job.state = JobState::kPending;  // still wanted: it starts when devices come
+      } else if (state == "running" && job.Elastic()) {
+        // Supervision resumes: the generation that ran is over (its agents kill its actors when
+        // they register with this coordinator, and its messages are fenced by generation); the
+        // job restarts from its newest committed step as the next one.
+        job.state = JobState::kRunning;
+        job.phase = Phase::kRestarting;
+        const TimePoint now = clock_->Now();
+        job.restart_waiting_since = now;
+        job.recovering = true;
+        job.recovering_since = now;
+        if (job.generations.empty() || job.generations.back().generation != job.generation) {
+          GenerationRecord lost;
+          lost.generation = job.generation;
+          job.generations.push_back(lost);
+        }
+        GenerationRecord& ended = job.generations.back();
+        if (ended.ending == Ending::kRunning) {
+          ended.ending = Ending::kFault;
+          ended.ended_unix_ms = UnixMillis();
+          Fault fault;
+          fault.kind = FaultKind::kCoordinatorRestart;
+          fault.at = now;
+          fault.unix_ms = ended.ended_unix_ms;
+          fault.step = job.train.step;
+          fault.detail = "ended: the coordinator restarted";
+          ended.cause = fault;
+          ended.last_step = std::max(ended.last_step, job.train.step);
+        }
+        job.waiting_reason = "restarting after generation " + std::to_string(job.generation) +
+                             " (the coordinator restarted)";
+        if (job.spec.parallel_auto) {
+          job.plan.planned = false;
+          const int64_t micro_batch = job.spec.parallel.micro_batch;
+          job.spec.parallel = placement::ParallelSpec();
+          job.spec.parallel.micro_batch = micro_batch;
+          job.spec.actors = job.auto_max_actors;
+        }
       } else {
         job.state = JobState::kFailed;
         if (state == "running") {
@@ -1692,7 +2273,8 @@ void Coordinator::UpdateGauges() {
     for (const auto& actor : job.actors) actors[std::string(ActorStateName(actor.state))] += 1;
     if (job.spec.kind == placement::JobKind::kTrain) {
       train[id] = {static_cast<double>(job.train.step), job.train.loss,
-                   job.train.tokens_per_second};
+                   job.train.tokens_per_second, static_cast<double>(job.generation),
+                   static_cast<double>(job.train.last_committed_step)};
     }
   }
   metrics_.SetTrainJobs(train);

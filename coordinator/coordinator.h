@@ -30,8 +30,13 @@ struct CoordinatorOptions {
   std::string metrics_address = "127.0.0.1:0";  // empty: no metrics endpoint
   std::string state_dir;                         // empty: nothing persisted
   std::string cluster_id = "shardline";
-  std::chrono::milliseconds heartbeat_interval{1000};
-  std::chrono::milliseconds heartbeat_timeout{5000};
+  // A node is lost after heartbeat_timeout without a heartbeat: with these defaults a dead node
+  // is detected within 1.5 s plus one event-loop turn (under 2 s on a LAN).
+  std::chrono::milliseconds heartbeat_interval{300};
+  std::chrono::milliseconds heartbeat_timeout{1500};
+  // An aborted generation's actors that have not exited this long after the abort (their agent
+  // gone silent too) are given up as lost, and the supervisor goes on without them.
+  std::chrono::milliseconds abort_grace{3000};
 };
 
 class Coordinator {
@@ -128,8 +133,30 @@ class Coordinator {
   // Made when the generation starts and again once all its ranks have calibrated.
   void PredictLayout(Job& job);
   void StartGeneration(Job& job, const std::vector<std::pair<std::string, int>>& placement);
-  // Ends the current generation: aborts its actors, frees its devices, records `error`.
+  // Ends the job in a final state: aborts its actors, frees its devices, records `error`.
   void EndJob(Job& job, JobState state, const std::string& error);
+
+  // ---- supervision (the rules are supervisor.h's; this is their wiring) ----
+  // A fault of the job's current generation: the first one aborts the generation (kAborting);
+  // every one is kept, so that once all its actors are gone the cause is named (CloseGeneration).
+  void OnFault(Job& job, Fault fault);
+  // A fault of `kind` by `rank` (-1: none) with the job's current step and the time filled in.
+  Fault MakeFault(const Job& job, FaultKind kind, int rank, const std::string& node,
+                  std::string detail) const;
+  // Tells the agents of the generation's live actors to kill them.
+  void SendAbort(const Job& job, const std::string& reason);
+  // Aborting jobs whose actors are all gone (or past the grace), hung generations (the
+  // watchdog), elastic jobs that waited too long for devices.
+  void Supervise();
+  // The aborted generation is over: names its cause, then restarts the job (elastic, the breaker
+  // allows) or fails it.
+  void CloseGeneration(Job& job);
+  // After a commit: an elastic job below max_actors with free devices for a larger layout ends
+  // this generation to restart on it (no fault, nothing lost).
+  void MaybeGrow(Job& job);
+  // The resume request of a job's start: its spec's, or after a restart of a job that committed
+  // a step, the newest committed step of its own checkpoint dir.
+  checkpoint::ResumeRequest StartRequest(const Job& job) const;
   void MaybeFinishJob(Job& job);
   void CheckDeadlines();
   void OnNodesDead(const std::vector<std::string>& node_ids);
@@ -157,6 +184,9 @@ class Coordinator {
   std::map<std::string, Job> jobs_;
   std::vector<std::string> job_order_;  // submission order: pending jobs start first-come
   uint64_t next_job_number_ = 1;
+  // Random per process: agents that see it change kill the actors of the old coordinator.
+  std::string instance_id_;
+  int state_dir_lock_fd_ = -1;  // flock'd: one coordinator per state dir
   TimePoint last_gauge_update_;
   // Last: destroyed first, so no task outlives what its closure would touch.
   BackgroundWork background_;

@@ -19,6 +19,8 @@ std::string_view PhaseName(Phase phase) {
     case Phase::kSpawning: return "spawning";
     case Phase::kBootstrapping: return "bootstrapping";
     case Phase::kRunning: return "running";
+    case Phase::kAborting: return "aborting";
+    case Phase::kRestarting: return "restarting";
   }
   return "unknown";
 }

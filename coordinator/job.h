@@ -14,13 +14,17 @@
 #include "checkpoint/commit.h"
 #include "checkpoint/resume.h"
 #include "coordinator/membership.h"
+#include "coordinator/supervisor.h"
 #include "placement/job_spec.h"
 
 namespace shardline::coordinator {
 
 enum class JobState { kPending, kRunning, kSucceeded, kFailed, kCancelled };
 // Where a running job's current generation is.
-enum class Phase { kNone, kSpawning, kBootstrapping, kRunning };
+// kAborting: a fault ended it; its actors are being killed and its faults gathered, to name the
+// cause once every actor is gone. kRestarting: an elastic job between generations (deciding
+// where to resume, waiting for devices).
+enum class Phase { kNone, kSpawning, kBootstrapping, kRunning, kAborting, kRestarting };
 enum class ActorState { kSpawning, kRegistered, kBootstrapping, kReady, kRunning, kSucceeded,
                         kFailed, kLost };
 
@@ -40,6 +44,7 @@ struct ActorRecord {
   std::string address;
   std::string metrics_address;
   bool exited = false;
+  bool stopped = false;  // its agent's last heartbeat saw it stopped (SIGSTOP)
 };
 
 struct GroupRecord {
@@ -78,6 +83,7 @@ struct StepAggregate {
 // A train job's progress, as `shardline status` shows it.
 struct TrainRecord {
   int64_t step = 0;  // the latest step any rank reported; 0 before the first report
+  int64_t logged_step = 0;  // the latest step of log_interval reported (what progress lines show)
   double loss = std::numeric_limits<double>::quiet_NaN();
   double tokens_per_second = 0;
   double compute_seconds = 0;
@@ -92,6 +98,7 @@ struct TrainRecord {
   std::map<int64_t, checkpoint::StepAssembly> saving;
   std::string saving_dir;              // the checkpoint dir, absolute; empty: no checkpoints
   int64_t last_committed_step = -1;    // survives generations: a new one resumes from it
+  bool committed_here = false;         // this job committed a step (a restart resumes from it)
   // The token stream the ranks train on, as their ShardSaved reports say (for the manifests).
   checkpoint::DataIdentity data;
 
@@ -148,6 +155,31 @@ struct Job {
   // because applying the plan sets spec.actors to the plan's world.
   int auto_max_actors = 0;
   PlanRecord plan;
+
+  // Supervision (coordinator/supervisor.h). Every generation, oldest first; the last is the
+  // current one (or the one that ended last). Kept in the job's history.
+  std::vector<GenerationRecord> generations;
+  FaultLog faults;             // of the current generation, from its first fault on
+  TimePoint abort_started;     // kAborting: when the abort was sent
+  TimePoint abort_deadline;    // kAborting: actors not gone by then are given up as lost
+  Ending abort_ending = Ending::kFault;  // kAborting: a fault, or a grow to a larger layout
+  ProgressWatchdog watchdog;   // armed while the generation trains
+  TimePoint restart_waiting_since;  // kRestarting: when it began to wait for devices
+  // A restart in progress: the time of the fault it recovers from, until the next generation's
+  // first step (the recovery time).
+  bool recovering = false;
+  TimePoint recovering_since;
+
+  bool Elastic() const { return spec.kind == placement::JobKind::kTrain && spec.elastic.enabled; }
+  // Running its actors: the phases in which its generation's messages are acted on.
+  bool GenerationLive() const {
+    return state == JobState::kRunning && phase != Phase::kAborting && phase != Phase::kRestarting;
+  }
+  // Waiting to (re)start: a pending job, or an elastic one between generations.
+  bool WantsDevices() const {
+    return state == JobState::kPending ||
+           (state == JobState::kRunning && phase == Phase::kRestarting);
+  }
 
   // Whether every rank of the current generation has calibrated, so that the prediction was made
   // with their own numbers.

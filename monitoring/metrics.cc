@@ -21,6 +21,9 @@ constexpr std::string_view kOther = "other";
 
 // Bootstrap of one communicator group: a loopback Gloo rendezvous takes a few ms, an NCCL
 // bootstrap across hosts seconds, and a group stuck on a missing rank runs to the 5 min timeout.
+// A restart: from well under a second (one host, a small model) to minutes (a large checkpoint).
+const std::vector<double> kRecoveryBuckets = {0.25, 0.5, 1, 1.5, 2, 3, 5, 10, 20, 30, 60, 120, 300,
+                                              600};
 const std::vector<double> kBootstrapBuckets = {
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300};
 // One collective: a small all-reduce on NVLink takes ~10 us, a large one over TCP seconds,
@@ -378,9 +381,37 @@ CoordinatorMetrics::CoordinatorMetrics(std::shared_ptr<prometheus::Registry> reg
       "Tokens per second of a running train job's latest reported step, as its slowest rank "
       "measured them, by job.",
       constant_labels);
+  train_generation_ = std::make_unique<detail::JobGauges>(
+      r, "shardline_train_generation",
+      "Current generation of a running train job (it grows by one at every restart), by job.",
+      constant_labels);
+  train_last_committed_step_ = std::make_unique<detail::JobGauges>(
+      r, "shardline_train_last_committed_step",
+      "Newest checkpoint step a running train job has committed (-1: none), by job.",
+      constant_labels);
+  restarts_ = std::make_unique<detail::LabeledCounters>(
+      r, "shardline_restarts_total",
+      "Generations of elastic jobs that a fault ended and the supervisor restarted, by the "
+      "fault's root cause.",
+      constant_labels, "cause", Vocabulary::Open(kFaultCauses));
+  steps_lost_ = std::make_unique<detail::LabeledCounters>(
+      r, "shardline_steps_lost_total",
+      "Steps trained past the last committed checkpoint that a restart threw away, by the "
+      "fault's root cause.",
+      constant_labels, "cause", Vocabulary::Open(kFaultCauses));
+  recovery_seconds_ = std::make_unique<detail::LabeledHistograms>(
+      r, "shardline_recovery_seconds",
+      "Time from a fault to the restarted job's first new step, by the fault's root cause.",
+      constant_labels, "cause", Vocabulary::Open(kFaultCauses), kRecoveryBuckets);
 }
 
 CoordinatorMetrics::~CoordinatorMetrics() = default;
+
+void CoordinatorMetrics::OnRestart(std::string_view cause) { restarts_->Get(cause).Increment(); }
+void CoordinatorMetrics::OnRecovered(std::string_view cause, double seconds, int64_t steps_lost) {
+  recovery_seconds_->Get(cause).Observe(seconds);
+  steps_lost_->Get(cause).Increment(static_cast<double>(std::max<int64_t>(steps_lost, 0)));
+}
 
 void CoordinatorMetrics::SetNodes(const std::map<std::string, int64_t>& by_state) {
   nodes_->Set(ByOneLabel(by_state));
@@ -408,15 +439,19 @@ void CoordinatorMetrics::ObserveBootstrap(std::string_view group_kind, double se
   bootstrap_seconds_->Get(group_kind).Observe(seconds);
 }
 void CoordinatorMetrics::SetTrainJobs(const std::map<std::string, TrainGauges>& by_job) {
-  std::map<std::string, double> step, loss, tokens_per_second;
+  std::map<std::string, double> step, loss, tokens_per_second, generation, committed;
   for (const auto& [job, gauges] : by_job) {
     step[job] = gauges.step;
     loss[job] = gauges.loss;
     tokens_per_second[job] = gauges.tokens_per_second;
+    generation[job] = gauges.generation;
+    committed[job] = gauges.last_committed_step;
   }
   train_step_->Set(step);
   train_loss_->Set(loss);
   train_tokens_per_second_->Set(tokens_per_second);
+  train_generation_->Set(generation);
+  train_last_committed_step_->Set(committed);
 }
 
 // ---------------------------------------------------------------------------------------------

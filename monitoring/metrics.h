@@ -51,6 +51,10 @@ inline constexpr std::array<std::string_view, 5> kJobStates = {"pending", "runni
 inline constexpr std::array<std::string_view, 4> kKvOperations = {"set", "get", "add",
                                                                   "wait_timeout"};
 inline constexpr std::array<std::string_view, 2> kGenerationOutcomes = {"completed", "aborted"};
+// Why a generation ended with a fault (coordinator/supervisor.h FaultKindName).
+inline constexpr std::array<std::string_view, 8> kFaultCauses = {
+    "actor_exit", "actor_error", "comm_error", "node_lost", "hung", "bootstrap", "aborted",
+    "coordinator_restart"};
 inline constexpr std::array<std::string_view, 4> kGroupKinds = {"world", "tp", "pp", "dp"};
 inline constexpr std::array<std::string_view, 3> kActorExitOutcomes = {"success", "failure",
                                                                        "signal"};
@@ -67,6 +71,8 @@ struct TrainGauges {
   double step = 0;               // the latest step reported
   double loss = 0;               // of the last pipeline stage; NaN before the first report
   double tokens_per_second = 0;  // of the slowest rank
+  double generation = 0;         // its current generation (1 until a restart)
+  double last_committed_step = -1;  // -1: nothing committed yet
 };
 
 // Envelopes in and out of a ZeroMQ socket; used by the coordinator, the agent and the actor.
@@ -115,6 +121,11 @@ class CoordinatorMetrics {
   // Past kMaxLabelValues jobs, the rest are left out (with a warning): a sum of other jobs'
   // steps or losses would mean nothing.
   void SetTrainJobs(const std::map<std::string, TrainGauges>& by_job);
+  // A generation ended with a fault of kind `cause` (kFaultCauses) and the job restarts.
+  void OnRestart(std::string_view cause);
+  // A restarted job's first new step came `seconds` after the fault; `steps_lost` steps trained
+  // past its last committed step were lost.
+  void OnRecovered(std::string_view cause, double seconds, int64_t steps_lost);
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
@@ -129,6 +140,11 @@ class CoordinatorMetrics {
   std::unique_ptr<detail::JobGauges> train_step_;
   std::unique_ptr<detail::JobGauges> train_loss_;
   std::unique_ptr<detail::JobGauges> train_tokens_per_second_;
+  std::unique_ptr<detail::JobGauges> train_generation_;
+  std::unique_ptr<detail::JobGauges> train_last_committed_step_;
+  std::unique_ptr<detail::LabeledCounters> restarts_;
+  std::unique_ptr<detail::LabeledCounters> steps_lost_;
+  std::unique_ptr<detail::LabeledHistograms> recovery_seconds_;
 };
 
 // One node agent.

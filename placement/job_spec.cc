@@ -43,6 +43,14 @@ constexpr std::string_view kDp = "dp";
 constexpr std::string_view kZero = "zero";
 constexpr std::string_view kStages = "stages";
 
+constexpr std::string_view kElastic = "elastic";
+constexpr std::string_view kElasticMin = "min_actors";
+constexpr std::string_view kElasticMax = "max_actors";
+constexpr std::string_view kMaxRestarts = "max_restarts";
+constexpr std::string_view kRestartWindow = "restart_window_s";
+constexpr std::string_view kWaitTimeout = "wait_timeout_s";
+constexpr std::string_view kProgressTimeout = "progress_timeout_s";
+
 constexpr EnumName<JobKind> kJobKinds[] = {{"comm-check", JobKind::kCommCheck},
                                            {"train", JobKind::kTrain}};
 constexpr EnumName<DeviceKind> kDeviceKinds[] = {{"cpu", DeviceKind::kCpu},
@@ -62,6 +70,7 @@ std::vector<std::string_view> TrainOnlyKeys() {
                                      internal::kTrainSectionKeys.end());
   keys.push_back(kMicroBatch);
   keys.push_back(kParallel);
+  keys.push_back(kElastic);
   return keys;
 }
 
@@ -228,6 +237,85 @@ absl::StatusOr<ParallelSpec> ParseParallel(const YamlMap& map, int64_t layers) {
   return spec;
 }
 
+// The fixed layouts an elastic job may run: `layout` with each dp from the most devices down,
+// the first valid one (ValidateParallel) whose world is at least `min_actors`.
+absl::StatusOr<ParallelSpec> LargestElasticLayout(const ModelSpec& model, int64_t batch,
+                                                  const ParallelSpec& layout, int min_actors,
+                                                  int max_world, std::string* why_not) {
+  const int group = layout.tp * layout.pp;
+  for (int dp = max_world / group; dp >= 1 && dp * group >= min_actors; --dp) {
+    ParallelSpec candidate = layout;
+    candidate.dp = dp;
+    const absl::Status valid = ValidateParallel(model, batch, candidate, dp * group);
+    if (valid.ok()) return candidate;
+    if (why_not != nullptr && why_not->empty()) {
+      *why_not = absl::StrCat("dp ", dp, ": ", ToString(valid.message()));
+    }
+  }
+  return absl::FailedPreconditionError("no dp fits");
+}
+
+// `elastic: {min_actors, max_actors, max_restarts, restart_window_s, wait_timeout_s,
+// progress_timeout_s}` of a train job whose layout (fixed or auto) has been read.
+absl::Status ParseElastic(const YamlMap& parent, JobSpec& spec) {
+  if (!parent.Has(kElastic)) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const YamlMap map,
+                   parent.OptionalMap(kElastic, {kElasticMin, kElasticMax, kMaxRestarts,
+                                                 kRestartWindow, kWaitTimeout, kProgressTimeout}));
+  ElasticSpec& elastic = spec.elastic;
+  elastic.enabled = true;
+  const ParallelSpec& layout = spec.parallel;
+  const int group = spec.parallel_auto ? 1 : layout.tp * layout.pp;
+  const int own_world = spec.parallel_auto ? spec.actors : layout.world();
+  const IntRange actor_range{.min = 1, .max = kMaxActors};
+  ASSIGN_OR_RETURN(const int64_t min_actors, map.OptionalInt64(kElasticMin, group, actor_range));
+  ASSIGN_OR_RETURN(const int64_t max_actors,
+                   map.OptionalInt64(kElasticMax, std::max(own_world, 0), actor_range));
+  elastic.min_actors = static_cast<int>(min_actors);
+  elastic.max_actors = static_cast<int>(max_actors);
+  ASSIGN_OR_RETURN(const int64_t restarts,
+                   map.OptionalInt64(kMaxRestarts, elastic.max_restarts, {.min = 0, .max = 1000000}));
+  elastic.max_restarts = static_cast<int>(restarts);
+  ASSIGN_OR_RETURN(elastic.restart_window, ReadTimeout(map, kRestartWindow, elastic.restart_window));
+  ASSIGN_OR_RETURN(elastic.wait_timeout, ReadTimeout(map, kWaitTimeout, elastic.wait_timeout));
+  ASSIGN_OR_RETURN(elastic.progress_timeout,
+                   ReadTimeout(map, kProgressTimeout, elastic.progress_timeout));
+  if (elastic.max_actors > 0 && elastic.min_actors > elastic.max_actors) {
+    return map.ErrorAt(map.Has(kElasticMax) ? kElasticMax : kElasticMin,
+                       absl::StrCat("min_actors ", elastic.min_actors, " is more than max_actors ",
+                                    elastic.max_actors));
+  }
+  if (spec.parallel_auto) {
+    // The plan is capped by max_actors; `actors`, when given, says the same.
+    if (spec.actors > 0 && map.Has(kElasticMax) && spec.actors != elastic.max_actors) {
+      return map.ErrorAt(kElasticMax, absl::StrCat("max_actors ", elastic.max_actors,
+                                                  " differs from the job's actors ", spec.actors,
+                                                  "; give one of them"));
+    }
+    return absl::OkStatus();
+  }
+  if (elastic.min_actors < group) {
+    return map.ErrorAt(kElasticMin,
+                       absl::StrCat("min_actors ", elastic.min_actors,
+                                    " is below tp·pp = ", layout.tp, "·", layout.pp, " = ", group,
+                                    ", the fewest actors one data-parallel replica needs"));
+  }
+  std::string why_not;
+  if (!LargestElasticLayout(spec.train.model, spec.train.batch, layout, elastic.min_actors,
+                            elastic.max_actors, &why_not)
+           .ok()) {
+    return map.ErrorAt(
+        kElastic,
+        absl::StrCat("no dp gives a world in min_actors..max_actors = ", elastic.min_actors, "..",
+                     elastic.max_actors, " with tp·pp = ", group, " that divides the batch of ",
+                     spec.train.batch, layout.micro_batch > 0
+                                           ? absl::StrCat(" in micro-batches of ", layout.micro_batch)
+                                           : std::string(),
+                     why_not.empty() ? std::string() : absl::StrCat(" (", why_not, ")")));
+  }
+  return absl::OkStatus();
+}
+
 // The train-only part of a train job: the TrainSpec sections, micro_batch and the layout, then the
 // layout checked against the model, the batch and the actors.
 // `parallel: auto`: the one scalar `parallel` may be (any other falls through to
@@ -264,7 +352,7 @@ absl::Status ParseTrainJob(const YamlMap& map, const PathBase& base, JobSpec& sp
                                                    spec.train.batch % spec.parallel.micro_batch));
     }
     ResolveTrainPaths(base, spec.train);
-    return absl::OkStatus();
+    return ParseElastic(map, spec);
   }
 
   const int64_t world = int64_t{spec.parallel.tp} * spec.parallel.pp * spec.parallel.dp;
@@ -281,7 +369,7 @@ absl::Status ParseTrainJob(const YamlMap& map, const PathBase& base, JobSpec& sp
   if (!layout.ok()) return map.ErrorAt(kParallel, ToString(layout.message()));
 
   ResolveTrainPaths(base, spec.train);
-  return absl::OkStatus();
+  return ParseElastic(map, spec);
 }
 
 // "KEY: only allowed with kind: K, not '...'" for the first of `keys` present in `map`.
@@ -388,18 +476,39 @@ absl::Status ApplyPlannedLayout(JobSpec& spec, const ParallelSpec& layout) {
   RETURN_IF_ERROR(
       ValidateParallel(spec.train.model, spec.train.batch, layout, static_cast<int>(world)));
   if (!spec.parallel_auto) {
-    // A fixed layout is the user's: only the same one (what the coordinator sends back) applies.
+    // A fixed layout is the user's: only the same one (what the coordinator sends back) applies,
+    // but for an elastic job's dp, which each generation picks (ElasticLayout).
     const ParallelSpec& own = spec.parallel;
-    if (own.tp != layout.tp || own.pp != layout.pp || own.dp != layout.dp ||
-        own.zero != layout.zero ||
-        MicroBatchSize(own, spec.train.batch) != MicroBatchSize(layout, spec.train.batch)) {
-      return absl::InvalidArgumentError("the job's layout is fixed by its spec; only "
-                                        "`parallel: auto` takes a planned one");
+    const bool same_dp = own.dp == layout.dp ||
+                         (spec.elastic.enabled && world >= spec.elastic.min_actors &&
+                          world <= spec.elastic.max_actors);
+    ParallelSpec own_at_dp = own;  // the spec's micro-batch (or its default) at that dp
+    own_at_dp.dp = layout.dp;
+    const bool same_micro_batch = MicroBatchSize(own_at_dp, spec.train.batch) ==
+                                  MicroBatchSize(layout, spec.train.batch);
+    if (own.tp != layout.tp || own.pp != layout.pp || !same_dp || own.zero != layout.zero ||
+        own.stage_layers != layout.stage_layers || !same_micro_batch) {
+      return absl::InvalidArgumentError(
+          spec.elastic.enabled
+              ? "the job's layout is fixed by its spec; an elastic job takes only another dp in "
+                "its min_actors..max_actors"
+              : "the job's layout is fixed by its spec; only `parallel: auto` takes a planned one");
     }
   }
   spec.parallel = layout;
   spec.actors = static_cast<int>(world);
   return absl::OkStatus();
+}
+
+absl::StatusOr<ParallelSpec> ElasticLayout(const JobSpec& spec, int devices) {
+  const ParallelSpec& layout = spec.parallel;
+  const int max_world = std::min(spec.elastic.max_actors, devices);
+  auto chosen = LargestElasticLayout(spec.train.model, spec.train.batch, layout,
+                                     spec.elastic.min_actors, max_world, nullptr);
+  if (chosen.ok()) return chosen;
+  return absl::FailedPreconditionError(absl::StrCat(
+      devices, " devices give no layout of tp·pp = ", layout.tp * layout.pp, " with ",
+      spec.elastic.min_actors, " to ", spec.elastic.max_actors, " actors that divides the batch"));
 }
 
 std::string_view JobKindName(JobKind kind) { return NameOf(kJobKinds, kind); }

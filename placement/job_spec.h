@@ -46,6 +46,26 @@ struct CommCheckSpec {
   bool uneven_sizes = true;
 };
 
+// A train job's `elastic:` section: the job survives faults. Absent (enabled false): the first
+// fault fails the job, as before. With a fixed layout tp and pp stay and each generation takes the
+// largest dp whose world tp·pp·dp is in [min_actors, max_actors], fits the devices available and
+// divides the global batch (ElasticLayout); with `parallel: auto` the planner re-plans on at most
+// max_actors devices. A restart resumes from the last committed checkpoint step.
+struct ElasticSpec {
+  bool enabled = false;
+  int min_actors = 0;  // default tp·pp (auto: 1)
+  int max_actors = 0;  // default the spec's world tp·pp·dp (auto: `actors`, or 0 = any)
+  // The crash-loop breaker: more than max_restarts restarts within restart_window, or the same
+  // root cause at the same step three times, fails the job with the list of causes.
+  int max_restarts = 10;
+  std::chrono::milliseconds restart_window{std::chrono::minutes(10)};
+  // How long a job below min_actors waits for devices before it fails.
+  std::chrono::milliseconds wait_timeout{std::chrono::minutes(5)};
+  // The progress watchdog's floor: a generation with no new step for max(this, 5 × the measured
+  // step time) is hung.
+  std::chrono::milliseconds progress_timeout{std::chrono::seconds(10)};
+};
+
 struct JobSpec {
   std::string name;  // [a-z0-9-_]{1,63}: it becomes part of metric labels and file names
   JobKind kind = JobKind::kCommCheck;
@@ -71,6 +91,7 @@ struct JobSpec {
   // is the one-rank default (but for a top-level micro_batch, which the plan must keep) and
   // ValidateParallel has not run.
   bool parallel_auto = false;
+  ElasticSpec elastic;  // only meaningful for kTrain: YAML `elastic`
 };
 
 // Where a job spec's relative paths point. Both empty (the default) leave paths as written. (The
@@ -98,6 +119,12 @@ absl::StatusOr<JobSpec> LoadJobSpecFile(const std::string& path);
 // plan keeps it. InvalidArgument saying which rule fails; `spec` is unchanged on error. Also
 // accepts a fixed layout equal to the spec's own (an actor applies what the coordinator sent).
 absl::Status ApplyPlannedLayout(JobSpec& spec, const ParallelSpec& layout);
+
+// An elastic job's fixed layout for `devices` available: its tp, pp, zero and stages with the
+// largest dp such that min_actors ≤ tp·pp·dp ≤ min(max_actors, devices) and the layout is valid
+// for the model and batch (ValidateParallel). FailedPrecondition saying what is missing when no
+// dp fits (fewer devices than min_actors). Expects a validated elastic spec with a fixed layout.
+absl::StatusOr<ParallelSpec> ElasticLayout(const JobSpec& spec, int devices);
 
 // The YAML spellings: "comm-check", "train"; "cpu", "cuda"; "auto", "gloo", "nccl".
 std::string_view JobKindName(JobKind kind);

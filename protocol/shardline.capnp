@@ -76,6 +76,9 @@ struct RegisterNode {
 struct RegisterNodeReply {
   heartbeatIntervalMs @0 :UInt32;
   heartbeatTimeoutMs @1 :UInt32;
+  # Changes when the coordinator restarts: an agent that registers with a new instance kills the
+  # actors it still runs, whose generations the new coordinator no longer supervises (fencing).
+  coordinatorInstance @2 :Text;
 }
 
 # Answered by `ack`, or by an error NOT_FOUND when the coordinator no longer knows the node (it
@@ -84,6 +87,13 @@ struct Heartbeat {
   nodeId @0 :Text;
   instanceId @1 :Text;
   runningActors @2 :UInt32;
+  stoppedActors @3 :List(ActorRef);  # actors of this node that are stopped (SIGSTOP, a debugger)
+}
+
+struct ActorRef {
+  jobId @0 :Text;
+  generation @1 :UInt32;
+  rank @2 :UInt32;
 }
 
 # ---- jobs (cli -> coordinator) ----
@@ -204,6 +214,30 @@ struct TrainProgress {
   resumedFromStep @23 :Int64;       # the committed step the job resumed after; 0: it started fresh
   skippedCheckpoints @24 :List(SkippedCheckpoint);  # newer steps that failed verification
   initializedFrom @25 :Text;        # init_from, when the job started from those parameters
+  generations @26 :List(GenerationStatus);  # every generation of the job, oldest first
+  elastic @27 :Bool;                # the job restarts on faults (its spec has `elastic`)
+  minActors @28 :UInt32;
+  maxActors @29 :UInt32;
+  loggedStep @30 :UInt64;           # the newest step of log_interval reported (progress lines)
+}
+
+# One generation of a train job as its supervisor saw it.
+struct GenerationStatus {
+  generation @0 :UInt32;
+  startedUnixMs @1 :Int64;
+  endedUnixMs @2 :Int64;           # 0 while it runs
+  plan @3 :Text;                   # "tp=2 pp=2 dp=1 zero=0 on 4 actors"
+  resumedStep @4 :Int64;           # the committed step it loaded; 0: fresh
+  lastStep @5 :Int64;              # the newest step a rank reported
+  ending @6 :Text;                 # running | fault | grow | succeeded | failed | cancelled
+  cause @7 :Text;                  # the first cause in time (ending fault), e.g. "rank 1 on node-b
+                                   # killed by SIGKILL at step 140"
+  causeKind @8 :Text;              # actor_exit | actor_error | comm_error | node_lost | hung | ...
+  consequences @9 :List(Text);     # what the cause set off: peers' broken sockets, aborted ranks
+  stepsLost @10 :Int64;            # steps trained past the step the next generation resumed from
+  recoverySeconds @11 :Float64;    # from the fault to the next generation's first step; -1: none
+  detectionSeconds @12 :Float64;   # from the fault to the supervisor's abort; -1: not measured
+  abortSeconds @13 :Float64;       # from the abort until every actor of it had exited or was lost
 }
 
 # A committed checkpoint step that `resume: latest` passed over, and why (checkpoint/verify.h).
@@ -262,6 +296,7 @@ struct ActorExited {
   signaled @4 :Bool;
   code @5 :Int32;           # exit code, or the signal when `signaled`
   description @6 :Text;
+  killedByAgent @7 :Bool;   # the agent killed it (an abort): a consequence, not a cause
 }
 
 # ---- actors (actor <-> coordinator) ----
@@ -369,6 +404,9 @@ struct StepReport {
   commSeconds @7 :Float64;
   bubbleSeconds @8 :Float64;
   results @9 :List(CollectiveResult);
+  # A step of log_interval (or the last), which progress lines show. Train ranks also report at
+  # least once a second in between, for the coordinator's hang watchdog.
+  logged @10 :Bool;
 }
 
 struct ActorDone {
@@ -377,6 +415,10 @@ struct ActorDone {
   rank @2 :UInt32;
   ok @3 :Bool;
   message @4 :Text;
+  # When not ok: the failure's absl status code. UNAVAILABLE, DEADLINE_EXCEEDED and ABORTED come
+  # from a communicator (a peer gone, a timeout, an abort) and are usually a consequence of
+  # another rank's fault; the supervisor ranks them after every other cause.
+  errorCode @5 :UInt32;
 }
 
 # One rank's checkpoint shard of step `step` is on disk: `file` (relative to `dir`, the step's

@@ -53,3 +53,12 @@ shardline_test(cluster_checkpoint_test
   LIBS shardline_test_cluster shardline_monitoring_testing shardline_training
   LABELS integration TIMEOUT 600)
 add_dependencies(cluster_checkpoint_test shardline)
+
+# The generation supervisor: a killed or stopped actor, a lost node that returns, a crash loop, a
+# coordinator killed mid-job; elastic jobs restart from their last commit and end like a
+# fault-free run.
+shardline_test(cluster_elastic_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/cluster_elastic_test.cc
+  LIBS shardline_test_cluster shardline_monitoring_testing shardline_training
+  LABELS integration TIMEOUT 900)
+add_dependencies(cluster_elastic_test shardline)

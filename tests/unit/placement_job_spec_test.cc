@@ -769,3 +769,96 @@ TEST(CommCheckSizesTest, UnvalidatedSpecDoesNotLoop) {
 
 }  // namespace
 }  // namespace shardline::placement
+
+namespace shardline::placement {
+namespace {
+
+using ::testing::HasSubstr;
+
+// kMinimalTrain with tp 2 and an elastic section (line 11 on).
+std::string ElasticTrain(const std::string& elastic, const std::string& batch = "8") {
+  std::string text =
+      "name: gpt\nkind: train\nmodel:\n  layers: 4\n  heads: 4\n  d_model: 64\n"
+      "  max_seq_len: 64\nsteps: 10\nbatch: " +
+      batch + "\nparallel: {tp: 2, dp: 2}\n";
+  return text + elastic;
+}
+
+TEST(ElasticJobSpecTest, DefaultsFollowTheLayoutAndEveryKeyIsRead) {
+  absl::StatusOr<JobSpec> plain = ParseJobSpec(ElasticTrain(""), "job.yaml");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_FALSE(plain->elastic.enabled);  // no `elastic`: the first fault fails the job
+
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(ElasticTrain("elastic: {}\n"), "job.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(spec->elastic.enabled);
+  EXPECT_EQ(spec->elastic.min_actors, 2);  // tp·pp
+  EXPECT_EQ(spec->elastic.max_actors, 4);  // the spec's own world
+  absl::StatusOr<JobSpec> full = ParseJobSpec(
+      ElasticTrain("elastic: {min_actors: 2, max_actors: 8, max_restarts: 3, restart_window_s: 60, "
+                   "wait_timeout_s: 30, progress_timeout_s: 2.5}\n"),
+      "job.yaml");
+  ASSERT_TRUE(full.ok()) << full.status();
+  EXPECT_EQ(full->elastic.max_actors, 8);
+  EXPECT_EQ(full->elastic.max_restarts, 3);
+  EXPECT_EQ(full->elastic.restart_window, std::chrono::seconds(60));
+  EXPECT_EQ(full->elastic.wait_timeout, std::chrono::seconds(30));
+  EXPECT_EQ(full->elastic.progress_timeout, std::chrono::milliseconds(2500));
+}
+
+TEST(ElasticJobSpecTest, BadSectionsNameTheKeysAndValues) {
+  const auto error = [](const std::string& text) {
+    absl::StatusOr<JobSpec> spec = ParseJobSpec(text, "job.yaml");
+    return spec.ok() ? std::string("(parsed)") : std::string(spec.status().message());
+  };
+  EXPECT_THAT(error(ElasticTrain("elastic: {min_actors: 6, max_actors: 4}\n")),
+              HasSubstr("job.yaml:11:38: elastic.max_actors: min_actors 6 is more than "
+                        "max_actors 4"));
+  EXPECT_THAT(error(ElasticTrain("elastic: {min_actors: 1}\n")),
+              HasSubstr("elastic.min_actors: min_actors 1 is below tp·pp = 2·1 = 2"));
+  // Six actors with tp 2 is dp 3, which does not divide a batch of 10.
+  EXPECT_THAT(error(ElasticTrain("elastic: {min_actors: 6, max_actors: 6}\n", "10")),
+              HasSubstr("elastic: no dp gives a world in min_actors..max_actors = 6..6 with "
+                        "tp·pp = 2 that divides the batch of 10"));
+  EXPECT_THAT(error(ElasticTrain("elastic: {max_restarts: -1}\n")),
+              HasSubstr("elastic.max_restarts"));
+  EXPECT_THAT(error(ElasticTrain("elastic: {min: 2}\n")), HasSubstr("unknown key 'min'"));
+}
+
+TEST(ElasticJobSpecTest, TheLayoutTakesTheLargestDpTheDevicesHoldThatDividesTheBatch) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(
+      ElasticTrain("elastic: {min_actors: 2, max_actors: 8}\n", "12"), "job.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const auto dp_for = [&](int devices) {
+    absl::StatusOr<ParallelSpec> layout = ElasticLayout(*spec, devices);
+    return layout.ok() ? layout->dp : -1;
+  };
+  EXPECT_EQ(dp_for(1), -1);  // below min_actors
+  EXPECT_EQ(dp_for(2), 1);
+  EXPECT_EQ(dp_for(5), 2);
+  EXPECT_EQ(dp_for(7), 3);   // batch 12 / dp 3
+  EXPECT_EQ(dp_for(8), 4);
+  EXPECT_EQ(dp_for(100), 4);  // max_actors 8
+  absl::StatusOr<ParallelSpec> none = ElasticLayout(*spec, 1);
+  EXPECT_THAT(std::string(none.status().message()),
+              HasSubstr("1 devices give no layout of tp·pp = 2 with 2 to 8 actors"));
+
+  // The actor applies the generation's dp; tp, pp and zero stay the spec's.
+  JobSpec actor_side = *spec;
+  ParallelSpec layout = spec->parallel;
+  layout.dp = 3;
+  ASSERT_TRUE(ApplyPlannedLayout(actor_side, layout).ok());
+  EXPECT_EQ(actor_side.actors, 6);
+  layout.tp = 1;
+  layout.dp = 6;
+  EXPECT_THAT(std::string(ApplyPlannedLayout(actor_side, layout).message()),
+              HasSubstr("an elastic job takes only another dp"));
+  // Without `elastic` the layout is the spec's, dp included.
+  absl::StatusOr<JobSpec> fixed = ParseJobSpec(ElasticTrain(""), "job.yaml");
+  ParallelSpec other = fixed->parallel;
+  other.dp = 1;
+  EXPECT_FALSE(ApplyPlannedLayout(*fixed, other).ok());
+}
+
+}  // namespace
+}  // namespace shardline::placement

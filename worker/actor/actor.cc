@@ -59,7 +59,7 @@ class Actor {
   absl::Status RunTrainJob();
   // Measures this rank's GEMM and its groups' all-reduces and reports them (see calibration.h).
   absl::Status CalibrateAndReport();
-  absl::Status ReportDone(bool ok, const std::string& message);
+  absl::Status ReportDone(const absl::Status& result);
 
  private:
   template <typename Fill>
@@ -332,6 +332,8 @@ absl::Status Actor::RunTrainJob() {
     if (group.kind == "dp") options.groups.dp = communicator;
   }
   options.resume_manifest = resume_manifest_;
+  // At least once a second: the coordinator's hang watchdog follows the interval of reports.
+  options.progress_interval = std::chrono::seconds(1);
   // Every rank reports: the coordinator takes the loss from the last stage and the timings of the
   // slowest rank. A lost report costs a status line, not the job; none waits on the training
   // thread.
@@ -345,8 +347,9 @@ absl::Status Actor::RunTrainJob() {
       report.setComputeSeconds(progress.compute_seconds);
       report.setCommSeconds(progress.comm_seconds);
       report.setBubbleSeconds(progress.bubble_seconds);
+      report.setLogged(progress.logged);
     });
-    if (options_.rank == 0) {
+    if (options_.rank == 0 && progress.logged) {
       spdlog::info("step {}/{} loss {:.4f} {:.0f} tokens/s (compute {:.3f} s, comm {:.3f} s, "
                    "bubble {:.3f} s per step)",
                    progress.step, progress.steps, progress.loss, progress.tokens_per_second,
@@ -430,11 +433,12 @@ absl::Status Actor::RunCommCheckJob() {
   return absl::OkStatus();
 }
 
-absl::Status Actor::ReportDone(bool ok, const std::string& message) {
+absl::Status Actor::ReportDone(const absl::Status& result) {
   return Report([&](auto payload) {
     auto done = Origin(payload.initActorDone());
-    done.setOk(ok);
-    done.setMessage(message);
+    done.setOk(result.ok());
+    done.setMessage(result.ok() ? "" : ToString(result.message()));
+    done.setErrorCode(static_cast<uint32_t>(result.code()));
   });
 }
 
@@ -456,8 +460,7 @@ int RunActor(const ActorOptions& options) {
   }
   const absl::Status run = actor.RunJob();
   if (!run.ok()) spdlog::error("job: {}", ToString(run.message()));
-  if (auto status = actor.ReportDone(run.ok(), run.ok() ? "" : ToString(run.message()));
-      !status.ok()) {
+  if (auto status = actor.ReportDone(run); !status.ok()) {
     spdlog::error("reporting the result: {}", ToString(status.message()));
     return 2;
   }

@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include "common/process.h"
@@ -33,6 +35,41 @@ std::string RandomInstanceId() {
   char buf[17];
   snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(rng()));
   return buf;
+}
+
+// Whether the process is in the stopped state ('T' in /proc/PID/stat: SIGSTOP, job control).
+bool ProcessStopped(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  // "PID (COMM) STATE ...": COMM may hold spaces and parentheses, so read after the last ')'.
+  const size_t close = line.rfind(')');
+  return close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'T';
+}
+
+// Whether the process is exiting or about to: a zombie, the kernel's PF_EXITING flag (it is
+// tearing down), or a SIGKILL pending. Read from /proc; false when it cannot be read.
+bool AlreadyDying(pid_t pid) {
+  const std::string base = "/proc/" + std::to_string(pid);
+  std::ifstream stat(base + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const size_t close = line.rfind(')');
+  if (close == std::string::npos) return false;
+  std::istringstream fields(line.substr(close + 1));
+  std::string state, ppid, pgrp, session, tty, tpgid;
+  unsigned long flags = 0;
+  fields >> state >> ppid >> pgrp >> session >> tty >> tpgid >> flags;
+  constexpr unsigned long kPfExiting = 0x4;  // include/linux/sched.h
+  if (state == "Z" || state == "X" || (flags & kPfExiting) != 0) return true;
+  std::ifstream status(base + "/status");
+  constexpr unsigned long long kSigkillBit = 1ull << (SIGKILL - 1);
+  while (std::getline(status, line)) {
+    if (line.rfind("SigPnd:", 0) == 0 || line.rfind("ShdPnd:", 0) == 0) {
+      if ((std::stoull(line.substr(7), nullptr, 16) & kSigkillBit) != 0) return true;
+    }
+  }
+  return false;
 }
 
 std::string DeviceArg(wire::Device::Reader device) {
@@ -131,6 +168,18 @@ absl::Status Agent::Run(const std::atomic<bool>& stop) {
         heartbeat.setNodeId(options_.node_id);
         heartbeat.setInstanceId(instance_id_);
         heartbeat.setRunningActors(static_cast<uint32_t>(children_.size()));
+        // Stopped actors (SIGSTOP, a debugger) are alive but make no progress: say which, so
+        // that the coordinator's hang watchdog names them rather than the ranks waiting on them.
+        std::vector<const Child*> stopped;
+        for (const auto& [pid, child] : children_) {
+          if (ProcessStopped(pid)) stopped.push_back(&child);
+        }
+        auto list = heartbeat.initStoppedActors(static_cast<unsigned>(stopped.size()));
+        for (size_t i = 0; i < stopped.size(); ++i) {
+          list[static_cast<unsigned>(i)].setJobId(stopped[i]->job_id);
+          list[static_cast<unsigned>(i)].setGeneration(stopped[i]->generation);
+          list[static_cast<unsigned>(i)].setRank(stopped[i]->rank);
+        }
         auto sent = client_->Send(*message);
         if (sent.ok()) metrics_.OnHeartbeatSent();
         next_heartbeat_ = now + heartbeat_interval_;
@@ -161,6 +210,15 @@ absl::Status Agent::Handle(const protocol::Message& message) {
       heartbeat_timeout_ = std::chrono::milliseconds(reply.getHeartbeatTimeoutMs());
       registered_ = ever_registered_ = true;
       last_ack_ = now;
+      const std::string instance = Str(reply.getCoordinatorInstance());
+      if (!coordinator_instance_.empty() && instance != coordinator_instance_ &&
+          !children_.empty()) {
+        spdlog::warn("the coordinator restarted (instance {} -> {}): killing the {} actors of its "
+                     "generations",
+                     coordinator_instance_, instance, children_.size());
+        KillActors("", 0);
+      }
+      coordinator_instance_ = instance;
       next_heartbeat_ = now + heartbeat_interval_;
       spdlog::info("registered node {} (heartbeat every {} ms, timeout {} ms)", options_.node_id,
                    heartbeat_interval_.count(), heartbeat_timeout_.count());
@@ -201,6 +259,9 @@ absl::Status Agent::Handle(const protocol::Message& message) {
       const auto abort = payload.getAbortGeneration();
       spdlog::info("aborting job {} generation {}: {}", Str(abort.getJobId()),
                    abort.getGeneration(), Str(abort.getReason()));
+      // Children that died already (the fault itself, often) are reported as they died, not
+      // as killed by this abort.
+      ReapActors();
       KillActors(Str(abort.getJobId()), abort.getGeneration());
       return absl::OkStatus();
     }
@@ -255,7 +316,8 @@ void Agent::SpawnActors(wire::SpawnActors::Reader request) {
     if (!pid.ok()) {
       spdlog::error("spawning rank {} of {}: {}", actor.getRank(), job_id,
                     ToString(pid.status().message()));
-      ReportExit(0, child, "could not be spawned: " + ToString(pid.status().message()), false, 127);
+      ReportExit(0, child, "could not be spawned: " + ToString(pid.status().message()), false, 127,
+                 false);
       continue;
     }
     spdlog::info("spawned rank {} of job {} generation {} as pid {}", actor.getRank(), job_id,
@@ -266,11 +328,18 @@ void Agent::SpawnActors(wire::SpawnActors::Reader request) {
 }
 
 void Agent::KillActors(const std::string& job_id, uint32_t generation) {
-  for (const auto& [pid, child] : children_) {
+  for (auto& [pid, child] : children_) {
     if (!job_id.empty() && child.job_id != job_id) continue;
     if (generation != 0 && child.generation != generation) continue;
-    // SIGKILL: an actor being aborted may be stopped or stuck in a collective.
+    // SIGKILL, at once: an aborted actor may be stopped or blocked in a collective that would
+    // wait out its timeout, and it has nothing to save (what is committed is on disk; a save in
+    // flight belongs to the aborted generation and is never committed). The abort is bounded by
+    // the agent's loop (it reaps every 20 ms) and the kernel's kill.
+    // One that is dying already died of something else (often the very fault that set off the
+    // abort: a killed rank's sockets close before it is a zombie, so its peers report first).
+    const bool dying = AlreadyDying(pid);
     ::kill(pid, SIGKILL);
+    if (!dying) child.killed = true;
   }
 }
 
@@ -285,14 +354,15 @@ void Agent::ReapActors() {
     spdlog::info("rank {} of job {} (pid {}) {}", it->second.rank, it->second.job_id, it->first,
                  status.Describe());
     metrics_.OnActorExit(status);
-    ReportExit(it->first, it->second, status.Describe(), status.signaled, status.code);
+    ReportExit(it->first, it->second, status.Describe(), status.signaled, status.code,
+               it->second.killed);
     it = children_.erase(it);
     metrics_.SetActorsRunning(static_cast<int64_t>(children_.size()));
   }
 }
 
 void Agent::ReportExit(pid_t pid, const Child& child, const std::string& description,
-                       bool signaled, int code) {
+                       bool signaled, int code, bool killed_by_agent) {
   auto message = client_->NewMessage();
   auto report = message->payload().initActorExited();
   report.setJobId(child.job_id);
@@ -302,6 +372,7 @@ void Agent::ReportExit(pid_t pid, const Child& child, const std::string& descrip
   report.setSignaled(signaled);
   report.setCode(code);
   report.setDescription(description);
+  report.setKilledByAgent(killed_by_agent);
   auto sent = client_->Send(*message);
   if (!sent.ok()) spdlog::warn("reporting an exit: {}", ToString(sent.status().message()));
 }

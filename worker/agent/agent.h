@@ -48,6 +48,7 @@ class Agent {
     std::string job_id;
     uint32_t generation = 0;
     uint32_t rank = 0;
+    bool killed = false;  // by this agent (an abort): its exit is a consequence, not a fault
   };
 
   Agent(AgentOptions options, std::vector<LocalDevice> devices,
@@ -61,7 +62,7 @@ class Agent {
   void KillActors(const std::string& job_id, uint32_t generation);  // generation 0: all
   void ReapActors();
   void ReportExit(pid_t pid, const Child& child, const std::string& description, bool signaled,
-                  int code);
+                  int code, bool killed_by_agent);
 
   AgentOptions options_;
   std::vector<LocalDevice> devices_;
@@ -76,6 +77,9 @@ class Agent {
 
   bool registered_ = false;
   bool ever_registered_ = false;
+  // The coordinator's instance of the last registration: a new one (it restarted) no longer
+  // supervises the actors this agent still runs, which are then killed.
+  std::string coordinator_instance_;
   uint64_t register_request_ = 0;
   std::chrono::steady_clock::time_point register_sent_;
   std::chrono::steady_clock::time_point last_ack_;

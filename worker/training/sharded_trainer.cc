@@ -122,7 +122,10 @@ absl::StatusOr<ShardedTrainResult> TrainSharded(const ShardedTrainOptions& optio
       result.save_stall_seconds.push_back(
           std::chrono::duration<double>(Clock::now() - stall).count());
     }
-    if (options.on_progress && (last || step % spec.log_interval == 0)) {
+    const bool logged = last || step % spec.log_interval == 0;
+    const bool due = options.progress_interval.count() > 0 &&
+                     Clock::now() - last_report >= options.progress_interval;
+    if (options.on_progress && (logged || due)) {
       const auto now = Clock::now();
       const double elapsed = std::chrono::duration<double>(now - start).count();
       const double seconds = std::chrono::duration<double>(now - last_report).count();
@@ -139,6 +142,7 @@ absl::StatusOr<ShardedTrainResult> TrainSharded(const ShardedTrainOptions& optio
       progress.compute_seconds = window.compute_seconds / n;
       progress.comm_seconds = window.comm_seconds / n;
       progress.bubble_seconds = window.bubble_seconds / n;
+      progress.logged = logged;
       options.on_progress(progress);
       last_report = now;
       steps_since_report = 0;

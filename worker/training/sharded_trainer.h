@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -29,6 +30,7 @@ struct ShardedProgress {
   double compute_seconds = 0;
   double comm_seconds = 0;
   double bubble_seconds = 0;
+  bool logged = false;  // a step of log_interval (or the last): the one a progress line shows
 };
 
 // What a rank reports after writing its shard of a step: the shard, and the identity of the data
@@ -48,6 +50,10 @@ struct ShardedTrainOptions {
   // given, else GPT-2 initialisation from the seed.
   std::string resume_manifest;
   std::function<void(const ShardedProgress&)> on_progress;
+  // on_progress also runs after any step that ends this long after the last call (0: only at
+  // log_interval), so that a supervisor sees progress at a bounded interval whatever log_interval
+  // is: its hang watchdog follows that interval.
+  std::chrono::milliseconds progress_interval{0};
   // Called on the checkpoint writer's thread once this rank's shard of a step is on disk; an error
   // fails that save, and training at its next step.
   std::function<absl::Status(const SavedStep&)> on_saved;

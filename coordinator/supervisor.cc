@@ -1,0 +1,143 @@
+#include "coordinator/supervisor.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <utility>
+
+namespace shardline::coordinator {
+namespace {
+
+// Ranked after every other cause: usually the echo of another rank's fault.
+bool IsEcho(FaultKind kind) { return kind == FaultKind::kCommError || kind == FaultKind::kAborted; }
+
+std::string FormatSeconds(double seconds) {
+  char buf[32];
+  snprintf(buf, sizeof(buf), "%.1f s", seconds);
+  return buf;
+}
+
+}  // namespace
+
+std::string_view FaultKindName(FaultKind kind) {
+  switch (kind) {
+    case FaultKind::kActorExit: return "actor_exit";
+    case FaultKind::kActorError: return "actor_error";
+    case FaultKind::kCommError: return "comm_error";
+    case FaultKind::kNodeLost: return "node_lost";
+    case FaultKind::kHung: return "hung";
+    case FaultKind::kBootstrap: return "bootstrap";
+    case FaultKind::kAborted: return "aborted";
+    case FaultKind::kCoordinatorRestart: return "coordinator_restart";
+  }
+  return "unknown";
+}
+
+std::string_view EndingName(Ending ending) {
+  switch (ending) {
+    case Ending::kRunning: return "running";
+    case Ending::kFault: return "fault";
+    case Ending::kGrow: return "grow";
+    case Ending::kSucceeded: return "succeeded";
+    case Ending::kFailed: return "failed";
+    case Ending::kCancelled: return "cancelled";
+  }
+  return "unknown";
+}
+
+std::string DescribeFault(const Fault& fault) {
+  std::string who;
+  if (fault.rank >= 0) {
+    who = "rank " + std::to_string(fault.rank) + (fault.node.empty() ? "" : " on " + fault.node);
+  } else if (!fault.node.empty()) {
+    who = "node " + fault.node;
+  } else {
+    who = "the generation";
+  }
+  std::string text = who + " " + fault.detail;
+  if (fault.step > 0) {
+    text += " at step " + std::to_string(fault.step);
+  } else if (fault.step == 0) {
+    text += " before its first step";
+  }
+  return text;
+}
+
+const Fault& FaultLog::RootCause() const {
+  for (const Fault& fault : faults_) {
+    if (!IsEcho(fault.kind)) return fault;
+  }
+  return faults_.front();
+}
+
+std::vector<Fault> FaultLog::Consequences() const {
+  std::vector<Fault> rest;
+  if (faults_.empty()) return rest;
+  const Fault* cause = &RootCause();
+  for (const Fault& fault : faults_) {
+    if (&fault != cause) rest.push_back(fault);
+  }
+  return rest;
+}
+
+RestartVerdict DecideRestart(const placement::ElasticSpec& elastic,
+                             const std::vector<GenerationRecord>& generations,
+                             int64_t now_unix_ms) {
+  RestartVerdict verdict;
+  if (!elastic.enabled) {
+    verdict.reason = "the job is not elastic";
+    return verdict;
+  }
+  const int64_t window_start = now_unix_ms - elastic.restart_window.count();
+  int in_window = 0;
+  std::map<std::pair<FaultKind, int64_t>, int> same_cause;
+  std::string causes;
+  const GenerationRecord* repeated = nullptr;
+  for (const GenerationRecord& record : generations) {
+    if (record.ending != Ending::kFault || !record.cause) continue;
+    causes += (causes.empty() ? "" : "; ") + std::string("generation ") +
+              std::to_string(record.generation) + ": " + DescribeFault(*record.cause);
+    if (record.ended_unix_ms >= window_start) ++in_window;
+    if (++same_cause[{record.cause->kind, record.cause->step}] >= 3) repeated = &record;
+  }
+  if (repeated != nullptr) {
+    verdict.reason = "the same cause (" + std::string(FaultKindName(repeated->cause->kind)) +
+                     (repeated->cause->step >= 0
+                          ? " at step " + std::to_string(repeated->cause->step)
+                          : std::string()) +
+                     ") ended 3 generations; causes: " + causes;
+    return verdict;
+  }
+  if (in_window > elastic.max_restarts) {
+    verdict.reason = std::to_string(in_window) + " faults within " +
+                     FormatSeconds(std::chrono::duration<double>(elastic.restart_window).count()) +
+                     " (max_restarts " + std::to_string(elastic.max_restarts) + "); causes: " +
+                     causes;
+    return verdict;
+  }
+  verdict.restart = true;
+  return verdict;
+}
+
+void ProgressWatchdog::Arm(TimePoint now) {
+  armed_ = true;
+  last_progress_ = now;
+  newest_step_ = -1;
+  interval_seconds_ = 0;
+  deadline_ = now + std::chrono::duration_cast<Duration>(floor_ * kFirstStepFloors);
+}
+
+void ProgressWatchdog::OnStep(int64_t step, TimePoint now) {
+  if (!armed_ || step <= newest_step_) return;
+  // The first interval runs from the arming (it holds the load and the first step: an
+  // overestimate, so a slow first step never makes a short deadline); then a running mean that
+  // follows the pace down.
+  const double interval = Seconds(now - last_progress_);
+  interval_seconds_ = newest_step_ < 0 ? interval : 0.7 * interval_seconds_ + 0.3 * interval;
+  newest_step_ = step;
+  last_progress_ = now;
+  const double slack = std::max(Seconds(floor_), kStepsOfSlack * interval_seconds_);
+  deadline_ = now + std::chrono::duration_cast<Duration>(std::chrono::duration<double>(slack));
+}
+
+}  // namespace shardline::coordinator

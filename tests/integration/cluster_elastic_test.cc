@@ -1,0 +1,297 @@
+// The generation supervisor with real processes, signals and sockets: a killed actor, a stopped
+// one, a lost node that comes back, a crash loop, a coordinator killed mid-job. Each fault is named
+// by its root cause, the generation is aborted, and an elastic job resumes from its last committed
+// step on the devices that remain, ending where a fault-free run of the same plan ends.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <thread>
+
+#include "checkpoint/layout.h"
+#include "checkpoint/verify.h"
+#include "tests/integration/local_cluster.h"
+#include "worker/training/model_checkpoint.h"
+
+namespace shardline::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using namespace std::chrono_literals;
+using nlohmann::json;
+
+// A small GPT on `parallel`; `elastic` is the section's body (empty: not elastic).
+std::string TrainJob(const std::string& name, const std::string& dir, const std::string& parallel,
+                     const std::string& elastic, int steps = 16) {
+  std::string yaml = "name: " + name +
+                     "\nkind: train\ndevices: cpu\nbootstrap_timeout_s: 30\n"
+                     "model: {layers: 2, heads: 4, d_model: 32, max_seq_len: 16}\n"
+                     "data: {synthetic: {seed: 2, bytes: 64KiB}}\n"
+                     "optimizer: {lr: 1.0e-3, weight_decay: 0.1}\n"
+                     "steps: " + std::to_string(steps) + "\nbatch: 8\nseq_len: 16\nseed: 3\n"
+                     "checkpoint: {dir: " + dir + ", interval: 2}\n"
+                     "log_interval: 2\nparallel: " + parallel + "\n";
+  if (!elastic.empty()) yaml += "elastic: " + elastic + "\n";
+  return yaml;
+}
+
+// Every tensor of a checkpoint step, by name.
+std::map<std::string, std::vector<float>> StateOf(const std::string& manifest) {
+  std::map<std::string, std::vector<float>> state;
+  absl::StatusOr<training::CheckpointSource> source = training::CheckpointSource::Open(manifest);
+  EXPECT_TRUE(source.ok()) << source.status();
+  if (!source.ok()) return state;
+  for (const auto& [name, tensor] : source->manifest()->tensors) {
+    const std::vector<int64_t> zeros(tensor.global_shape.size(), 0);
+    auto values = training::ReadCheckpointBox(*source, name, zeros, tensor.global_shape);
+    EXPECT_TRUE(values.ok()) << values.status();
+    if (values.ok()) state[name] = *values;
+  }
+  return state;
+}
+
+// The sharded-equivalence tolerances of cluster_checkpoint_test: parameters 1e-5 absolute,
+// moments 1e-4 of their tensor's largest value.
+void ExpectSameState(const std::string& got_manifest, const std::string& want_manifest) {
+  const auto got = StateOf(got_manifest);
+  const auto want = StateOf(want_manifest);
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [name, values] : want) {
+    ASSERT_TRUE(got.contains(name)) << name;
+    double largest = 0, diff = 0;
+    for (size_t i = 0; i < values.size(); ++i) {
+      largest = std::max(largest, std::abs(static_cast<double>(values[i])));
+      diff = std::max(diff, std::abs(static_cast<double>(got.at(name)[i]) - values[i]));
+    }
+    const bool moment = name.starts_with("optim.");
+    EXPECT_LE(moment ? diff / std::max(largest, 1e-30) : diff, moment ? 1e-4 : 1e-5) << name;
+  }
+}
+
+bool Training(const json& job, int64_t past_committed) {
+  return job["state"] == "running" && job["phase"] == "running" &&
+         job["train"]["last_committed_step"].get<int64_t>() >= past_committed &&
+         job["train"]["step"].get<int64_t>() > job["train"]["last_committed_step"].get<int64_t>();
+}
+
+pid_t PidOfRank(const json& job, int rank) {
+  for (const auto& actor : job["actors"]) {
+    if (actor["rank"] == rank) return actor["pid"].get<pid_t>();
+  }
+  return 0;
+}
+
+class ClusterElasticTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(cluster_.StartCoordinator().ok());
+    ASSERT_TRUE(cluster_.StartAgent("node-a", "cpu:2").ok());
+    auto b = cluster_.StartAgent("node-b", "cpu:2");
+    ASSERT_TRUE(b.ok());
+    node_b_ = *b;
+    ASSERT_TRUE(cluster_.WaitForAliveNodes(2, 15s).ok());
+  }
+
+  // Submits, waits until it trains past `past_committed`, and returns the job's id and state.
+  std::pair<std::string, json> StartAndWait(const std::string& yaml, int64_t past_committed) {
+    auto id = cluster_.Submit(yaml);
+    EXPECT_TRUE(id.ok()) << id.status();
+    if (!id.ok()) return {};
+    auto job = cluster_.WaitForJob(
+        *id, [&](const json& j) { return Training(j, past_committed) || j["state"] != "running" &&
+                                                                            j["state"] != "pending"; },
+        120s);
+    EXPECT_TRUE(job.ok()) << job.status() << cluster_.Log("coordinator");
+    return {*id, job.ok() ? *job : json()};
+  }
+
+  json End(const std::string& id, std::chrono::seconds timeout = 240s) {
+    auto job = cluster_.WaitForJobEnd(id, timeout);
+    EXPECT_TRUE(job.ok()) << job.status() << cluster_.Log("coordinator");
+    return job.ok() ? *job : json();
+  }
+
+  std::string Dir(const std::string& name) { return (fs::path(cluster_.dir()) / name).string(); }
+
+  LocalCluster cluster_;
+  pid_t node_b_ = 0;
+};
+
+TEST_F(ClusterElasticTest, AKilledActorRestartsFromTheLastCommitAndEndsLikeAFaultFreeRun) {
+  const std::string parallel = "{tp: 2, dp: 2}";
+  // The fault-free run of the same plan first.
+  const std::string reference_dir = Dir("reference");
+  auto reference = cluster_.Submit(TrainJob("reference", reference_dir, parallel, ""));
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  ASSERT_EQ(End(*reference)["state"], "succeeded");
+
+  const std::string dir = Dir("elastic");
+  auto [id, running] =
+      StartAndWait(TrainJob("elastic", dir, parallel, "{min_actors: 2, max_actors: 4}"), 2);
+  ASSERT_EQ(running["state"], "running") << running.dump(2);
+  const pid_t victim = PidOfRank(running, 1);
+  ASSERT_GT(victim, 0);
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+
+  const json job = End(id);
+  ASSERT_EQ(job["state"], "succeeded") << job.dump(2) << cluster_.Log("coordinator");
+  const json& generations = job["train"]["generations"];
+  ASSERT_EQ(generations.size(), 2u) << job.dump(2);
+  const json& first = generations[0];
+  EXPECT_EQ(first["ending"], "fault");
+  EXPECT_EQ(first["cause_kind"], "actor_exit");
+  // The killed rank is the cause, named first in time; its peers' broken sockets are not.
+  EXPECT_THAT(first["cause"].get<std::string>(),
+              HasSubstr("rank 1 on node-a killed by SIGKILL (signal 9) at step"));
+  // The abort is bounded: the agents kill what is left at once (a generous bound for a loaded
+  // machine; it takes milliseconds).
+  EXPECT_GE(first["abort_seconds"].get<double>(), 0);
+  EXPECT_LT(first["abort_seconds"].get<double>(), 5.0);
+  const json& second = generations[1];
+  EXPECT_EQ(second["ending"], "succeeded");
+  EXPECT_GE(second["resumed_step"].get<int64_t>(), 2);
+  EXPECT_EQ(second["plan"], "tp 2 x pp 1 x dp 2, zero 0 on 4 actors");
+  // Lost: what ran past the last commit, at most an interval and the save in flight.
+  EXPECT_LE(first["steps_lost"].get<int64_t>(), 4);
+  EXPECT_GT(first["recovery_seconds"].get<double>(), 0);
+
+  // Nothing committed was lost and every committed step verifies; the final state is the
+  // fault-free run's.
+  const absl::StatusOr<std::vector<int64_t>> committed = checkpoint::CommittedSteps(dir);
+  ASSERT_TRUE(committed.ok()) << committed.status();
+  EXPECT_FALSE(committed->empty());
+  for (int64_t step : *committed) {
+    EXPECT_TRUE(checkpoint::VerifyStep(checkpoint::ManifestPath(dir, step)).ok()) << step;
+  }
+  ExpectSameState(checkpoint::ManifestPath(dir, 16), checkpoint::ManifestPath(reference_dir, 16));
+
+  // `shardline status JOB` has a line per generation; metrics count the restart by its cause.
+  CommandResult status = RunShardline({"status", id, "--coordinator", cluster_.endpoint()});
+  EXPECT_THAT(status.output, HasSubstr("generation 1 "));
+  EXPECT_THAT(status.output, HasSubstr("ended by rank 1 on node-a killed by SIGKILL"));
+  EXPECT_THAT(status.output, HasSubstr("generation 2 "));
+  const std::string metrics = cluster_.metrics_address();
+  EXPECT_EQ(ScrapeSum(metrics, "shardline_restarts_total", "cause=\"actor_exit\""), 1);
+  EXPECT_EQ(ScrapeSum(metrics, "shardline_recovery_seconds_count", "cause=\"actor_exit\""), 1);
+}
+
+TEST_F(ClusterElasticTest, WithoutElasticTheJobFailsNamingTheKilledRankNotItsPeers) {
+  auto [id, running] = StartAndWait(TrainJob("fixed", Dir("fixed"), "{tp: 2, dp: 2}", "", 40), 2);
+  ASSERT_EQ(running["state"], "running") << running.dump(2);
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < 4; ++rank) pids.push_back(PidOfRank(running, rank));
+  ASSERT_EQ(::kill(pids[2], SIGKILL), 0);
+  const json job = End(id, 60s);
+  EXPECT_EQ(job["state"], "failed");
+  const std::string error = job["error"];
+  EXPECT_THAT(error, HasSubstr("generation 1: rank 2 on node-b killed by SIGKILL (signal 9) at step"));
+  EXPECT_THAT(error, Not(HasSubstr("generation 1: rank 0")));
+  for (pid_t pid : pids) EXPECT_FALSE(ProcessAlive(pid)) << pid;
+}
+
+TEST_F(ClusterElasticTest, AStoppedActorIsCaughtByTheWatchdogAndNamed) {
+  auto [id, running] = StartAndWait(
+      TrainJob("stopped", Dir("stopped"), "{tp: 2, dp: 2}",
+               "{min_actors: 2, max_actors: 4, progress_timeout_s: 1.5}", 24),
+      2);
+  ASSERT_EQ(running["state"], "running") << running.dump(2);
+  const pid_t victim = PidOfRank(running, 3);
+  ASSERT_EQ(::kill(victim, SIGSTOP), 0);
+  const json job = End(id);
+  ::kill(victim, SIGCONT);  // in case it outlived the test's expectations
+  ASSERT_EQ(job["state"], "succeeded") << job.dump(2) << cluster_.Log("coordinator");
+  const json& first = job["train"]["generations"][0];
+  EXPECT_EQ(first["cause_kind"], "hung") << job.dump(2);
+  EXPECT_THAT(first["cause"].get<std::string>(),
+              HasSubstr("rank 3 on node-b is stopped and made no progress for"));
+  EXPECT_FALSE(ProcessAlive(victim));
+}
+
+TEST_F(ClusterElasticTest, ALostNodeScalesTheJobInAndItGrowsBackWhenTheNodeReturns) {
+  auto [id, running] = StartAndWait(
+      TrainJob("grow", Dir("grow"), "{tp: 1, dp: 4}", "{min_actors: 1, max_actors: 4}", 400), 2);
+  ASSERT_EQ(running["state"], "running") << running.dump(2);
+  ASSERT_EQ(::kill(node_b_, SIGKILL), 0);  // the agent and, with it, its actors
+  // Scaled in: dp 2 on node-a.
+  auto smaller = cluster_.WaitForJob(
+      id,
+      [](const json& j) {
+        return j["generation"] == 2 && j["phase"] == "running" && j["world_size"] == 2;
+      },
+      60s);
+  ASSERT_TRUE(smaller.ok()) << smaller.status() << cluster_.Log("coordinator");
+  const json& lost = (*smaller)["train"]["generations"][0];
+  EXPECT_EQ(lost["cause_kind"], "node_lost");
+  EXPECT_THAT(lost["cause"].get<std::string>(), HasSubstr("node node-b lost rank 2, rank 3"));
+  // The node returns: at the next commit the job grows back to dp 4.
+  ASSERT_TRUE(cluster_.StartAgent("node-b", "cpu:2").ok());
+  auto larger = cluster_.WaitForJob(
+      id, [](const json& j) { return j["generation"] == 3 && j["world_size"] == 4; }, 60s);
+  ASSERT_TRUE(larger.ok()) << larger.status() << cluster_.Log("coordinator");
+  EXPECT_EQ((*larger)["train"]["generations"][1]["ending"], "grow");
+  EXPECT_EQ((*larger)["train"]["generations"][1]["steps_lost"], 0);
+  ASSERT_TRUE(RunShardline({"cancel", id, "--coordinator", cluster_.endpoint()}).exit_code == 0);
+}
+
+TEST_F(ClusterElasticTest, TheCrashLoopBreakerFailsTheJobWithItsCauses) {
+  const std::string yaml = TrainJob("loop", Dir("loop"), "{tp: 2, dp: 1}",
+                                    "{min_actors: 2, max_actors: 2, max_restarts: 1}", 400);
+  auto [id, running] = StartAndWait(yaml, 2);
+  ASSERT_EQ(running["state"], "running") << running.dump(2);
+  ASSERT_EQ(::kill(PidOfRank(running, 0), SIGKILL), 0);
+  auto again = cluster_.WaitForJob(
+      id, [](const json& j) { return j["generation"] == 2 && Training(j, 2); }, 60s);
+  ASSERT_TRUE(again.ok()) << again.status();
+  ASSERT_EQ(::kill(PidOfRank(*again, 1), SIGKILL), 0);
+  const json job = End(id, 60s);
+  EXPECT_EQ(job["state"], "failed");
+  const std::string error = job["error"];
+  EXPECT_THAT(error, HasSubstr("restarts stopped: 2 faults within"));
+  EXPECT_THAT(error, HasSubstr("(max_restarts 1)"));
+  EXPECT_THAT(error, HasSubstr("generation 1: rank 0 on node-a killed by SIGKILL"));
+  EXPECT_THAT(error, HasSubstr("generation 2: rank 1 on node-a killed by SIGKILL"));
+}
+
+TEST_F(ClusterElasticTest, ABadElasticSpecIsRefusedAtSubmit) {
+  auto id = cluster_.Submit(TrainJob("bad", Dir("bad"), "{tp: 2, dp: 1}",
+                                     "{min_actors: 4, max_actors: 2}"));
+  ASSERT_FALSE(id.ok());
+  EXPECT_THAT(std::string(id.status().message()),
+              HasSubstr("elastic.max_actors: min_actors 4 is more than max_actors 2"));
+}
+
+TEST_F(ClusterElasticTest, AKilledCoordinatorResumesSupervisionFromTheStateDir) {
+  const std::string dir = Dir("survivor");
+  auto [id, running] = StartAndWait(
+      TrainJob("survivor", dir, "{tp: 2, dp: 2}", "{min_actors: 2, max_actors: 4}", 30), 2);
+  ASSERT_EQ(running["state"], "running") << running.dump(2);
+  std::vector<pid_t> old_actors;
+  for (int rank = 0; rank < 4; ++rank) old_actors.push_back(PidOfRank(running, rank));
+  ASSERT_TRUE(cluster_.RestartCoordinator().ok());
+  const json job = End(id);
+  ASSERT_EQ(job["state"], "succeeded") << job.dump(2) << cluster_.Log("coordinator");
+  const json& generations = job["train"]["generations"];
+  ASSERT_GE(generations.size(), 2u);
+  EXPECT_EQ(generations[0]["cause_kind"], "coordinator_restart");
+  // The old generation's actors were fenced: killed by their agents.
+  for (pid_t pid : old_actors) EXPECT_FALSE(ProcessAlive(pid)) << pid;
+  EXPECT_GE(generations.back()["resumed_step"].get<int64_t>(), 2);
+  EXPECT_TRUE(checkpoint::VerifyStep(checkpoint::ManifestPath(dir, 30)).ok());
+
+  // A second coordinator on the same state dir is refused.
+  CommandResult second =
+      RunShardline({"coordinator", "--listen", "tcp://127.0.0.1:0", "--state-dir",
+                    (fs::path(cluster_.dir()) / "state").string()},
+                   20s);
+  EXPECT_NE(second.exit_code, 0);
+  EXPECT_THAT(second.output, HasSubstr("is in use by another coordinator"));
+}
+
+}  // namespace
+}  // namespace shardline::testing
