@@ -1031,6 +1031,7 @@ absl::Status Coordinator::OnRegisterActor(const std::string& peer, uint64_t requ
       stages.set(static_cast<unsigned>(i), static_cast<uint32_t>(parallel.stage_layers[i]));
     }
     assignment.setResumeManifest(CapText(job.train.resume_manifest));
+    assignment.setCalibrate(job.generations.size() <= 1);
   }
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(job.bootstrap_deadline -
                                                                           clock_->Now());

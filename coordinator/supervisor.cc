@@ -51,10 +51,9 @@ std::string DescribeFault(const Fault& fault) {
     who = "rank " + std::to_string(fault.rank) + (fault.node.empty() ? "" : " on " + fault.node);
   } else if (!fault.node.empty()) {
     who = "node " + fault.node;
-  } else {
-    who = "the generation";
   }
-  std::string text = who + " " + fault.detail;
+  // A fault of the whole generation (a bootstrap that timed out) is its detail alone.
+  std::string text = who.empty() ? fault.detail : who + " " + fault.detail;
   if (fault.step > 0) {
     text += " at step " + std::to_string(fault.step);
   } else if (fault.step == 0) {

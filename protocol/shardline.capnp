@@ -330,6 +330,10 @@ struct Assignment {
   parallel @13 :ParallelLayout;  # kind train: the layout to run (`parallel: auto`: the plan)
   resumeManifest @14 :Text; # kind train: the manifest of the step every rank resumes from (the
                             # coordinator verified it); empty: start fresh
+  # kind train: measure the device and the groups before the first step (calibration.h). A
+  # restarted generation skips it: the coordinator has its nodes' numbers, and a restart should
+  # be back to training as soon as it can.
+  calibrate @15 :Bool = true;
 }
 
 # A train job's layout as the coordinator resolved it (placement::ParallelSpec).

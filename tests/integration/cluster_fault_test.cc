@@ -70,7 +70,9 @@ TEST(ClusterFaultTest, KilledAgentIsDeadWithinTheTimeoutAndItsActorsAreLost) {
   // Declared dead within the timeout, plus one heartbeat interval and the loop's tick.
   EXPECT_LT(detected_after, options.heartbeat_timeout + options.heartbeat_interval + 1000ms);
   const std::string error = (*failed)["error"];
-  EXPECT_NE(error.find("lost rank 0, rank 1 on node node-b"), std::string::npos) << error;
+  EXPECT_NE(error.find("generation 1: node node-b lost rank 0, rank 1 (no heartbeat for"),
+            std::string::npos)
+      << error;
   for (const auto& actor : (*failed)["actors"]) EXPECT_EQ(actor["state"], "lost") << actor.dump();
 
   auto status = cluster.Status();
@@ -102,7 +104,7 @@ TEST(ClusterFaultTest, ActorStoppedDuringBootstrapFailsTheGenerationNamingIt) {
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ((*job)["state"], "failed");
   const std::string error = (*job)["error"];
-  EXPECT_NE(error.find("bootstrap of generation 1 timed out after 3.0 s"), std::string::npos)
+  EXPECT_NE(error.find("generation 1: bootstrap timed out after 3.0 s"), std::string::npos)
       << error;
   EXPECT_NE(error.find("group world is missing rank 1 (node node-s, cpu:1"), std::string::npos) << error;
   EXPECT_NE(error.find("never joined"), std::string::npos) << error;

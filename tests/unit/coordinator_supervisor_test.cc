@@ -67,7 +67,7 @@ TEST(DescribeFaultTest, NamesNodesAndStepsAndTheStartBeforeTheFirstStep) {
   node.node = "node-b";
   EXPECT_EQ(DescribeFault(node), "node node-b lost rank 2, rank 3 (no heartbeat for 1.6 s) at step 40");
   Fault early = MakeFault(FaultKind::kBootstrap, -1, TimePoint(), 0, "bootstrap timed out");
-  EXPECT_EQ(DescribeFault(early), "the generation bootstrap timed out before its first step");
+  EXPECT_EQ(DescribeFault(early), "bootstrap timed out before its first step");
 }
 
 GenerationRecord Ended(uint32_t generation, int64_t ended_unix_ms, FaultKind kind, int64_t step) {

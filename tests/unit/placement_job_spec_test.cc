@@ -321,6 +321,17 @@ TEST(TrainJobSpecTest, ACheckpointSectionThatCannotWorkIsAnErrorAtItsKey) {
   }
 }
 
+TEST(TrainJobSpecTest, ExampleGptElasticParses) {
+  absl::StatusOr<JobSpec> spec = LoadJobSpecFile(SourceDir() + "/examples/gpt-elastic.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(spec->elastic.enabled);
+  EXPECT_EQ(spec->elastic.min_actors, 2);
+  EXPECT_EQ(spec->elastic.max_actors, 4);
+  // On 3 free devices it runs dp 1 (tp 2); on 4, dp 2.
+  EXPECT_EQ(ElasticLayout(*spec, 3)->dp, 1);
+  EXPECT_EQ(ElasticLayout(*spec, 4)->dp, 2);
+}
+
 TEST(TrainJobSpecTest, ExampleGptShardedParses) {
   const std::string path = SourceDir() + "/examples/gpt-sharded.yaml";
   absl::StatusOr<JobSpec> spec = LoadJobSpecFile(path);

@@ -96,6 +96,7 @@ class Actor {
   std::string backend_;
   std::string store_prefix_;
   std::string resume_manifest_;  // kind train: the step to resume from; empty: fresh
+  bool calibrate_ = true;        // kind train: measure before the first step
   std::chrono::milliseconds bootstrap_timeout_{30000};
   uint32_t world_size_ = 0;
   int device_index_ = 0;
@@ -171,6 +172,7 @@ absl::Status Actor::Register() {
     return absl::InvalidArgumentError("the assignment of a `parallel: auto` job has no layout");
   }
   resume_manifest_ = Str(assignment.getResumeManifest());
+  calibrate_ = assignment.getCalibrate();
   backend_ = Str(assignment.getBackend());
   store_prefix_ = Str(assignment.getStorePrefix());
   bootstrap_timeout_ = std::chrono::milliseconds(assignment.getBootstrapTimeoutMs());
@@ -317,7 +319,7 @@ absl::Status Actor::CalibrateAndReport() {
 
 absl::Status Actor::RunTrainJob() {
   // Before the first step, while every rank is idle: the same collectives on every rank.
-  RETURN_IF_ERROR(CalibrateAndReport());
+  if (calibrate_) RETURN_IF_ERROR(CalibrateAndReport());
   training::ShardedTrainOptions options;
   options.spec = spec_;
   options.rank = static_cast<int>(options_.rank);
