@@ -62,3 +62,12 @@ shardline_test(cluster_elastic_test
   LIBS shardline_test_cluster shardline_monitoring_testing shardline_training
   LABELS integration TIMEOUT 900)
 add_dependencies(cluster_elastic_test shardline)
+
+# Several hosts: agents in network namespaces of their own (root; skipped with the reason when
+# namespaces cannot be made), a link cut and restored mid-training.
+shardline_test(cluster_multihost_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/cluster_multihost_test.cc
+    ${CMAKE_SOURCE_DIR}/tests/support/net_namespaces.cc
+  LIBS shardline_test_cluster shardline_monitoring_testing
+  LABELS integration TIMEOUT 600)
+add_dependencies(cluster_multihost_test shardline)

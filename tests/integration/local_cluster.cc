@@ -36,6 +36,14 @@ std::string MakeTempDir() {
   return tmpl;
 }
 
+// `ip` by its path (Spawn does not search PATH): Debian's iproute2 puts it in /usr/sbin.
+std::string IpCommand() {
+  for (const char* path : {"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"}) {
+    if (::access(path, X_OK) == 0) return path;
+  }
+  return "/usr/sbin/ip";
+}
+
 }  // namespace
 
 std::string ShardlineBinary() {
@@ -126,7 +134,7 @@ absl::Status LocalCluster::StartCoordinator() {
   spawn.argv = {ShardlineBinary(),
                 "coordinator",
                 "--listen",
-                endpoint_.empty() ? "tcp://127.0.0.1:0" : endpoint_,
+                endpoint_.empty() ? "tcp://" + options_.coordinator_host + ":0" : endpoint_,
                 "--endpoint-file",
                 endpoint_file,
                 "--metrics",
@@ -179,6 +187,25 @@ absl::StatusOr<pid_t> LocalCluster::StartAgent(
   spawn.log_path = dir_ + "/agent-" + node_id + ".log";
   ASSIGN_OR_RETURN(pid_t pid, Spawn(spawn));
   // A second agent under the same id is a test of its own; keep the first for cleanup.
+  if (agents_.count(node_id)) {
+    agents_[node_id + "#" + std::to_string(pid)] = pid;
+  } else {
+    agents_[node_id] = pid;
+  }
+  return pid;
+}
+
+absl::StatusOr<pid_t> LocalCluster::StartAgentIn(const std::string& netns,
+                                                 const std::string& node_id,
+                                                 const std::string& devices) {
+  SpawnOptions spawn;
+  // `ip netns exec` enters the namespace and execs the agent: the pid is the agent's.
+  spawn.argv = {IpCommand(), "netns",      "exec",        netns,     ShardlineBinary(),
+                "agent",     "--coordinator", endpoint_,  "--devices", devices,
+                "--node-id", node_id,      "--metrics",   "127.0.0.1:0",
+                "--log-dir", dir_ + "/actors", "--log-level", "debug"};
+  spawn.log_path = dir_ + "/agent-" + node_id + ".log";
+  ASSIGN_OR_RETURN(pid_t pid, Spawn(spawn));
   if (agents_.count(node_id)) {
     agents_[node_id + "#" + std::to_string(pid)] = pid;
   } else {

@@ -49,6 +49,9 @@ class LocalCluster {
   struct Options {
     std::chrono::milliseconds heartbeat_interval{200};
     std::chrono::milliseconds heartbeat_timeout{1500};
+    // The address the coordinator listens on: another than loopback when agents run in network
+    // namespaces of their own (tests/support/net_namespaces.h).
+    std::string coordinator_host = "127.0.0.1";
   };
 
   LocalCluster() : LocalCluster(Options{}) {}
@@ -63,6 +66,10 @@ class LocalCluster {
   absl::StatusOr<pid_t> StartAgent(const std::string& node_id, const std::string& devices,
                                    const std::vector<std::pair<std::string, std::string>>& env = {},
                                    const std::vector<std::string>& extra_args = {});
+  // The same inside network namespace `netns` (`ip netns exec NETNS shardline agent ...`): a host
+  // of its own, whose actors talk to the others by its address there.
+  absl::StatusOr<pid_t> StartAgentIn(const std::string& netns, const std::string& node_id,
+                                     const std::string& devices);
   // Waits until `count` nodes are alive.
   absl::Status WaitForAliveNodes(int count, std::chrono::milliseconds timeout);
 
