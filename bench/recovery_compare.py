@@ -199,7 +199,8 @@ def torchrun_round(args, work, procs):
     os.makedirs(run_dir)
     steps_path = os.path.join(run_dir, "steps.jsonl")
     log = os.path.join(work, "torchrun.log")
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    # LOGLEVEL=INFO: the agent logs its restarts and rendezvous rounds with their times.
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", LOGLEVEL="INFO")
     command = [os.path.join(args.torch_venv, "bin", "torchrun"), "--nnodes=1:1",
                f"--nproc_per_node={args.workers}", "--max_restarts=3", "--rdzv-backend=c10d",
                f"--rdzv-endpoint=127.0.0.1:{free_port()}",
@@ -235,8 +236,18 @@ def torchrun_round(args, work, procs):
             raise BenchError(f"torchrun exited with {agent.returncode}:\n{tail(log)}")
         return next((line for line in step_lines() if line["restart"] >= 1), None)
 
-    first_new = wait_until("torchrun's restarted group to complete a step", restarted, 120,
-                           logs=[log])
+    try:
+        first_new = wait_until("torchrun's restarted group to complete a step", restarted, 60)
+    except BenchError as error:
+        # Where the restarted workers are stuck: the peer dumps its stacks on SIGUSR1.
+        workers = descendants(agent.pid)
+        for pid in workers:
+            try:
+                os.kill(pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+        time.sleep(1)
+        raise BenchError(f"{error} (workers now: {workers})\n--- {log}:\n{tail(log, 6000)}")
     lines = step_lines()
     last_before = max(line["step"] for line in lines if line["restart"] == 0)
     resumed = first_new["step"] - 1
@@ -419,6 +430,9 @@ def run_round(name, function, args, round_index):
         result = function(args, work, procs)
     except (BenchError, subprocess.TimeoutExpired, OSError, KeyError, ValueError) as error:
         result = {"error": f"{type(error).__name__}: {error}"}
+        args_keep, args.keep = args.keep, True  # a failed round keeps its logs
+    else:
+        args_keep = args.keep
     finally:
         procs.kill_all()
         time.sleep(0.3)
@@ -437,6 +451,7 @@ def run_round(name, function, args, round_index):
         result["problems"].append("processes left after cleanup: " + "; ".join(left))
     if args.keep:
         result["problems"].append(f"(kept {work})")
+    args.keep = args_keep
     return result
 
 
@@ -460,6 +475,7 @@ def main():
                         help="steps of each job (it is killed once recovered; enough to run "
                              "about a minute)")
     parser.add_argument("--keep", action="store_true", help="keep each round's temp dir")
+    parser.add_argument("--only", choices=["torchrun", "shardline"], help="run one system only")
     args = parser.parse_args()
     args.build_dir = os.path.abspath(args.build_dir)
     if not os.access(os.path.join(args.build_dir, "cli", "shardline"), os.X_OK):
@@ -474,6 +490,8 @@ def main():
     problems = []
     for r in range(1, args.rounds + 1):
         for name, function in (("torchrun", torchrun_round), ("shardline", shardline_round)):
+            if args.only and name != args.only:
+                continue
             result = run_round(name, function, args, r)
             if "error" in result:
                 print(f"round {r} {name}: FAILED {result['error']}", flush=True)
@@ -493,6 +511,8 @@ def main():
                 print(f"round {r} {name}: problem: {problem}", flush=True)
                 problems.append(f"{name} round {r}: {problem}")
 
+    if args.only:
+        return
     if not results["torchrun"] or not results["shardline"]:
         sys.exit("recovery: no round of one of the systems succeeded")
 

@@ -19,9 +19,11 @@ and one {"event": "resumed", "step", ...} line when it starts from a checkpoint.
       --batch 8 --steps N --checkpoint-interval 5 --dir DIR
 """
 import argparse
+import faulthandler
 import json
 import math
 import os
+import signal
 import time
 
 # Before torch loads: its OpenMP pool reads this.
@@ -94,6 +96,8 @@ def main():
     p.add_argument("--dir", required=True)
     args = p.parse_args()
 
+    # The driver sends SIGUSR1 to a group that does not get going: every thread's stack to stderr.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -1736,8 +1736,10 @@ void Coordinator::CloseGeneration(Job& job) {
       return;
     }
     metrics_.OnRestart(FaultKindName(record.cause->kind));
+    // Recovery runs from the first fault seen (the abort), which may precede the cause's own
+    // report: a killed agent's peers see broken sockets before its node is declared lost.
     job.recovering = true;
-    job.recovering_since = record.cause->at;
+    job.recovering_since = job.abort_started;
   } else {
     // A grow is a restart too, from the step just committed: its recovery is measured from now.
     job.recovering = true;

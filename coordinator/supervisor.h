@@ -79,7 +79,7 @@ struct GenerationRecord {
   std::optional<Fault> cause;
   std::vector<std::string> consequences;  // DescribeFault of each
   int64_t steps_lost = 0;       // last_step − the next generation's resumed step
-  double recovery_seconds = -1;  // cause → the next generation's first step
+  double recovery_seconds = -1;  // the abort (the first fault seen) → the next generation's first step
   double detection_seconds = -1;  // the cause's unseen_seconds
   double abort_seconds = -1;     // abort → every actor exited or lost
 };

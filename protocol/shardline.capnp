@@ -235,7 +235,8 @@ struct GenerationStatus {
   causeKind @8 :Text;              # actor_exit | actor_error | comm_error | node_lost | hung | ...
   consequences @9 :List(Text);     # what the cause set off: peers' broken sockets, aborted ranks
   stepsLost @10 :Int64;            # steps trained past the step the next generation resumed from
-  recoverySeconds @11 :Float64;    # from the fault to the next generation's first step; -1: none
+  recoverySeconds @11 :Float64;    # from the abort (the first fault seen) to the next
+                                   # generation's first step; -1: none
   detectionSeconds @12 :Float64;   # from the fault to the supervisor's abort; -1: not measured
   abortSeconds @13 :Float64;       # from the abort until every actor of it had exited or was lost
 }

@@ -71,3 +71,11 @@ shardline_test(cluster_multihost_test
   LIBS shardline_test_cluster shardline_monitoring_testing
   LABELS integration TIMEOUT 600)
 add_dependencies(cluster_multihost_test shardline)
+
+# The chaos driver: ten seeded faults of every class in one elastic job, which ends like a
+# fault-free run (bench/chaos_bench.cc runs 100).
+shardline_test(cluster_chaos_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/cluster_chaos_test.cc ${CMAKE_SOURCE_DIR}/tests/support/chaos.cc
+  LIBS shardline_test_cluster shardline_monitoring_testing shardline_training
+  LABELS integration TIMEOUT 900)
+add_dependencies(cluster_chaos_test shardline)

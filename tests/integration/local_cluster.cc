@@ -192,6 +192,7 @@ absl::StatusOr<pid_t> LocalCluster::StartAgent(
   } else {
     agents_[node_id] = pid;
   }
+  latest_agent_[node_id] = pid;
   return pid;
 }
 
@@ -211,6 +212,7 @@ absl::StatusOr<pid_t> LocalCluster::StartAgentIn(const std::string& netns,
   } else {
     agents_[node_id] = pid;
   }
+  latest_agent_[node_id] = pid;
   return pid;
 }
 

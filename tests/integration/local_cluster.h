@@ -89,6 +89,11 @@ class LocalCluster {
   std::string metrics_address();  // the coordinator's, from its status
   const std::string& dir() const { return dir_; }
   pid_t coordinator_pid() const { return coordinator_pid_; }
+  // The pid of the agent started last for `node_id`; 0 when none.
+  pid_t agent_pid(const std::string& node_id) const {
+    auto it = latest_agent_.find(node_id);
+    return it == latest_agent_.end() ? 0 : it->second;
+  }
   // The log of a process started here ("coordinator", "agent-NODE").
   std::string Log(const std::string& name) const;
 
@@ -98,6 +103,7 @@ class LocalCluster {
   std::string endpoint_;
   pid_t coordinator_pid_ = 0;
   std::map<std::string, pid_t> agents_;  // by node id
+  std::map<std::string, pid_t> latest_agent_;  // by node id: the one started last
 };
 
 }  // namespace shardline::testing

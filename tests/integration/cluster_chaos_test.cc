@@ -1,0 +1,186 @@
+// The chaos driver (tests/support/chaos.h) against one elastic job: about ten faults at seeded
+// random moments — kill -9 and SIGSTOP of actors, kill -9 of an agent (restarted), kill -9 and
+// restart of the coordinator. At the end the job has succeeded, its final state is a fault-free
+// run's of the same final plan, every committed step verifies, no actor of the job is left, no
+// temporary file is left, and the agent that stayed up has not grown in fds or memory.
+// bench/chaos_bench.cc runs 100 faults and prints the latencies per fault class.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <string>
+
+#include "checkpoint/layout.h"
+#include "checkpoint/verify.h"
+#include "tests/integration/local_cluster.h"
+#include "tests/support/chaos.h"
+#include "worker/training/model_checkpoint.h"
+
+namespace shardline::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using nlohmann::json;
+
+// Enough for ten faults (they take ~150 steps here) with room; few enough that the fp32 rounding of
+// the plans the faults switched between (dp 2, dp 1) stays within the equivalence tolerance.
+constexpr int kSteps = 400;
+
+std::string Job(const std::string& name, const std::string& dir, int dp, bool elastic) {
+  return "name: " + name +
+         "\nkind: train\ndevices: cpu\nbootstrap_timeout_s: 30\n"
+         "model: {layers: 2, heads: 4, d_model: 32, max_seq_len: 16}\n"
+         "data: {synthetic: {seed: 2, bytes: 64KiB}}\n"
+         "optimizer: {lr: 1.0e-3, weight_decay: 0.1}\n"
+         "steps: " + std::to_string(kSteps) + "\nbatch: 8\nseq_len: 16\nseed: 3\n"
+         "checkpoint: {dir: " + dir + ", interval: 10, keep: 3}\nlog_interval: 2\n"
+         "parallel: {tp: 2, dp: " + std::to_string(dp) + "}\n" +
+         (elastic ? "elastic: {min_actors: 2, max_actors: 4, max_restarts: 100, "
+                    "progress_timeout_s: 1.5}\n"
+                  : "");
+}
+
+std::map<std::string, std::vector<float>> StateOf(const std::string& manifest) {
+  std::map<std::string, std::vector<float>> state;
+  auto source = training::CheckpointSource::Open(manifest);
+  EXPECT_TRUE(source.ok()) << source.status();
+  if (!source.ok()) return state;
+  for (const auto& [name, tensor] : source->manifest()->tensors) {
+    const std::vector<int64_t> zeros(tensor.global_shape.size(), 0);
+    auto values = training::ReadCheckpointBox(*source, name, zeros, tensor.global_shape);
+    if (values.ok()) state[name] = *values;
+  }
+  return state;
+}
+
+// Processes whose command line names the job (its actors: `--job ID`).
+std::vector<pid_t> ProcessesOfJob(const std::string& job_id) {
+  std::vector<pid_t> found;
+  std::error_code ec;
+  for (fs::directory_iterator it("/proc", ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.empty() || !std::isdigit(static_cast<unsigned char>(name[0]))) continue;
+    std::ifstream in(it->path() / "cmdline");
+    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+    if (cmdline.find(" actor ") != std::string::npos &&
+        cmdline.find("--job " + job_id + " ") != std::string::npos) {
+      const pid_t pid = std::stoi(name);
+      if (ProcessAlive(pid)) found.push_back(pid);
+    }
+  }
+  return found;
+}
+
+TEST(ClusterChaosTest, TenSeededFaultsAndTheJobEndsLikeAFaultFreeRun) {
+  LocalCluster cluster;
+  ASSERT_TRUE(cluster.StartCoordinator().ok());
+  ASSERT_TRUE(cluster.StartAgent("node-a", "cpu:2").ok());
+  ASSERT_TRUE(cluster.StartAgent("node-b", "cpu:2").ok());
+  ASSERT_TRUE(cluster.WaitForAliveNodes(2, 15s).ok());
+  const pid_t steady_agent = cluster.agent_pid("node-a");  // never killed: its fds and RSS
+  const std::string dir = cluster.dir() + "/chaos";
+  auto id = cluster.Submit(Job("chaos", dir, 2, true));
+  ASSERT_TRUE(id.ok()) << id.status();
+  ASSERT_TRUE(cluster
+                  .WaitForJob(*id,
+                              [](const json& j) {
+                                return j["phase"] == "running" &&
+                                       j["train"]["last_committed_step"].get<int64_t>() >= 10;
+                              },
+                              90s)
+                  .ok());
+  const int fds_before = OpenFds(steady_agent);
+  const int64_t rss_before = ResidentBytes(steady_agent);
+
+  ChaosOptions options;
+  options.seed = 20261201;
+  options.faults = 10;
+  options.agents = {{"node-b", "cpu:2"}};
+  auto records = RunChaos(cluster, *id, options);
+  ASSERT_TRUE(records.ok()) << records.status();
+  ASSERT_EQ(records->size(), 10u);
+  std::map<std::string, int> by_kind;
+  for (const ChaosRecord& record : *records) {
+    std::cout << ChaosFaultName(record.fault) << ": " << record.cause << " | detect "
+              << record.detection_seconds << " s, abort " << record.abort_seconds
+              << " s, first new step " << record.first_step_seconds << " s, lost "
+              << record.steps_lost << std::endl;
+    ++by_kind[record.cause_kind];
+    // Each fault is named by its own cause.
+    switch (record.fault) {
+      case ChaosFault::kKillActor: EXPECT_EQ(record.cause_kind, "actor_exit") << record.cause; break;
+      case ChaosFault::kStopActor: EXPECT_EQ(record.cause_kind, "hung") << record.cause; break;
+      case ChaosFault::kKillAgent: EXPECT_EQ(record.cause_kind, "node_lost") << record.cause; break;
+      case ChaosFault::kRestartCoordinator:
+        EXPECT_EQ(record.cause_kind, "coordinator_restart") << record.cause;
+        break;
+    }
+    EXPECT_LE(record.steps_lost, 2 * 10 + 2) << "at most the interval and a save in flight";
+  }
+  EXPECT_GE(by_kind.size(), 3u) << "the seed exercises most fault classes";
+
+  auto ended = cluster.WaitForJobEnd(*id, 300s);
+  ASSERT_TRUE(ended.ok()) << ended.status();
+  ASSERT_EQ((*ended)["state"], "succeeded") << ended->dump(2) << cluster.Log("coordinator");
+  const int final_dp = (*ended)["train"]["plan"]["dp"].get<int>();
+
+  // Every committed step verifies; nothing half-written is left in the checkpoint dir.
+  auto committed = checkpoint::CommittedSteps(dir);
+  ASSERT_TRUE(committed.ok()) << committed.status();
+  for (int64_t step : *committed) {
+    EXPECT_TRUE(checkpoint::VerifyStep(checkpoint::ManifestPath(dir, step)).ok()) << step;
+  }
+  for (const auto& entry : fs::recursive_directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    EXPECT_EQ(name.find(".tmp"), std::string::npos) << entry.path();
+    if (entry.is_directory() && name.starts_with("step-") && !name.ends_with(".corrupt")) {
+      EXPECT_TRUE(fs::exists(entry.path() / "manifest.json")) << entry.path();
+    }
+  }
+  // No actor of the job is left, and /dev/shm holds nothing of ours.
+  EXPECT_TRUE(ProcessesOfJob(*id).empty());
+  for (const auto& entry : fs::directory_iterator("/dev/shm")) {
+    EXPECT_EQ(entry.path().filename().string().find("shardline"), std::string::npos)
+        << entry.path();
+  }
+  // The agent that stayed up: its descriptors and memory did not grow with the faults.
+  EXPECT_LE(OpenFds(steady_agent), fds_before + 4);
+  EXPECT_LE(ResidentBytes(steady_agent), rss_before + (16 << 20));
+
+  // The fault-free run of the same final plan ends in the same state.
+  const std::string reference_dir = cluster.dir() + "/reference";
+  auto reference = cluster.Submit(Job("reference", reference_dir, final_dp, false));
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  auto reference_end = cluster.WaitForJobEnd(*reference, 300s);
+  ASSERT_TRUE(reference_end.ok() && (*reference_end)["state"] == "succeeded");
+  const auto got = StateOf(checkpoint::ManifestPath(dir, kSteps));
+  const auto want = StateOf(checkpoint::ManifestPath(reference_dir, kSteps));
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [name, values] : want) {
+    ASSERT_TRUE(got.contains(name)) << name;
+    // The key third of the qkv bias ([q | k | v]) has no gradient but rounding: a key bias adds
+    // the same q·b to every score of a query, which the softmax cancels. Adam divides that noise
+    // by its own size and moves the bias by ~lr per step in directions no output sees, so two
+    // runs with other reduction orders drift apart there and only there.
+    const bool qkv_bias = name.ends_with("qkv.b");
+    const size_t third = values.size() / 3;
+    double largest = 0, diff = 0;
+    for (size_t i = 0; i < values.size(); ++i) {
+      if (qkv_bias && i >= third && i < 2 * third) continue;
+      largest = std::max(largest, std::abs(static_cast<double>(values[i])));
+      diff = std::max(diff, std::abs(static_cast<double>(got.at(name)[i]) - values[i]));
+    }
+    const bool moment = name.starts_with("optim.");
+    EXPECT_LE(moment ? diff / std::max(largest, 1e-30) : diff, moment ? 1e-4 : 1e-5) << name;
+  }
+}
+
+}  // namespace
+}  // namespace shardline::testing

@@ -1,0 +1,60 @@
+// A seeded chaos driver for one elastic train job on a LocalCluster: it injects faults at random
+// moments (kill -9 of an actor, SIGSTOP of an actor, kill -9 of an agent and its restart, kill -9
+// and restart of the coordinator), waits for the supervisor to bring the job back each time, and
+// records per fault what the job's generation records say: detection, abort, fault → first new
+// step, steps lost. Used by tests/integration/cluster_chaos_test.cc (about 10 faults) and
+// bench/chaos_bench.cc (100).
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "tests/integration/local_cluster.h"
+
+namespace shardline::testing {
+
+enum class ChaosFault { kKillActor, kStopActor, kKillAgent, kRestartCoordinator };
+std::string ChaosFaultName(ChaosFault fault);
+
+struct ChaosOptions {
+  uint64_t seed = 1;
+  int faults = 10;
+  std::vector<ChaosFault> kinds = {ChaosFault::kKillActor, ChaosFault::kStopActor,
+                                   ChaosFault::kKillAgent, ChaosFault::kRestartCoordinator};
+  // The moment of each fault: this much training after the job is back, at random within.
+  std::chrono::milliseconds min_gap{100};
+  std::chrono::milliseconds max_gap{800};
+  std::chrono::seconds recovery_timeout{60};
+  // Agents the driver may kill and restart: node id → devices ("cpu:2").
+  std::map<std::string, std::string> agents;
+};
+
+struct ChaosRecord {
+  ChaosFault fault = ChaosFault::kKillActor;
+  std::string cause_kind;      // what the supervisor named
+  std::string cause;
+  double detection_seconds = -1;   // injection → the abort
+  double abort_seconds = -1;       // abort → every actor gone
+  double first_step_seconds = -1;  // injection → the next generation's first step
+  int64_t steps_lost = 0;
+};
+
+// Drives job `job_id`, which must be running on `cluster` with checkpoints on; returns a record
+// per fault, or the first way the job failed to come back.
+absl::StatusOr<std::vector<ChaosRecord>> RunChaos(LocalCluster& cluster, const std::string& job_id,
+                                                  const ChaosOptions& options);
+
+// p50 and p99 of `values` (nearest rank); {-1, -1} when empty.
+std::pair<double, double> Percentiles(std::vector<double> values);
+
+// A process's open file descriptors and resident set (bytes), from /proc; -1 when unreadable.
+int OpenFds(pid_t pid);
+int64_t ResidentBytes(pid_t pid);
+
+}  // namespace shardline::testing
