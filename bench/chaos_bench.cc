@@ -1,0 +1,92 @@
+// 100 seeded faults into one elastic train job on a local cluster (2 agents of 2 CPU devices,
+// tp 2 × dp 1..2): kill -9 and SIGSTOP of actors, kill -9 of an agent (restarted), kill -9 and
+// restart of the coordinator (tests/support/chaos.h). Prints, per fault class, p50/p99 of the
+// detection latency (fault → abort), the abort (→ every actor gone), fault → first new step, and
+// the steps lost; then a `result` line. The short version with the end-state checks is ctest's
+// ClusterChaosTest.
+//
+//   build-dev/bench/chaos_bench [--faults N] [--seed S]
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tests/integration/local_cluster.h"
+#include "tests/support/chaos.h"
+
+using namespace shardline::testing;
+using namespace std::chrono_literals;
+
+int main(int argc, char** argv) {
+  ChaosOptions options;
+  options.faults = 100;
+  options.seed = 1;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag == "--faults") options.faults = std::atoi(argv[i + 1]);
+    else if (flag == "--seed") options.seed = std::strtoull(argv[i + 1], nullptr, 10);
+    else {
+      std::fprintf(stderr, "usage: chaos_bench [--faults N] [--seed S]\n");
+      return 2;
+    }
+  }
+  options.agents = {{"node-b", "cpu:2"}};
+  LocalCluster cluster;
+  if (!cluster.StartCoordinator().ok() || !cluster.StartAgent("node-a", "cpu:2").ok() ||
+      !cluster.StartAgent("node-b", "cpu:2").ok() || !cluster.WaitForAliveNodes(2, 20s).ok()) {
+    std::fprintf(stderr, "could not start the local cluster\n");
+    return 1;
+  }
+  auto id = cluster.Submit(
+      "name: chaos\nkind: train\ndevices: cpu\n"
+      "model: {layers: 2, heads: 4, d_model: 32, max_seq_len: 16}\n"
+      "data: {synthetic: {seed: 2, bytes: 64KiB}}\n"
+      "steps: 1000000\nbatch: 8\nseq_len: 16\nlog_interval: 2\n"
+      "checkpoint: {dir: " + cluster.dir() + "/chaos, interval: 10, keep: 2}\n"
+      "parallel: {tp: 2, dp: 2}\n"
+      "elastic: {min_actors: 2, max_actors: 4, max_restarts: 100000, progress_timeout_s: 1.5}\n");
+  if (!id.ok()) {
+    std::fprintf(stderr, "submit: %s\n", std::string(id.status().message()).c_str());
+    return 1;
+  }
+  auto records = RunChaos(cluster, *id, options);
+  RunShardline({"cancel", *id, "--coordinator", cluster.endpoint()});
+  if (!records.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(records.status().message()).c_str());
+    return 1;
+  }
+  std::map<std::string, std::vector<ChaosRecord>> by_class;
+  int misnamed = 0;
+  for (const ChaosRecord& record : *records) {
+    by_class[ChaosFaultName(record.fault)].push_back(record);
+    const std::string expected = record.fault == ChaosFault::kKillActor   ? "actor_exit"
+                                 : record.fault == ChaosFault::kStopActor ? "hung"
+                                 : record.fault == ChaosFault::kKillAgent ? "node_lost"
+                                                                          : "coordinator_restart";
+    misnamed += record.cause_kind == expected ? 0 : 1;
+  }
+  std::printf("%-22s %5s  %-17s %-17s %-17s %-13s\n", "fault", "n", "detect p50/p99 s",
+              "abort p50/p99 s", "first step p50/p99", "lost p50/p99");
+  std::vector<double> all_first_step;
+  for (const auto& [name, list] : by_class) {
+    std::vector<double> detect, abort, first, lost;
+    for (const ChaosRecord& r : list) {
+      detect.push_back(r.detection_seconds);
+      if (r.abort_seconds >= 0) abort.push_back(r.abort_seconds);
+      first.push_back(r.first_step_seconds);
+      all_first_step.push_back(r.first_step_seconds);
+      lost.push_back(static_cast<double>(r.steps_lost));
+    }
+    const auto [d50, d99] = Percentiles(detect);
+    const auto [a50, a99] = Percentiles(abort);
+    const auto [f50, f99] = Percentiles(first);
+    const auto [l50, l99] = Percentiles(lost);
+    std::printf("%-22s %5zu  %6.3f / %-8.3f %6.3f / %-8.3f %6.3f / %-8.3f %4.0f / %-4.0f\n",
+                name.c_str(), list.size(), d50, d99, a50, a99, f50, f99, l50, l99);
+  }
+  const auto [f50, f99] = Percentiles(all_first_step);
+  std::printf("result chaos faults=%zu misnamed=%d first_step_p50_s=%.3f first_step_p99_s=%.3f\n",
+              records->size(), misnamed, f50, f99);
+  return misnamed == 0 ? 0 : 1;
+}
