@@ -64,7 +64,11 @@ int main(int argc, char** argv) {
                                  : record.fault == ChaosFault::kStopActor ? "hung"
                                  : record.fault == ChaosFault::kKillAgent ? "node_lost"
                                                                           : "coordinator_restart";
-    misnamed += record.cause_kind == expected ? 0 : 1;
+    if (record.cause_kind != expected) {
+      ++misnamed;
+      std::printf("misnamed: %s named %s: %s\n", ChaosFaultName(record.fault).c_str(),
+                  record.cause_kind.c_str(), record.cause.c_str());
+    }
   }
   std::printf("%-22s %5s  %-17s %-17s %-17s %-13s\n", "fault", "n", "detect p50/p99 s",
               "abort p50/p99 s", "first step p50/p99", "lost p50/p99");

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Shardline's elastic restart against PyTorch 2's torchrun restart-all, in one run.
+"""Shardline's elastic restart against torchrun's restart-all and TorchFT's healing, in one run.
 
 The same GPT (2 layers, d_model 64, 4 heads, sequences of 32, a global batch of 8, byte
 vocabulary), the same number of data-parallel workers (2, on one node), the same checkpoint
@@ -16,21 +16,36 @@ with SIGKILL, and the time from the kill to the next completed training step is 
     first `shardline status --json` (polled every 20 ms) showing generation 2 past its
     resumed_step, minus the kill's; a status call's own latency is printed beside it. The
     coordinator's recovery_seconds (fault to first step of the new generation) is printed too.
+  - TorchFT (when the venv imports torchft, bench/setup-torchft.sh): one `torchft_lighthouse
+    --min_replicas 1 --quorum_tick_ms 100 --join_timeout_ms 1000` (--heartbeat_timeout_ms left at
+    its default, 5000; both are options here) and --workers replica groups of one worker each,
+    bench/recovery_torchft_peer.py (torchft.Manager on ProcessGroupGloo, torchft's
+    DistributedDataParallel and OptimizerWrapper; no checkpoint file). Replica group 1 is killed
+    and, once reaped, started again by this driver (as a scheduler would); it heals from the live
+    group over TorchFT's checkpoint transport. Two times: kill -> the survivor's first step
+    committed in a new quorum ("training continues"; the lighthouse only gives the survivor a
+    quorum of its own once the dead group's heartbeat is older than the heartbeat timeout, or
+    the restarted group joins), and kill -> the restarted group's first committed step ("back to
+    full size"). Steps lost: the survivor's (it does not roll back: 0).
 
 Steps lost: the last step the first generation completed minus the step the next one resumed
 from (Shardline: generation 1's steps_lost; torchrun: its last restart-0 step minus the first
 restarted step + 1). Either is between 0 and about one interval.
 
   bench/recovery_compare.py [BUILD_DIR] [--torch-venv /opt/shardline-bench/torch2] [--rounds 3]
-      [--workers 2] [--interval 5] [--steps N] [--keep]
+      [--workers 2] [--interval 5] [--steps N] [--keep] [--only torchrun|shardline|torchft]
+      [--torchft-join-timeout-ms 1000] [--torchft-heartbeat-timeout-ms 5000]
 
 Prints each round, then per system the median and max over rounds, and
   result recovery shardline_median_s=... torchrun_median_s=... ratio=... steps_lost_shardline=...
-      steps_lost_torchrun=... torch=2.x
-ratio is torchrun's median over Shardline's (above 1: Shardline recovers faster).
+      steps_lost_torchrun=... [torchft_continue_median_s=... torchft_full_median_s=...
+      steps_lost_torchft=... torchft=0.x] torch=2.x
+ratio is torchrun's median over Shardline's (above 1: Shardline recovers faster). With
+--only torchft: TorchFT's summary and a result line of its fields only.
 
-After bench/setup-torch2.sh. Not part of ctest. Every process it starts is in a process group of
-its own, killed at the end of its round, errors included; it then checks that nothing is left.
+After bench/setup-torch2.sh (and bench/setup-torchft.sh for TorchFT). Not part of ctest. Every
+process it starts is in a process group of its own, killed at the end of its round, errors
+included; it then checks that nothing is left.
 """
 
 import argparse
@@ -421,6 +436,143 @@ elastic: {{min_actors: {args.workers}, max_actors: {args.workers}}}
     }
 
 
+# ----------------------------------------------------------------------------------------- TorchFT
+
+def wait_listening(port, what, timeout, proc, log):
+    def up():
+        if proc.poll() is not None:
+            raise BenchError(f"{what} exited with {proc.returncode}:\n{tail(log)}")
+        with socket.socket() as s:
+            s.settimeout(0.2)
+            return s.connect_ex(("127.0.0.1", port)) == 0
+    wait_until(f"{what} to listen on port {port}", up, timeout, period=0.05, logs=[log])
+
+
+def torchft_round(args, work, procs):
+    run_dir = os.path.join(work, "torchft")
+    os.makedirs(run_dir)
+    steps_path = os.path.join(run_dir, "steps.jsonl")
+    lighthouse_log = os.path.join(work, "lighthouse.log")
+    lighthouse_port = free_port()
+    with open(os.path.join(work, "lighthouse"), "w") as f:
+        f.write(f"127.0.0.1:{lighthouse_port}")  # for the leftover check
+    lighthouse = procs.start([os.path.join(args.torch_venv, "bin", "torchft_lighthouse"),
+                              "--min_replicas", "1", "--quorum_tick_ms", "100",
+                              "--join_timeout_ms", str(args.torchft_join_timeout_ms),
+                              "--heartbeat_timeout_ms", str(args.torchft_heartbeat_timeout_ms),
+                              "--bind", f"127.0.0.1:{lighthouse_port}"], lighthouse_log,
+                             env=dict(os.environ, RUST_BACKTRACE="1"))
+    wait_listening(lighthouse_port, "torchft_lighthouse", 20, lighthouse, lighthouse_log)
+    groups = args.workers
+    command = [os.path.join(args.torch_venv, "bin", "python"),
+               os.path.join(HERE, "recovery_torchft_peer.py"),
+               "--layers", str(MODEL["layers"]), "--d-model", str(MODEL["d_model"]),
+               "--heads", str(MODEL["heads"]), "--seq-len", str(MODEL["seq_len"]),
+               "--batch", str(MODEL["batch"]), "--steps", str(args.steps), "--dir", run_dir]
+
+    def start_group(group, incarnation):
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+                   TORCHFT_LIGHTHOUSE=f"http://127.0.0.1:{lighthouse_port}",
+                   REPLICA_GROUP_ID=str(group), NUM_REPLICA_GROUPS=str(groups),
+                   INCARNATION=str(incarnation), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
+                   LOCAL_WORLD_SIZE="1")
+        log = os.path.join(work, f"group{group}.{incarnation}.log")
+        return procs.start(command, log, env=env), log
+
+    started = time.time()
+    members = {g: start_group(g, 0) for g in range(groups)}
+    logs = [lighthouse_log] + [log for _, log in members.values()]
+
+    def step_lines():
+        return [line for line in read_steps(steps_path) if "event" not in line]
+
+    def check_running():
+        for name, proc, log in [("lighthouse", lighthouse, lighthouse_log)] + \
+                [(f"replica group {g}", proc, log) for g, (proc, log) in members.items()]:
+            if proc.poll() is not None:
+                raise BenchError(f"{name} exited with {proc.returncode}:\n{tail(log)}")
+
+    def trained():
+        # With --min_replicas 1 the first group up trains alone until the other joins: wait for
+        # both in one quorum, past the step.
+        check_running()
+        lines = step_lines()
+        last = {}
+        for x in lines:
+            last[x["group"]] = x
+        return len(last) == groups and all(
+            x["participants"] == groups and x["step"] >= args.interval + 2 for x in last.values())
+
+    wait_until(f"TorchFT's {groups} replica groups to train together past step "
+               f"{args.interval + 2}", trained, 120, logs=logs)
+    victim, _ = members[1]
+    kill_time = time.time()
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.wait(timeout=10)
+    # The scheduler's part: start the dead group again at once (a fresh store port, as a new
+    # torchelastic rendezvous would give it).
+    restart_time = time.time()
+    members[1] = start_group(1, 1)
+    logs.append(members[1][1])
+    before = [x for x in step_lines() if x["time"] <= kill_time]
+    survivor_before = [x for x in before if x["group"] == 0]
+    if not survivor_before:
+        raise BenchError("replica group 0 logged no step before the kill")
+    old_quorum = survivor_before[-1]["quorum_id"]
+    last_before = survivor_before[-1]["step"]
+    victim_last = max(x["step"] for x in before if x["group"] == 1)
+
+    def continued():
+        check_running()
+        return next((x for x in step_lines() if x["group"] == 0 and x["time"] > kill_time
+                     and x["quorum_id"] != old_quorum), None)
+
+    def full():
+        check_running()
+        return next((x for x in step_lines() if x["group"] == 1 and x["incarnation"] >= 1), None)
+
+    try:
+        cont = wait_until("TorchFT's surviving group to commit a step in a new quorum", continued,
+                          60, logs=logs)
+        back = wait_until("TorchFT's restarted group to commit a step", full, 90, logs=logs)
+    except BenchError as error:
+        for proc, _ in members.values():
+            try:
+                os.kill(proc.pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+        time.sleep(1)
+        raise BenchError(f"{error}\n" + "".join(f"\n--- {log}:\n{tail(log, 4000)}"
+                                                 for log in logs))
+    lines = read_steps(steps_path)
+    first_any = next((x for x in lines if "event" not in x and x["group"] == 0
+                      and x["time"] > kill_time), None)
+    skipped = [x for x in lines if x.get("event") == "skipped" and x["group"] == 0
+               and kill_time < x["time"] <= cont["time"]]
+    survivor_at_back = max(x["step"] for x in lines if "event" not in x and x["group"] == 0
+                           and x["time"] <= back["time"])
+    problems = []
+    if not back.get("healed") and back["step"] <= 1:
+        problems.append(f"the restarted group's first step {back['step']} did not heal")
+    return {
+        "recovery_s": cont["time"] - kill_time,
+        "full_s": back["time"] - kill_time,
+        "steps_lost": max(0, last_before - (cont["step"] - 1)),
+        "detail": f"killed replica group 1 (pid {victim.pid}) after its step {victim_last}; "
+                  f"survivor's last step before the kill {last_before}, first step after it "
+                  f"{first_any['step']} "
+                  f"(+{first_any['time'] - kill_time:.3f} s, quorum {first_any['quorum_id']})"
+                  f", first in a new quorum {cont['step']} (quorum {cont['quorum_id']} of "
+                  f"{cont.get('quorum_size')} group(s)), {len(skipped)} uncommitted attempt(s) between; "
+                  f"restarted group started {restart_time - kill_time:.3f} s after the kill, "
+                  f"healed to and committed step {back['step']} in quorum {back['quorum_id']} of "
+                  f"{back.get('quorum_size')} group(s) (survivor then at {survivor_at_back}) "
+                  f"(startup to first step {min(x['time'] for x in step_lines()) - started:.1f} s)",
+        "problems": problems,
+    }
+
+
 # ------------------------------------------------------------------------------------------ driver
 
 def run_round(name, function, args, round_index):
@@ -444,6 +596,12 @@ def run_round(name, function, args, round_index):
                     left += processes_mentioning(f.read().strip())
             except OSError:
                 pass
+        if name == "torchft":
+            try:
+                with open(os.path.join(work, "lighthouse")) as f:
+                    left += processes_mentioning(f.read().strip())
+            except OSError:
+                pass
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     result.setdefault("problems", [])
@@ -464,6 +622,16 @@ def torch_version(venv):
     return done.stdout.strip()
 
 
+def torchft_version(venv):
+    done = subprocess.run([os.path.join(venv, "bin", "python"), "-c",
+                           "import importlib.metadata as m, torchft; print(m.version('torchft'))"],
+                          capture_output=True, text=True, timeout=120)
+    if done.returncode != 0 or not os.access(os.path.join(venv, "bin", "torchft_lighthouse"),
+                                             os.X_OK):
+        return None
+    return done.stdout.strip()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("build_dir", nargs="?", default=os.path.join(SOURCE, "build-dev"))
@@ -475,26 +643,51 @@ def main():
                         help="steps of each job (it is killed once recovered; enough to run "
                              "about a minute)")
     parser.add_argument("--keep", action="store_true", help="keep each round's temp dir")
-    parser.add_argument("--only", choices=["torchrun", "shardline"], help="run one system only")
+    parser.add_argument("--only", choices=["torchrun", "shardline", "torchft"],
+                        help="run one system only")
+    parser.add_argument("--torchft-join-timeout-ms", type=int, default=1000,
+                        help="torchft_lighthouse --join_timeout_ms")
+    parser.add_argument("--torchft-heartbeat-timeout-ms", type=int, default=5000,
+                        help="torchft_lighthouse --heartbeat_timeout_ms (its default)")
     args = parser.parse_args()
     args.build_dir = os.path.abspath(args.build_dir)
-    if not os.access(os.path.join(args.build_dir, "cli", "shardline"), os.X_OK):
+    if args.only in (None, "shardline") and \
+            not os.access(os.path.join(args.build_dir, "cli", "shardline"), os.X_OK):
         sys.exit(f"no shardline binary in {args.build_dir}/cli")
     torch = torch_version(args.torch_venv)
+    torchft = torchft_version(args.torch_venv)
+    if torchft is None:
+        if args.only == "torchft":
+            sys.exit(f"no torchft in {args.torch_venv} (run bench/setup-torchft.sh)")
+        print(f"recovery: no torchft in {args.torch_venv} (bench/setup-torchft.sh): TorchFT "
+              f"skipped", flush=True)
     print(f"recovery: GPT layers={MODEL['layers']} d_model={MODEL['d_model']} "
           f"heads={MODEL['heads']} seq_len={MODEL['seq_len']} batch={MODEL['batch']}, "
           f"{args.workers} data-parallel workers, checkpoint every {args.interval} steps, "
-          f"rank 1 killed by SIGKILL past step {args.interval + 2}; torch {torch}", flush=True)
+          f"rank 1 killed by SIGKILL past step {args.interval + 2}; torch {torch}"
+          + (f", torchft {torchft} (2 replica groups of 1 worker, lighthouse --join_timeout_ms "
+             f"{args.torchft_join_timeout_ms} --heartbeat_timeout_ms "
+             f"{args.torchft_heartbeat_timeout_ms}; replica group 1 killed and restarted)"
+             if torchft else ""), flush=True)
 
-    results = {"torchrun": [], "shardline": []}
+    systems = [("torchrun", torchrun_round), ("shardline", shardline_round)]
+    if torchft:
+        systems.append(("torchft", torchft_round))
+    results = {"torchrun": [], "shardline": [], "torchft": []}
     problems = []
     for r in range(1, args.rounds + 1):
-        for name, function in (("torchrun", torchrun_round), ("shardline", shardline_round)):
+        for name, function in systems:
             if args.only and name != args.only:
                 continue
             result = run_round(name, function, args, r)
             if "error" in result:
                 print(f"round {r} {name}: FAILED {result['error']}", flush=True)
+            elif name == "torchft":
+                results[name].append(result)
+                print(f"round {r} torchft: kill -> survivor's next step {result['recovery_s']:.3f}"
+                      f" s (training continues), kill -> restarted group's first step "
+                      f"{result['full_s']:.3f} s (back to full size), steps lost "
+                      f"{result['steps_lost']}; {result['detail']}", flush=True)
             else:
                 results[name].append(result)
                 extra = ""
@@ -511,7 +704,27 @@ def main():
                 print(f"round {r} {name}: problem: {problem}", flush=True)
                 problems.append(f"{name} round {r}: {problem}")
 
+    def torchft_summary():
+        if not results["torchft"]:
+            print(f"\nTorchFT (torchft {torchft}): no round succeeded")
+            return None
+        cont = [x["recovery_s"] for x in results["torchft"]]
+        full = [x["full_s"] for x in results["torchft"]]
+        lost = [x["steps_lost"] for x in results["torchft"]]
+        print(f"\nTorchFT replica-group healing (torchft {torchft}, torch {torch}): kill -> "
+              f"survivor's next step median {statistics.median(cont):.3f} s, max {max(cont):.3f} "
+              f"s; kill -> restarted group's first step median {statistics.median(full):.3f} s, "
+              f"max {max(full):.3f} s over {len(cont)} rounds; steps lost median "
+              f"{statistics.median(lost):g}, max {max(lost)}")
+        return statistics.median(cont), statistics.median(full), statistics.median(lost)
+
     if args.only:
+        if args.only == "torchft":
+            ft = torchft_summary()
+            if ft:
+                print(f"result recovery torchft_continue_median_s={ft[0]:.3f} "
+                      f"torchft_full_median_s={ft[1]:.3f} steps_lost_torchft={ft[2]:g} "
+                      f"torchft={torchft} torch={torch}")
         return
     if not results["torchrun"] or not results["shardline"]:
         sys.exit("recovery: no round of one of the systems succeeded")
@@ -531,10 +744,13 @@ def main():
           f"{theirs[1]:.3f} s over {len(results['torchrun'])} rounds; steps lost median "
           f"{theirs[2]:g}, max {theirs[3]}")
     ratio = theirs[0] / ours[0] if ours[0] > 0 else float("inf")
+    ft = torchft_summary() if torchft else None
     print(f"ratio (torchrun median / Shardline median): {ratio:.1f}x, against torch {torch}")
     print(f"result recovery shardline_median_s={ours[0]:.3f} torchrun_median_s={theirs[0]:.3f} "
           f"ratio={ratio:.2f} steps_lost_shardline={ours[2]:g} steps_lost_torchrun={theirs[2]:g} "
-          f"torch={torch}")
+          + (f"torchft_continue_median_s={ft[0]:.3f} torchft_full_median_s={ft[1]:.3f} "
+             f"steps_lost_torchft={ft[2]:g} torchft={torchft} " if ft else "")
+          + f"torch={torch}")
     if problems:
         print(f"{len(problems)} problem(s) seen; see the round lines above")
 

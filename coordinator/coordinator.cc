@@ -1565,9 +1565,9 @@ void Coordinator::SendAbort(const Job& job, const std::string& reason) {
 
 void Coordinator::EndJob(Job& job, JobState state, const std::string& error) {
   if (IsFinal(job.state)) return;
-  // A generation still holding actors and devices (not one already closed by the supervisor).
-  const bool generation_open =
-      job.state == JobState::kRunning && job.phase != Phase::kRestarting;
+  // A generation still holding actors and devices (CloseGeneration leaves kNone or kRestarting).
+  const bool generation_open = job.state == JobState::kRunning && job.phase != Phase::kNone &&
+                               job.phase != Phase::kRestarting;
   if (!job.generations.empty() && job.generations.back().ending == Ending::kRunning) {
     GenerationRecord& record = job.generations.back();
     record.ended_unix_ms = UnixMillis();
@@ -1725,6 +1725,7 @@ void Coordinator::CloseGeneration(Job& job) {
     spdlog::warn("job {} {}; aborted in {:.3f} s", job.id, error, record.abort_seconds);
   }
   job.faults.clear();
+  job.phase = Phase::kNone;  // closed: its actors are gone and its devices free
   if (!job.Elastic()) {
     EndJob(job, JobState::kFailed, error);
     return;

@@ -247,6 +247,34 @@ TEST_F(ClusterElasticTest, ALostNodeScalesTheJobInAndItGrowsBackWhenTheNodeRetur
   ASSERT_TRUE(RunShardline({"cancel", id, "--coordinator", cluster_.endpoint()}).exit_code == 0);
 }
 
+TEST_F(ClusterElasticTest, BelowMinActorsTheJobWaitsSayingForWhatAndGoesOnWhenDevicesReturn) {
+  auto [id, running] = StartAndWait(
+      TrainJob("waits", Dir("waits"), "{tp: 2, dp: 2}", "{min_actors: 4, max_actors: 4}", 400), 2);
+  ASSERT_EQ(running["state"], "running") << running.dump(2);
+  ASSERT_EQ(::kill(node_b_, SIGKILL), 0);
+  auto waiting = cluster_.WaitForJob(
+      id, [](const json& j) { return j["phase"] == "restarting" && j["error"] != ""; }, 30s);
+  ASSERT_TRUE(waiting.ok()) << waiting.status();
+  auto said = cluster_.WaitForJob(
+      id,
+      [](const json& j) {
+        return j["error"].get<std::string>().find("waiting for 2 more cpu devices: 2 free of 2 "
+                                                  "alive, min 4") != std::string::npos;
+      },
+      30s);
+  ASSERT_TRUE(said.ok()) << said.status();
+  EXPECT_EQ((*said)["state"], "running");  // still the job's: it waits, it has not failed
+  ASSERT_TRUE(cluster_.StartAgent("node-b", "cpu:2").ok());
+  auto back = cluster_.WaitForJob(
+      id,
+      [](const json& j) {
+        return j["generation"] == 2 && j["phase"] == "running" && j["world_size"] == 4;
+      },
+      60s);
+  ASSERT_TRUE(back.ok()) << back.status() << cluster_.Log("coordinator");
+  ASSERT_EQ(RunShardline({"cancel", id, "--coordinator", cluster_.endpoint()}).exit_code, 0);
+}
+
 TEST_F(ClusterElasticTest, TheCrashLoopBreakerFailsTheJobWithItsCauses) {
   const std::string yaml = TrainJob("loop", Dir("loop"), "{tp: 2, dp: 1}",
                                     "{min_actors: 2, max_actors: 2, max_restarts: 1}", 400);

@@ -62,8 +62,8 @@ absl::StatusOr<std::vector<ChaosRecord>> RunChaos(LocalCluster& cluster, const s
     auto job = cluster.WaitForJob(
         job_id,
         [&](const json& j) {
-          return j["state"] != "running" ||
-                 (Trains(j) && j["world_size"].get<int>() >= full_world);
+          const bool waiting = j["state"] == "running" || j["state"] == "pending";
+          return !waiting || (Trains(j) && j["world_size"].get<int>() >= full_world);
         },
         options.recovery_timeout);
     if (!job.ok()) return fail("waiting for the job to train", job.status());
