@@ -8,8 +8,18 @@
 namespace shardline::coordinator {
 namespace {
 
-// Ranked after every other cause: usually the echo of another rank's fault.
-bool IsEcho(FaultKind kind) { return kind == FaultKind::kCommError || kind == FaultKind::kAborted; }
+// How likely a fault is the cause rather than an echo of another: a process or node that died or
+// stopped, or a bootstrap that timed out (0), before an actor's own error (1), which a dying peer
+// can also provoke (an error Gloo raises outside its I/O path), before a communicator error (2),
+// before what the abort itself did (3).
+int Tier(FaultKind kind) {
+  switch (kind) {
+    case FaultKind::kActorError: return 1;
+    case FaultKind::kCommError: return 2;
+    case FaultKind::kAborted: return 3;
+    default: return 0;
+  }
+}
 
 std::string FormatSeconds(double seconds) {
   char buf[32];
@@ -63,10 +73,11 @@ std::string DescribeFault(const Fault& fault) {
 }
 
 const Fault& FaultLog::RootCause() const {
+  const Fault* cause = &faults_.front();
   for (const Fault& fault : faults_) {
-    if (!IsEcho(fault.kind)) return fault;
+    if (Tier(fault.kind) < Tier(cause->kind)) cause = &fault;  // the earliest of the best tier
   }
-  return faults_.front();
+  return *cause;
 }
 
 std::vector<Fault> FaultLog::Consequences() const {

@@ -52,9 +52,11 @@ class FaultLog {
   bool empty() const { return faults_.empty(); }
   void clear() { faults_.clear(); }
   const std::vector<Fault>& faults() const { return faults_; }
-  // The cause: the first fault that is not a communicator error or an abort's consequence (a
-  // killed rank's peers see its broken socket before its agent reports the exit, so arrival order
-  // alone blames the wrong rank); when there is only such faults, the first of them.
+  // The cause: the first fault of the likeliest kind — an exit, a lost node, a hang or a
+  // bootstrap timeout, then an actor's own error, then a communicator error, then what the abort
+  // did (a killed rank's peers see its broken socket before its agent reports the exit, and a
+  // lost node is declared only after its heartbeat timeout, so arrival order alone blames the
+  // wrong rank). Expects a non-empty log.
   const Fault& RootCause() const;
   // Every fault but the cause, in arrival order.
   std::vector<Fault> Consequences() const;

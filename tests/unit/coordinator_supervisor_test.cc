@@ -52,6 +52,23 @@ TEST(FaultLogTest, OnlyCommunicatorErrorsMakeTheFirstOneTheCause) {
   EXPECT_EQ(log.Consequences().size(), 1u);
 }
 
+TEST(FaultLogTest, ALostNodeOutranksThePeersErrorsItCaused) {
+  ManualClock clock;
+  FaultLog log;
+  // kill -9 of an agent: its actors die with it, their peers fail at once (some errors come out
+  // of Gloo outside its I/O path, as plain actor errors), the node is lost 1.5 s later.
+  log.Add(MakeFault(FaultKind::kActorError, 0, clock.Now(), 40, "failed: internal error"));
+  log.Add(MakeFault(FaultKind::kCommError, 1, clock.Now()));
+  clock.Advance(1500ms);
+  log.Add(MakeFault(FaultKind::kNodeLost, -1, clock.Now()));
+  EXPECT_EQ(log.RootCause().kind, FaultKind::kNodeLost);
+  // Alone, an actor's error is the cause before a communicator error that came first.
+  FaultLog own;
+  own.Add(MakeFault(FaultKind::kCommError, 1, clock.Now()));
+  own.Add(MakeFault(FaultKind::kActorError, 0, clock.Now()));
+  EXPECT_EQ(own.RootCause().kind, FaultKind::kActorError);
+}
+
 TEST(FaultLogTest, ACauseOtherThanAnEchoWinsByArrival) {
   ManualClock clock;
   FaultLog log;
