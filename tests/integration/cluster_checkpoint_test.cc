@@ -19,6 +19,7 @@
 #include "checkpoint/manifest.h"
 #include "checkpoint/verify.h"
 #include "tests/integration/local_cluster.h"
+#include "tests/support/checkpoint_state.h"
 #include "tests/support/file_damage.h"
 #include "worker/training/model_checkpoint.h"
 
@@ -54,39 +55,6 @@ std::string Job(const std::string& name, const std::string& parallel,
                 const std::string& sections) {
   return "name: " + name + "\nkind: train\ndevices: cpu\nbootstrap_timeout_s: 30\n"
          "micro_batch: 2\nparallel: " + parallel + "\n" + sections;
-}
-
-// Every parameter and moment of the step a checkpoint path names, by tensor.
-std::map<std::string, std::vector<float>> StateOf(const std::string& path) {
-  std::map<std::string, std::vector<float>> state;
-  absl::StatusOr<training::CheckpointSource> source = training::CheckpointSource::Open(path);
-  EXPECT_TRUE(source.ok()) << source.status();
-  if (!source.ok()) return state;
-  for (const auto& [name, tensor] : source->manifest()->tensors) {
-    const std::vector<int64_t> zeros(tensor.global_shape.size(), 0);
-    auto values = training::ReadCheckpointBox(*source, name, zeros, tensor.global_shape);
-    EXPECT_TRUE(values.ok()) << values.status();
-    if (values.ok()) state[name] = *values;
-  }
-  return state;
-}
-
-// The tolerances of tests/unit/checkpoint_resume_test.cc: parameters absolute 1e-5, moments 1e-4
-// of their tensor's largest value (fp32 sums in another order).
-void ExpectSameState(const std::string& got_path, const std::string& want_path) {
-  const auto got = StateOf(got_path);
-  const auto want = StateOf(want_path);
-  ASSERT_EQ(got.size(), want.size());
-  for (const auto& [name, values] : want) {
-    ASSERT_TRUE(got.contains(name)) << name;
-    double largest = 0, diff = 0;
-    for (size_t i = 0; i < values.size(); ++i) {
-      largest = std::max(largest, std::abs(static_cast<double>(values[i])));
-      diff = std::max(diff, std::abs(static_cast<double>(got.at(name)[i]) - values[i]));
-    }
-    const bool moment = name.starts_with("optim.");
-    EXPECT_LE(moment ? diff / std::max(largest, 1e-30) : diff, moment ? 1e-4 : 1e-5) << name;
-  }
 }
 
 class ClusterCheckpointTest : public ::testing::Test {

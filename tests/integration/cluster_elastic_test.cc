@@ -16,7 +16,7 @@
 #include "checkpoint/layout.h"
 #include "checkpoint/verify.h"
 #include "tests/integration/local_cluster.h"
-#include "worker/training/model_checkpoint.h"
+#include "tests/support/checkpoint_state.h"
 
 namespace shardline::testing {
 namespace {
@@ -40,39 +40,6 @@ std::string TrainJob(const std::string& name, const std::string& dir, const std:
                      "log_interval: 2\nparallel: " + parallel + "\n";
   if (!elastic.empty()) yaml += "elastic: " + elastic + "\n";
   return yaml;
-}
-
-// Every tensor of a checkpoint step, by name.
-std::map<std::string, std::vector<float>> StateOf(const std::string& manifest) {
-  std::map<std::string, std::vector<float>> state;
-  absl::StatusOr<training::CheckpointSource> source = training::CheckpointSource::Open(manifest);
-  EXPECT_TRUE(source.ok()) << source.status();
-  if (!source.ok()) return state;
-  for (const auto& [name, tensor] : source->manifest()->tensors) {
-    const std::vector<int64_t> zeros(tensor.global_shape.size(), 0);
-    auto values = training::ReadCheckpointBox(*source, name, zeros, tensor.global_shape);
-    EXPECT_TRUE(values.ok()) << values.status();
-    if (values.ok()) state[name] = *values;
-  }
-  return state;
-}
-
-// The sharded-equivalence tolerances of cluster_checkpoint_test: parameters 1e-5 absolute,
-// moments 1e-4 of their tensor's largest value.
-void ExpectSameState(const std::string& got_manifest, const std::string& want_manifest) {
-  const auto got = StateOf(got_manifest);
-  const auto want = StateOf(want_manifest);
-  ASSERT_EQ(got.size(), want.size());
-  for (const auto& [name, values] : want) {
-    ASSERT_TRUE(got.contains(name)) << name;
-    double largest = 0, diff = 0;
-    for (size_t i = 0; i < values.size(); ++i) {
-      largest = std::max(largest, std::abs(static_cast<double>(values[i])));
-      diff = std::max(diff, std::abs(static_cast<double>(got.at(name)[i]) - values[i]));
-    }
-    const bool moment = name.starts_with("optim.");
-    EXPECT_LE(moment ? diff / std::max(largest, 1e-30) : diff, moment ? 1e-4 : 1e-5) << name;
-  }
 }
 
 bool Training(const json& job, int64_t past_committed) {

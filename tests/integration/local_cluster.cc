@@ -178,35 +178,34 @@ absl::StatusOr<pid_t> LocalCluster::StartAgent(
     const std::string& node_id, const std::string& devices,
     const std::vector<std::pair<std::string, std::string>>& env,
     const std::vector<std::string>& extra_args) {
-  SpawnOptions spawn;
-  spawn.argv = {ShardlineBinary(), "agent",   "--coordinator", endpoint_, "--devices",
-                devices,           "--node-id", node_id,       "--metrics", "127.0.0.1:0",
-                "--log-dir",       dir_ + "/actors",           "--log-level", "debug"};
-  spawn.argv.insert(spawn.argv.end(), extra_args.begin(), extra_args.end());
-  spawn.extra_env = env;
-  spawn.log_path = dir_ + "/agent-" + node_id + ".log";
-  ASSIGN_OR_RETURN(pid_t pid, Spawn(spawn));
-  // A second agent under the same id is a test of its own; keep the first for cleanup.
-  if (agents_.count(node_id)) {
-    agents_[node_id + "#" + std::to_string(pid)] = pid;
-  } else {
-    agents_[node_id] = pid;
-  }
-  latest_agent_[node_id] = pid;
-  return pid;
+  return SpawnAgent({}, node_id, devices, env, extra_args);
 }
 
 absl::StatusOr<pid_t> LocalCluster::StartAgentIn(const std::string& netns,
                                                  const std::string& node_id,
                                                  const std::string& devices) {
-  SpawnOptions spawn;
   // `ip netns exec` enters the namespace and execs the agent: the pid is the agent's.
-  spawn.argv = {IpCommand(), "netns",      "exec",        netns,     ShardlineBinary(),
-                "agent",     "--coordinator", endpoint_,  "--devices", devices,
-                "--node-id", node_id,      "--metrics",   "127.0.0.1:0",
-                "--log-dir", dir_ + "/actors", "--log-level", "debug"};
+  return SpawnAgent({IpCommand(), "netns", "exec", netns}, node_id, devices, {}, {});
+}
+
+absl::StatusOr<pid_t> LocalCluster::SpawnAgent(
+    const std::vector<std::string>& prefix, const std::string& node_id, const std::string& devices,
+    const std::vector<std::pair<std::string, std::string>>& env,
+    const std::vector<std::string>& extra_args) {
+  SpawnOptions spawn;
+  spawn.argv = prefix;
+  for (const std::string& arg :
+       {ShardlineBinary(), std::string("agent"), std::string("--coordinator"), endpoint_,
+        std::string("--devices"), devices, std::string("--node-id"), node_id,
+        std::string("--metrics"), std::string("127.0.0.1:0"), std::string("--log-dir"),
+        dir_ + "/actors", std::string("--log-level"), std::string("debug")}) {
+    spawn.argv.push_back(arg);
+  }
+  spawn.argv.insert(spawn.argv.end(), extra_args.begin(), extra_args.end());
+  spawn.extra_env = env;
   spawn.log_path = dir_ + "/agent-" + node_id + ".log";
   ASSIGN_OR_RETURN(pid_t pid, Spawn(spawn));
+  // A second agent under the same id is a test of its own; keep the first for cleanup.
   if (agents_.count(node_id)) {
     agents_[node_id + "#" + std::to_string(pid)] = pid;
   } else {

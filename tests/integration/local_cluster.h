@@ -98,6 +98,12 @@ class LocalCluster {
   std::string Log(const std::string& name) const;
 
  private:
+  // StartAgent and StartAgentIn: `prefix` runs before the agent's command line.
+  absl::StatusOr<pid_t> SpawnAgent(const std::vector<std::string>& prefix,
+                                   const std::string& node_id, const std::string& devices,
+                                   const std::vector<std::pair<std::string, std::string>>& env,
+                                   const std::vector<std::string>& extra_args);
+
   Options options_;
   std::string dir_;
   std::string endpoint_;
