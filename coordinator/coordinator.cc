@@ -142,7 +142,6 @@ GenerationRecord GenerationFromJson(const nlohmann::json& entry) {
     fault.detail = cause.value("detail", "");
     g.cause = fault;
   }
-  // A generation that was running when the history was written ended with that coordinator.
   return g;
 }
 

@@ -68,12 +68,46 @@ TEST(ClusterCommCheckTest, TwoAgentsTwoDevicesEachRunEveryCollective) {
   EXPECT_TRUE(all_reduce_sizes.count(262148));
 }
 
+TEST(ClusterCommCheckTest, TheStoreTakesActorKeysOnlyFromARunningGenerationInsideItsPrefix) {
+  LocalCluster cluster;
+  ASSERT_TRUE(cluster.StartCoordinator().ok());
+  ASSERT_TRUE(cluster.StartAgent("node-k", "cpu:2").ok());
+  ASSERT_TRUE(cluster.WaitForAliveNodes(1, 20s).ok());
+  // A job that runs for a while: generation 1 of it is live.
+  auto job_id = cluster.Submit(
+      "name: fenced\nkind: comm-check\nactors: 2\ncomm_check:\n  min_bytes: 4MiB\n"
+      "  max_bytes: 4MiB\n  iterations: 1000\n  uneven_sizes: false\n");
+  ASSERT_TRUE(job_id.ok());
+  ASSERT_TRUE(cluster
+                  .WaitForJob(*job_id, [](const auto& j) { return j["phase"] == "running"; }, 60s)
+                  .ok());
+  const auto store_as = [&](const std::string& sender, const std::string& key) {
+    auto client = protocol::RpcClient::Connect(cluster.endpoint(), "shardline", sender);
+    if (!client.ok()) return client.status();
+    actor::CoordinatorStore store(**client);
+    return store.Set(key, "x");
+  };
+  const std::string prefix = "job/" + *job_id + "/gen/1/";
+  EXPECT_TRUE(store_as("actor/" + *job_id + "/1/0", prefix + "probe").ok());
+  // Another generation's actor (a late one of an aborted generation) is fenced.
+  absl::Status stale = store_as("actor/" + *job_id + "/0/0", prefix + "probe");
+  EXPECT_EQ(stale.code(), absl::StatusCode::kFailedPrecondition) << stale;
+  EXPECT_NE(std::string(stale.message()).find("is not an actor of a running generation"),
+            std::string::npos)
+      << stale;
+  // A live actor writing outside its generation's prefix is refused.
+  absl::Status outside = store_as("actor/" + *job_id + "/1/0", "job/other/gen/1/probe");
+  EXPECT_EQ(outside.code(), absl::StatusCode::kPermissionDenied) << outside;
+  ASSERT_EQ(RunShardline({"cancel", *job_id, "--coordinator", cluster.endpoint()}).exit_code, 0);
+}
+
 TEST(ClusterCommCheckTest, NcclUniqueIdIsFannedOutThroughTheCoordinator) {
   if (!comm::NcclBuilt()) GTEST_SKIP() << "this build has no NCCL (configured without CUDA)";
   LocalCluster cluster;
   ASSERT_TRUE(cluster.StartCoordinator().ok());
   // Three ranks, each with its own connection, exchange the id through the coordinator's store
-  // the way actors do; ncclGetUniqueId needs no GPU.
+  // the way actors do; ncclGetUniqueId needs no GPU. Not as "actor/JOB/GEN/RANK": the store takes
+  // those only from actors of a running generation, and there is no job here.
   constexpr int kRanks = 3;
   std::vector<std::string> ids(kRanks);
   std::vector<absl::Status> errors(kRanks);
@@ -81,7 +115,7 @@ TEST(ClusterCommCheckTest, NcclUniqueIdIsFannedOutThroughTheCoordinator) {
   for (int rank = 0; rank < kRanks; ++rank) {
     ranks.emplace_back([&, rank] {
       auto client = protocol::RpcClient::Connect(cluster.endpoint(), "shardline",
-                                                 "actor/test/1/" + std::to_string(rank));
+                                                 "nccl-test/" + std::to_string(rank));
       if (!client.ok()) {
         errors[rank] = client.status();
         return;
