@@ -115,16 +115,8 @@ int Submit(const ClientOptions& client_options, const SubmitOptions& options) {
       for (const std::string& line : FormatTrainStart(job)) std::cout << "  " << line << std::endl;
       start_shown = true;
     }
-    if (job.hasTrain()) {
-      // A generation that ended (a fault, a grow): its line once, as the restart happens.
-      const std::vector<std::string> lines = FormatGenerations(job);
-      const auto generations = job.getTrain().getGenerations();
-      for (; generations_ended < lines.size(); ++generations_ended) {
-        if (Str(generations[static_cast<unsigned>(generations_ended)].getEnding()) == "running") {
-          break;
-        }
-        std::cout << "  " << lines[generations_ended] << std::endl;
-      }
+    for (const std::string& line : NewlyEndedGenerations(job, &generations_ended)) {
+      std::cout << "  " << line << std::endl;
     }
     if (job.hasTrain() && job.getTrain().getLoggedStep() != last_step) {
       last_step = job.getTrain().getLoggedStep();

@@ -35,5 +35,8 @@ std::vector<std::string> FormatTrainStart(wire::JobStatus::Reader job);
 // A train job's generations, one line each (when, plan, resumed step, how it ended, steps lost,
 // recovery time); nothing for a job that ran one generation and is not elastic.
 std::vector<std::string> FormatGenerations(wire::JobStatus::Reader job);
+// The lines of the generations that ended since `*shown` of them were (a progress view prints
+// each once, as its restart happens); advances `*shown`.
+std::vector<std::string> NewlyEndedGenerations(wire::JobStatus::Reader job, size_t* shown);
 
 }  // namespace shardline::cli

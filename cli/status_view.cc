@@ -239,6 +239,19 @@ std::vector<std::string> FormatGenerations(wire::JobStatus::Reader job) {
   return lines;
 }
 
+std::vector<std::string> NewlyEndedGenerations(wire::JobStatus::Reader job, size_t* shown) {
+  const std::vector<std::string> lines = FormatGenerations(job);
+  std::vector<std::string> ended;
+  for (; *shown < lines.size(); ++*shown) {
+    if (Str(job.getTrain().getGenerations()[static_cast<unsigned>(*shown)].getEnding()) ==
+        "running") {
+      break;
+    }
+    ended.push_back(lines[*shown]);
+  }
+  return ended;
+}
+
 std::string FormatBytes(uint64_t bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB"};
   int u = 0;

@@ -134,12 +134,8 @@ void PrintProgress(wire::JobStatus::Reader job, Shown* shown,
       for (const std::string& line : FormatTrainStart(job)) std::cout << stamp << line << std::endl;
       shown->start = true;
     }
-    // A generation that ended (a fault, a grow): its line once, as the restart happens.
-    const std::vector<std::string> generation_lines = FormatGenerations(job);
-    for (size_t g = shown->generations_ended; g < generation_lines.size(); ++g) {
-      if (Str(train.getGenerations()[static_cast<unsigned>(g)].getEnding()) == "running") break;
-      std::cout << stamp << generation_lines[g] << std::endl;
-      shown->generations_ended = g + 1;
+    for (const std::string& line : NewlyEndedGenerations(job, &shown->generations_ended)) {
+      std::cout << stamp << line << std::endl;
     }
     if (train.getLoggedStep() != shown->train_step ||
         train.getLastCommittedStep() != shown->committed_step) {

@@ -7,7 +7,6 @@
 #include <random>
 #include <set>
 #include <sstream>
-#include <tuple>
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -97,21 +96,57 @@ std::string AbsoluteDir(const std::string& dir) {
 
 placement::PathBase PathBaseOf(const Job& job) { return {job.spec_dir, job.work_dir}; }
 
-FaultKind FaultKindFromName(const std::string& name) {
-  for (FaultKind kind : {FaultKind::kActorExit, FaultKind::kActorError, FaultKind::kCommError,
-                         FaultKind::kNodeLost, FaultKind::kHung, FaultKind::kBootstrap,
-                         FaultKind::kAborted, FaultKind::kCoordinatorRestart}) {
-    if (FaultKindName(kind) == name) return kind;
-  }
-  return FaultKind::kActorError;
+DeviceInfo::Kind DeviceKindOf(const placement::JobSpec& spec) {
+  return spec.devices == placement::DeviceKind::kCuda ? DeviceInfo::Kind::kCuda
+                                                      : DeviceInfo::Kind::kCpu;
 }
 
-Ending EndingFromName(const std::string& name) {
-  for (Ending ending : {Ending::kRunning, Ending::kFault, Ending::kGrow, Ending::kSucceeded,
-                        Ending::kFailed, Ending::kCancelled}) {
-    if (EndingName(ending) == name) return ending;
+// Devices of `kind` on the alive nodes: all of them, and those no job holds.
+struct DeviceCount {
+  int alive = 0;
+  int free = 0;
+};
+DeviceCount CountDevices(const Membership& membership, DeviceInfo::Kind kind) {
+  DeviceCount count;
+  for (const auto& [node_id, node] : membership.nodes()) {
+    if (!node.alive) continue;
+    for (const DeviceInfo& device : node.devices) {
+      if (device.kind != kind) continue;
+      ++count.alive;
+      count.free += device.busy_job.empty() ? 1 : 0;
+    }
   }
-  return Ending::kFailed;
+  return count;
+}
+
+// Why an elastic job below its min_actors waits: "waiting for 2 more cpu devices: 2 free of 2
+// alive, min 4".
+std::string WaitingForMore(const std::string& kind, int free, int alive, int min_actors) {
+  const int more = std::max(1, min_actors - free);
+  return "waiting for " + std::to_string(more) + " more " + kind + " device" +
+         (more == 1 ? "" : "s") + ": " + std::to_string(free) + " free of " +
+         std::to_string(alive) + " alive, min " + std::to_string(min_actors);
+}
+
+// The most devices a `parallel: auto` job may plan on (0: any).
+int AutoMaxActors(const placement::JobSpec& spec) {
+  return spec.elastic.enabled ? spec.elastic.max_actors : spec.actors;
+}
+
+// A `parallel: auto` job plans afresh at its next start: back to the spec's own (unplanned) form.
+void ForgetAutoPlan(Job& job) {
+  const int64_t micro_batch = job.spec.parallel.micro_batch;  // the spec's, which a plan keeps
+  job.spec.parallel = placement::ParallelSpec();
+  job.spec.parallel.micro_batch = micro_batch;
+  job.spec.actors = job.auto_max_actors;
+  job.plan.planned = false;
+  job.plan.failed_on.clear();
+}
+
+// The hang watchdog's floor of a job's generations.
+Duration WatchdogFloor(const Job& job) {
+  return job.Elastic() ? Duration(job.spec.elastic.progress_timeout)
+                       : Duration(placement::ElasticSpec().progress_timeout);
 }
 
 // A generation of the job history (Persist writes them); throws on a malformed entry, which
@@ -125,7 +160,7 @@ GenerationRecord GenerationFromJson(const nlohmann::json& entry) {
   g.world = entry.value("world", 0);
   g.resumed_step = entry.value("resumed_step", int64_t{0});
   g.last_step = entry.value("last_step", int64_t{0});
-  g.ending = EndingFromName(entry.value("ending", "failed"));
+  g.ending = ParseEnding(entry.value("ending", "failed")).value_or(Ending::kFailed);
   g.consequences = entry.value("consequences", std::vector<std::string>{});
   g.steps_lost = entry.value("steps_lost", int64_t{0});
   g.recovery_seconds = entry.value("recovery_seconds", -1.0);
@@ -134,7 +169,7 @@ GenerationRecord GenerationFromJson(const nlohmann::json& entry) {
   if (entry.contains("cause")) {
     const auto& cause = entry["cause"];
     Fault fault;
-    fault.kind = FaultKindFromName(cause.value("kind", ""));
+    fault.kind = ParseFaultKind(cause.value("kind", "")).value_or(FaultKind::kActorError);
     fault.unix_ms = cause.value("unix_ms", int64_t{0});
     fault.rank = cause.value("rank", -1);
     fault.node = cause.value("node", "");
@@ -436,16 +471,10 @@ absl::Status Coordinator::OnHeartbeat(const std::string& peer, uint64_t request_
   RETURN_IF_ERROR(membership_.Heartbeat(node_id, Str(request.getInstanceId()), clock_->Now()));
   membership_.Find(node_id)->peer = peer;  // the agent may have reconnected
   // Which of the node's actors are stopped: the watchdog names them when a generation hangs.
-  std::set<std::tuple<std::string, uint32_t, uint32_t>> stopped;
+  std::set<std::string>& stopped = membership_.Find(node_id)->stopped_actors;
+  stopped.clear();
   for (auto ref : request.getStoppedActors()) {
-    stopped.emplace(Str(ref.getJobId()), ref.getGeneration(), ref.getRank());
-  }
-  for (auto& [id, job] : jobs_) {
-    if (job.state != JobState::kRunning) continue;
-    for (ActorRecord& actor : job.actors) {
-      if (actor.node_id != node_id) continue;
-      actor.stopped = stopped.count({id, job.generation, static_cast<uint32_t>(actor.rank)}) > 0;
-    }
+    stopped.insert(ActorKey(Str(ref.getJobId()), ref.getGeneration(), ref.getRank()));
   }
   ReplyAck(peer, request_id);
   return absl::OkStatus();
@@ -510,9 +539,7 @@ absl::Status Coordinator::OnSubmitJob(const std::string& peer, uint64_t request_
   if (spec.kind == placement::JobKind::kTrain) {
     job.train.saving_dir = ResolveUnder(work_dir, spec.train.checkpoint.dir);
   }
-  if (spec.parallel_auto) {
-    job.auto_max_actors = spec.elastic.enabled ? spec.elastic.max_actors : spec.actors;
-  }
+  if (spec.parallel_auto) job.auto_max_actors = AutoMaxActors(spec);
   job.backend = std::string(placement::BackendName(placement::ResolveBackend(spec)));
   job.submitted_unix_ms = UnixMillis();
   job.waiting_reason = "waiting for devices";
@@ -641,30 +668,18 @@ void Coordinator::TryStartPendingJobs() {
       if (job.state == JobState::kPending) return;  // first come, first served, as below
       continue;                                      // failed: the next job may start
     }
-    const auto wanted = job.spec.devices == placement::DeviceKind::kCuda ? DeviceInfo::Kind::kCuda
-                                                                         : DeviceInfo::Kind::kCpu;
+    const DeviceInfo::Kind wanted = DeviceKindOf(job.spec);
     const std::string kind(placement::DeviceKindName(job.spec.devices));
     if (job.Elastic()) {
       // dp follows the devices: the largest layout within min..max that the free ones hold.
-      int free = 0, alive = 0;
-      for (const auto& [node_id, node] : membership_.nodes()) {
-        if (!node.alive) continue;
-        for (const DeviceInfo& device : node.devices) {
-          if (device.kind != wanted) continue;
-          ++alive;
-          free += device.busy_job.empty() ? 1 : 0;
-        }
-      }
-      auto layout = placement::ElasticLayout(job.spec, free);
+      const DeviceCount devices = CountDevices(membership_, wanted);
+      auto layout = placement::ElasticLayout(job.spec, devices.free);
       if (!layout.ok()) {
-        const int more = std::max(1, job.spec.elastic.min_actors - free);
         job.waiting_reason =
             std::string(job.phase == Phase::kRestarting
                             ? "restarting after generation " + std::to_string(job.generation) + ": "
                             : "") +
-            "waiting for " + std::to_string(more) + " more " + kind + " device" +
-            (more == 1 ? "" : "s") + ": " + std::to_string(free) + " free of " +
-            std::to_string(alive) + " alive, min " + std::to_string(job.spec.elastic.min_actors);
+            WaitingForMore(kind, devices.free, devices.alive, job.spec.elastic.min_actors);
         return;
       }
       job.spec.parallel = *layout;
@@ -697,8 +712,7 @@ void Coordinator::TryStartPendingJobs() {
 }
 
 std::optional<std::vector<std::pair<std::string, int>>> Coordinator::PlanAutoJob(Job& job) {
-  const auto wanted = job.spec.devices == placement::DeviceKind::kCuda ? DeviceInfo::Kind::kCuda
-                                                                       : DeviceInfo::Kind::kCpu;
+  const DeviceInfo::Kind wanted = DeviceKindOf(job.spec);
   const std::string kind(placement::DeviceKindName(job.spec.devices));
   int alive_total = 0;
   for (const auto& node : PlannableNodes(membership_, calibration_, wanted, false, nullptr)) {
@@ -731,11 +745,8 @@ std::optional<std::vector<std::pair<std::string, int>>> Coordinator::PlanAutoJob
     return std::nullopt;
   }
   if (job.Elastic() && free_total < job.spec.elastic.min_actors) {
-    const int more = job.spec.elastic.min_actors - free_total;
-    job.waiting_reason = "waiting for " + std::to_string(more) + " more " + kind + " device" +
-                         (more == 1 ? "" : "s") + ": " + std::to_string(free_total) +
-                         " free of " + std::to_string(alive_total) + " alive, min " +
-                         std::to_string(job.spec.elastic.min_actors);
+    job.waiting_reason =
+        WaitingForMore(kind, free_total, alive_total, job.spec.elastic.min_actors);
     return std::nullopt;
   }
   // The same devices give the same verdict: a job that waits for more is not re-planned on
@@ -826,8 +837,7 @@ std::optional<std::vector<std::pair<std::string, int>>> Coordinator::PlanAutoJob
 }
 
 void Coordinator::PredictLayout(Job& job) {
-  const auto wanted = job.spec.devices == placement::DeviceKind::kCuda ? DeviceInfo::Kind::kCuda
-                                                                       : DeviceInfo::Kind::kCpu;
+  const DeviceInfo::Kind wanted = DeviceKindOf(job.spec);
   std::map<std::string, int> placed;  // devices per node
   for (const ActorRecord& actor : job.actors) ++placed[actor.node_id];
   std::vector<PlannableNode> nodes;
@@ -908,8 +918,7 @@ void Coordinator::StartGeneration(Job& job,
   job.plan.calibrated_ranks.clear();
   job.faults.clear();
   job.error.clear();  // a restart's cause stays in its generation's record
-  job.watchdog = ProgressWatchdog(job.Elastic() ? Duration(job.spec.elastic.progress_timeout)
-                                                : Duration(std::chrono::seconds(10)));
+  job.watchdog = ProgressWatchdog(WatchdogFloor(job));
   GenerationRecord record;
   record.generation = job.generation;
   record.started_unix_ms = UnixMillis();
@@ -1242,11 +1251,11 @@ void Coordinator::RecordStep(Job& job, int rank, wire::StepReport::Reader report
     GenerationRecord& current = job.generations.back();
     current.last_step = std::max(current.last_step, step);
   }
-  if (job.recovering && job.generations.size() >= 2) {
+  if (job.recovering_since && job.generations.size() >= 2) {
     // The restarted job's first new step: the recovery is over.
-    job.recovering = false;
     GenerationRecord& ended = job.generations[job.generations.size() - 2];
-    ended.recovery_seconds = SecondsBetween(job.recovering_since, now);
+    ended.recovery_seconds = SecondsBetween(*job.recovering_since, now);
+    job.recovering_since.reset();
     const std::string cause(ended.cause ? FaultKindName(ended.cause->kind) : "other");
     metrics_.OnRecovered(cause, ended.recovery_seconds, ended.steps_lost);
     spdlog::info("job {} generation {}: first step {} {:.3f} s after the fault ({} steps lost)",
@@ -1579,7 +1588,7 @@ void Coordinator::EndJob(Job& job, JobState state, const std::string& error) {
   job.phase = Phase::kNone;
   job.finished_unix_ms = UnixMillis();
   job.watchdog.Disarm();
-  job.recovering = false;
+  job.recovering_since.reset();
   if (generation_open) {
     metrics_.OnGeneration(state == JobState::kSucceeded ? "completed" : "aborted");
     for (auto& actor : job.actors) {
@@ -1636,14 +1645,18 @@ void Coordinator::OnFault(Job& job, Fault fault) {
   }
   // The first fault: abort now, name the cause once every actor is gone (its agent's exit report
   // can arrive after its peers' reports of a broken socket).
+  spdlog::warn("job {} generation {}: {}; aborting the generation", job.id, job.generation, what);
+  BeginAbort(job, Ending::kFault, what);
+}
+
+void Coordinator::BeginAbort(Job& job, Ending ending, const std::string& reason) {
   const TimePoint now = clock_->Now();
   job.phase = Phase::kAborting;
-  job.abort_ending = Ending::kFault;
+  job.abort_ending = ending;
   job.abort_started = now;
   job.abort_deadline = now + options_.abort_grace;
   job.watchdog.Disarm();
-  spdlog::warn("job {} generation {}: {}; aborting the generation", job.id, job.generation, what);
-  SendAbort(job, what);
+  SendAbort(job, reason);
 }
 
 void Coordinator::Supervise() {
@@ -1661,7 +1674,11 @@ void Coordinator::Supervise() {
       int rank = -1;
       std::string node, stopped;
       for (const ActorRecord& actor : job.actors) {
-        if (!actor.stopped) continue;
+        const NodeInfo* host = membership_.Find(actor.node_id);
+        if (host == nullptr || !host->stopped_actors.count(ActorKey(
+                                   job.id, job.generation, static_cast<uint32_t>(actor.rank)))) {
+          continue;
+        }
         if (rank < 0) {
           rank = actor.rank;
           node = actor.node_id;
@@ -1673,8 +1690,7 @@ void Coordinator::Supervise() {
       std::string detail =
           (rank >= 0 ? "is stopped and" : "(every rank)") + std::string(" made no progress for ") +
           FormatSeconds(silent) + " (the watchdog allows max(" +
-          FormatSeconds(Seconds(job.spec.elastic.enabled ? Duration(job.spec.elastic.progress_timeout)
-                                                         : Duration(std::chrono::seconds(10)))) +
+          FormatSeconds(Seconds(WatchdogFloor(job))) +
           ", " + std::to_string(static_cast<int>(ProgressWatchdog::kStepsOfSlack)) + " x " +
           FormatSeconds(interval) + " between reports))";
       if (rank >= 0 && stopped.find(',') != std::string::npos) detail += "; stopped ranks " + stopped;
@@ -1738,11 +1754,9 @@ void Coordinator::CloseGeneration(Job& job) {
     metrics_.OnRestart(FaultKindName(record.cause->kind));
     // Recovery runs from the first fault seen (the abort), which may precede the cause's own
     // report: a killed agent's peers see broken sockets before its node is declared lost.
-    job.recovering = true;
     job.recovering_since = job.abort_started;
   } else {
     // A grow is a restart too, from the step just committed: its recovery is measured from now.
-    job.recovering = true;
     job.recovering_since = now;
   }
   // Between generations: decide where to resume (the newest committed step), then wait for
@@ -1751,15 +1765,7 @@ void Coordinator::CloseGeneration(Job& job) {
   job.error = error;
   job.restart_waiting_since = now;
   job.train.start = TrainRecord::Start::kUndecided;
-  if (job.spec.parallel_auto) {
-    // The planner plans afresh on what is there now.
-    const int64_t micro_batch = job.spec.parallel.micro_batch;
-    job.spec.parallel = placement::ParallelSpec();
-    job.spec.parallel.micro_batch = micro_batch;
-    job.spec.actors = job.auto_max_actors;
-    job.plan.planned = false;
-    job.plan.failed_on.clear();
-  }
+  if (job.spec.parallel_auto) ForgetAutoPlan(job);  // the planner plans on what is there now
   job.waiting_reason = "restarting after generation " + std::to_string(job.generation);
   spdlog::info("job {}: restarting after generation {} ({})", job.id, job.generation,
                record.ending == Ending::kGrow ? "to grow" : error);
@@ -1773,15 +1779,7 @@ void Coordinator::MaybeGrow(Job& job) {
       job.World() >= job.spec.elastic.max_actors) {
     return;
   }
-  const auto wanted = job.spec.devices == placement::DeviceKind::kCuda ? DeviceInfo::Kind::kCuda
-                                                                       : DeviceInfo::Kind::kCpu;
-  int free = 0;
-  for (const auto& [node_id, node] : membership_.nodes()) {
-    if (!node.alive) continue;
-    for (const DeviceInfo& device : node.devices) {
-      free += device.kind == wanted && device.busy_job.empty() ? 1 : 0;
-    }
-  }
+  const int free = CountDevices(membership_, DeviceKindOf(job.spec)).free;
   if (free == 0) return;
   auto larger = placement::ElasticLayout(job.spec, job.World() + free);
   if (!larger.ok() || larger->world() <= job.World()) return;
@@ -1789,13 +1787,7 @@ void Coordinator::MaybeGrow(Job& job) {
                              std::to_string(larger->world()) + " actors after step " +
                              std::to_string(job.train.last_committed_step);
   spdlog::info("job {} generation {}: {}", job.id, job.generation, reason);
-  const TimePoint now = clock_->Now();
-  job.phase = Phase::kAborting;
-  job.abort_ending = Ending::kGrow;
-  job.abort_started = now;
-  job.abort_deadline = now + options_.abort_grace;
-  job.watchdog.Disarm();
-  SendAbort(job, reason);
+  BeginAbort(job, Ending::kGrow, reason);
 }
 
 void Coordinator::CheckDeadlines() {
@@ -2132,10 +2124,7 @@ absl::Status Coordinator::LoadHistory() {
       }
       job.spec = *spec;
       job.backend = std::string(placement::BackendName(placement::ResolveBackend(job.spec)));
-      if (job.spec.parallel_auto) {
-        job.auto_max_actors =
-            job.spec.elastic.enabled ? job.spec.elastic.max_actors : job.spec.actors;
-      }
+      if (job.spec.parallel_auto) job.auto_max_actors = AutoMaxActors(job.spec);
       if (job.spec.kind == placement::JobKind::kTrain) {
         job.train.saving_dir = ResolveUnder(job.work_dir, job.spec.train.checkpoint.dir);
         const auto train = record.value("train", nlohmann::json::object());
@@ -2198,7 +2187,6 @@ absl::Status Coordinator::LoadHistory() {
         job.phase = Phase::kRestarting;
         const TimePoint now = clock_->Now();
         job.restart_waiting_since = now;
-        job.recovering = true;
         job.recovering_since = now;
         if (job.generations.empty() || job.generations.back().generation != job.generation) {
           GenerationRecord lost;
@@ -2220,13 +2208,7 @@ absl::Status Coordinator::LoadHistory() {
         }
         job.waiting_reason = "restarting after generation " + std::to_string(job.generation) +
                              " (the coordinator restarted)";
-        if (job.spec.parallel_auto) {
-          job.plan.planned = false;
-          const int64_t micro_batch = job.spec.parallel.micro_batch;
-          job.spec.parallel = placement::ParallelSpec();
-          job.spec.parallel.micro_batch = micro_batch;
-          job.spec.actors = job.auto_max_actors;
-        }
+        if (job.spec.parallel_auto) ForgetAutoPlan(job);
       } else {
         job.state = JobState::kFailed;
         if (state == "running") {

@@ -143,6 +143,8 @@ class Coordinator {
   // A fault of `kind` by `rank` (-1: none) with the job's current step and the time filled in.
   Fault MakeFault(const Job& job, FaultKind kind, int rank, const std::string& node,
                   std::string detail) const;
+  // Aborting phase from now (`ending`: a fault, or a grow), then SendAbort.
+  void BeginAbort(Job& job, Ending ending, const std::string& reason);
   // Tells the agents of the generation's live actors to kill them.
   void SendAbort(const Job& job, const std::string& reason);
   // Aborting jobs whose actors are all gone (or past the grace), hung generations (the

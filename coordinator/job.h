@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -44,7 +45,6 @@ struct ActorRecord {
   std::string address;
   std::string metrics_address;
   bool exited = false;
-  bool stopped = false;  // its agent's last heartbeat saw it stopped (SIGSTOP)
 };
 
 struct GroupRecord {
@@ -165,10 +165,9 @@ struct Job {
   Ending abort_ending = Ending::kFault;  // kAborting: a fault, or a grow to a larger layout
   ProgressWatchdog watchdog;   // armed while the generation trains
   TimePoint restart_waiting_since;  // kRestarting: when it began to wait for devices
-  // A restart in progress: the time of the fault it recovers from, until the next generation's
-  // first step (the recovery time).
-  bool recovering = false;
-  TimePoint recovering_since;
+  // A restart in progress: when the fault it recovers from was first seen, until the next
+  // generation's first step (the recovery time).
+  std::optional<TimePoint> recovering_since;
 
   bool Elastic() const { return spec.kind == placement::JobKind::kTrain && spec.elastic.enabled; }
   // Running its actors: the phases in which its generation's messages are acted on.

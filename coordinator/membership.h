@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -35,7 +36,14 @@ struct NodeInfo {
   std::vector<DeviceInfo> devices;
   bool alive = true;
   TimePoint last_heartbeat;
+  // The actors its agent's last heartbeat saw stopped (SIGSTOP): "JOB/GENERATION/RANK".
+  std::set<std::string> stopped_actors;
 };
+
+// The key of NodeInfo::stopped_actors.
+inline std::string ActorKey(const std::string& job_id, uint32_t generation, uint32_t rank) {
+  return job_id + "/" + std::to_string(generation) + "/" + std::to_string(rank);
+}
 
 class Membership {
  public:

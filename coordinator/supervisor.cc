@@ -43,6 +43,23 @@ std::string_view FaultKindName(FaultKind kind) {
   return "unknown";
 }
 
+std::optional<FaultKind> ParseFaultKind(std::string_view name) {
+  for (FaultKind kind : {FaultKind::kActorExit, FaultKind::kActorError, FaultKind::kCommError,
+                         FaultKind::kNodeLost, FaultKind::kHung, FaultKind::kBootstrap,
+                         FaultKind::kAborted, FaultKind::kCoordinatorRestart}) {
+    if (FaultKindName(kind) == name) return kind;
+  }
+  return std::nullopt;
+}
+
+std::optional<Ending> ParseEnding(std::string_view name) {
+  for (Ending ending : {Ending::kRunning, Ending::kFault, Ending::kGrow, Ending::kSucceeded,
+                        Ending::kFailed, Ending::kCancelled}) {
+    if (EndingName(ending) == name) return ending;
+  }
+  return std::nullopt;
+}
+
 std::string_view EndingName(Ending ending) {
   switch (ending) {
     case Ending::kRunning: return "running";

@@ -28,6 +28,7 @@ enum class FaultKind {
   kCoordinatorRestart,  // the coordinator restarted while the generation ran
 };
 std::string_view FaultKindName(FaultKind kind);  // "actor_exit", "comm_error", ...
+std::optional<FaultKind> ParseFaultKind(std::string_view name);
 
 struct Fault {
   FaultKind kind = FaultKind::kActorExit;
@@ -68,6 +69,7 @@ class FaultLog {
 // How a generation ended.
 enum class Ending { kRunning, kFault, kGrow, kSucceeded, kFailed, kCancelled };
 std::string_view EndingName(Ending ending);
+std::optional<Ending> ParseEnding(std::string_view name);
 
 struct GenerationRecord {
   uint32_t generation = 0;

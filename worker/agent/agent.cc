@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -37,36 +38,45 @@ std::string RandomInstanceId() {
   return buf;
 }
 
-// Whether the process is in the stopped state ('T' in /proc/PID/stat: SIGSTOP, job control).
-bool ProcessStopped(pid_t pid) {
+// A process's state letter and kernel flags, from /proc/PID/stat; nullopt when it cannot be read.
+struct ProcStat {
+  char state = '?';
+  unsigned long flags = 0;
+};
+std::optional<ProcStat> ReadProcStat(pid_t pid) {
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
   std::string line;
-  if (!std::getline(stat, line)) return false;
-  // "PID (COMM) STATE ...": COMM may hold spaces and parentheses, so read after the last ')'.
+  if (!std::getline(stat, line)) return std::nullopt;
+  // "PID (COMM) STATE PPID PGRP SESSION TTY TPGID FLAGS ...": COMM may hold spaces and
+  // parentheses, so read after the last ')'.
   const size_t close = line.rfind(')');
-  return close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'T';
+  if (close == std::string::npos) return std::nullopt;
+  std::istringstream fields(line.substr(close + 1));
+  ProcStat parsed;
+  std::string skip;
+  fields >> parsed.state >> skip >> skip >> skip >> skip >> skip >> parsed.flags;
+  return parsed;
+}
+
+// Whether the process is in the stopped state ('T': SIGSTOP, job control).
+bool ProcessStopped(pid_t pid) {
+  const std::optional<ProcStat> stat = ReadProcStat(pid);
+  return stat && stat->state == 'T';
 }
 
 // Whether the process is exiting or about to: a zombie, the kernel's PF_EXITING flag (it is
-// tearing down), or a SIGKILL pending. Read from /proc; false when it cannot be read.
+// tearing down), or a SIGKILL pending. False when /proc cannot tell.
 bool AlreadyDying(pid_t pid) {
-  const std::string base = "/proc/" + std::to_string(pid);
-  std::ifstream stat(base + "/stat");
-  std::string line;
-  if (!std::getline(stat, line)) return false;
-  const size_t close = line.rfind(')');
-  if (close == std::string::npos) return false;
-  std::istringstream fields(line.substr(close + 1));
-  std::string state, ppid, pgrp, session, tty, tpgid;
-  unsigned long flags = 0;
-  fields >> state >> ppid >> pgrp >> session >> tty >> tpgid >> flags;
+  const std::optional<ProcStat> stat = ReadProcStat(pid);
+  if (!stat) return false;
   constexpr unsigned long kPfExiting = 0x4;  // include/linux/sched.h
-  if (state == "Z" || state == "X" || (flags & kPfExiting) != 0) return true;
-  std::ifstream status(base + "/status");
+  if (stat->state == 'Z' || stat->state == 'X' || (stat->flags & kPfExiting) != 0) return true;
+  std::string line;
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
   constexpr unsigned long long kSigkillBit = 1ull << (SIGKILL - 1);
   while (std::getline(status, line)) {
     if (line.rfind("SigPnd:", 0) == 0 || line.rfind("ShdPnd:", 0) == 0) {
-      if ((std::stoull(line.substr(7), nullptr, 16) & kSigkillBit) != 0) return true;
+      if ((std::strtoull(line.c_str() + 7, nullptr, 16) & kSigkillBit) != 0) return true;
     }
   }
   return false;
@@ -335,6 +345,7 @@ void Agent::KillActors(const std::string& job_id, uint32_t generation) {
     // wait out its timeout, and it has nothing to save (what is committed is on disk; a save in
     // flight belongs to the aborted generation and is never committed). The abort is bounded by
     // the agent's loop (it reaps every 20 ms) and the kernel's kill.
+    //
     // One that is dying already died of something else (often the very fault that set off the
     // abort: a killed rank's sockets close before it is a zombie, so its peers report first).
     const bool dying = AlreadyDying(pid);
