@@ -9,6 +9,7 @@
 #include "coordinator/coordinator.h"
 #include "spdlog/spdlog.h"
 #include "worker/actor/actor.h"
+#include "worker/actor/actor_flags.h"
 #include "worker/agent/agent.h"
 
 namespace shardline::cli {
@@ -98,6 +99,9 @@ int Main(int argc, char** argv) {
   agent_cmd->add_option("--metrics", agent_options.metrics_address)->capture_default_str();
   agent_cmd->add_option("--cluster-id", agent_options.cluster_id)->capture_default_str();
   agent_cmd->add_option("--log-dir", agent_options.log_dir, "One log file per actor here");
+  agent_cmd->add_option("--actor-binary", agent_options.actor_binary,
+                        "The program run for each actor (default: this executable); tests use "
+                        "it to inject faults");
   agent_cmd->add_option("--connect-timeout-s", connect_timeout_s,
                         "Give up when the first registration fails this long")
       ->check(CLI::Range(0.1, 86400.0))->capture_default_str();
@@ -106,15 +110,7 @@ int Main(int argc, char** argv) {
   actor::ActorOptions actor_options;
   auto* actor_cmd = app.add_subcommand("actor", "Run one actor (spawned by an agent)");
   actor_cmd->group("");  // internal: not listed in --help
-  actor_cmd->add_option("--coordinator", actor_options.coordinator)->required();
-  actor_cmd->add_option("--cluster-id", actor_options.cluster_id);
-  actor_cmd->add_option("--job", actor_options.job_id)->required();
-  actor_cmd->add_option("--generation", actor_options.generation)->required();
-  actor_cmd->add_option("--rank", actor_options.rank)->required();
-  actor_cmd->add_option("--node-id", actor_options.node_id)->required();
-  actor_cmd->add_option("--device", actor_options.device);
-  actor_cmd->add_option("--metrics", actor_options.metrics_address);
-  actor_cmd->add_option("--log-level", log_level);
+  actor::AddActorFlags(*actor_cmd, actor_options, log_level);
 
   // ---- clients ----
   ClientOptions client;

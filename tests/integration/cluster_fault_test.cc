@@ -3,6 +3,8 @@
 #include <signal.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <string>
 #include <thread>
 
 #include "tests/integration/local_cluster.h"
@@ -19,6 +21,13 @@ std::string LongJob(const std::string& name, int actors) {
          "\ndevices: cpu\nrun_timeout_s: 600\n"
          "comm_check:\n  min_bytes: 4MiB\n  max_bytes: 4MiB\n  iterations: 1000\n"
          "  uneven_sizes: false\n";
+}
+
+// `shardline actor` whose rank $SHARDLINE_TEST_STOP_RANK stops itself as its bootstrap begins
+// (tests/support/stopping_actor_main.cc).
+std::string StoppingActorBinary() {
+  const char* path = std::getenv("SHARDLINE_STOPPING_ACTOR");
+  return path ? path : SHARDLINE_STOPPING_ACTOR_PATH;
 }
 
 bool Running(const json& job) { return job["state"] == "running" && job["phase"] == "running"; }
@@ -90,10 +99,11 @@ TEST(ClusterFaultTest, KilledAgentIsDeadWithinTheTimeoutAndItsActorsAreLost) {
 TEST(ClusterFaultTest, ActorStoppedDuringBootstrapFailsTheGenerationNamingIt) {
   LocalCluster cluster;
   ASSERT_TRUE(cluster.StartCoordinator().ok());
-  // The agent's actors inherit this: rank 1 stops itself (SIGSTOP) as its bootstrap begins.
+  // The agent's actors are the stopping actor, and inherit its environment: rank 1 stops itself
+  // (SIGSTOP) as its bootstrap begins.
   ASSERT_TRUE(cluster
-                  .StartAgent("node-s", "cpu:2",
-                              {{"SHARDLINE_FAULT_STOP_RANK_AT_BOOTSTRAP", "1"}})
+                  .StartAgent("node-s", "cpu:2", {{"SHARDLINE_TEST_STOP_RANK", "1"}},
+                              {"--actor-binary", StoppingActorBinary()})
                   .ok());
   ASSERT_TRUE(cluster.WaitForAliveNodes(1, 20s).ok());
   auto job_id = cluster.Submit(

@@ -4,6 +4,11 @@ target_link_libraries(shardline_test_cluster PUBLIC shardline_cli)
 target_compile_definitions(shardline_test_cluster PRIVATE
   SHARDLINE_BINARY_PATH="$<TARGET_FILE:shardline>" SHARDLINE_SOURCE_PATH="${CMAKE_SOURCE_DIR}")
 
+# The actor with a fault hook (tests/support/stopping_actor_main.cc): a test's agent runs it in
+# place of `shardline actor` (--actor-binary), so the product reads no fault switches.
+add_executable(shardline_stopping_actor ${CMAKE_SOURCE_DIR}/tests/support/stopping_actor_main.cc)
+target_link_libraries(shardline_stopping_actor PRIVATE shardline_worker CLI11::CLI11)
+
 foreach(name cluster_comm_check_test cluster_fault_test cluster_bad_input_test up_test train_cli_test)
   shardline_test(${name}
     SOURCES ${CMAKE_CURRENT_LIST_DIR}/${name}.cc
@@ -11,6 +16,11 @@ foreach(name cluster_comm_check_test cluster_fault_test cluster_bad_input_test u
     LABELS integration TIMEOUT 600)
   add_dependencies(${name} shardline)
 endforeach()
+# cluster_fault_test's agents run shardline_stopping_actor for their actors where a rank must stop
+# itself, unless $SHARDLINE_STOPPING_ACTOR names another.
+add_dependencies(cluster_fault_test shardline_stopping_actor)
+target_compile_definitions(cluster_fault_test PRIVATE
+  SHARDLINE_STOPPING_ACTOR_PATH="$<TARGET_FILE:shardline_stopping_actor>")
 
 # The coordinator's side of train jobs, against fake actors and a fake node over the real wire;
 # it reads the committed manifests back with the checkpoint library.

@@ -1,11 +1,9 @@
 #include "worker/actor/actor.h"
 
-#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 
 #include "common/status_macros.h"
 #include "monitoring/metrics.h"
@@ -48,7 +46,7 @@ class MeteredCollectives final : public comm::CommObserver {
 // Everything one actor run holds; its methods are the steps of RunActor.
 class Actor {
  public:
-  explicit Actor(const ActorOptions& options) : options_(options) {}
+  Actor(const ActorOptions& options, const ActorHooks& hooks) : options_(options), hooks_(hooks) {}
 
   absl::Status Connect();
   absl::Status Register();
@@ -81,6 +79,7 @@ class Actor {
   }
 
   const ActorOptions& options_;
+  const ActorHooks& hooks_;
   std::string address_;
   std::unique_ptr<monitoring::MetricsServer> metrics_server_;
   std::unique_ptr<monitoring::WireMetrics> wire_metrics_;
@@ -190,14 +189,7 @@ absl::Status Actor::Register() {
 }
 
 absl::Status Actor::Bootstrap() {
-  // Fault injection for the liveness tests: stop this process at the start of bootstrap, as a
-  // SIGSTOP from outside would, at a moment the test cannot otherwise hit reliably.
-  if (const char* stop_rank = std::getenv("SHARDLINE_FAULT_STOP_RANK_AT_BOOTSTRAP")) {
-    if (std::to_string(options_.rank) == stop_rank) {
-      spdlog::warn("fault injection: rank {} stops itself before bootstrap", options_.rank);
-      ::raise(SIGSTOP);
-    }
-  }
+  if (hooks_.before_bootstrap) hooks_.before_bootstrap(options_.rank);
   CoordinatorStore store(*client_);
   for (const auto& group : groups_) {
     const auto me = std::find(group.ranks.begin(), group.ranks.end(), options_.rank);
@@ -446,8 +438,8 @@ absl::Status Actor::ReportDone(const absl::Status& result) {
 
 }  // namespace
 
-int RunActor(const ActorOptions& options) {
-  Actor actor(options);
+int RunActor(const ActorOptions& options, const ActorHooks& hooks) {
+  Actor actor(options, hooks);
   if (auto status = actor.Connect(); !status.ok()) {
     spdlog::error("actor start: {}", ToString(status.message()));
     return 2;

@@ -3,6 +3,8 @@
 // the job and reports. Errors are reported to the coordinator, never hidden in a crash.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <string>
 
 namespace shardline::actor {
@@ -18,8 +20,17 @@ struct ActorOptions {
   std::string metrics_address;   // empty: this node's address, any port
 };
 
+// Points where a test may act inside an actor (fault injection); empty in the product. A test's
+// own actor program (tests/support/stopping_actor_main.cc) sets them and the agent runs it in
+// place of `shardline actor` (`shardline agent --actor-binary`).
+struct ActorHooks {
+  // Once registered and assigned, before joining any group: a moment a signal sent from outside
+  // cannot hit reliably.
+  std::function<void(uint32_t rank)> before_bootstrap;
+};
+
 // Runs the actor to the end and returns the process exit code: 0 when its part succeeded,
 // 1 when it failed and said so to the coordinator, 2 when it could not reach the coordinator.
-int RunActor(const ActorOptions& options);
+int RunActor(const ActorOptions& options, const ActorHooks& hooks = {});
 
 }  // namespace shardline::actor
