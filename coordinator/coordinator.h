@@ -1,5 +1,16 @@
-// The coordinator daemon: membership, jobs and their generations, communicator bootstrap and
-// its key-value store, all served from one ROUTER socket by one event-loop thread.
+// The coordinator daemon: one ROUTER socket served by one event-loop thread. This class is the
+// loop and the wire: it decodes each message, hands it to the part that owns its concern and
+// sends what that part decides. The parts do no I/O of their own (time is passed in):
+//   membership.h         nodes, their devices, heartbeats, re-registration
+//   scheduler.h          which devices a job gets (fixed, elastic, planned), growing, prediction
+//   bootstrap_tracker.h  communicator groups joining and ready, the missing ranks at a deadline
+//   progress.h           step reports folded into a train job's progress, recovery times
+//   checkpoint_tracker.h shards saved per step, the commit (through a checkpoint::FileSystem)
+//   generation_supervisor.h  faults, aborts, hangs, deadlines, closing and restarting
+//   kv_store.h           the bootstrap key-value store
+//   calibration.h        measured speeds, the planner's cluster spec
+//   status_view.h        the status reply and the gauges
+//   job_history.h        a job as its state-dir record, and back
 #pragma once
 
 #include <atomic>
@@ -15,9 +26,12 @@
 #include "checkpoint/resume.h"
 #include "coordinator/background_work.h"
 #include "coordinator/calibration.h"
+#include "coordinator/generation_supervisor.h"
 #include "coordinator/job.h"
+#include "coordinator/job_history.h"
 #include "coordinator/kv_store.h"
 #include "coordinator/membership.h"
+#include "coordinator/scheduler.h"
 #include "monitoring/metrics.h"
 #include "monitoring/metrics_server.h"
 #include "protocol/channel.h"
@@ -111,44 +125,26 @@ class Coordinator {
   // stale or the rank is not a member.
   absl::StatusOr<GroupMember> FindGroupMember(const std::string& job_id, uint32_t generation,
                                               uint32_t rank, const std::string& group_id);
-  // Folds one rank's StepReport into the train job's progress.
-  void RecordStep(Job& job, int rank, wire::StepReport::Reader report);
-  // Writes the manifest of `step`, whose shards every rank has saved, then `latest`; fails the
-  // job (and returns why) when the shards do not make a checkpoint or it cannot be written.
-  absl::Status CommitStep(Job& job, int64_t step);
   void TryStartPendingJobs();
   // A train job's start: where it resumes from (checkpoint::PlanResume on the background thread,
   // then OnStartDecided on the loop), before its first generation; a failed check fails the job.
   void DecideStart(Job& job);
   void OnStartDecided(const std::string& job_id,
                       const absl::StatusOr<checkpoint::ResumePlan>& plan);
-  // A pending `parallel: auto` job: plans it on the free devices and, when a plan fits, applies
-  // it to the job's spec and returns the rank → (node, device slot) placement. Otherwise nothing,
-  // with the job either still pending (waiting_reason says why) or failed (the planner's verdict
-  // on every device it could ever get).
-  std::optional<std::vector<std::pair<std::string, int>>> PlanAutoJob(Job& job);
-  // A train job with its layout (fixed by its spec, or planned) and its actors placed: the
-  // planner's price of that layout on those devices — step time and memory — with what
-  // calibration has measured so far, so that status can set it against what the job measures.
-  // Made when the generation starts and again once all its ranks have calibrated.
-  void PredictLayout(Job& job);
-  void StartGeneration(Job& job, const std::vector<std::pair<std::string, int>>& placement);
+  void StartGeneration(Job& job, const Placement& placement);
   // Ends the job in a final state: aborts its actors, frees its devices, records `error`.
   void EndJob(Job& job, JobState state, const std::string& error);
 
-  // ---- supervision (the rules are supervisor.h's; this is their wiring) ----
+  // ---- supervision (the rules are generation_supervisor.h's; this is their wiring) ----
   // A fault of the job's current generation: the first one aborts the generation (kAborting);
   // every one is kept, so that once all its actors are gone the cause is named (CloseGeneration).
   void OnFault(Job& job, Fault fault);
   // A fault of `kind` by `rank` (-1: none) with the job's current step and the time filled in.
   Fault MakeFault(const Job& job, FaultKind kind, int rank, const std::string& node,
                   std::string detail) const;
-  // Aborting phase from now (`ending`: a fault, or a grow), then SendAbort.
-  void BeginAbort(Job& job, Ending ending, const std::string& reason);
   // Tells the agents of the generation's live actors to kill them.
   void SendAbort(const Job& job, const std::string& reason);
-  // Aborting jobs whose actors are all gone (or past the grace), hung generations (the
-  // watchdog), elastic jobs that waited too long for devices.
+  // What each job's generation needs now (GenerationSupervisor::Check), acted on.
   void Supervise();
   // The aborted generation is over: names its cause, then restarts the job (elastic, the breaker
   // allows) or fails it.
@@ -160,18 +156,14 @@ class Coordinator {
   // a step, the newest committed step of its own checkpoint dir.
   checkpoint::ResumeRequest StartRequest(const Job& job) const;
   void MaybeFinishJob(Job& job);
-  void CheckDeadlines();
   void OnNodesDead(const std::vector<std::string>& node_ids);
   // Marks the node's unfinished actors lost and fails their jobs, saying `reason`.
   void FailJobsOnNode(const std::string& node_id, const std::string& reason);
-  void FreeDevices(const Job& job);
 
   // ---- persistence and metrics ----
   absl::Status LoadHistory();
   void Persist(const Job& job);
   void UpdateGauges();
-  void FillStatus(wire::ClusterStatus::Builder status, const std::string& job_id);
-  void FillTrainProgress(wire::TrainProgress::Builder out, const Job& job);
 
   CoordinatorOptions options_;
   const Clock* clock_;
@@ -183,6 +175,9 @@ class Coordinator {
   Membership membership_;
   KvStore kv_;
   CalibrationBook calibration_;
+  Scheduler scheduler_;            // reads membership_ and calibration_
+  GenerationSupervisor supervisor_;
+  JobHistory history_;
   std::map<std::string, Job> jobs_;
   std::vector<std::string> job_order_;  // submission order: pending jobs start first-come
   uint64_t next_job_number_ = 1;

@@ -1,5 +1,8 @@
 #include "coordinator/job.h"
 
+#include <filesystem>
+#include <sstream>
+
 namespace shardline::coordinator {
 
 std::string_view JobStateName(JobState state) {
@@ -42,6 +45,28 @@ std::string_view ActorStateName(ActorState state) {
 bool IsFinal(JobState state) {
   return state == JobState::kSucceeded || state == JobState::kFailed ||
          state == JobState::kCancelled;
+}
+
+std::string FormatSeconds(double seconds) {
+  std::ostringstream out;
+  out.precision(1);
+  out << std::fixed << seconds << " s";
+  return out.str();
+}
+
+std::string ResolveUnder(const std::string& base, const std::string& path) {
+  if (path.empty()) return path;
+  const std::filesystem::path p(path);
+  std::filesystem::path resolved =
+      (p.is_absolute() ? p : std::filesystem::path(base) / p).lexically_normal();
+  if (!resolved.has_filename() && resolved.has_relative_path()) resolved = resolved.parent_path();
+  return resolved.string();
+}
+
+std::string AbsoluteDir(const std::string& dir) {
+  std::error_code ec;
+  const std::filesystem::path here = std::filesystem::current_path(ec);
+  return ResolveUnder(ec ? std::string("/") : here.string(), dir);
 }
 
 }  // namespace shardline::coordinator

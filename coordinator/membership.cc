@@ -1,5 +1,8 @@
 #include "coordinator/membership.h"
 
+#include <map>
+#include <set>
+
 namespace shardline::coordinator {
 
 std::string DeviceLabel(const DeviceInfo& device) {
@@ -7,11 +10,12 @@ std::string DeviceLabel(const DeviceInfo& device) {
          std::to_string(device.index);
 }
 
-absl::Status Membership::Register(NodeInfo node, TimePoint now, NodeInfo* replaced) {
+absl::StatusOr<Membership::Rejoin> Membership::Register(NodeInfo node, TimePoint now) {
   if (node.node_id.empty()) return absl::InvalidArgumentError("register: empty node id");
   if (node.devices.empty()) {
     return absl::InvalidArgumentError("register: node '" + node.node_id + "' has no devices");
   }
+  Rejoin rejoin = Rejoin::kNew;
   auto it = nodes_.find(node.node_id);
   if (it != nodes_.end()) {
     NodeInfo& old = it->second;
@@ -25,12 +29,32 @@ absl::Status Membership::Register(NodeInfo node, TimePoint now, NodeInfo* replac
                              .count()) +
           " ms ago); pick another --node-id or stop that agent");
     }
-    if (replaced) *replaced = old;
+    if (old.alive) {
+      // Devices a live generation holds, by label, on the entry this one replaces.
+      std::map<std::string, std::string> busy;
+      std::set<std::string> old_labels, labels;
+      for (const DeviceInfo& device : old.devices) {
+        old_labels.insert(DeviceLabel(device));
+        if (!device.busy_job.empty()) busy[DeviceLabel(device)] = device.busy_job;
+      }
+      for (const DeviceInfo& device : node.devices) labels.insert(DeviceLabel(device));
+      if (old.instance_id != node.instance_id) {
+        rejoin = Rejoin::kAgentRestarted;
+      } else if (!busy.empty() && labels != old_labels) {
+        rejoin = Rejoin::kDevicesChanged;
+      } else if (!busy.empty()) {
+        rejoin = Rejoin::kSameAgent;
+        for (DeviceInfo& device : node.devices) {
+          auto held = busy.find(DeviceLabel(device));
+          if (held != busy.end()) device.busy_job = held->second;
+        }
+      }
+    }
   }
   node.alive = true;
   node.last_heartbeat = now;
   nodes_[node.node_id] = std::move(node);
-  return absl::OkStatus();
+  return rejoin;
 }
 
 absl::Status Membership::Heartbeat(const std::string& node_id, const std::string& instance_id,

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/clock.h"
 
 namespace shardline::coordinator {
@@ -50,11 +51,18 @@ class Membership {
   explicit Membership(std::chrono::milliseconds heartbeat_timeout)
       : heartbeat_timeout_(heartbeat_timeout) {}
 
+  // What a registration of a node that was known before means for the jobs placed on it.
+  enum class Rejoin {
+    kNew,             // first seen, or back after it was dead: new capacity
+    kAgentRestarted,  // a live node's agent came back as a new instance: its actors are gone
+    kDevicesChanged,  // the same agent with another device set, while jobs hold its devices:
+                      // new capacity, never merged into the generations placed on the old set
+    kSameAgent,       // the same agent again (a lost reply): its devices stay held
+  };
   // Adds or replaces a node. A second agent claiming the id of a node that is alive (another
   // instance, heartbeat within the timeout) is refused with AlreadyExists; a node that comes back
-  // (dead, or the same instance re-registering) replaces its old entry. On replacement, the
-  // returned `replaced` holds the old entry so that the caller can fail its actors.
-  absl::Status Register(NodeInfo node, TimePoint now, NodeInfo* replaced);
+  // (dead, or the same instance re-registering) replaces its old entry.
+  absl::StatusOr<Rejoin> Register(NodeInfo node, TimePoint now);
 
   // NotFound when the node is unknown, dead or another instance: the agent must register again.
   absl::Status Heartbeat(const std::string& node_id, const std::string& instance_id,

@@ -1,4 +1,8 @@
-# The coordinator's I/O-free parts, driven by a manual clock.
-shardline_test(coordinator_supervisor_test
-  SOURCES ${CMAKE_CURRENT_LIST_DIR}/coordinator_supervisor_test.cc
-  LIBS shardline_coordinator LABELS unit)
+# The coordinator's I/O-free parts, each driven by a manual clock (coordinator/coordinator.h
+# lists them).
+foreach(part supervisor generation_supervisor scheduler bootstrap progress checkpoint_tracker
+        job_history status_view membership)
+  shardline_test(coordinator_${part}_test
+    SOURCES ${CMAKE_CURRENT_LIST_DIR}/coordinator_${part}_test.cc
+    LIBS shardline_coordinator LABELS unit)
+endforeach()

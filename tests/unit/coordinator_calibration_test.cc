@@ -77,10 +77,9 @@ NodeInfo Node(const std::string& id, int cpus, bool alive = true) {
 
 TEST(ClusterSpecTest, FromMembershipWithMeasurements) {
   Membership membership(std::chrono::milliseconds(1000));
-  NodeInfo replaced;
-  ASSERT_TRUE(membership.Register(Node("a", 2), TimePoint(), &replaced).ok());
-  ASSERT_TRUE(membership.Register(Node("b", 2), TimePoint(), &replaced).ok());
-  ASSERT_TRUE(membership.Register(Node("c", 2), TimePoint(), &replaced).ok());
+  ASSERT_TRUE(membership.Register(Node("a", 2), TimePoint()).ok());
+  ASSERT_TRUE(membership.Register(Node("b", 2), TimePoint()).ok());
+  ASSERT_TRUE(membership.Register(Node("c", 2), TimePoint()).ok());
   membership.Find("c")->alive = false;
   membership.Find("b")->devices[0].busy_job = "other-1";
   CalibrationBook book;

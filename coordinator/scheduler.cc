@@ -1,0 +1,295 @@
+#include "coordinator/scheduler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "common/status_macros.h"
+#include "placement/byte_size.h"
+#include "placement/plan_request.h"
+#include "placement/planner.h"
+#include "spdlog/spdlog.h"
+
+namespace shardline::coordinator {
+namespace {
+
+std::string Text(absl::string_view s) { return std::string(s); }
+
+// Why an elastic job below its min_actors waits: "waiting for 2 more cpu devices: 2 free of 2
+// alive, min 4".
+std::string WaitingForMore(const std::string& kind, int free, int alive, int min_actors) {
+  const int more = std::max(1, min_actors - free);
+  return "waiting for " + std::to_string(more) + " more " + kind + " device" +
+         (more == 1 ? "" : "s") + ": " + std::to_string(free) + " free of " +
+         std::to_string(alive) + " alive, min " + std::to_string(min_actors);
+}
+
+StartChoice Wait(std::string reason) { return {StartChoice::Verdict::kWait, {}, std::move(reason)}; }
+StartChoice Fail(std::string reason) { return {StartChoice::Verdict::kFail, {}, std::move(reason)}; }
+StartChoice Start(Placement placement) {
+  return {StartChoice::Verdict::kStart, std::move(placement), ""};
+}
+
+}  // namespace
+
+DeviceInfo::Kind DeviceKindOf(const placement::JobSpec& spec) {
+  return spec.devices == placement::DeviceKind::kCuda ? DeviceInfo::Kind::kCuda
+                                                      : DeviceInfo::Kind::kCpu;
+}
+
+DeviceCount CountDevices(const Membership& membership, DeviceInfo::Kind kind) {
+  DeviceCount count;
+  for (const auto& [node_id, node] : membership.nodes()) {
+    if (!node.alive) continue;
+    for (const DeviceInfo& device : node.devices) {
+      if (device.kind != kind) continue;
+      ++count.alive;
+      count.free += device.busy_job.empty() ? 1 : 0;
+    }
+  }
+  return count;
+}
+
+std::string PlanSummary(const placement::JobSpec& spec) {
+  const auto& p = spec.parallel;
+  return "tp " + std::to_string(p.tp) + " x pp " + std::to_string(p.pp) + " x dp " +
+         std::to_string(p.dp) + ", zero " + std::to_string(p.zero);
+}
+
+int AutoMaxActors(const placement::JobSpec& spec) {
+  return spec.elastic.enabled ? spec.elastic.max_actors : spec.actors;
+}
+
+void ForgetAutoPlan(Job& job) {
+  const int64_t micro_batch = job.spec.parallel.micro_batch;  // the spec's, which a plan keeps
+  job.spec.parallel = placement::ParallelSpec();
+  job.spec.parallel.micro_batch = micro_batch;
+  job.spec.actors = job.auto_max_actors;
+  job.plan.planned = false;
+  job.plan.failed_on.clear();
+}
+
+StartChoice Scheduler::Choose(Job& job) const {
+  if (job.spec.kind == placement::JobKind::kTrain && job.spec.parallel_auto) {
+    return ChooseAuto(job);
+  }
+  return ChooseFixed(job);
+}
+
+StartChoice Scheduler::ChooseFixed(Job& job) const {
+  const DeviceInfo::Kind wanted = DeviceKindOf(job.spec);
+  const std::string kind(placement::DeviceKindName(job.spec.devices));
+  if (job.Elastic()) {
+    // dp follows the devices: the largest layout within min..max that the free ones hold.
+    const DeviceCount devices = CountDevices(membership_, wanted);
+    auto layout = placement::ElasticLayout(job.spec, devices.free);
+    if (!layout.ok()) {
+      return Wait(std::string(job.phase == Phase::kRestarting
+                                  ? "restarting after generation " +
+                                        std::to_string(job.generation) + ": "
+                                  : "") +
+                  WaitingForMore(kind, devices.free, devices.alive, job.spec.elastic.min_actors));
+    }
+    job.spec.parallel = *layout;
+    job.spec.actors = layout->world();
+  }
+  Placement placement;
+  int alive_total = 0;
+  for (const auto& [node_id, node] : membership_.nodes()) {
+    if (!node.alive) continue;
+    for (size_t d = 0; d < node.devices.size(); ++d) {
+      if (node.devices[d].kind != wanted) continue;
+      ++alive_total;
+      if (node.devices[d].busy_job.empty() &&
+          placement.size() < static_cast<size_t>(job.World())) {
+        placement.emplace_back(node_id, static_cast<int>(d));
+      }
+    }
+  }
+  if (placement.size() < static_cast<size_t>(job.World())) {
+    return Wait("waiting for " + std::to_string(job.World()) + " free " + kind + " devices (" +
+                std::to_string(placement.size()) + " free of " + std::to_string(alive_total) +
+                " alive)");
+  }
+  return Start(std::move(placement));
+}
+
+StartChoice Scheduler::ChooseAuto(Job& job) const {
+  const DeviceInfo::Kind wanted = DeviceKindOf(job.spec);
+  const std::string kind(placement::DeviceKindName(job.spec.devices));
+  int alive_total = 0;
+  for (const auto& node : PlannableNodes(membership_, calibration_, wanted, false, nullptr)) {
+    alive_total += node.devices;
+  }
+  // The plan is made for the devices free now, a job's `actors` capping how many it may take
+  // (the first in node order, as fixed layouts fill them).
+  std::map<std::string, std::vector<int>> slots;
+  std::vector<PlannableNode> free_nodes =
+      PlannableNodes(membership_, calibration_, wanted, true, &slots);
+  int free_total = 0;
+  std::string devices_key;
+  for (auto node = free_nodes.begin(); node != free_nodes.end();) {
+    if (job.auto_max_actors > 0 && free_total + node->devices > job.auto_max_actors) {
+      node->devices = job.auto_max_actors - free_total;
+      slots[node->node_id].resize(static_cast<size_t>(std::max(node->devices, 0)));
+    }
+    if (node->devices <= 0) {
+      slots.erase(node->node_id);
+      node = free_nodes.erase(node);
+      continue;
+    }
+    free_total += node->devices;
+    devices_key += node->node_id + ":" + std::to_string(node->devices) + " ";
+    ++node;
+  }
+  if (free_total == 0) {
+    return Wait("waiting for free " + kind + " devices to plan on (0 free of " +
+                std::to_string(alive_total) + " alive)");
+  }
+  if (job.Elastic() && free_total < job.spec.elastic.min_actors) {
+    return Wait(WaitingForMore(kind, free_total, alive_total, job.spec.elastic.min_actors));
+  }
+  // The same devices give the same verdict: a job that waits for more is not re-planned on
+  // every turn of the event loop.
+  if (devices_key == job.plan.failed_on) return Wait(job.waiting_reason);
+
+  const std::string on = std::to_string(free_total) + " free " + kind + " device" +
+                         (free_total == 1 ? "" : "s") + " of " + std::to_string(free_nodes.size()) +
+                         " node" + (free_nodes.size() == 1 ? "" : "s");
+  auto cluster = BuildClusterSpec(cluster_id_, free_nodes);
+  if (!cluster.ok()) {
+    return Fail("cannot plan on the " + on + ": " + Text(cluster.status().message()));
+  }
+  auto report = placement::Plan(placement::PlanRequestForJob(job.spec, *cluster));
+  if (!report.ok()) {
+    const std::string why = "no plan fits the " + on + ": " + Text(report.status().message());
+    // Out of memory on what is free now, while other devices are busy: once they free, a plan
+    // over more devices may fit, so the job waits for them (first come, first served, like a
+    // fixed layout waiting for its devices). On every device it could ever get, it fails.
+    const bool more_may_free =
+        free_total < alive_total && (job.auto_max_actors == 0 || free_total < job.auto_max_actors);
+    if (report.status().code() == absl::StatusCode::kResourceExhausted && more_may_free) {
+      job.plan.failed_on = devices_key;
+      spdlog::info("job {}: {}; waiting for busy devices to free", job.id, why);
+      return Wait(why + "; waiting for busy devices to free");
+    }
+    return Fail(why);
+  }
+  const placement::PlannedLayout& best = report->best;
+  if (auto status = placement::ApplyPlannedLayout(job.spec, best.parallel); !status.ok()) {
+    return Fail("the planner's layout cannot run: " + Text(status.message()));
+  }
+  job.plan.planned = true;  // from here on the job's world is the plan's
+  // Ranks go where the plan put them: its device d of a node is that node's d-th free device.
+  Placement placement;
+  std::set<std::pair<std::string, int>> taken;
+  bool honoured = best.devices.size() == static_cast<size_t>(job.World());
+  for (size_t rank = 0; honoured && rank < best.devices.size(); ++rank) {
+    const placement::DevicePlace& place = best.devices[rank];
+    auto node = slots.find(place.node_id);
+    if (node == slots.end() || place.device < 0 ||
+        static_cast<size_t>(place.device) >= node->second.size()) {
+      honoured = false;
+      break;
+    }
+    const std::pair<std::string, int> slot(place.node_id, node->second[place.device]);
+    honoured = taken.insert(slot).second;
+    placement.push_back(slot);
+  }
+  if (!honoured) {
+    // Not expected of the planner; the job still runs, on the free devices in node order.
+    spdlog::warn("job {}: the plan's rank → device map does not match the free devices; ranks "
+                 "fill the nodes in order instead",
+                 job.id);
+    placement.clear();
+    for (const auto& [node_id, node_slots] : slots) {
+      for (int slot : node_slots) {
+        if (placement.size() < static_cast<size_t>(job.World())) {
+          placement.emplace_back(node_id, slot);
+        }
+      }
+    }
+  }
+  std::set<std::string> nodes_used;
+  for (const auto& [node_id, slot] : placement) nodes_used.insert(node_id);
+  std::ostringstream summary;
+  summary << job.World() << " of " << free_total << " free " << kind << " devices on "
+          << nodes_used.size() << " node" << (nodes_used.size() == 1 ? "" : "s") << ", "
+          << best.mapping << ", " << report->feasible << " of " << report->candidates
+          << " candidates fit, planned in "
+          << std::to_string(static_cast<int64_t>(std::ceil(report->planning_seconds * 1e3)))
+          << " ms";
+  job.plan.step_seconds = best.time.total;
+  job.plan.memory_bytes = best.memory.total();
+  job.plan.summary = summary.str();
+  job.plan.failed_on.clear();
+  spdlog::info("job {}: planned {} ({}): predicted {:.4f} s per step, {} per device\n{}", job.id,
+               PlanSummary(job.spec), job.plan.summary, best.time.total,
+               placement::FormatApproxByteSize(static_cast<double>(best.memory.total())),
+               placement::FormatPlan(*report, false));
+  return Start(std::move(placement));
+}
+
+std::optional<int> Scheduler::GrowTarget(const Job& job) const {
+  if (!job.Elastic() || job.spec.parallel_auto || job.phase != Phase::kRunning ||
+      job.train.last_committed_step >= job.spec.train.steps ||
+      job.World() >= job.spec.elastic.max_actors) {
+    return std::nullopt;
+  }
+  const int free = CountDevices(membership_, DeviceKindOf(job.spec)).free;
+  if (free == 0) return std::nullopt;
+  auto larger = placement::ElasticLayout(job.spec, job.World() + free);
+  if (!larger.ok() || larger->world() <= job.World()) return std::nullopt;
+  return larger->world();
+}
+
+void Scheduler::PredictLayout(Job& job) const {
+  const DeviceInfo::Kind wanted = DeviceKindOf(job.spec);
+  std::map<std::string, int> placed;  // devices per node
+  for (const ActorRecord& actor : job.actors) ++placed[actor.node_id];
+  std::vector<PlannableNode> nodes;
+  for (PlannableNode& node : PlannableNodes(membership_, calibration_, wanted, false, nullptr)) {
+    auto it = placed.find(node.node_id);
+    if (it == placed.end()) continue;
+    node.devices = it->second;
+    nodes.push_back(std::move(node));
+  }
+  auto cluster = BuildClusterSpec(cluster_id_, nodes);
+  absl::StatusOr<placement::PlanReport> report =
+      cluster.ok() ? placement::Plan(placement::PlanRequestForLayout(job.spec, *cluster))
+                   : absl::StatusOr<placement::PlanReport>(cluster.status());
+  if (!report.ok()) {
+    spdlog::warn("job {}: no prediction for {}: {}", job.id, PlanSummary(job.spec),
+                 Text(report.status().message()));
+    job.plan.step_seconds = 0;
+    job.plan.memory_bytes = 0;
+    return;
+  }
+  job.plan.step_seconds = report->best.time.total;
+  job.plan.memory_bytes = report->best.memory.total();
+  const placement::StepTime& t = report->best.time;
+  spdlog::info("job {}: {} predicted at {:.4f} s per step (compute {:.4f}, tp {:.4f}, pp {:.4f}, "
+               "bubble {:.4f}, dp {:.4f}, optimizer {:.4f}), {} per device{}",
+               job.id, PlanSummary(job.spec), t.total, t.compute, t.tp, t.pp, t.bubble, t.dp,
+               t.optimizer,
+               placement::FormatApproxByteSize(static_cast<double>(job.plan.memory_bytes)),
+               job.PredictionCalibrated() ? ", with its ranks' own calibration" : "");
+}
+
+void HoldDevices(Membership& membership, const std::string& job_id, const Placement& placement) {
+  for (const auto& [node_id, slot] : placement) {
+    if (NodeInfo* node = membership.Find(node_id)) node->devices.at(slot).busy_job = job_id;
+  }
+}
+
+void FreeDevices(Membership& membership, const std::string& job_id) {
+  for (auto& [node_id, node] : membership.mutable_nodes()) {
+    for (auto& device : node.devices) {
+      if (device.busy_job == job_id) device.busy_job.clear();
+    }
+  }
+}
+
+}  // namespace shardline::coordinator

@@ -1,0 +1,85 @@
+// Where jobs run: which free devices a job that wants them gets (a fixed layout's world, an
+// elastic job's dp within min..max, a `parallel: auto` job's plan), whether an elastic job can
+// grow, and the planner's price of the layout a job runs. No I/O: it reads membership and the
+// calibration book and writes the chosen layout into the job; the coordinator spawns what it
+// returns.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "coordinator/calibration.h"
+#include "coordinator/job.h"
+#include "coordinator/membership.h"
+
+namespace shardline::coordinator {
+
+// Rank → (node id, index into that node's NodeInfo::devices).
+using Placement = std::vector<std::pair<std::string, int>>;
+
+DeviceInfo::Kind DeviceKindOf(const placement::JobSpec& spec);
+
+// Devices of `kind` on the alive nodes: all of them, and those no job holds.
+struct DeviceCount {
+  int alive = 0;
+  int free = 0;
+};
+DeviceCount CountDevices(const Membership& membership, DeviceInfo::Kind kind);
+
+// A train job's layout for logs and errors: "tp 2 x pp 2 x dp 2, zero 1".
+std::string PlanSummary(const placement::JobSpec& spec);
+
+// The most devices a `parallel: auto` job may plan on (0: any).
+int AutoMaxActors(const placement::JobSpec& spec);
+// A `parallel: auto` job plans afresh at its next start: back to the spec's own (unplanned) form.
+void ForgetAutoPlan(Job& job);
+
+// What a job that wants devices (pending, or elastic between generations) does now.
+struct StartChoice {
+  enum class Verdict {
+    kStart,  // spawn its next generation on `placement`
+    kWait,   // not yet: `reason` says for what (status shows it); later jobs wait too
+    kFail,   // never: `reason` is the job's error
+  };
+  Verdict verdict = Verdict::kWait;
+  Placement placement;
+  std::string reason;
+};
+
+class Scheduler {
+ public:
+  Scheduler(const Membership& membership, const CalibrationBook& calibration,
+            std::string cluster_id)
+      : membership_(membership), calibration_(calibration), cluster_id_(std::move(cluster_id)) {}
+
+  // For a job whose start (where it resumes from) is decided. On kStart the job's spec holds the
+  // layout its generation runs (an elastic dp, a planned layout) and, for `parallel: auto`, its
+  // plan record says what the planner chose. Ranks fill one node's devices before the next, so
+  // neighbouring ranks (a later TP group) share a node.
+  StartChoice Choose(Job& job) const;
+
+  // After a commit: the larger world an elastic job with a fixed layout could run on the free
+  // devices, when there is one (the job then ends its generation to restart on it).
+  std::optional<int> GrowTarget(const Job& job) const;
+
+  // The planner's price of the layout the job runs on the devices its actors hold — step time
+  // and memory — with what calibration has measured so far, into job.plan (0 when the planner
+  // cannot price it: the layout is the user's and the trainer is the judge of whether it runs).
+  void PredictLayout(Job& job) const;
+
+ private:
+  StartChoice ChooseFixed(Job& job) const;
+  StartChoice ChooseAuto(Job& job) const;
+
+  const Membership& membership_;
+  const CalibrationBook& calibration_;
+  std::string cluster_id_;
+};
+
+// Marks the placed devices as held by `job_id`, and frees every device it holds.
+void HoldDevices(Membership& membership, const std::string& job_id, const Placement& placement);
+void FreeDevices(Membership& membership, const std::string& job_id);
+
+}  // namespace shardline::coordinator

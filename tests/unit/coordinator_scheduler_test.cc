@@ -1,0 +1,130 @@
+// The scheduler (coordinator/scheduler.h): a fixed layout fills one node's devices before the
+// next and waits, saying for what, when too few are free; an elastic job takes the largest dp
+// within min..max that divides the batch, waits below min_actors, and grows when devices free;
+// a `parallel: auto` job is planned on the free devices. Membership is filled directly: no agent.
+#include "coordinator/scheduler.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tests/unit/coordinator_test_jobs.h"
+
+namespace shardline::coordinator {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::Pair;
+using testing::CpuNode;
+using testing::MakeJob;
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  void AddNode(const std::string& id, int devices) {
+    ASSERT_TRUE(membership_.Register(CpuNode(id, devices), clock_.Now()).ok());
+  }
+  ManualClock clock_;
+  Membership membership_{std::chrono::milliseconds(1500)};
+  CalibrationBook calibration_;
+  Scheduler scheduler_{membership_, calibration_, "test"};
+};
+
+TEST_F(SchedulerTest, AFixedLayoutFillsOneNodeBeforeTheNext) {
+  AddNode("a", 3);
+  AddNode("b", 2);
+  membership_.Find("a")->devices[1].busy_job = "other-1";
+  Job job = MakeJob("parallel: {tp: 2, dp: 2}\n");
+  const StartChoice choice = scheduler_.Choose(job);
+  ASSERT_EQ(choice.verdict, StartChoice::Verdict::kStart) << choice.reason;
+  EXPECT_THAT(choice.placement, ElementsAre(Pair("a", 0), Pair("a", 2), Pair("b", 0), Pair("b", 1)));
+}
+
+TEST_F(SchedulerTest, AFixedLayoutWaitsSayingHowManyDevicesAreFree) {
+  AddNode("a", 2);
+  AddNode("b", 2);
+  membership_.Find("b")->alive = false;
+  Job job = MakeJob("parallel: {tp: 2, dp: 2}\n");
+  const StartChoice choice = scheduler_.Choose(job);
+  EXPECT_EQ(choice.verdict, StartChoice::Verdict::kWait);
+  EXPECT_EQ(choice.reason, "waiting for 4 free cpu devices (2 free of 2 alive)");
+}
+
+TEST_F(SchedulerTest, AnElasticJobTakesTheLargestDpThatDividesTheBatch) {
+  AddNode("a", 4);
+  AddNode("b", 3);  // 7 free: tp 2 × dp 3 = 6 would not divide the batch of 8
+  Job job = MakeJob("parallel: {tp: 2, dp: 1}\nelastic: {min_actors: 2, max_actors: 8}\n");
+  const StartChoice choice = scheduler_.Choose(job);
+  ASSERT_EQ(choice.verdict, StartChoice::Verdict::kStart) << choice.reason;
+  EXPECT_EQ(job.spec.parallel.dp, 2);
+  EXPECT_EQ(job.World(), 4);
+  EXPECT_EQ(choice.placement.size(), 4u);
+}
+
+TEST_F(SchedulerTest, AnElasticJobBelowMinActorsWaitsSayingForWhat) {
+  AddNode("a", 3);
+  membership_.Find("a")->devices[0].busy_job = "other-1";
+  Job job = MakeJob("parallel: {tp: 2, dp: 2}\nelastic: {min_actors: 4, max_actors: 4}\n");
+  const StartChoice choice = scheduler_.Choose(job);
+  EXPECT_EQ(choice.verdict, StartChoice::Verdict::kWait);
+  EXPECT_EQ(choice.reason, "waiting for 2 more cpu devices: 2 free of 3 alive, min 4");
+  // Between generations the reason says which generation it restarts after.
+  job.state = JobState::kRunning;
+  job.phase = Phase::kRestarting;
+  job.generation = 3;
+  EXPECT_EQ(scheduler_.Choose(job).reason,
+            "restarting after generation 3: waiting for 2 more cpu devices: 2 free of 3 alive, "
+            "min 4");
+}
+
+TEST_F(SchedulerTest, AnElasticJobGrowsOnlyWhenFreeDevicesMakeALargerLayout) {
+  AddNode("a", 2);
+  Job job = MakeJob("parallel: {tp: 2, dp: 1}\nelastic: {min_actors: 2, max_actors: 4}\n");
+  StartChoice choice = scheduler_.Choose(job);
+  ASSERT_EQ(choice.verdict, StartChoice::Verdict::kStart);
+  HoldDevices(membership_, job.id, choice.placement);
+  job.state = JobState::kRunning;
+  job.phase = Phase::kRunning;
+  job.train.last_committed_step = 10;
+  EXPECT_EQ(scheduler_.GrowTarget(job), std::nullopt);  // nothing free
+  AddNode("b", 1);
+  EXPECT_EQ(scheduler_.GrowTarget(job), std::nullopt);  // 3 devices: no dp of tp 2 fits
+  AddNode("c", 1);
+  EXPECT_EQ(scheduler_.GrowTarget(job), 4);
+  job.train.last_committed_step = job.spec.train.steps;  // done: nothing to grow for
+  EXPECT_EQ(scheduler_.GrowTarget(job), std::nullopt);
+}
+
+TEST_F(SchedulerTest, HeldDevicesAreFreedByJob) {
+  AddNode("a", 2);
+  HoldDevices(membership_, "j-1", {{"a", 1}});
+  EXPECT_EQ(CountDevices(membership_, DeviceInfo::Kind::kCpu).free, 1);
+  FreeDevices(membership_, "other-1");
+  EXPECT_EQ(membership_.Find("a")->devices[1].busy_job, "j-1");
+  FreeDevices(membership_, "j-1");
+  EXPECT_EQ(CountDevices(membership_, DeviceInfo::Kind::kCpu).free, 2);
+}
+
+TEST_F(SchedulerTest, AnAutoJobIsPlannedOnTheFreeDevicesAndForgetsItsPlanToRestart) {
+  AddNode("a", 2);
+  Job job = MakeJob("parallel: auto\n");
+  const StartChoice choice = scheduler_.Choose(job);
+  ASSERT_EQ(choice.verdict, StartChoice::Verdict::kStart) << choice.reason;
+  EXPECT_TRUE(job.plan.planned);
+  EXPECT_EQ(choice.placement.size(), static_cast<size_t>(job.World()));
+  EXPECT_THAT(job.plan.summary, HasSubstr("free cpu devices on 1 node"));
+  ForgetAutoPlan(job);
+  EXPECT_FALSE(job.plan.planned);
+  EXPECT_EQ(job.spec.parallel.tp, placement::ParallelSpec().tp);
+}
+
+TEST_F(SchedulerTest, AnAutoJobWaitsWhenNothingIsFree) {
+  AddNode("a", 1);
+  membership_.Find("a")->devices[0].busy_job = "other-1";
+  Job job = MakeJob("parallel: auto\n");
+  const StartChoice choice = scheduler_.Choose(job);
+  EXPECT_EQ(choice.verdict, StartChoice::Verdict::kWait);
+  EXPECT_EQ(choice.reason, "waiting for free cpu devices to plan on (0 free of 1 alive)");
+}
+
+}  // namespace
+}  // namespace shardline::coordinator
