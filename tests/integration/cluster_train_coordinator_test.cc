@@ -83,9 +83,15 @@ class FakeNode {
     auto client = protocol::RpcClient::Connect(endpoint, "shardline", "agent/" + node_id);
     if (!client.ok()) return client.status();
     node->client_ = std::move(*client);
-    auto message = node->client_->NewMessage();
+    if (auto status = node->SendRegistration(devices); !status.ok()) return status;
+    return node;
+  }
+
+  // RegisterNode again from the same agent (same instance), now with `devices` devices.
+  absl::Status SendRegistration(int devices) {
+    auto message = client_->NewMessage();
     auto request = message->payload().initRegisterNode();
-    request.setNodeId(node_id);
+    request.setNodeId(node_id_);
     request.setInstanceId("fake-instance");
     request.setHostname("fake-host");
     request.setAddress("127.0.0.1");
@@ -95,9 +101,7 @@ class FakeNode {
       list[d].setIndex(static_cast<uint32_t>(d));
       list[d].setName("fake cpu");
     }
-    auto reply = Call(*node->client_, *message);
-    if (!reply.ok()) return reply.status();
-    return node;
+    return Call(*client_, *message).status();
   }
 
   // The generation and ranks of the next SpawnActors for `job_id`.
@@ -703,6 +707,38 @@ TEST(ClusterTrainTest, BootstrapDeadlineNamesTheMissingRankInEveryGroup) {
       EXPECT_EQ(error.find("group " + group.id + " "), std::string::npos) << error;
     }
   }
+}
+
+TEST(ClusterTrainTest, ANodeRegisteringAgainWithAnotherDeviceSetIsNewCapacityNotMerged) {
+  LocalCluster cluster(PatientCluster());
+  ASSERT_TRUE(cluster.StartCoordinator().ok());
+  auto node = FakeNode::Register(cluster.endpoint(), "fake", 4);
+  ASSERT_TRUE(node.ok()) << node.status();
+  auto job_id = SubmitFrom(cluster.endpoint(), TrainYaml("regrown", cluster.dir() + "/ckpt"),
+                           cluster.dir(), cluster.dir());
+  ASSERT_TRUE(job_id.ok()) << job_id.status();
+  auto actors = StartActors(cluster, **node, *job_id, 4);
+  ASSERT_EQ(actors.size(), 4u);
+  // The same agent with the same devices (a lost reply): the generation keeps them.
+  ASSERT_TRUE((*node)->SendRegistration(4).ok());
+  auto job = cluster.Job(*job_id);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ((*job)["state"], "running") << job->dump();
+  EXPECT_EQ((*job)["generation"], 1);
+  // Another device set: the generation placed on the old one fails, naming why, and the six
+  // devices are free capacity, none of them held by the failed generation.
+  ASSERT_TRUE((*node)->SendRegistration(6).ok());
+  auto failed = cluster.WaitForJobEnd(*job_id, 10s);
+  ASSERT_TRUE(failed.ok()) << failed.status();
+  EXPECT_EQ((*failed)["state"], "failed");
+  const std::string error = (*failed)["error"];
+  EXPECT_NE(error.find("its agent registered again with another device set"), std::string::npos)
+      << error;
+  auto status = cluster.Status();
+  ASSERT_TRUE(status.ok()) << status.status();
+  ASSERT_EQ((*status)["nodes"].size(), 1u);
+  EXPECT_EQ((*status)["nodes"][0]["devices"].size(), 6u) << status->dump();
+  EXPECT_EQ((*status)["nodes"][0]["busy_devices"], 0) << status->dump();
 }
 
 }  // namespace
