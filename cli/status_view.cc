@@ -281,7 +281,8 @@ nlohmann::json StatusToJson(wire::ClusterStatus::Reader status) {
     for (auto d : node.getDevices()) {
       n["devices"].push_back({{"device", DeviceLabel(d)},
                               {"memory_bytes", d.getMemoryBytes()},
-                              {"name", Str(d.getName())}});
+                              {"name", Str(d.getName())},
+                              {"avoided", Str(d.getAvoided())}});
     }
     // What the node's actors measured at their start-up (0: not measured); null before any.
     if (node.hasCalibration() && node.getCalibration().getMeasuredUnixMs() != 0) {
@@ -427,6 +428,13 @@ std::string FormatCluster(wire::ClusterStatus::Reader status, const std::string&
                Str(node.getMetricsAddress()), FormatCalibration(node)});
   }
   out << "Nodes\n" << (status.getNodes().size() ? nodes.Render() : "  (none registered)\n");
+  for (auto node : status.getNodes()) {
+    for (auto d : node.getDevices()) {
+      if (d.getAvoided().size() == 0) continue;
+      out << "  " << DeviceLabel(d) << " of " << Str(node.getNodeId())
+          << " is avoided until the node registers again: " << Str(d.getAvoided()) << "\n";
+    }
+  }
   Table jobs({"JOB", "KIND", "STATE", "PHASE", "GEN", "ACTORS", "BACKEND", "NOTE"});
   for (auto job : status.getJobs()) {
     std::map<std::string, int> states;

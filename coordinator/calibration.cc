@@ -113,7 +113,8 @@ absl::StatusOr<placement::ClusterSpec> BuildClusterSpec(const std::string& name,
 
 std::vector<PlannableNode> PlannableNodes(const Membership& membership, const CalibrationBook& book,
                                           DeviceInfo::Kind kind, bool free_only,
-                                          std::map<std::string, std::vector<int>>* slots) {
+                                          std::map<std::string, std::vector<int>>* slots,
+                                          bool skip_avoided) {
   std::vector<PlannableNode> out;
   for (const auto& [node_id, node] : membership.nodes()) {
     if (!node.alive) continue;
@@ -122,7 +123,10 @@ std::vector<PlannableNode> PlannableNodes(const Membership& membership, const Ca
     std::vector<int> used;
     for (size_t d = 0; d < node.devices.size(); ++d) {
       const DeviceInfo& device = node.devices[d];
-      if (device.kind != kind || (free_only && !device.busy_job.empty())) continue;
+      if (device.kind != kind || (free_only && !device.busy_job.empty()) ||
+          (skip_avoided && !device.avoided.empty())) {
+        continue;
+      }
       used.push_back(static_cast<int>(d));
       const auto memory = static_cast<int64_t>(device.memory_bytes);
       if (plannable.memory_bytes == 0 || (memory > 0 && memory < plannable.memory_bytes)) {

@@ -86,11 +86,12 @@ absl::StatusOr<placement::ClusterSpec> BuildClusterSpec(const std::string& name,
                                                         const std::vector<PlannableNode>& nodes);
 
 // The planner's view of the devices of `kind` on the alive nodes of `membership`: all of them, or
-// with `free_only` those no job holds. `slots` (optional) gets, per node id, the indices into
-// NodeInfo::devices of the devices counted, in order: device d of a planned node is
-// slots[node_id][d].
+// with `free_only` those no job holds (and with `skip_avoided` not those a fault pointed at).
+// `slots` (optional) gets, per node id, the indices into NodeInfo::devices of the devices
+// counted, in order: device d of a planned node is slots[node_id][d].
 std::vector<PlannableNode> PlannableNodes(const Membership& membership, const CalibrationBook& book,
                                           DeviceInfo::Kind kind, bool free_only,
-                                          std::map<std::string, std::vector<int>>* slots);
+                                          std::map<std::string, std::vector<int>>* slots,
+                                          bool skip_avoided = false);
 
 }  // namespace shardline::coordinator

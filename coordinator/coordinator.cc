@@ -1193,6 +1193,13 @@ void Coordinator::CloseGeneration(Job& job) {
   const GenerationSupervisor::Closure closure =
       supervisor_.Close(job, clock_->Now(), UnixMillis());
   FreeDevices(membership_, job.id);
+  if (closure.blamed_rank >= 0) {
+    const ActorRecord& blamed = job.actors[static_cast<size_t>(closure.blamed_rank)];
+    const std::string why = DescribeFault(*job.generations.back().cause);
+    AvoidDevice(membership_, blamed, why);
+    spdlog::info("job {}: placements avoid {} of node {} until it registers again: {}", job.id,
+                 DeviceLabel(blamed.device), blamed.node_id, why);
+  }
   kv_.ErasePrefix("job/" + job.id + "/");
   metrics_.OnGeneration("aborted");
   const GenerationRecord& record = job.generations.back();

@@ -122,6 +122,10 @@ GenerationSupervisor::Closure GenerationSupervisor::Close(Job& job, TimePoint no
     const Fault& cause = job.faults.RootCause();
     record.cause = cause;
     record.detection_seconds = cause.unseen_seconds;
+    if ((cause.kind == FaultKind::kActorExit || cause.kind == FaultKind::kHung) &&
+        cause.rank >= 0 && static_cast<size_t>(cause.rank) < job.actors.size()) {
+      closure.blamed_rank = cause.rank;
+    }
     for (const Fault& consequence : job.faults.Consequences()) {
       record.consequences.push_back(DescribeFault(consequence));
     }

@@ -59,6 +59,10 @@ class GenerationSupervisor {
     // A restart after a fault: its cause's FaultKindName (for the restart metric); empty after
     // a grow.
     std::string restart_cause;
+    // The rank whose device the cause points at: its actor died or hung by itself (not a lost
+    // node, not an error it reported, not a peer's broken socket). -1: none. Placements avoid
+    // that device until its node registers again (scheduler.h, AvoidDevice).
+    int blamed_rank = -1;
   };
   // The aborted generation is over: its record gets its cause (the root of its faults), its
   // consequences and abort time; actors that never exited are marked lost; the phase leaves

@@ -129,9 +129,9 @@ struct PlanRecord {
   double step_seconds = 0;   // predicted time of one step
   int64_t memory_bytes = 0;  // predicted peak of the fullest rank
   std::string summary;       // one line: devices used, mapping, MFU
-  // The free devices of the last attempt that found no plan that fits but may once busy devices
-  // free: the same devices are not planned again (the verdict would be the same).
-  std::string failed_on;
+  // The sets of free devices on which no plan fit but may once busy devices free: the same
+  // devices are not planned again (the verdict would be the same).
+  std::set<std::string> failed_on;
   // The ranks of the current generation whose start-up calibration arrived; once all have, the
   // prediction is made again with what they measured (Job::PredictionCalibrated).
   std::set<int> calibrated_ranks;

@@ -22,6 +22,10 @@ struct DeviceInfo {
   uint64_t memory_bytes = 0;
   std::string name;
   std::string busy_job;  // the job whose actor holds this device; empty when free
+  // Why placements leave this device out while others are free: a generation's root cause was
+  // the death or hang of the actor on it (the fault, described). Gone when its node registers
+  // again (a new entry).
+  std::string avoided;
 };
 
 std::string DeviceLabel(const DeviceInfo& device);  // "cpu:0", "cuda:3"

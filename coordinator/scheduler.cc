@@ -47,6 +47,7 @@ DeviceCount CountDevices(const Membership& membership, DeviceInfo::Kind kind) {
       if (device.kind != kind) continue;
       ++count.alive;
       count.free += device.busy_job.empty() ? 1 : 0;
+      count.trusted += device.busy_job.empty() && device.avoided.empty() ? 1 : 0;
     }
   }
   return count;
@@ -73,7 +74,12 @@ void ForgetAutoPlan(Job& job) {
 
 StartChoice Scheduler::Choose(Job& job) const {
   if (job.spec.kind == placement::JobKind::kTrain && job.spec.parallel_auto) {
-    return ChooseAuto(job);
+    StartChoice choice = ChooseAuto(job, true);
+    const DeviceCount devices = CountDevices(membership_, DeviceKindOf(job.spec));
+    if (choice.verdict == StartChoice::Verdict::kStart || devices.trusted == devices.free) {
+      return choice;
+    }
+    return ChooseAuto(job, false);
   }
   return ChooseFixed(job);
 }
@@ -81,42 +87,51 @@ StartChoice Scheduler::Choose(Job& job) const {
 StartChoice Scheduler::ChooseFixed(Job& job) const {
   const DeviceInfo::Kind wanted = DeviceKindOf(job.spec);
   const std::string kind(placement::DeviceKindName(job.spec.devices));
+  // The free devices, those no fault pointed at first, each kind in node order.
+  Placement trusted, avoided;
+  int alive_total = 0;
+  for (const auto& [node_id, node] : membership_.nodes()) {
+    if (!node.alive) continue;
+    for (size_t d = 0; d < node.devices.size(); ++d) {
+      const DeviceInfo& device = node.devices[d];
+      if (device.kind != wanted) continue;
+      ++alive_total;
+      if (!device.busy_job.empty()) continue;
+      (device.avoided.empty() ? trusted : avoided).emplace_back(node_id, static_cast<int>(d));
+    }
+  }
+  const int free = static_cast<int>(trusted.size() + avoided.size());
   if (job.Elastic()) {
-    // dp follows the devices: the largest layout within min..max that the free ones hold.
-    const DeviceCount devices = CountDevices(membership_, wanted);
-    auto layout = placement::ElasticLayout(job.spec, devices.free);
+    // dp follows the devices: the largest layout within min..max that the trusted devices hold,
+    // or when they hold none, the smallest that takes as few avoided ones as it can.
+    auto layout = placement::ElasticLayout(job.spec, static_cast<int>(trusted.size()));
+    for (int n = static_cast<int>(trusted.size()) + 1; !layout.ok() && n <= free; ++n) {
+      layout = placement::ElasticLayout(job.spec, n);
+    }
     if (!layout.ok()) {
       return Wait(std::string(job.phase == Phase::kRestarting
                                   ? "restarting after generation " +
                                         std::to_string(job.generation) + ": "
                                   : "") +
-                  WaitingForMore(kind, devices.free, devices.alive, job.spec.elastic.min_actors));
+                  WaitingForMore(kind, free, alive_total, job.spec.elastic.min_actors));
     }
     job.spec.parallel = *layout;
     job.spec.actors = layout->world();
   }
-  Placement placement;
-  int alive_total = 0;
-  for (const auto& [node_id, node] : membership_.nodes()) {
-    if (!node.alive) continue;
-    for (size_t d = 0; d < node.devices.size(); ++d) {
-      if (node.devices[d].kind != wanted) continue;
-      ++alive_total;
-      if (node.devices[d].busy_job.empty() &&
-          placement.size() < static_cast<size_t>(job.World())) {
-        placement.emplace_back(node_id, static_cast<int>(d));
-      }
-    }
-  }
-  if (placement.size() < static_cast<size_t>(job.World())) {
+  const auto world = static_cast<size_t>(job.World());
+  if (trusted.size() + avoided.size() < world) {
     return Wait("waiting for " + std::to_string(job.World()) + " free " + kind + " devices (" +
-                std::to_string(placement.size()) + " free of " + std::to_string(alive_total) +
-                " alive)");
+                std::to_string(free) + " free of " + std::to_string(alive_total) + " alive)");
   }
+  Placement placement = trusted;
+  placement.resize(std::min(world, trusted.size()));
+  for (size_t i = 0; placement.size() < world; ++i) placement.push_back(avoided[i]);
+  // Ranks fill one node's devices before the next (membership lists nodes in id order).
+  std::sort(placement.begin(), placement.end());
   return Start(std::move(placement));
 }
 
-StartChoice Scheduler::ChooseAuto(Job& job) const {
+StartChoice Scheduler::ChooseAuto(Job& job, bool avoid) const {
   const DeviceInfo::Kind wanted = DeviceKindOf(job.spec);
   const std::string kind(placement::DeviceKindName(job.spec.devices));
   int alive_total = 0;
@@ -127,7 +142,7 @@ StartChoice Scheduler::ChooseAuto(Job& job) const {
   // (the first in node order, as fixed layouts fill them).
   std::map<std::string, std::vector<int>> slots;
   std::vector<PlannableNode> free_nodes =
-      PlannableNodes(membership_, calibration_, wanted, true, &slots);
+      PlannableNodes(membership_, calibration_, wanted, true, &slots, avoid);
   int free_total = 0;
   std::string devices_key;
   for (auto node = free_nodes.begin(); node != free_nodes.end();) {
@@ -153,7 +168,7 @@ StartChoice Scheduler::ChooseAuto(Job& job) const {
   }
   // The same devices give the same verdict: a job that waits for more is not re-planned on
   // every turn of the event loop.
-  if (devices_key == job.plan.failed_on) return Wait(job.waiting_reason);
+  if (job.plan.failed_on.count(devices_key)) return Wait(job.waiting_reason);
 
   const std::string on = std::to_string(free_total) + " free " + kind + " device" +
                          (free_total == 1 ? "" : "s") + " of " + std::to_string(free_nodes.size()) +
@@ -171,7 +186,7 @@ StartChoice Scheduler::ChooseAuto(Job& job) const {
     const bool more_may_free =
         free_total < alive_total && (job.auto_max_actors == 0 || free_total < job.auto_max_actors);
     if (report.status().code() == absl::StatusCode::kResourceExhausted && more_may_free) {
-      job.plan.failed_on = devices_key;
+      job.plan.failed_on.insert(devices_key);
       spdlog::info("job {}: {}; waiting for busy devices to free", job.id, why);
       return Wait(why + "; waiting for busy devices to free");
     }
@@ -238,7 +253,7 @@ std::optional<int> Scheduler::GrowTarget(const Job& job) const {
       job.World() >= job.spec.elastic.max_actors) {
     return std::nullopt;
   }
-  const int free = CountDevices(membership_, DeviceKindOf(job.spec)).free;
+  const int free = CountDevices(membership_, DeviceKindOf(job.spec)).trusted;
   if (free == 0) return std::nullopt;
   auto larger = placement::ElasticLayout(job.spec, job.World() + free);
   if (!larger.ok() || larger->world() <= job.World()) return std::nullopt;
@@ -276,6 +291,16 @@ void Scheduler::PredictLayout(Job& job) const {
                t.optimizer,
                placement::FormatApproxByteSize(static_cast<double>(job.plan.memory_bytes)),
                job.PredictionCalibrated() ? ", with its ranks' own calibration" : "");
+}
+
+void AvoidDevice(Membership& membership, const ActorRecord& actor, const std::string& why) {
+  NodeInfo* node = membership.Find(actor.node_id);
+  if (node == nullptr) return;
+  for (DeviceInfo& device : node->devices) {
+    if (device.kind == actor.device.kind && device.index == actor.device.index) {
+      device.avoided = why;
+    }
+  }
 }
 
 void HoldDevices(Membership& membership, const std::string& job_id, const Placement& placement) {

@@ -21,10 +21,12 @@ using Placement = std::vector<std::pair<std::string, int>>;
 
 DeviceInfo::Kind DeviceKindOf(const placement::JobSpec& spec);
 
-// Devices of `kind` on the alive nodes: all of them, and those no job holds.
+// Devices of `kind` on the alive nodes: all of them, those no job holds, and of those the ones no
+// fault pointed at.
 struct DeviceCount {
   int alive = 0;
   int free = 0;
+  int trusted = 0;
 };
 DeviceCount CountDevices(const Membership& membership, DeviceInfo::Kind kind);
 
@@ -57,11 +59,15 @@ class Scheduler {
   // For a job whose start (where it resumes from) is decided. On kStart the job's spec holds the
   // layout its generation runs (an elastic dp, a planned layout) and, for `parallel: auto`, its
   // plan record says what the planner chose. Ranks fill one node's devices before the next, so
-  // neighbouring ranks (a later TP group) share a node.
+  // neighbouring ranks (a later TP group) share a node. Devices a fault pointed at
+  // (DeviceInfo::avoided) are left out while the others let the job start, even on a smaller
+  // layout; a job that cannot start without them takes as few of them as it can rather than
+  // wait.
   StartChoice Choose(Job& job) const;
 
   // After a commit: the larger world an elastic job with a fixed layout could run on the free
-  // devices, when there is one (the job then ends its generation to restart on it).
+  // devices no fault pointed at, when there is one (the job then ends its generation to restart
+  // on it).
   std::optional<int> GrowTarget(const Job& job) const;
 
   // The planner's price of the layout the job runs on the devices its actors hold — step time
@@ -71,12 +77,16 @@ class Scheduler {
 
  private:
   StartChoice ChooseFixed(Job& job) const;
-  StartChoice ChooseAuto(Job& job) const;
+  StartChoice ChooseAuto(Job& job, bool avoid) const;
 
   const Membership& membership_;
   const CalibrationBook& calibration_;
   std::string cluster_id_;
 };
+
+// Leaves the device `actor` ran on out of placements while others are free (`why`: the fault),
+// until its node registers again.
+void AvoidDevice(Membership& membership, const ActorRecord& actor, const std::string& why);
 
 // Marks the placed devices as held by `job_id`, and frees every device it holds.
 void HoldDevices(Membership& membership, const std::string& job_id, const Placement& placement);

@@ -21,6 +21,7 @@ void FillDevice(wire::Device::Builder out, const DeviceInfo& device) {
   out.setIndex(static_cast<uint32_t>(device.index));
   out.setMemoryBytes(device.memory_bytes);
   out.setName(CapText(device.name));
+  if (!device.avoided.empty()) out.setAvoided(CapText(device.avoided));
 }
 
 DeviceInfo ReadDevice(wire::Device::Reader in) {

@@ -59,6 +59,9 @@ struct Device {
   index @1 :UInt32;
   memoryBytes @2 :UInt64;
   name @3 :Text;
+  # Status only: why placements leave the device out while others are free (a generation's
+  # cause was the death or hang of its actor), until its node registers again; empty: trusted.
+  avoided @4 :Text;
 }
 
 # ---- membership (agent -> coordinator) ----

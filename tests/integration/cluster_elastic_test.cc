@@ -101,6 +101,10 @@ TEST_F(ClusterElasticTest, AKilledActorRestartsFromTheLastCommitAndEndsLikeAFaul
   ASSERT_TRUE(reference.ok()) << reference.status();
   ASSERT_EQ(End(*reference)["state"], "succeeded");
 
+  // Spare devices: once the killed rank's device is left out, the job keeps its plan. Two, so
+  // that each of its actors gets the same share of threads as the others' (the same sums).
+  ASSERT_TRUE(cluster_.StartAgent("node-c", "cpu:2").ok());
+  ASSERT_TRUE(cluster_.WaitForAliveNodes(3, 15s).ok());
   const std::string dir = Dir("elastic");
   auto [id, running] =
       StartAndWait(TrainJob("elastic", dir, parallel, "{min_actors: 2, max_actors: 4}", kSteps), 2);
@@ -126,7 +130,11 @@ TEST_F(ClusterElasticTest, AKilledActorRestartsFromTheLastCommitAndEndsLikeAFaul
   const json& second = generations[1];
   EXPECT_EQ(second["ending"], "succeeded");
   EXPECT_GE(second["resumed_step"].get<int64_t>(), 2);
+  // The same plan, without the killed rank's device (the spare one instead).
   EXPECT_EQ(second["plan"], "tp 2 x pp 1 x dp 2, zero 0 on 4 actors");
+  for (const json& actor : job["actors"]) {
+    EXPECT_FALSE(actor["node_id"] == "node-a" && actor["device"] == "cpu:1") << actor.dump();
+  }
   // Lost: what ran past the last commit, at most an interval and the save in flight.
   EXPECT_LE(first["steps_lost"].get<int64_t>(), 4);
   EXPECT_GT(first["recovery_seconds"].get<double>(), 0);
@@ -151,6 +159,9 @@ TEST_F(ClusterElasticTest, AKilledActorRestartsFromTheLastCommitAndEndsLikeAFaul
   EXPECT_THAT(status.output, HasSubstr("generation 1 "));
   EXPECT_THAT(status.output, HasSubstr("ended by rank 1 on node-a killed by SIGKILL"));
   EXPECT_THAT(status.output, HasSubstr("generation 2 "));
+  CommandResult cluster = RunShardline({"status", "--coordinator", cluster_.endpoint()});
+  EXPECT_THAT(cluster.output, HasSubstr("cpu:1 of node-a is avoided until the node registers "
+                                        "again: rank 1 on node-a killed by SIGKILL"));
   const std::string metrics = cluster_.metrics_address();
   EXPECT_EQ(ScrapeSum(metrics, "shardline_restarts_total", "cause=\"actor_exit\""), 1);
   EXPECT_EQ(ScrapeSum(metrics, "shardline_recovery_seconds_count", "cause=\"actor_exit\""), 1);
@@ -258,7 +269,8 @@ TEST_F(ClusterElasticTest, TheCrashLoopBreakerFailsTheJobWithItsCauses) {
   EXPECT_THAT(error, HasSubstr("restarts stopped: 2 faults within"));
   EXPECT_THAT(error, HasSubstr("(max_restarts 1)"));
   EXPECT_THAT(error, HasSubstr("generation 1: rank 0 on node-a killed by SIGKILL"));
-  EXPECT_THAT(error, HasSubstr("generation 2: rank 1 on node-a killed by SIGKILL"));
+  // Generation 2 left out the device of generation 1's killed rank 0 (node-a's cpu:0).
+  EXPECT_THAT(error, HasSubstr("generation 2: rank 1 on node-b killed by SIGKILL"));
 }
 
 TEST_F(ClusterElasticTest, ABadElasticSpecIsRefusedAtSubmit) {

@@ -65,6 +65,7 @@ TEST_F(GenerationSupervisorTest, TheFirstFaultAbortsAndTheKilledRankIsTheCause) 
   const auto closure = supervisor_.Close(job_, clock_.Now(), 1000);
   EXPECT_TRUE(closure.restart);
   EXPECT_EQ(closure.restart_cause, "actor_exit");
+  EXPECT_EQ(closure.blamed_rank, 1);  // placements avoid its device
   EXPECT_THAT(closure.error, StartsWith("generation 1: rank 1 on b killed by SIGKILL (signal 9) "
                                         "at step 14 (then 1 consequence: rank 0 on a failed"));
   const GenerationRecord& record = job_.generations.back();
@@ -85,7 +86,8 @@ TEST_F(GenerationSupervisorTest, ActorsThatNeverExitAreGivenUpAfterTheGrace) {
   EXPECT_EQ(supervisor_.Check(job_, clock_.Now()), Due::kNothing);
   clock_.Advance(1ms);
   EXPECT_EQ(supervisor_.Check(job_, clock_.Now()), Due::kClose);
-  supervisor_.Close(job_, clock_.Now(), 1000);
+  // An error the actor reported is not its device's fault.
+  EXPECT_EQ(supervisor_.Close(job_, clock_.Now(), 1000).blamed_rank, -1);
   EXPECT_EQ(job_.actors[1].state, ActorState::kLost);
   EXPECT_EQ(job_.actors[1].detail, "had not exited 3.0 s after the abort");
 }

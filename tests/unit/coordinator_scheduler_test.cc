@@ -94,6 +94,53 @@ TEST_F(SchedulerTest, AnElasticJobGrowsOnlyWhenFreeDevicesMakeALargerLayout) {
   EXPECT_EQ(scheduler_.GrowTarget(job), std::nullopt);
 }
 
+TEST_F(SchedulerTest, ADeviceAFaultPointedAtIsLeftOutWhileOthersAreEnough) {
+  AddNode("a", 2);
+  AddNode("b", 2);
+  ActorRecord killed;
+  killed.node_id = "a";
+  killed.device = membership_.Find("a")->devices[1];
+  AvoidDevice(membership_, killed, "rank 1 on a killed by SIGKILL (signal 9) at step 8");
+  EXPECT_EQ(membership_.Find("a")->devices[1].avoided,
+            "rank 1 on a killed by SIGKILL (signal 9) at step 8");
+  const DeviceCount count = CountDevices(membership_, DeviceInfo::Kind::kCpu);
+  EXPECT_EQ(count.free, 4);
+  EXPECT_EQ(count.trusted, 3);
+  // An elastic job takes the smaller layout on the trusted devices...
+  Job elastic = MakeJob("parallel: {tp: 1, dp: 2}\nelastic: {min_actors: 1, max_actors: 4}\n");
+  StartChoice choice = scheduler_.Choose(elastic);
+  ASSERT_EQ(choice.verdict, StartChoice::Verdict::kStart) << choice.reason;
+  EXPECT_EQ(elastic.World(), 2);  // 3 trusted: dp 3 does not divide the batch of 8
+  EXPECT_THAT(choice.placement, ElementsAre(Pair("a", 0), Pair("b", 0)));
+  // ... and does not grow onto the avoided one.
+  HoldDevices(membership_, elastic.id, choice.placement);
+  elastic.state = JobState::kRunning;
+  elastic.phase = Phase::kRunning;
+  EXPECT_EQ(scheduler_.GrowTarget(elastic), std::nullopt);
+  FreeDevices(membership_, elastic.id);
+  // A job that cannot start without it takes it rather than wait.
+  Job fixed = MakeJob("parallel: {tp: 2, dp: 2}\n");
+  choice = scheduler_.Choose(fixed);
+  ASSERT_EQ(choice.verdict, StartChoice::Verdict::kStart) << choice.reason;
+  EXPECT_THAT(choice.placement, ElementsAre(Pair("a", 0), Pair("a", 1), Pair("b", 0), Pair("b", 1)));
+  // An elastic job that the trusted devices cannot hold takes as few avoided ones as it can.
+  killed.node_id = "b";
+  killed.device = membership_.Find("b")->devices[0];
+  AvoidDevice(membership_, killed, "hung");
+  killed.device = membership_.Find("b")->devices[1];
+  AvoidDevice(membership_, killed, "hung");
+  Job tight = MakeJob("parallel: {tp: 2, dp: 1}\nelastic: {min_actors: 2, max_actors: 4}\n");
+  choice = scheduler_.Choose(tight);
+  ASSERT_EQ(choice.verdict, StartChoice::Verdict::kStart) << choice.reason;
+  EXPECT_EQ(tight.World(), 2);
+  EXPECT_THAT(choice.placement, ElementsAre(Pair("a", 0), Pair("a", 1)));
+  // A node registering again trusts its devices again.
+  AddNode("b", 2);
+  EXPECT_EQ(CountDevices(membership_, DeviceInfo::Kind::kCpu).trusted, 3);
+  AddNode("a", 2);
+  EXPECT_EQ(CountDevices(membership_, DeviceInfo::Kind::kCpu).trusted, 4);
+}
+
 TEST_F(SchedulerTest, HeldDevicesAreFreedByJob) {
   AddNode("a", 2);
   HoldDevices(membership_, "j-1", {{"a", 1}});
