@@ -74,12 +74,12 @@ void ForgetAutoPlan(Job& job) {
 
 StartChoice Scheduler::Choose(Job& job) const {
   if (job.spec.kind == placement::JobKind::kTrain && job.spec.parallel_auto) {
-    StartChoice choice = ChooseAuto(job, true);
+    StartChoice choice = ChooseAuto(job, true, true);
     const DeviceCount devices = CountDevices(membership_, DeviceKindOf(job.spec));
     if (choice.verdict == StartChoice::Verdict::kStart || devices.trusted == devices.free) {
       return choice;
     }
-    return ChooseAuto(job, false);
+    return ChooseAuto(job, false, true);
   }
   return ChooseFixed(job);
 }
@@ -131,7 +131,7 @@ StartChoice Scheduler::ChooseFixed(Job& job) const {
   return Start(std::move(placement));
 }
 
-StartChoice Scheduler::ChooseAuto(Job& job, bool avoid) const {
+StartChoice Scheduler::ChooseAuto(Job& job, bool avoid, bool announce) const {
   const DeviceInfo::Kind wanted = DeviceKindOf(job.spec);
   const std::string kind(placement::DeviceKindName(job.spec.devices));
   int alive_total = 0;
@@ -187,7 +187,7 @@ StartChoice Scheduler::ChooseAuto(Job& job, bool avoid) const {
         free_total < alive_total && (job.auto_max_actors == 0 || free_total < job.auto_max_actors);
     if (report.status().code() == absl::StatusCode::kResourceExhausted && more_may_free) {
       job.plan.failed_on.insert(devices_key);
-      spdlog::info("job {}: {}; waiting for busy devices to free", job.id, why);
+      if (announce) spdlog::info("job {}: {}; waiting for busy devices to free", job.id, why);
       return Wait(why + "; waiting for busy devices to free");
     }
     return Fail(why);
@@ -240,6 +240,7 @@ StartChoice Scheduler::ChooseAuto(Job& job, bool avoid) const {
   job.plan.memory_bytes = best.memory.total();
   job.plan.summary = summary.str();
   job.plan.failed_on.clear();
+  if (!announce) return Start(std::move(placement));
   spdlog::info("job {}: planned {} ({}): predicted {:.4f} s per step, {} per device\n{}", job.id,
                PlanSummary(job.spec), job.plan.summary, best.time.total,
                placement::FormatApproxByteSize(static_cast<double>(best.memory.total())),
@@ -248,13 +249,28 @@ StartChoice Scheduler::ChooseAuto(Job& job, bool avoid) const {
 }
 
 std::optional<int> Scheduler::GrowTarget(const Job& job) const {
-  if (!job.Elastic() || job.spec.parallel_auto || job.phase != Phase::kRunning ||
+  const int max_actors = job.spec.elastic.max_actors;  // 0 (`parallel: auto` only): any
+  if (!job.Elastic() || job.phase != Phase::kRunning ||
       job.train.last_committed_step >= job.spec.train.steps ||
-      job.World() >= job.spec.elastic.max_actors) {
+      (max_actors > 0 && job.World() >= max_actors)) {
     return std::nullopt;
   }
   const int free = CountDevices(membership_, DeviceKindOf(job.spec)).trusted;
   if (free == 0) return std::nullopt;
+  if (job.spec.parallel_auto) {
+    // What the planner would choose at a restart now, on the devices the job holds and the free
+    // ones: a plan over more devices is one the planner prices faster.
+    Membership widened = membership_;
+    FreeDevices(widened, job.id);
+    const Scheduler planner(widened, calibration_, cluster_id_);
+    Job restarted = job;
+    ForgetAutoPlan(restarted);
+    const StartChoice choice = planner.ChooseAuto(restarted, true, false);
+    if (choice.verdict != StartChoice::Verdict::kStart || restarted.World() <= job.World()) {
+      return std::nullopt;
+    }
+    return restarted.World();
+  }
   auto larger = placement::ElasticLayout(job.spec, job.World() + free);
   if (!larger.ok() || larger->world() <= job.World()) return std::nullopt;
   return larger->world();

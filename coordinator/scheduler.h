@@ -65,9 +65,10 @@ class Scheduler {
   // wait.
   StartChoice Choose(Job& job) const;
 
-  // After a commit: the larger world an elastic job with a fixed layout could run on the free
-  // devices no fault pointed at, when there is one (the job then ends its generation to restart
-  // on it).
+  // After a commit: the larger world an elastic job could run on the free devices no fault
+  // pointed at, when there is one (the job then ends its generation to restart on it): the
+  // largest dp a fixed layout allows, or the plan the planner would choose for `parallel: auto`
+  // on those devices and the job's own.
   std::optional<int> GrowTarget(const Job& job) const;
 
   // The planner's price of the layout the job runs on the devices its actors hold — step time
@@ -77,7 +78,8 @@ class Scheduler {
 
  private:
   StartChoice ChooseFixed(Job& job) const;
-  StartChoice ChooseAuto(Job& job, bool avoid) const;
+  // `announce`: log the plan (not when only pricing a grow).
+  StartChoice ChooseAuto(Job& job, bool avoid, bool announce) const;
 
   const Membership& membership_;
   const CalibrationBook& calibration_;

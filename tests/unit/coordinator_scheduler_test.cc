@@ -164,6 +164,31 @@ TEST_F(SchedulerTest, AnAutoJobIsPlannedOnTheFreeDevicesAndForgetsItsPlanToResta
   EXPECT_EQ(job.spec.parallel.tp, placement::ParallelSpec().tp);
 }
 
+TEST_F(SchedulerTest, AnElasticAutoJobGrowsToThePlanItWouldGetOnMoreDevices) {
+  AddNode("a", 1);
+  Job job = MakeJob("parallel: auto\nelastic: {min_actors: 1}\n");
+  StartChoice choice = scheduler_.Choose(job);
+  ASSERT_EQ(choice.verdict, StartChoice::Verdict::kStart) << choice.reason;
+  ASSERT_EQ(job.World(), 1);
+  HoldDevices(membership_, job.id, choice.placement);
+  job.state = JobState::kRunning;
+  job.phase = Phase::kRunning;
+  job.train.last_committed_step = 10;
+  EXPECT_EQ(scheduler_.GrowTarget(job), std::nullopt);  // nothing free
+  AddNode("b", 4);
+  const std::optional<int> grown = scheduler_.GrowTarget(job);
+  // What a restart would plan on the job's device and the free ones; pricing it changed nothing.
+  Job restarted = job;
+  ForgetAutoPlan(restarted);
+  FreeDevices(membership_, job.id);
+  const StartChoice replanned = scheduler_.Choose(restarted);
+  ASSERT_EQ(replanned.verdict, StartChoice::Verdict::kStart) << replanned.reason;
+  ASSERT_GT(restarted.World(), 1) << "the planner prices a larger plan faster for this model";
+  EXPECT_EQ(grown, restarted.World());
+  EXPECT_EQ(job.World(), 1);
+  EXPECT_TRUE(job.plan.planned);
+}
+
 TEST_F(SchedulerTest, AnAutoJobWaitsWhenNothingIsFree) {
   AddNode("a", 1);
   membership_.Find("a")->devices[0].busy_job = "other-1";
