@@ -1,19 +1,22 @@
-// 100 seeded faults into one elastic train job on a local cluster (2 agents of 2 CPU devices,
+// 100 seeded faults into one elastic train job on a local cluster (2 agents of 3 CPU devices,
 // tp 2 × dp 1..2): kill -9 and SIGSTOP of actors, kill -9 of an agent (restarted), kill -9 and
-// restart of the coordinator (tests/support/chaos.h). Prints, per fault class, p50/p99 of the
-// detection latency (fault → abort), the abort (→ every actor gone), fault → first new step, and
-// the steps lost; then a `result` line. The short version with the end-state checks is ctest's
-// ClusterChaosTest.
+// restart of the coordinator (tests/support/chaos.h); with --namespaces each agent runs in a
+// network namespace of its own (root) and cuts of host 2's link, then restored, join them.
+// Prints, per fault class, p50/p99 of the detection latency (fault → abort), the abort (→ every
+// actor gone), fault → first new step, and the steps lost; then a `result` line. The short
+// version with the end-state checks is ctest's ClusterChaosTest.
 //
-//   build-dev/bench/chaos_bench [--faults N] [--seed S]
+//   build-dev/bench/chaos_bench [--faults N] [--seed S] [--namespaces]
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "tests/integration/local_cluster.h"
 #include "tests/support/chaos.h"
+#include "tests/support/net_namespaces.h"
 
 using namespace shardline::testing;
 using namespace std::chrono_literals;
@@ -22,20 +25,44 @@ int main(int argc, char** argv) {
   ChaosOptions options;
   options.faults = 100;
   options.seed = 1;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  bool namespaces = false;
+  for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
-    if (flag == "--faults") options.faults = std::atoi(argv[i + 1]);
-    else if (flag == "--seed") options.seed = std::strtoull(argv[i + 1], nullptr, 10);
+    if (flag == "--faults" && i + 1 < argc) options.faults = std::atoi(argv[++i]);
+    else if (flag == "--seed" && i + 1 < argc) options.seed = std::strtoull(argv[++i], nullptr, 10);
+    else if (flag == "--namespaces") namespaces = true;
     else {
-      std::fprintf(stderr, "usage: chaos_bench [--faults N] [--seed S]\n");
+      std::fprintf(stderr, "usage: chaos_bench [--faults N] [--seed S] [--namespaces]\n");
       return 2;
     }
   }
-  options.agents = {{"node-b", "cpu:2"}};
-  LocalCluster cluster;
-  if (!cluster.StartCoordinator().ok() || !cluster.StartAgent("node-a", "cpu:2").ok() ||
-      !cluster.StartAgent("node-b", "cpu:2").ok() || !cluster.WaitForAliveNodes(2, 20s).ok()) {
-    std::fprintf(stderr, "could not start the local cluster\n");
+  options.agents = {{"node-b", "cpu:3"}};
+  std::optional<NetNamespaces> hosts;
+  LocalCluster::Options cluster_options;
+  if (namespaces) {
+    auto made = NetNamespaces::Create(2);
+    if (!made.ok()) {
+      std::fprintf(stderr, "cannot make network namespaces: %s\n",
+                   std::string(made.status().message()).c_str());
+      return 1;
+    }
+    hosts.emplace(std::move(*made));
+    cluster_options.coordinator_host = hosts->address(0);
+    options.kinds.push_back(ChaosFault::kCutLink);
+    options.agent_netns = {{"node-b", hosts->netns(2)}};
+    options.set_link = [&](const std::string& node, bool up) {
+      return node == "node-b" ? hosts->SetLink(2, up)
+                              : absl::InvalidArgumentError("no link of node " + node);
+    };
+  }
+  LocalCluster cluster(cluster_options);
+  const auto start_agent = [&](const std::string& node, int host) {
+    return hosts ? cluster.StartAgentIn(hosts->netns(host), node, "cpu:3").status()
+                 : cluster.StartAgent(node, "cpu:3").status();
+  };
+  if (!cluster.StartCoordinator().ok() || !start_agent("node-a", 1).ok() ||
+      !start_agent("node-b", 2).ok() || !cluster.WaitForAliveNodes(2, 20s).ok()) {
+    std::fprintf(stderr, "could not start the cluster\n");
     return 1;
   }
   auto id = cluster.Submit(
@@ -60,10 +87,7 @@ int main(int argc, char** argv) {
   int misnamed = 0;
   for (const ChaosRecord& record : *records) {
     by_class[ChaosFaultName(record.fault)].push_back(record);
-    const std::string expected = record.fault == ChaosFault::kKillActor   ? "actor_exit"
-                                 : record.fault == ChaosFault::kStopActor ? "hung"
-                                 : record.fault == ChaosFault::kKillAgent ? "node_lost"
-                                                                          : "coordinator_restart";
+    const std::string expected = ExpectedCause(record.fault);
     if (record.cause_kind != expected) {
       ++misnamed;
       std::printf("misnamed: %s named %s: %s\n", ChaosFaultName(record.fault).c_str(),

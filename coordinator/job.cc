@@ -1,7 +1,6 @@
 #include "coordinator/job.h"
 
 #include <filesystem>
-#include <sstream>
 
 namespace shardline::coordinator {
 
@@ -45,13 +44,6 @@ std::string_view ActorStateName(ActorState state) {
 bool IsFinal(JobState state) {
   return state == JobState::kSucceeded || state == JobState::kFailed ||
          state == JobState::kCancelled;
-}
-
-std::string FormatSeconds(double seconds) {
-  std::ostringstream out;
-  out.precision(1);
-  out << std::fixed << seconds << " s";
-  return out.str();
 }
 
 std::string ResolveUnder(const std::string& base, const std::string& path) {

@@ -33,8 +33,6 @@ std::string_view JobStateName(JobState state);
 std::string_view PhaseName(Phase phase);
 std::string_view ActorStateName(ActorState state);
 bool IsFinal(JobState state);
-// Seconds for people: "1.5 s".
-std::string FormatSeconds(double seconds);
 // A path from a spec resolved as ParseJobSpec resolves it (relative to `base`), lexically normal;
 // "DIR/step-00000010/" is "DIR/step-00000010". Empty stays empty.
 std::string ResolveUnder(const std::string& base, const std::string& path);

@@ -9,11 +9,13 @@ namespace shardline::coordinator {
 namespace {
 
 // How likely a fault is the cause rather than an echo of another: a process or node that died or
-// stopped, or a bootstrap that timed out (0), before an actor's own error (1), which a dying peer
-// can also provoke (an error Gloo raises outside its I/O path), before a communicator error (2),
-// before what the abort itself did (3).
-int Tier(FaultKind kind) {
-  switch (kind) {
+// stopped, or a bootstrap that timed out (0), before a generation silent as a whole with no rank
+// stopped (1: a cut link stalls every rank, and its node is declared lost a moment later), and an
+// actor's own error (1), which a dying peer can also provoke (an error Gloo raises outside its
+// I/O path), before a communicator error (2), before what the abort itself did (3).
+int Tier(const Fault& fault) {
+  switch (fault.kind) {
+    case FaultKind::kHung: return fault.rank < 0 ? 1 : 0;
     case FaultKind::kActorError: return 1;
     case FaultKind::kCommError: return 2;
     case FaultKind::kAborted: return 3;
@@ -21,13 +23,13 @@ int Tier(FaultKind kind) {
   }
 }
 
+}  // namespace
+
 std::string FormatSeconds(double seconds) {
   char buf[32];
   snprintf(buf, sizeof(buf), "%.1f s", seconds);
   return buf;
 }
-
-}  // namespace
 
 std::string_view FaultKindName(FaultKind kind) {
   switch (kind) {
@@ -92,7 +94,7 @@ std::string DescribeFault(const Fault& fault) {
 const Fault& FaultLog::RootCause() const {
   const Fault* cause = &faults_.front();
   for (const Fault& fault : faults_) {
-    if (Tier(fault.kind) < Tier(cause->kind)) cause = &fault;  // the earliest of the best tier
+    if (Tier(fault) < Tier(*cause)) cause = &fault;  // the earliest of the best tier
   }
   return *cause;
 }

@@ -43,6 +43,9 @@ struct Fault {
   double unseen_seconds = -1;
 };
 
+// Seconds for people: "1.5 s".
+std::string FormatSeconds(double seconds);
+
 // One line naming the fault: "rank 1 on node-b killed by signal 9 (Killed) at step 140".
 std::string DescribeFault(const Fault& fault);
 
@@ -53,11 +56,12 @@ class FaultLog {
   bool empty() const { return faults_.empty(); }
   void clear() { faults_.clear(); }
   const std::vector<Fault>& faults() const { return faults_; }
-  // The cause: the first fault of the likeliest kind — an exit, a lost node, a hang or a
-  // bootstrap timeout, then an actor's own error, then a communicator error, then what the abort
-  // did (a killed rank's peers see its broken socket before its agent reports the exit, and a
-  // lost node is declared only after its heartbeat timeout, so arrival order alone blames the
-  // wrong rank). Expects a non-empty log.
+  // The cause: the first fault of the likeliest kind — an exit, a lost node, a stopped rank's
+  // hang or a bootstrap timeout, then a hang of the whole generation or an actor's own error,
+  // then a communicator error, then what the abort did (a killed rank's peers see its broken
+  // socket before its agent reports the exit, a cut link stalls every rank before its node is
+  // declared lost at the heartbeat timeout: arrival order alone blames the wrong one). Expects a
+  // non-empty log.
   const Fault& RootCause() const;
   // Every fault but the cause, in arrival order.
   std::vector<Fault> Consequences() const;

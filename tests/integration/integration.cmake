@@ -86,6 +86,7 @@ add_dependencies(cluster_multihost_test shardline)
 # fault-free run (bench/chaos_bench.cc runs 100).
 shardline_test(cluster_chaos_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/cluster_chaos_test.cc ${CMAKE_SOURCE_DIR}/tests/support/chaos.cc
+    ${CMAKE_SOURCE_DIR}/tests/support/net_namespaces.cc
   LIBS shardline_test_cluster shardline_monitoring_testing shardline_training
   LABELS integration TIMEOUT 900)
 add_dependencies(cluster_chaos_test shardline)

@@ -42,6 +42,18 @@ std::string ChaosFaultName(ChaosFault fault) {
     case ChaosFault::kStopActor: return "SIGSTOP actor";
     case ChaosFault::kKillAgent: return "kill -9 agent";
     case ChaosFault::kRestartCoordinator: return "kill -9 coordinator";
+    case ChaosFault::kCutLink: return "link cut";
+  }
+  return "unknown";
+}
+
+std::string ExpectedCause(ChaosFault fault) {
+  switch (fault) {
+    case ChaosFault::kKillActor: return "actor_exit";
+    case ChaosFault::kStopActor: return "hung";
+    case ChaosFault::kKillAgent: return "node_lost";
+    case ChaosFault::kRestartCoordinator: return "coordinator_restart";
+    case ChaosFault::kCutLink: return "node_lost";
   }
   return "unknown";
 }
@@ -110,8 +122,28 @@ absl::StatusOr<std::vector<ChaosRecord>> RunChaos(LocalCluster& cluster, const s
             job_id, [&](const json& j) { return j["generation"].get<int>() > generation; },
             options.recovery_timeout);
         if (!dead.ok()) return fail(ChaosFaultName(record.fault), dead.status());
-        auto restarted = cluster.StartAgent(node, devices->second);
+        auto netns = options.agent_netns.find(node);
+        auto restarted = netns == options.agent_netns.end()
+                             ? cluster.StartAgent(node, devices->second)
+                             : cluster.StartAgentIn(netns->second, node, devices->second);
         if (!restarted.ok()) return fail("restarting the agent", restarted.status());
+        break;
+      }
+      case ChaosFault::kCutLink: {
+        if (!options.set_link || node.empty()) {
+          return fail(ChaosFaultName(record.fault),
+                      absl::InvalidArgumentError("no host link to cut (set_link, agents)"));
+        }
+        if (auto cut = options.set_link(node, false); !cut.ok()) {
+          return fail("cutting the link of " + node, cut);
+        }
+        // Restored once the supervisor has lost the node, as a repaired cable or switch would.
+        auto lost = cluster.WaitForJob(
+            job_id, [&](const json& j) { return j["generation"].get<int>() > generation; },
+            options.recovery_timeout);
+        const absl::Status restored = options.set_link(node, true);
+        if (!lost.ok()) return fail(ChaosFaultName(record.fault), lost.status());
+        if (!restored.ok()) return fail("restoring the link of " + node, restored);
         break;
       }
       case ChaosFault::kRestartCoordinator: {

@@ -1,6 +1,7 @@
 // A seeded chaos driver for one elastic train job on a LocalCluster: it injects faults at random
 // moments (kill -9 of an actor, SIGSTOP of an actor, kill -9 of an agent and its restart, kill -9
-// and restart of the coordinator), waits for the supervisor to bring the job back each time, and
+// and restart of the coordinator, and with agents in network namespaces a cut of a host's link
+// and its restore), waits for the supervisor to bring the job back each time, and
 // records per fault what the job's generation records say: detection, abort, fault → first new
 // step, steps lost. Used by tests/integration/cluster_chaos_test.cc (about 10 faults) and
 // bench/chaos_bench.cc (100).
@@ -10,6 +11,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -19,8 +21,10 @@
 
 namespace shardline::testing {
 
-enum class ChaosFault { kKillActor, kStopActor, kKillAgent, kRestartCoordinator };
+enum class ChaosFault { kKillActor, kStopActor, kKillAgent, kRestartCoordinator, kCutLink };
 std::string ChaosFaultName(ChaosFault fault);
+// The cause kind the supervisor must name for the fault ("actor_exit", "hung", ...).
+std::string ExpectedCause(ChaosFault fault);
 
 struct ChaosOptions {
   uint64_t seed = 1;
@@ -31,8 +35,13 @@ struct ChaosOptions {
   std::chrono::milliseconds min_gap{100};
   std::chrono::milliseconds max_gap{800};
   std::chrono::seconds recovery_timeout{60};
-  // Agents the driver may kill and restart: node id → devices ("cpu:2").
+  // Agents the driver may kill and restart, or cut off: node id → devices ("cpu:2").
   std::map<std::string, std::string> agents;
+  // The network namespace each of those agents runs in (absent: the root namespace's).
+  std::map<std::string, std::string> agent_netns;
+  // kCutLink: takes a node's link down (up = false) or up again. The driver cuts one of
+  // `agents`, waits until the supervisor has lost it, and restores it (the node registers again).
+  std::function<absl::Status(const std::string& node, bool up)> set_link;
 };
 
 struct ChaosRecord {

@@ -42,6 +42,23 @@ TEST(FaultLogTest, AKilledRankIsTheCauseEvenWhenItsPeersReportFirst) {
   EXPECT_EQ(rest[1].rank, 2);
 }
 
+TEST(FaultLogTest, ALostNodeExplainsAGenerationThatHungAsAWhole) {
+  ManualClock clock;
+  FaultLog log;
+  // A cut link: every rank stalls in a collective, the watchdog fires, and the node's heartbeat
+  // timeout passes a moment later.
+  log.Add(MakeFault(FaultKind::kHung, -1, clock.Now(), 22, "(every rank) made no progress"));
+  clock.Advance(70ms);
+  log.Add(MakeFault(FaultKind::kNodeLost, -1, clock.Now(), 22, "lost rank 3"));
+  EXPECT_EQ(log.RootCause().kind, FaultKind::kNodeLost);
+  // A stopped rank's hang is a cause of its own, earlier than the node lost after it.
+  FaultLog stopped;
+  stopped.Add(MakeFault(FaultKind::kHung, 2, clock.Now(), 22, "is stopped"));
+  clock.Advance(70ms);
+  stopped.Add(MakeFault(FaultKind::kNodeLost, -1, clock.Now(), 22, "lost rank 3"));
+  EXPECT_EQ(stopped.RootCause().kind, FaultKind::kHung);
+}
+
 TEST(FaultLogTest, OnlyCommunicatorErrorsMakeTheFirstOneTheCause) {
   ManualClock clock;
   FaultLog log;
