@@ -349,8 +349,9 @@ void Agent::KillActors(const std::string& job_id, uint32_t generation) {
     // Not SIGTERM with Communicator::Abort first and SIGKILL after a grace: Abort cannot wake a
     // wait inside Gloo's own collectives (on scratch buffers Gloo allocates), and a broken Gloo
     // context can block its destructor. Tried with a 500 ms grace: after kill -9 of one rank of
-    // four, the three survivors aborted their communicators and none had exited when the grace
-    // ran out (the abort took 0.53 s, against 0.02 s this way).
+    // four, the three survivors aborted their communicators; the one whose collective had failed
+    // already exited, the other two were still blocked when the grace ran out (the abort took
+    // 0.53 s, against 0.02 s this way).
     //
     // One that is dying already died of something else (often the very fault that set off the
     // abort: a killed rank's sockets close before it is a zombie, so its peers report first).
