@@ -518,8 +518,7 @@ void Coordinator::TryStartPendingJobs() {
   }
 }
 
-void Coordinator::StartGeneration(Job& job,
-                                  const Placement& placement) {
+void Coordinator::StartGeneration(Job& job, const Placement& placement) {
   // The communicator groups first: nothing is spawned for a layout that cannot be cut.
   std::vector<GroupRecord> groups;
   if (job.spec.kind == placement::JobKind::kTrain) {
