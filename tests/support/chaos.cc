@@ -64,18 +64,27 @@ absl::StatusOr<std::vector<ChaosRecord>> RunChaos(LocalCluster& cluster, const s
   std::vector<ChaosRecord> records;
   std::set<pid_t> stopped;
   int full_world = 0;
+  // Faults that landed in a grow and were injected again; past this many the next counts as is.
+  constexpr int kMaxGrowsHit = 10;
+  int grows_hit = 0;
   const auto fail = [&](const std::string& what, const absl::Status& status) {
     for (pid_t pid : stopped) ::kill(pid, SIGCONT);
     return absl::Status(status.code(), "chaos fault " + std::to_string(records.size() + 1) + " (" +
                                            what + "): " + std::string(status.message()));
   };
   for (int i = 0; i < options.faults; ++i) {
-    // Back to full size (a lost agent's node has rejoined and the job grown onto it) and training.
+    // Training, and back to full size (a lost agent's node has rejoined and the job grown onto
+    // it) or past a commit of this generation without growing (the devices a fault pointed at
+    // are left out, so full size may not come back; a grow happens at a commit).
     auto job = cluster.WaitForJob(
         job_id,
         [&](const json& j) {
           const bool waiting = j["state"] == "running" || j["state"] == "pending";
-          return !waiting || (Trains(j) && j["world_size"].get<int>() >= full_world);
+          if (!waiting) return true;
+          if (!Trains(j)) return false;
+          return j["world_size"].get<int>() >= full_world ||
+                 j["train"]["last_committed_step"].get<int64_t>() >
+                     j["train"]["generations"].back()["resumed_step"].get<int64_t>();
         },
         options.recovery_timeout);
     if (!job.ok()) return fail("waiting for the job to train", job.status());
@@ -94,12 +103,22 @@ absl::StatusOr<std::vector<ChaosRecord>> RunChaos(LocalCluster& cluster, const s
     const json& actors = (*job)["actors"];
     const json& actor = actors[rng() % actors.size()];
     const pid_t actor_pid = actor["pid"].get<pid_t>();
-    // An agent to kill: one of those the driver may restart.
+    // An agent to kill or cut off: one of those the driver may restart that holds an actor of
+    // the job (one without any would end no generation). None: the fault is an actor's kill.
+    std::vector<std::string> hosting;
+    for (const auto& [node_id, devices] : options.agents) {
+      for (const json& a : actors) {
+        if (a["node_id"] == node_id) {
+          hosting.push_back(node_id);
+          break;
+        }
+      }
+    }
     std::string node;
-    if (!options.agents.empty()) {
-      auto it = options.agents.begin();
-      std::advance(it, static_cast<long>(rng() % options.agents.size()));
-      node = it->first;
+    if (!hosting.empty()) node = hosting[rng() % hosting.size()];
+    if (node.empty() &&
+        (record.fault == ChaosFault::kKillAgent || record.fault == ChaosFault::kCutLink)) {
+      record.fault = ChaosFault::kKillActor;
     }
     const int64_t injected_ms = UnixMillis();
     switch (record.fault) {
@@ -169,6 +188,12 @@ absl::StatusOr<std::vector<ChaosRecord>> RunChaos(LocalCluster& cluster, const s
                                                 (*back)["error"].get<std::string>()));
     }
     const json& ended = *GenerationRecord(*back, generation);
+    if (ended["ending"] == "grow" && ++grows_hit <= kMaxGrowsHit) {
+      // The fault landed as the job grew onto a returned node (a commit ended the generation
+      // first): it named nothing. Inject another in its place.
+      --i;
+      continue;
+    }
     record.cause_kind = ended["cause_kind"];
     record.cause = ended["cause"];
     record.abort_seconds = ended["abort_seconds"];
