@@ -12,7 +12,7 @@ namespace shardline::coordinator {
 
 absl::StatusOr<ShardVerdict> AddShard(Job& job, ShardReport report) {
   TrainRecord& train = job.train;
-  const std::string where = "job " + job.id + ", rank " + std::to_string(report.rank) +
+  const std::string where = "job " + job.id + ", rank " + std::to_string(report.shard.rank) +
                             ", step " + std::to_string(report.step);
   if (job.spec.kind != placement::JobKind::kTrain) {
     return absl::FailedPreconditionError(where + ": a " +
@@ -50,7 +50,6 @@ absl::StatusOr<ShardVerdict> AddShard(Job& job, ShardReport report) {
                         checkpoint::ChecksumHex(train.data.xxh3) + ")";
     return verdict;
   }
-  report.shard.rank = report.rank;
   checkpoint::StepAssembly& assembly = train.saving[step];
   if (auto status = assembly.Add(std::move(report.shard)); !status.ok()) {
     if (assembly.size() == 0) train.saving.erase(step);

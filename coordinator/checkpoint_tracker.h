@@ -17,10 +17,9 @@ namespace shardline::coordinator {
 
 // One rank's ShardSaved, decoded.
 struct ShardReport {
-  int rank = 0;
   uint64_t step = 0;
   std::string dir;  // where the rank says it saved, resolved against the job's work dir
-  checkpoint::SavedShard shard;
+  checkpoint::SavedShard shard;   // shard.rank: the rank that saved it
   checkpoint::DataIdentity data;  // the token stream it trains on (tokens, checksum)
 };
 

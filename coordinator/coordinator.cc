@@ -899,7 +899,6 @@ absl::Status Coordinator::OnShardSaved(const std::string& peer, uint64_t request
     shard.pieces.push_back(std::move(piece));
   }
   ShardReport saved;
-  saved.rank = actor->rank;
   saved.step = report.getStep();
   saved.dir = ResolveUnder(job.work_dir, Str(report.getDir()));
   saved.shard = std::move(shard);
@@ -1138,15 +1137,14 @@ Fault Coordinator::MakeFault(const Job& job, FaultKind kind, int rank, const std
 }
 
 void Coordinator::OnFault(Job& job, Fault fault) {
-  const std::string what = DescribeFault(fault);
-  const bool aborting = job.phase == Phase::kAborting;
-  const std::optional<std::string> abort = supervisor_.OnFault(job, std::move(fault), clock_->Now());
-  if (abort) {
+  const bool aborting = job.state == JobState::kRunning && job.phase == Phase::kAborting;
+  if (auto abort = supervisor_.OnFault(job, std::move(fault), clock_->Now())) {
     spdlog::warn("job {} generation {}: {}; aborting the generation", job.id, job.generation,
                  *abort);
     SendAbort(job, *abort);
-  } else if (aborting) {
-    spdlog::info("job {} generation {}: also {}", job.id, job.generation, what);
+  } else if (aborting) {  // kept with the generation's faults
+    spdlog::info("job {} generation {}: also {}", job.id, job.generation,
+                 DescribeFault(job.faults.faults().back()));
   }
 }
 

@@ -15,8 +15,6 @@
 namespace shardline::coordinator {
 namespace {
 
-std::string Text(absl::string_view s) { return std::string(s); }
-
 // Why an elastic job below its min_actors waits: "waiting for 2 more cpu devices: 2 free of 2
 // alive, min 4".
 std::string WaitingForMore(const std::string& kind, int free, int alive, int min_actors) {
@@ -175,11 +173,11 @@ StartChoice Scheduler::ChooseAuto(Job& job, bool avoid, bool announce) const {
                          " node" + (free_nodes.size() == 1 ? "" : "s");
   auto cluster = BuildClusterSpec(cluster_id_, free_nodes);
   if (!cluster.ok()) {
-    return Fail("cannot plan on the " + on + ": " + Text(cluster.status().message()));
+    return Fail("cannot plan on the " + on + ": " + ToString(cluster.status().message()));
   }
   auto report = placement::Plan(placement::PlanRequestForJob(job.spec, *cluster));
   if (!report.ok()) {
-    const std::string why = "no plan fits the " + on + ": " + Text(report.status().message());
+    const std::string why = "no plan fits the " + on + ": " + ToString(report.status().message());
     // Out of memory on what is free now, while other devices are busy: once they free, a plan
     // over more devices may fit, so the job waits for them (first come, first served, like a
     // fixed layout waiting for its devices). On every device it could ever get, it fails.
@@ -194,7 +192,7 @@ StartChoice Scheduler::ChooseAuto(Job& job, bool avoid, bool announce) const {
   }
   const placement::PlannedLayout& best = report->best;
   if (auto status = placement::ApplyPlannedLayout(job.spec, best.parallel); !status.ok()) {
-    return Fail("the planner's layout cannot run: " + Text(status.message()));
+    return Fail("the planner's layout cannot run: " + ToString(status.message()));
   }
   job.plan.planned = true;  // from here on the job's world is the plan's
   // Ranks go where the plan put them: its device d of a node is that node's d-th free device.
@@ -293,7 +291,7 @@ void Scheduler::PredictLayout(Job& job) const {
                    : absl::StatusOr<placement::PlanReport>(cluster.status());
   if (!report.ok()) {
     spdlog::warn("job {}: no prediction for {}: {}", job.id, PlanSummary(job.spec),
-                 Text(report.status().message()));
+                 ToString(report.status().message()));
     job.plan.step_seconds = 0;
     job.plan.memory_bytes = 0;
     return;

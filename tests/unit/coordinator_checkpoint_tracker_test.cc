@@ -41,7 +41,7 @@ class CheckpointTrackerTest : public ::testing::Test {
     const std::string file = "rank-" + std::to_string(rank) + ".safetensors";
     std::ofstream(dir + "/" + file) << std::string(8, 'x');
     ShardReport report;
-    report.rank = rank;
+    report.shard.rank = rank;
     report.step = static_cast<uint64_t>(step);
     report.dir = dir;
     report.shard.file = file;

@@ -39,16 +39,7 @@ TEST(JobHistoryTest, ARecordRoundTripsWithItsGenerations) {
   Job job = MakeJob(kElastic);
   job.state = JobState::kSucceeded;
   job.generation = 2;
-  GenerationRecord first;
-  first.generation = 1;
-  first.ending = Ending::kFault;
-  Fault cause;
-  cause.kind = FaultKind::kHung;
-  cause.rank = 1;
-  cause.node = "b";
-  cause.step = 12;
-  cause.detail = "is stopped";
-  first.cause = cause;
+  GenerationRecord first = testing::FaultEnded(1, FaultKind::kHung, 1, "b", 12, "is stopped");
   first.consequences = {"rank 0 was stopped by the abort"};
   first.steps_lost = 2;
   first.recovery_seconds = 0.5;

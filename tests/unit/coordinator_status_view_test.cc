@@ -29,16 +29,8 @@ class StatusViewTest : public ::testing::Test {
     train.phase = Phase::kRunning;
     train.train.step = 12;
     train.train.last_committed_step = 10;
-    GenerationRecord first;
-    first.generation = 1;
-    first.ending = Ending::kFault;
-    Fault cause;
-    cause.kind = FaultKind::kActorExit;
-    cause.rank = 1;
-    cause.node = "a";
-    cause.step = 8;
-    cause.detail = "killed by SIGKILL (signal 9)";
-    first.cause = cause;
+    GenerationRecord first = testing::FaultEnded(1, FaultKind::kActorExit, 1, "a", 8,
+                                                 "killed by SIGKILL (signal 9)");
     first.consequences = {"rank 0 on a was stopped by the abort"};
     first.steps_lost = 3;
     train.generations.insert(train.generations.begin(), first);

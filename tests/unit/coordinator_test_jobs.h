@@ -56,6 +56,23 @@ inline NodeInfo CpuNode(const std::string& id, int devices, const std::string& i
   return node;
 }
 
+// Generation `generation` as a fault ended it: `kind` by `rank` on `node` at `step`.
+inline GenerationRecord FaultEnded(uint32_t generation, FaultKind kind, int rank = -1,
+                                   const std::string& node = "", int64_t step = -1,
+                                   const std::string& detail = "") {
+  GenerationRecord record;
+  record.generation = generation;
+  record.ending = Ending::kFault;
+  Fault cause;
+  cause.kind = kind;
+  cause.rank = rank;
+  cause.node = node;
+  cause.step = step;
+  cause.detail = detail;
+  record.cause = cause;
+  return record;
+}
+
 // The job's generation `generation` running on `placement`: actors, groups of its layout, one
 // generation record, as StartGeneration leaves it (phase kSpawning).
 inline void LayOut(Job& job, const Placement& placement, TimePoint now, uint32_t generation = 1) {
