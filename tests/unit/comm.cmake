@@ -2,9 +2,12 @@
 shardline_test(comm_store_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/comm_store_test.cc
   LIBS shardline_comm LABELS unit TIMEOUT 60)
-shardline_test(comm_gloo_test
-  SOURCES ${CMAKE_CURRENT_LIST_DIR}/comm_gloo_test.cc
-  LIBS shardline_comm LABELS unit TIMEOUT 120)
+shardline_test(comm_collectives_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/comm_collectives_test.cc
+  LIBS shardline_comm LABELS unit TIMEOUT 300)
+shardline_test(comm_shm_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/comm_shm_test.cc
+  LIBS shardline_comm LABELS unit TIMEOUT 300)
 if(SHARDLINE_CUDA)
   shardline_test(comm_nccl_test
     SOURCES ${CMAKE_CURRENT_LIST_DIR}/comm_nccl_test.cc

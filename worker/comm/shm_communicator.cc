@@ -1,0 +1,815 @@
+// Written by hand: no library gives this. Gloo has no shared-memory transport, OpenMPI's is not
+// a library one embeds beside Gloo, and DeepSpeed's and vLLM's (csrc/cpu/comm/shm.cpp,
+// csrc/cpu/shm.cpp) are PyTorch extensions that spin forever on a dead peer. The shape follows
+// them and MPICH's release/gather: per-rank control lines with release/acquire counters, one-shot
+// for small messages, chunked reduce-scatter + all-gather for large ones.
+#include "worker/comm/shm_communicator.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <thread>
+#include <utility>
+
+#include <spdlog/spdlog.h>
+
+#include "common/status_macros.h"
+#include "kernels/half.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace shardline::comm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr uint64_t kMagic = 0x314d4853'4e4c4853ull;  // "SHLNSHM1"
+// Two lines: Intel's adjacent-line prefetcher pulls pairs, so one line alone still false-shares.
+constexpr size_t kLine = 128;
+constexpr size_t kPage = 4096;
+constexpr size_t kDefaultSlotBytes = 1 << 20;
+constexpr size_t kMailboxBytes = 256 << 10;
+// Reduction block: the partial sums of one block stay in L1 while the ranks' inputs stream in.
+constexpr size_t kReduceBlock = 2048;
+
+// Waiting: spin while a peer is likely to answer within microseconds, then give the core away
+// (ranks may outnumber cores), then sleep on the futex in slices that bound how late an abort,
+// a dead peer or the deadline is seen.
+constexpr auto kSpinFor = std::chrono::microseconds(50);
+constexpr auto kYieldFor = std::chrono::microseconds(2000);
+constexpr auto kSleepSlice = std::chrono::milliseconds(2);
+constexpr auto kLivenessEvery = std::chrono::milliseconds(1);
+
+size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+inline void CpuRelax() {
+#if defined(__x86_64__)
+  _mm_pause();
+#endif
+}
+
+struct alignas(kLine) SegmentHeader {
+  uint64_t magic;
+  uint64_t nonce;
+  uint32_t ranks;
+  uint32_t reserved;
+  uint64_t slot_bytes;
+  uint64_t mailbox_bytes;
+  uint64_t total_bytes;
+  alignas(kLine) std::atomic<uint32_t> attached;
+  alignas(kLine) std::atomic<uint32_t> aborted_by;  // rank + 1 of the first Abort(), 0 if none
+  alignas(kLine) std::atomic<uint32_t> wake;        // the futex word
+  std::atomic<uint32_t> sleepers;                   // waiters inside futex_wait
+};
+
+// One rank's phase counter: written only by its rank.
+struct alignas(kLine) ControlLine {
+  std::atomic<uint64_t> phase;
+};
+
+// One direction of one pair: chunks sent by the source, chunks taken by the destination.
+struct MailboxControl {
+  alignas(kLine) std::atomic<uint64_t> sent;
+  alignas(kLine) std::atomic<uint64_t> taken;
+};
+
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+
+// Where each part of the segment starts; the same arithmetic on every rank.
+struct Layout {
+  Layout(int n, size_t slot, size_t mailbox) : ranks(n), slot_bytes(slot), mailbox_bytes(mailbox) {
+    size_t at = RoundUp(sizeof(SegmentHeader), kLine);
+    controls = at;
+    at += static_cast<size_t>(n) * sizeof(ControlLine);
+    mailbox_controls = at;
+    at += static_cast<size_t>(n) * n * sizeof(MailboxControl);
+    at = RoundUp(at, kPage);
+    inputs = at;
+    at += static_cast<size_t>(n) * 2 * slot;
+    results = at;
+    at += 2 * slot;
+    mailboxes = at;
+    at += static_cast<size_t>(n) * n * 2 * mailbox;
+    total = RoundUp(at, kPage);
+  }
+  int ranks;
+  size_t slot_bytes, mailbox_bytes;
+  size_t controls, mailbox_controls, inputs, results, mailboxes, total;
+};
+
+long Futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* timeout) {
+  return syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, timeout, nullptr, 0);
+}
+
+int PidfdOpen(pid_t pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 0)); }
+
+// The state letter of /proc/<pid>/stat ('R', 'S', 'T' stopped, 'Z' zombie...), or '?'.
+char ProcessState(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return '?';
+  const size_t paren = line.rfind(')');  // the command name may hold spaces and parentheses
+  if (paren == std::string::npos || paren + 2 >= line.size()) return '?';
+  return line[paren + 2];
+}
+
+std::string DescribeState(char state) {
+  switch (state) {
+    case 'T': return "stopped";
+    case 't': return "stopped by a debugger";
+    case 'Z': return "exited";
+    case 'D': return "in uninterruptible sleep";
+    case '?': return "gone";
+    default: return "running";
+  }
+}
+
+std::string ReadFirstLine(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+std::string NamespaceId(const char* name) {
+  struct stat st{};
+  if (stat((std::string("/proc/self/ns/") + name).c_str(), &st) != 0) return "?";
+  return std::to_string(st.st_ino);
+}
+
+// ---------------------------------------------------------------- reductions, in rank order
+
+template <typename T>
+struct Wide {
+  using type = T;
+  static T Load(T v) { return v; }
+  static T Store(T v) { return v; }
+};
+template <>
+struct Wide<kernels::BFloat16> {
+  using type = float;
+  static float Load(kernels::BFloat16 v) { return kernels::BFloat16ToFloat(v); }
+  static kernels::BFloat16 Store(float v) { return kernels::FloatToBFloat16(v); }
+};
+template <>
+struct Wide<kernels::Float16> {
+  using type = float;
+  static float Load(kernels::Float16 v) { return kernels::Float16ToFloat(v); }
+  static kernels::Float16 Store(float v) { return kernels::FloatToFloat16(v); }
+};
+
+template <typename A>
+A Combine(ReduceOp op, A a, A b) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg: return static_cast<A>(a + b);
+    case ReduceOp::kMax: return std::max(a, b);
+    case ReduceOp::kMin: return std::min(a, b);
+  }
+  return a;
+}
+
+// The op is a template parameter so that each inner loop is one plain, vectorisable expression.
+template <typename T, ReduceOp kOp>
+void ReduceTyped(const void* const* inputs, int n, void* out_bytes, size_t count) {
+  using W = Wide<T>;
+  using A = typename W::type;
+  T* out = static_cast<T*>(out_bytes);
+  A acc[kReduceBlock];
+  for (size_t begin = 0; begin < count; begin += kReduceBlock) {
+    const size_t len = std::min(kReduceBlock, count - begin);
+    const T* first = static_cast<const T*>(inputs[0]) + begin;
+    for (size_t i = 0; i < len; ++i) acc[i] = W::Load(first[i]);
+    for (int r = 1; r < n; ++r) {
+      const T* in = static_cast<const T*>(inputs[r]) + begin;
+      for (size_t i = 0; i < len; ++i) acc[i] = Combine<A>(kOp, acc[i], W::Load(in[i]));
+    }
+    if constexpr (kOp == ReduceOp::kAvg) {
+      const A divisor = static_cast<A>(n);
+      for (size_t i = 0; i < len; ++i) acc[i] = static_cast<A>(acc[i] / divisor);
+    }
+    for (size_t i = 0; i < len; ++i) out[begin + i] = W::Store(acc[i]);
+  }
+}
+
+using ReduceFn = void (*)(const void* const*, int, void*, size_t);
+
+template <typename T>
+ReduceFn PickForOp(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return &ReduceTyped<T, ReduceOp::kSum>;
+    case ReduceOp::kAvg: return &ReduceTyped<T, ReduceOp::kAvg>;
+    case ReduceOp::kMax: return &ReduceTyped<T, ReduceOp::kMax>;
+    case ReduceOp::kMin: return &ReduceTyped<T, ReduceOp::kMin>;
+  }
+  return nullptr;
+}
+
+ReduceFn PickReduce(DType dtype, ReduceOp op) {
+  switch (dtype) {
+    case DType::kFloat32: return PickForOp<float>(op);
+    case DType::kFloat64: return PickForOp<double>(op);
+    case DType::kInt32: return PickForOp<int32_t>(op);
+    case DType::kInt64: return PickForOp<int64_t>(op);
+    case DType::kBFloat16: return PickForOp<kernels::BFloat16>(op);
+    case DType::kFloat16: return PickForOp<kernels::Float16>(op);
+  }
+  return nullptr;
+}
+
+// ---------------------------------------------------------------- the mapping and its peers
+
+class Mapping {
+ public:
+  Mapping() = default;
+  Mapping(void* base, size_t bytes) : base_(static_cast<char*>(base)), bytes_(bytes) {}
+  Mapping(Mapping&& other) noexcept { *this = std::move(other); }
+  Mapping& operator=(Mapping&& other) noexcept {
+    std::swap(base_, other.base_);
+    std::swap(bytes_, other.bytes_);
+    return *this;
+  }
+  ~Mapping() {
+    if (base_ != nullptr) munmap(base_, bytes_);
+  }
+  char* base() const { return base_; }
+
+ private:
+  char* base_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+struct Peer {
+  pid_t pid = 0;
+  int pidfd = -1;  // -1: this process (threads as ranks) or pidfds unavailable
+};
+
+class ShmCommunicator final : public Communicator {
+ public:
+  ShmCommunicator(int rank, int size, const Layout& layout, Mapping mapping,
+                  std::vector<Peer> peers, const ShmOptions& options)
+      : rank_(rank),
+        size_(size),
+        layout_(layout),
+        mapping_(std::move(mapping)),
+        peers_(std::move(peers)),
+        timeout_(options.timeout),
+        one_shot_bytes_(options.one_shot_bytes) {
+    header_ = reinterpret_cast<SegmentHeader*>(mapping_.base());
+    phase_ = Control(rank_).phase.load(std::memory_order_relaxed);
+  }
+
+  ~ShmCommunicator() override {
+    for (const Peer& peer : peers_) {
+      if (peer.pidfd >= 0) close(peer.pidfd);
+    }
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string_view backend() const override { return "shm"; }
+
+  absl::Status AllReduce(void* data, size_t count, DType dtype, ReduceOp op) override {
+    const size_t bytes = count * DTypeSize(dtype);
+    return Run("all_reduce", count, dtype, bytes, [&](const std::string& what) -> absl::Status {
+      if (count > 0 && data == nullptr) return absl::InvalidArgumentError(what + ": null buffer");
+      const ReduceFn reduce = PickReduce(dtype, op);
+      if (bytes == 0 || size_ == 1) return absl::OkStatus();  // alone, every op is the identity
+      char* bytes_out = static_cast<char*>(data);
+      const size_t esize = DTypeSize(dtype);
+      std::vector<const void*> inputs(size_);
+      if (bytes <= one_shot_bytes_ && bytes <= layout_.slot_bytes) {
+        const uint64_t phase = NextPhase();
+        std::memcpy(Input(rank_, phase), data, bytes);
+        RETURN_IF_ERROR(PublishAndWait(phase, what));
+        for (int r = 0; r < size_; ++r) inputs[r] = Input(r, phase);
+        reduce(inputs.data(), size_, data, count);
+        return absl::OkStatus();
+      }
+      const size_t chunk = layout_.slot_bytes / esize;
+      for (size_t offset = 0; offset < count; offset += chunk) {
+        const size_t len = std::min(chunk, count - offset);
+        const uint64_t scatter = NextPhase();
+        std::memcpy(Input(rank_, scatter), bytes_out + offset * esize, len * esize);
+        RETURN_IF_ERROR(PublishAndWait(scatter, what));
+        // Slice r of the chunk, reduced by rank r; uneven slices when len % size != 0.
+        const size_t lo = len * rank_ / size_, hi = len * (rank_ + 1) / size_;
+        const uint64_t gather = NextPhase();
+        for (int r = 0; r < size_; ++r) inputs[r] = Input(r, scatter) + lo * esize;
+        reduce(inputs.data(), size_, Result(gather) + lo * esize, hi - lo);
+        RETURN_IF_ERROR(PublishAndWait(gather, what));
+        std::memcpy(bytes_out + offset * esize, Result(gather), len * esize);
+      }
+      return absl::OkStatus();
+    });
+  }
+
+  absl::Status AllGather(const void* send, void* recv, size_t count, DType dtype) override {
+    const size_t esize = DTypeSize(dtype);
+    return Run("all_gather", count, dtype, count * esize,
+               [&](const std::string& what) -> absl::Status {
+      if (count > 0 && (send == nullptr || recv == nullptr)) {
+        return absl::InvalidArgumentError(what + ": null buffer");
+      }
+      const char* in = static_cast<const char*>(send);
+      char* out = static_cast<char*>(recv);
+      if (size_ == 1) {
+        if (count > 0) std::memmove(out, in, count * esize);
+        return absl::OkStatus();
+      }
+      const size_t chunk = layout_.slot_bytes / esize;
+      for (size_t offset = 0; offset < count; offset += chunk) {
+        const size_t len = std::min(chunk, count - offset);
+        const uint64_t phase = NextPhase();
+        std::memcpy(Input(rank_, phase), in + offset * esize, len * esize);
+        RETURN_IF_ERROR(PublishAndWait(phase, what));
+        for (int r = 0; r < size_; ++r) {
+          const char* from = r == rank_ ? in + offset * esize : Input(r, phase);
+          std::memmove(out + (r * count + offset) * esize, from, len * esize);
+        }
+      }
+      return absl::OkStatus();
+    });
+  }
+
+  absl::Status ReduceScatter(const void* send, void* recv, size_t count, DType dtype,
+                             ReduceOp op) override {
+    const size_t esize = DTypeSize(dtype);
+    return Run("reduce_scatter", count, dtype, size_ * count * esize,
+               [&](const std::string& what) -> absl::Status {
+      if (count > 0 && (send == nullptr || recv == nullptr)) {
+        return absl::InvalidArgumentError(what + ": null buffer");
+      }
+      const ReduceFn reduce = PickReduce(dtype, op);
+      const char* in = static_cast<const char*>(send);
+      char* out = static_cast<char*>(recv);
+      if (size_ == 1) {
+        if (count > 0) std::memmove(out, in, count * esize);
+        return absl::OkStatus();
+      }
+      const size_t chunk = std::max<size_t>(1, layout_.slot_bytes / (esize * size_));
+      std::vector<const void*> inputs(size_);
+      for (size_t offset = 0; offset < count; offset += chunk) {
+        const size_t len = std::min(chunk, count - offset);
+        const uint64_t phase = NextPhase();
+        char* slot = Input(rank_, phase);
+        for (int block = 0; block < size_; ++block) {
+          std::memcpy(slot + block * len * esize, in + (block * count + offset) * esize,
+                      len * esize);
+        }
+        RETURN_IF_ERROR(PublishAndWait(phase, what));
+        for (int r = 0; r < size_; ++r) inputs[r] = Input(r, phase) + rank_ * len * esize;
+        reduce(inputs.data(), size_, out + offset * esize, len);
+      }
+      return absl::OkStatus();
+    });
+  }
+
+  absl::Status Broadcast(void* data, size_t count, DType dtype, int root) override {
+    const size_t esize = DTypeSize(dtype);
+    return Run("broadcast", count, dtype, count * esize,
+               [&](const std::string& what) -> absl::Status {
+      if (root < 0 || root >= size_) {
+        return absl::InvalidArgumentError(what + ": root " + std::to_string(root) +
+                                          " is not a rank of " + std::to_string(size_));
+      }
+      if (count > 0 && data == nullptr) return absl::InvalidArgumentError(what + ": null buffer");
+      if (size_ == 1) return absl::OkStatus();
+      char* bytes = static_cast<char*>(data);
+      const size_t chunk = layout_.slot_bytes / esize;
+      for (size_t offset = 0; offset < count; offset += chunk) {
+        const size_t len = std::min(chunk, count - offset);
+        const uint64_t phase = NextPhase();
+        if (rank_ == root) std::memcpy(Input(root, phase), bytes + offset * esize, len * esize);
+        RETURN_IF_ERROR(PublishAndWait(phase, what));
+        if (rank_ != root) std::memcpy(bytes + offset * esize, Input(root, phase), len * esize);
+      }
+      return absl::OkStatus();
+    });
+  }
+
+  absl::Status Send(const void* data, size_t count, DType dtype, int peer) override {
+    return SendRecvImpl("send", data, count, peer, nullptr, 0, -1, dtype);
+  }
+  absl::Status Recv(void* data, size_t count, DType dtype, int peer) override {
+    return SendRecvImpl("recv", nullptr, 0, -1, data, count, peer, dtype);
+  }
+  absl::Status SendRecv(const void* send, size_t send_count, int send_peer, void* recv,
+                        size_t recv_count, int recv_peer, DType dtype) override {
+    return SendRecvImpl("send_recv", send, send_count, send_peer, recv, recv_count, recv_peer,
+                        dtype);
+  }
+
+  absl::Status Barrier() override {
+    return Run("barrier", 0, DType::kFloat32, 0, [&](const std::string& what) -> absl::Status {
+      if (size_ == 1) return absl::OkStatus();
+      return PublishAndWait(NextPhase(), what);
+    });
+  }
+
+  void Abort() override {
+    aborted_.store(true);
+    uint32_t none = 0;
+    header_->aborted_by.compare_exchange_strong(none, static_cast<uint32_t>(rank_ + 1));
+    Wake(/*always=*/true);
+  }
+
+ private:
+  ControlLine& Control(int rank) const {
+    return reinterpret_cast<ControlLine*>(mapping_.base() + layout_.controls)[rank];
+  }
+  MailboxControl& Box(int from, int to) const {
+    return reinterpret_cast<MailboxControl*>(mapping_.base() +
+                                             layout_.mailbox_controls)[from * size_ + to];
+  }
+  // The two slots alternate by phase parity (the header comment says why that is safe).
+  char* Input(int rank, uint64_t phase) const {
+    return mapping_.base() + layout_.inputs + (static_cast<size_t>(rank) * 2 + phase % 2) *
+                                                  layout_.slot_bytes;
+  }
+  char* Result(uint64_t phase) const {
+    return mapping_.base() + layout_.results + (phase % 2) * layout_.slot_bytes;
+  }
+  char* BoxSlot(int from, int to, uint64_t chunk) const {
+    return mapping_.base() + layout_.mailboxes +
+           ((static_cast<size_t>(from) * size_ + to) * 2 + chunk % 2) * layout_.mailbox_bytes;
+  }
+
+  uint64_t NextPhase() { return ++phase_; }
+
+  std::string Describe(std::string_view op, size_t count, DType dtype) const {
+    return std::string(op) + " of " + std::to_string(count) + " " +
+           std::string(DTypeName(dtype)) + " on rank " + std::to_string(rank_) + " of " +
+           std::to_string(size_);
+  }
+
+  template <typename Body>
+  absl::Status Run(std::string_view op, size_t count, DType dtype, size_t bytes, Body&& body) {
+    const auto start = Clock::now();
+    const std::string what = Describe(op, count, dtype);
+    absl::Status status;
+    if (aborted_.load()) {
+      status = absl::AbortedError(what + ": communicator was aborted");
+    } else if (!broken_.ok()) {
+      status = absl::Status(broken_.code(),
+                            what + ": the communicator failed earlier: " +
+                                ToString(broken_.message()));
+    } else {
+      status = body(what);
+      // A failure inside a phase leaves the ranks' phase counters apart: nothing after it can
+      // line up again. A rejected argument fails before any phase and breaks nothing.
+      if (!status.ok() && status.code() != absl::StatusCode::kInvalidArgument) broken_ = status;
+    }
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    if (observer_ != nullptr) observer_->OnOperation(op, bytes, seconds, status.ok());
+    return status;
+  }
+
+  void Wake(bool always = false) {
+    // Dekker with the waiter (Wait): it raises `sleepers` before its last look at the counters,
+    // we look at `sleepers` after publishing; the fences order the two sides.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (always || header_->sleepers.load(std::memory_order_seq_cst) > 0) {
+      header_->wake.fetch_add(1, std::memory_order_seq_cst);
+      Futex(&header_->wake, FUTEX_WAKE, INT_MAX, nullptr);
+    }
+  }
+
+  absl::Status PublishAndWait(uint64_t phase, const std::string& what) {
+    Control(rank_).phase.store(phase, std::memory_order_release);
+    Wake();
+    return Wait(
+        [&] {
+          for (int r = 0; r < size_; ++r) {
+            if (Control(r).phase.load(std::memory_order_acquire) < phase) return false;
+          }
+          return true;
+        },
+        what, [&] {
+          std::vector<int> late;
+          for (int r = 0; r < size_; ++r) {
+            if (Control(r).phase.load(std::memory_order_acquire) < phase) late.push_back(r);
+          }
+          return late;
+        });
+  }
+
+  // Checked while waiting: an Abort() anywhere, or a peer that has exited.
+  absl::Status Interrupted(const std::string& what) const {
+    if (aborted_.load()) return absl::AbortedError(what + ": communicator was aborted");
+    const uint32_t by = header_->aborted_by.load(std::memory_order_acquire);
+    if (by != 0) {
+      return absl::AbortedError(what + ": communicator was aborted by rank " +
+                                std::to_string(by - 1));
+    }
+    for (int r = 0; r < size_; ++r) {
+      const Peer& peer = peers_[r];
+      if (peer.pidfd < 0) continue;
+      pollfd fd{peer.pidfd, POLLIN, 0};
+      if (poll(&fd, 1, 0) > 0) {
+        return absl::UnavailableError(what + ": rank " + std::to_string(r) + " (pid " +
+                                      std::to_string(peer.pid) + ") exited");
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  template <typename Ready, typename Late>
+  absl::Status Wait(Ready&& ready, const std::string& what, Late&& late) {
+    if (ready()) return absl::OkStatus();
+    const auto start = Clock::now();
+    const auto deadline = start + timeout_;
+    auto next_check = start;
+    for (uint32_t spins = 0;; ++spins) {
+      if (ready()) return absl::OkStatus();
+      if (spins % 64 != 0) {
+        CpuRelax();
+        continue;
+      }
+      const auto now = Clock::now();
+      if (now >= next_check) {
+        RETURN_IF_ERROR(Interrupted(what));
+        next_check = now + kLivenessEvery;
+      }
+      if (now >= deadline) return TimedOut(what, late());
+      if (now - start < kSpinFor) {
+        CpuRelax();
+      } else if (now - start < kYieldFor) {
+        sched_yield();
+      } else {
+        header_->sleepers.fetch_add(1, std::memory_order_seq_cst);
+        const uint32_t seen = header_->wake.load(std::memory_order_seq_cst);
+        if (!ready()) {
+          const auto slice = std::min<Clock::duration>(kSleepSlice, deadline - now);
+          const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(slice).count();
+          timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+          Futex(&header_->wake, FUTEX_WAIT, seen, &ts);
+        }
+        header_->sleepers.fetch_sub(1, std::memory_order_seq_cst);
+      }
+    }
+  }
+
+  absl::Status TimedOut(const std::string& what, const std::vector<int>& late) const {
+    std::string who;
+    for (int r : late) {
+      if (!who.empty()) who += ", ";
+      who += "rank " + std::to_string(r);
+      const Peer& peer = peers_[r];
+      if (peer.pid != 0 && peer.pid != getpid()) {
+        who += " (pid " + std::to_string(peer.pid) + ", " +
+               DescribeState(ProcessState(peer.pid)) + ")";
+      }
+    }
+    return absl::DeadlineExceededError(what + ": timed out (limit " +
+                                       std::to_string(timeout_.count()) + " ms) waiting for " +
+                                       (who.empty() ? std::string("the peers") : who));
+  }
+
+  // Streams a message through the pair's two mailbox slots; both halves progress in one loop so
+  // that a ring of SendRecvs never waits on itself.
+  absl::Status SendRecvImpl(std::string_view op, const void* send, size_t send_count,
+                            int send_peer, void* recv, size_t recv_count, int recv_peer,
+                            DType dtype) {
+    const size_t esize = DTypeSize(dtype);
+    // As Gloo's: the observer counts the bytes this rank moves, both halves of a send_recv.
+    const size_t count = op == "recv" ? recv_count : send_count;
+    return Run(op, count, dtype, (send_count + recv_count) * esize,
+               [&](const std::string& what) -> absl::Status {
+      auto bad_peer = [&](int peer) { return peer < 0 || peer >= size_ || peer == rank_; };
+      if (send_count > 0 && bad_peer(send_peer)) {
+        return absl::InvalidArgumentError(what + ": peer " + std::to_string(send_peer) +
+                                          " is not another rank of " + std::to_string(size_));
+      }
+      if (recv_count > 0 && bad_peer(recv_peer)) {
+        return absl::InvalidArgumentError(what + ": peer " + std::to_string(recv_peer) +
+                                          " is not another rank of " + std::to_string(size_));
+      }
+      if ((send_count > 0 && send == nullptr) || (recv_count > 0 && recv == nullptr)) {
+        return absl::InvalidArgumentError(what + ": null buffer");
+      }
+      const size_t chunk = layout_.mailbox_bytes;
+      const char* out = static_cast<const char*>(send);
+      char* in = static_cast<char*>(recv);
+      size_t sent = 0, received = 0;
+      const size_t send_bytes = send_count * esize, recv_bytes = recv_count * esize;
+      auto can_send = [&] {
+        if (sent >= send_bytes) return false;
+        MailboxControl& box = Box(rank_, send_peer);
+        return box.sent.load(std::memory_order_relaxed) -
+                   box.taken.load(std::memory_order_acquire) < 2;
+      };
+      auto can_receive = [&] {
+        if (received >= recv_bytes) return false;
+        MailboxControl& box = Box(recv_peer, rank_);
+        return box.sent.load(std::memory_order_acquire) >
+               box.taken.load(std::memory_order_relaxed);
+      };
+      while (sent < send_bytes || received < recv_bytes) {
+        bool progressed = false;
+        if (can_send()) {
+          MailboxControl& box = Box(rank_, send_peer);
+          const uint64_t n = box.sent.load(std::memory_order_relaxed);
+          const size_t len = std::min(chunk, send_bytes - sent);
+          std::memcpy(BoxSlot(rank_, send_peer, n), out + sent, len);
+          box.sent.store(n + 1, std::memory_order_release);
+          Wake();
+          sent += len;
+          progressed = true;
+        }
+        if (can_receive()) {
+          MailboxControl& box = Box(recv_peer, rank_);
+          const uint64_t n = box.taken.load(std::memory_order_relaxed);
+          const size_t len = std::min(chunk, recv_bytes - received);
+          std::memcpy(in + received, BoxSlot(recv_peer, rank_, n), len);
+          box.taken.store(n + 1, std::memory_order_release);
+          Wake();
+          received += len;
+          progressed = true;
+        }
+        if (progressed) continue;
+        RETURN_IF_ERROR(Wait([&] { return can_send() || can_receive(); }, what, [&] {
+          std::vector<int> late;
+          if (sent < send_bytes) late.push_back(send_peer);
+          if (received < recv_bytes && recv_peer != send_peer) late.push_back(recv_peer);
+          return late;
+        }));
+      }
+      return absl::OkStatus();
+    });
+  }
+
+  const int rank_;
+  const int size_;
+  const Layout layout_;
+  Mapping mapping_;
+  std::vector<Peer> peers_;
+  const std::chrono::milliseconds timeout_;
+  const size_t one_shot_bytes_;
+  SegmentHeader* header_ = nullptr;
+  uint64_t phase_ = 0;  // the last phase this rank published; only the issuing thread
+  absl::Status broken_;
+  std::atomic<bool> aborted_{false};
+};
+
+// Closes a descriptor on every path out of the bootstrap.
+class FdCloser {
+ public:
+  explicit FdCloser(int fd) : fd_(fd) {}
+  ~FdCloser() {
+    if (fd_ >= 0) close(fd_);
+  }
+  FdCloser(const FdCloser&) = delete;
+  FdCloser& operator=(const FdCloser&) = delete;
+
+ private:
+  int fd_;
+};
+
+absl::Status Errno(absl::StatusCode code, const std::string& what) {
+  return absl::Status(code, what + ": " + std::strerror(errno));
+}
+
+}  // namespace
+
+std::string LocalHostIdentity() {
+  return ReadFirstLine("/proc/sys/kernel/random/boot_id") + "/pid:" + NamespaceId("pid") +
+         "/ipc:" + NamespaceId("ipc") + "/net:" + NamespaceId("net");
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> CreateShmCommunicator(Store& store, int rank,
+                                                                    int size,
+                                                                    const ShmOptions& options) {
+  const std::string what = "shm bootstrap of rank " + std::to_string(rank) + " of " +
+                           std::to_string(size);
+  if (size < 1 || rank < 0 || rank >= size) {
+    return absl::InvalidArgumentError(what + ": rank must be in [0, size)");
+  }
+  if (options.timeout <= std::chrono::milliseconds(0)) {
+    return absl::InvalidArgumentError(what + ": timeout must be positive");
+  }
+  const size_t slot = RoundUp(options.slot_bytes == 0 ? kDefaultSlotBytes : options.slot_bytes,
+                              kPage);
+  const Layout layout(size, slot, kMailboxBytes);
+  PrefixStore shm_store("shm", store);
+  const pid_t self = getpid();
+  RETURN_IF_ERROR(Annotate(shm_store.Set("pid/" + std::to_string(rank), std::to_string(self)),
+                           what));
+
+  int fd = -1;
+  uint64_t nonce = 0;
+  if (rank == 0) {
+    fd = memfd_create("shardline-comm", MFD_CLOEXEC);
+    if (fd < 0) return Errno(absl::StatusCode::kResourceExhausted, what + ": memfd_create");
+  }
+  FdCloser creator_fd(fd);
+  void* base = MAP_FAILED;
+  if (rank == 0) {
+    if (ftruncate(fd, static_cast<off_t>(layout.total)) != 0) {
+      return Errno(absl::StatusCode::kResourceExhausted,
+                   what + ": sizing the segment to " + std::to_string(layout.total) + " bytes");
+    }
+    base = mmap(nullptr, layout.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) return Errno(absl::StatusCode::kResourceExhausted, what + ": mmap");
+    std::random_device random;
+    nonce = (static_cast<uint64_t>(random()) << 32) ^ random();
+    auto* header = new (base) SegmentHeader();
+    header->nonce = nonce;
+    header->ranks = static_cast<uint32_t>(size);
+    header->slot_bytes = layout.slot_bytes;
+    header->mailbox_bytes = layout.mailbox_bytes;
+    header->total_bytes = layout.total;
+    header->magic = kMagic;
+    RETURN_IF_ERROR(Annotate(
+        shm_store.Set("segment", std::to_string(self) + " " + std::to_string(fd) + " " +
+                                     std::to_string(layout.total) + " " + std::to_string(nonce)),
+        what));
+  } else {
+    auto segment = shm_store.Get("segment", options.timeout);
+    if (!segment.ok()) return Annotate(segment.status(), what + ": waiting for rank 0's segment");
+    std::istringstream fields(*segment);
+    pid_t owner = 0;
+    int owner_fd = -1;
+    size_t total = 0;
+    if (!(fields >> owner >> owner_fd >> total >> nonce) || total != layout.total) {
+      return absl::InvalidArgumentError(what + ": rank 0 published a segment of another shape ('" +
+                                        *segment + "', expected " +
+                                        std::to_string(layout.total) + " bytes)");
+    }
+    const std::string path = "/proc/" + std::to_string(owner) + "/fd/" + std::to_string(owner_fd);
+    const int opened = open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (opened < 0) {
+      return Errno(absl::StatusCode::kUnavailable,
+                   what + ": opening rank 0's segment " + path +
+                       " (rank 0 exited, or runs in another pid namespace)");
+    }
+    FdCloser opened_fd(opened);
+    base = mmap(nullptr, layout.total, PROT_READ | PROT_WRITE, MAP_SHARED, opened, 0);
+    if (base == MAP_FAILED) return Errno(absl::StatusCode::kResourceExhausted, what + ": mmap");
+  }
+  Mapping mapping(base, layout.total);
+  auto* header = reinterpret_cast<SegmentHeader*>(base);
+  if (header->magic != kMagic || header->nonce != nonce ||
+      header->ranks != static_cast<uint32_t>(size)) {
+    return absl::FailedPreconditionError(what + ": the segment is not this group's");
+  }
+
+  std::vector<Peer> peers(size);
+  auto close_peers = [&] {
+    for (Peer& peer : peers) {
+      if (peer.pidfd >= 0) close(peer.pidfd);
+      peer.pidfd = -1;
+    }
+  };
+  for (int r = 0; r < size; ++r) {
+    auto pid = shm_store.Get("pid/" + std::to_string(r), options.timeout);
+    if (!pid.ok()) {
+      close_peers();
+      return Annotate(pid.status(), what + ": waiting for rank " + std::to_string(r));
+    }
+    peers[r].pid = static_cast<pid_t>(std::stol(*pid));
+    if (peers[r].pid != self) peers[r].pidfd = PidfdOpen(peers[r].pid);
+  }
+
+  // Rank 0 keeps its descriptor until every rank has mapped the segment; the attach count, not
+  // the store, says when, since the store may be slower than the ranks.
+  header->attached.fetch_add(1, std::memory_order_acq_rel);
+  const auto deadline = Clock::now() + options.timeout;
+  while (header->attached.load(std::memory_order_acquire) < static_cast<uint32_t>(size)) {
+    if (Clock::now() >= deadline) {
+      close_peers();
+      return absl::DeadlineExceededError(
+          what + ": " + std::to_string(header->attached.load()) + " of " + std::to_string(size) +
+          " ranks mapped the segment within " + std::to_string(options.timeout.count()) + " ms");
+    }
+    for (int r = 0; r < size; ++r) {
+      pollfd fd_poll{peers[r].pidfd, POLLIN, 0};
+      if (peers[r].pidfd >= 0 && poll(&fd_poll, 1, 0) > 0) {
+        close_peers();
+        return absl::UnavailableError(what + ": rank " + std::to_string(r) + " (pid " +
+                                      std::to_string(peers[r].pid) + ") exited during bootstrap");
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  spdlog::debug("shm communicator rank {} of {}: {} bytes mapped", rank, size, layout.total);
+  return std::unique_ptr<Communicator>(std::make_unique<ShmCommunicator>(
+      rank, size, layout, std::move(mapping), std::move(peers), options));
+}
+
+}  // namespace shardline::comm
