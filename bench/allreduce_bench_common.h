@@ -25,7 +25,7 @@ struct AllreduceBenchArgs {
   int ranks = 2;
   size_t min_bytes = 4 << 10;
   size_t max_bytes = 256 << 20;
-  std::string impl = "both";  // gloo benchmark: shardline, gloo or both (interleaved)
+  std::string impl = "shm,shardline,gloo,memcpy";  // allreduce_gloo: the implementations, interleaved
   std::string label;  // overrides the implementation's name in the output (e.g. "mpi_ring")
 };
 
@@ -72,6 +72,7 @@ struct AllreduceImpl {
   std::string name;
   std::function<bool(float*, size_t)> all_reduce;
   std::function<bool()> barrier;
+  bool reduces = true;  // false for a baseline that only moves the bytes (memcpy): not checked
 };
 
 // Implementations alternate operation by operation in the same processes, each operation timed
@@ -92,6 +93,7 @@ inline int RunAllreduceBench(int rank, int ranks, const AllreduceBenchArgs& args
   std::vector<float> buffer(args.max_bytes / sizeof(float));
   const size_t check_count = std::min<size_t>(buffer.size(), 4099);
   for (const AllreduceImpl& impl : impls) {
+    if (!impl.reduces) continue;
     std::fill(buffer.begin(), buffer.begin() + check_count, static_cast<float>(rank + 1));
     if (!impl.all_reduce(buffer.data(), check_count)) return 10;
     const float want = static_cast<float>(ranks * (ranks + 1) / 2);

@@ -1,11 +1,14 @@
-// All-reduce bus bandwidth of Shardline's GlooCommunicator against raw Gloo, ranks as forked
-// processes on loopback. "Raw Gloo" is the same TCP transport, rendezvous and ring algorithm
+// All-reduce bus bandwidth of Shardline's communicators (shared memory: "shm"; Gloo: "shardline")
+// against raw Gloo and a memcpy of the same bytes, ranks as forked processes on one host (Gloo over
+// loopback). "Raw Gloo" is the same TCP transport, rendezvous and ring algorithm
 // (gloo::allreduce, AllreduceOptions, RING) that GlooCommunicator uses, called directly with none
-// of our layers: the difference is our overhead. With --impl both (the default) every rank holds
-// both, and they alternate round by round (see RunAllreduceBench).
+// of our layers: the difference is our overhead. Every rank holds every implementation named by
+// --impl (a comma-separated list; default shm,shardline,gloo,memcpy; "both" is shardline,gloo),
+// and they alternate round by round (see RunAllreduceBench).
 // bench/allreduce_compare.py runs this and allreduce_mpi and prints one table.
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 
 #include <gloo/allreduce.h>
@@ -19,6 +22,7 @@
 #include "bench/allreduce_bench_common.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/file_store.h"
+#include "worker/comm/shm_communicator.h"
 
 namespace {
 using namespace shardline;
@@ -26,8 +30,12 @@ using ReduceFn = void (*)(void*, const void*, const void*, size_t);
 constexpr auto kTimeout = std::chrono::seconds(300);
 
 int RankMain(int rank, const bench::AllreduceBenchArgs& args, const std::string& dir) {
-  const bool want_shardline = args.impl == "both" || args.impl == "shardline";
-  const bool want_gloo = args.impl == "both" || args.impl == "gloo";
+  const std::string list = "," + (args.impl == "both" ? std::string("shardline,gloo") : args.impl) + ",";
+  const auto wants = [&](const char* name) {
+    return list.find("," + std::string(name) + ",") != std::string::npos;
+  };
+  const bool want_shardline = wants("shardline");
+  const bool want_gloo = wants("gloo");
   std::vector<bench::AllreduceImpl> impls;
 
   std::unique_ptr<comm::FileStore> files;
@@ -37,10 +45,29 @@ int RankMain(int rank, const bench::AllreduceBenchArgs& args, const std::string&
     if (!status.ok()) fprintf(stderr, "rank %d: %s\n", rank, status.ToString().c_str());
     return status.ok();
   };
-  if (want_shardline) {
+  if (want_shardline || wants("shm")) {
     auto opened = comm::FileStore::Open(dir);
     if (!report(opened.status())) return 2;
     files = *std::move(opened);
+  }
+  std::unique_ptr<comm::PrefixStore> shm_store;
+  std::unique_ptr<comm::Communicator> shm;
+  if (wants("shm")) {
+    shm_store = std::make_unique<comm::PrefixStore>("shm", *files);
+    comm::ShmOptions options;
+    options.timeout = kTimeout;
+    auto created = comm::CreateShmCommunicator(*shm_store, rank, args.ranks, options);
+    if (!report(created.status())) return 3;
+    shm = *std::move(created);
+    comm::Communicator* c = shm.get();
+    impls.push_back({"shm",
+                     [c, report](float* data, size_t count) {
+                       return report(
+                           c->AllReduce(data, count, DType::kFloat32, comm::ReduceOp::kSum));
+                     },
+                     [c, report] { return report(c->Barrier()); }});
+  }
+  if (want_shardline) {
     store = std::make_unique<comm::PrefixStore>("shardline", *files);
     comm::GlooOptions options;
     options.hostname = "127.0.0.1";
@@ -88,8 +115,23 @@ int RankMain(int rank, const bench::AllreduceBenchArgs& args, const std::string&
                          return true;
                        }});
     }
-    if (impls.empty()) {
-      fprintf(stderr, "--impl must be shardline, gloo or both, not '%s'\n", args.impl.c_str());
+    // The floor every all-reduce pays at least once: reading and writing its bytes.
+    std::vector<float> copy;
+    if (wants("memcpy")) {
+      copy.resize(args.max_bytes / sizeof(float));
+      comm::Communicator* barrier = shm ? shm.get() : communicator.get();
+      impls.push_back({"memcpy",
+                       [&copy](float* data, size_t count) {
+                         std::memcpy(copy.data(), data, count * sizeof(float));
+                         std::memcpy(data, copy.data(), count * sizeof(float));
+                         return true;
+                       },
+                       [barrier, report] { return barrier ? report(barrier->Barrier()) : true; },
+                       /*reduces=*/false});
+    }
+    if (impls.empty() || impls.front().name == "memcpy") {
+      fprintf(stderr, "--impl lists shm, shardline, gloo, memcpy (not first), not '%s'\n",
+              args.impl.c_str());
       return 2;
     }
     return bench::RunAllreduceBench(rank, args.ranks, args, impls);
@@ -105,7 +147,7 @@ int main(int argc, char** argv) {
   shardline::bench::AllreduceBenchArgs args;
   if (!shardline::bench::ParseArgs(argc, argv, args,
                                    "allreduce_gloo [--ranks N] [--min-bytes B] [--max-bytes B] "
-                                   "[--impl shardline|gloo|both]")) {
+                                   "[--impl shm,shardline,gloo,memcpy]")) {
     return 2;
   }
   const std::string dir = shardline::bench::MakeTempDir("allreduce_gloo");

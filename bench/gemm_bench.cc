@@ -1,22 +1,36 @@
-// GEMM throughput of Shardline's CPU linear layer (kernels/cpu/matmul.h) against OpenBLAS's sgemm
-// called directly, on GPT-2-small shapes with B·T = 2048 rows. Both sides run in the same process
-// on the same buffers; the summary at the end prints ours/OpenBLAS per shape, which should stay
-// near 1.0: MatmulForward is sgemm plus (with a bias) one pass over the output.
+// GEMM throughput of Shardline's CPU linear layer (kernels/cpu/matmul.h) against the sgemm it
+// calls (kernels::cpu::Sgemm(), whichever BLAS kernels/cpu/blas.h chose), on GPT-2-small shapes
+// with B·T = 2048 rows. Both sides run in the same process on the same buffers; the summary at the
+// end prints ours/sgemm per shape, which should stay near 1.0: MatmulForward is sgemm plus (with a
+// bias) one pass over the output.
 //
-//   build-kernels/bench/gemm_bench [--benchmark_min_time=1]
-#include <cblas.h>
+//   build-blas/bench/gemm_bench [--benchmark_min_time=1]
+//
+// A candidate BLAS instead (bench/gemm_compare.py uses this to pick the library by measurement):
+// GEMM_BENCH_LIBRARY names a shared library (a path, or a soname the loader finds), and
+// GEMM_BENCH_SYMBOL its sgemm: cblas_sgemm (the default) or any symbol with CBLAS's signature
+// (scipy_cblas_sgemm), or dnnl_sgemm (oneDNN's row-major signature). Only that library is loaded
+// then, and only its sgemm runs (rows "Candidate/<layer>"): the build's own BLAS stays unloaded,
+// so that no second library's threads share the cores.
+#include <dlfcn.h>
 
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "benchmark/benchmark.h"
+#include "kernels/cpu/blas.h"
 #include "kernels/cpu/matmul.h"
 
 namespace {
 
 using shardline::kernels::cpu::MatmulForward;
+using shardline::kernels::cpu::Sgemm;
+using shardline::kernels::cpu::SgemmFn;
 
 constexpr int kRows = 2048;  // B·T: 4 sequences of 512, or 2 of 1024
 
@@ -59,13 +73,67 @@ void BM_Ours(benchmark::State& state, GemmShape s, bool with_bias) {
   SetFlops(state, s);
 }
 
-void BM_OpenBlas(benchmark::State& state, GemmShape s) {
+void BM_Sgemm(benchmark::State& state, GemmShape s) {
   Buffers b(s);
+  const SgemmFn sgemm = Sgemm();  // loads the library outside the timed loop
   for (auto _ : state) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, kRows, s.OC, s.C, 1.0f, b.inp.data(), s.C,
-                b.weight.data(), s.C, 0.0f, b.out.data(), s.OC);
+    sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, kRows, s.OC, s.C, 1.0f, b.inp.data(), s.C,
+          b.weight.data(), s.C, 0.0f, b.out.data(), s.OC);
     benchmark::DoNotOptimize(b.out.data());
     benchmark::ClobberMemory();
+  }
+  SetFlops(state, s);
+}
+
+// The candidate of GEMM_BENCH_LIBRARY / GEMM_BENCH_SYMBOL (see the top of this file).
+using DnnlSgemmFn = int (*)(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha,
+                            const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
+                            float* C, int64_t ldc);
+struct Candidate {
+  SgemmFn cblas = nullptr;
+  DnnlSgemmFn dnnl = nullptr;
+};
+
+Candidate LoadCandidate(const char* library, const char* symbol) {
+  void* handle = dlopen(library, RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) {
+    std::fprintf(stderr, "gemm_bench: cannot load %s: %s\n", library, dlerror());
+    std::exit(2);
+  }
+  void* fn = dlsym(handle, symbol);
+  if (fn == nullptr) {
+    std::fprintf(stderr, "gemm_bench: %s has no %s\n", library, symbol);
+    std::exit(2);
+  }
+  Candidate c;
+  if (std::strcmp(symbol, "dnnl_sgemm") == 0) {
+    c.dnnl = reinterpret_cast<DnnlSgemmFn>(fn);
+  } else {
+    c.cblas = reinterpret_cast<SgemmFn>(fn);
+  }
+  return c;
+}
+
+void BM_Candidate(benchmark::State& state, GemmShape s, Candidate c) {
+  Buffers b(s);
+  for (auto _ : state) {
+    if (c.dnnl != nullptr) {
+      c.dnnl('N', 'T', kRows, s.OC, s.C, 1.0f, b.inp.data(), s.C, b.weight.data(), s.C, 0.0f,
+             b.out.data(), s.OC);
+    } else {
+      c.cblas(CblasRowMajor, CblasNoTrans, CblasTrans, kRows, s.OC, s.C, 1.0f, b.inp.data(), s.C,
+              b.weight.data(), s.C, 0.0f, b.out.data(), s.OC);
+    }
+    benchmark::DoNotOptimize(b.out.data());
+    benchmark::ClobberMemory();
+  }
+  // Every element of out is C · 0.5 · 0.25: a library that ran but computed garbage fails here.
+  const float want = 0.125f * static_cast<float>(s.C);
+  for (float v : b.out) {
+    if (v != want) {
+      state.SkipWithError("wrong result");
+      break;
+    }
   }
   SetFlops(state, s);
 }
@@ -83,12 +151,13 @@ class RatioReporter : public benchmark::ConsoleReporter {
   }
 
   void PrintSummary() const {
-    std::printf("\nGEMM (%d rows) GFLOP/s: ours vs OpenBLAS sgemm\n", kRows);
-    std::printf("%-9s %-16s %10s %10s %10s %8s %8s\n", "layer", "C->OC", "openblas", "ours",
+    std::printf("\nGEMM (%d rows) GFLOP/s: ours vs the sgemm it calls (%s)\n", kRows,
+                shardline::kernels::cpu::BlasDescription().c_str());
+    std::printf("%-9s %-16s %10s %10s %10s %8s %8s\n", "layer", "C->OC", "sgemm", "ours",
                 "ours+bias", "ratio", "ratio+b");
     for (const GemmShape& s : kShapes) {
       const std::string suffix = "/" + std::string(s.what);
-      const double blas = Get("OpenBlasSgemm" + suffix);
+      const double blas = Get("Sgemm" + suffix);
       const double ours = Get("MatmulForward" + suffix);
       const double ours_bias = Get("MatmulForwardBias" + suffix);
       if (blas <= 0.0) continue;  // filtered out
@@ -109,11 +178,25 @@ class RatioReporter : public benchmark::ConsoleReporter {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Interleaved per shape (OpenBLAS, ours, ours with bias), so that both sides see the same
-  // machine state.
+  const char* library = std::getenv("GEMM_BENCH_LIBRARY");
+  if (library != nullptr && *library != '\0') {
+    const char* symbol = std::getenv("GEMM_BENCH_SYMBOL");
+    const Candidate c = LoadCandidate(library, symbol != nullptr && *symbol ? symbol : "cblas_sgemm");
+    for (const GemmShape& s : kShapes) {
+      benchmark::RegisterBenchmark(("Candidate/" + std::string(s.what)).c_str(), BM_Candidate, s, c)
+          ->Unit(benchmark::kMillisecond)->UseRealTime();
+    }
+    benchmark::Initialize(&argc, argv);
+    if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+    benchmark::RunSpecifiedBenchmarks();
+    benchmark::Shutdown();
+    return 0;
+  }
+  // Interleaved per shape (sgemm, ours, ours with bias), so that both sides see the same machine
+  // state.
   for (const GemmShape& s : kShapes) {
     const std::string suffix = "/" + std::string(s.what);
-    benchmark::RegisterBenchmark(("OpenBlasSgemm" + suffix).c_str(), BM_OpenBlas, s)
+    benchmark::RegisterBenchmark(("Sgemm" + suffix).c_str(), BM_Sgemm, s)
         ->Unit(benchmark::kMillisecond)->UseRealTime();
     benchmark::RegisterBenchmark(("MatmulForward" + suffix).c_str(), BM_Ours, s, false)
         ->Unit(benchmark::kMillisecond)->UseRealTime();

@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
-# Installs the peer of the checkpoint benchmark: a current PyTorch 2 from PyPI (with its CUDA
-# wheels, about 5 GB) in a venv of its own, never Debian's Python (whose python3-torch 1.13 the
-# ctest reference checks use, and which has no torch.distributed.checkpoint.async_save).
+# Installs the benchmarks' PyTorch peer (this is the "bench/peers" script): a current PyTorch 2
+# from PyPI (with its CUDA wheels, about 5 GB) in a venv of its own, never Debian's Python (whose
+# python3-torch 1.13 the ctest reference checks use, and which has no
+# torch.distributed.checkpoint.async_save). Its users: the checkpoint benchmark
+# (bench/checkpoint_compare.py) and the recovery one's torchrun peer (bench/recovery_compare.py),
+# which need it, and the data-parallel one's DDP-over-Gloo peer (bench/dp_compare.py running
+# bench/ddp_peer.py under `python -m torch.distributed.run`), which uses it by default when it is
+# present and Debian's torch otherwise, printing which version it compared against. The PyPI
+# wheels carry Gloo and torchrun, all the DDP peer needs.
 # Benchmark-only: nothing in ctest needs it.
 #
 #   bench/setup-torch2.sh [VENV]     default /opt/shardline-bench/torch2

@@ -793,8 +793,9 @@ absl::Status Coordinator::OnCommReady(const std::string& peer, uint64_t request_
   const ReadyOutcome outcome = OnReady(job, *member.group, *member.actor, now);
   if (outcome.group_ready_seconds) {
     metrics_.ObserveBootstrap(member.group->kind, *outcome.group_ready_seconds);
-    spdlog::info("job {} generation {}: group {} ready in {:.3f} s", job.id, job.generation,
-                 member.group->id, *outcome.group_ready_seconds);
+    spdlog::info("job {} generation {}: group {} ready in {:.3f} s over {}", job.id,
+                 job.generation, member.group->id, *outcome.group_ready_seconds,
+                 Str(report.getTransport()));
   }
   if (outcome.generation_ready) {
     if (job.spec.kind == placement::JobKind::kTrain) job.watchdog.Arm(now);

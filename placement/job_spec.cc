@@ -56,7 +56,8 @@ constexpr EnumName<JobKind> kJobKinds[] = {{"comm-check", JobKind::kCommCheck},
 constexpr EnumName<DeviceKind> kDeviceKinds[] = {{"cpu", DeviceKind::kCpu},
                                                  {"cuda", DeviceKind::kCuda}};
 constexpr EnumName<Backend> kBackends[] = {
-    {"auto", Backend::kAuto}, {"gloo", Backend::kGloo}, {"nccl", Backend::kNccl}};
+    {"auto", Backend::kAuto}, {"gloo", Backend::kGloo}, {"nccl", Backend::kNccl},
+    {"shm", Backend::kShm}};
 
 constexpr size_t kMaxNameLength = 63;
 // A year: long enough for any run, small enough that seconds → milliseconds cannot overflow.
@@ -408,7 +409,11 @@ absl::StatusOr<JobSpec> ParseJobSpecMap(const YamlMap& map, const PathBase& base
   if (spec.backend == Backend::kNccl && spec.devices != DeviceKind::kCuda) {
     return map.ErrorAt(kBackend, absl::StrCat("'nccl' runs only on cuda devices, but devices is '",
                                               AbslView(DeviceKindName(spec.devices)),
-                                              "'; use 'gloo' or 'auto' for cpu actors"));
+                                              "'; use 'shm', 'gloo' or 'auto' for cpu actors"));
+  }
+  if (spec.backend == Backend::kShm && spec.devices != DeviceKind::kCpu) {
+    return map.ErrorAt(kBackend, "'shm' runs only on cpu devices; use 'nccl' or 'auto' for cuda "
+                                 "actors");
   }
 
   ASSIGN_OR_RETURN(spec.bootstrap_timeout,
@@ -517,7 +522,7 @@ std::string_view BackendName(Backend backend) { return NameOf(kBackends, backend
 
 Backend ResolveBackend(const JobSpec& spec) {
   if (spec.backend != Backend::kAuto) return spec.backend;
-  return spec.devices == DeviceKind::kCuda ? Backend::kNccl : Backend::kGloo;
+  return spec.devices == DeviceKind::kCuda ? Backend::kNccl : Backend::kShm;
 }
 
 std::vector<int64_t> CommCheckSizesBytes(const CommCheckSpec& spec) {

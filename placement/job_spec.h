@@ -20,8 +20,11 @@ namespace shardline::placement {
 
 enum class JobKind { kCommCheck, kTrain };
 enum class DeviceKind { kCpu, kCuda };
-// kAuto picks by device: NCCL on CUDA, Gloo on CPU (see ResolveBackend).
-enum class Backend { kAuto, kGloo, kNccl };
+// kAuto picks by device: NCCL on CUDA, kShm on CPU (see ResolveBackend). kShm is shared memory
+// between the ranks of a group on one host, a hierarchical shm + Gloo all-reduce for a group over
+// hosts with as many ranks on each, and Gloo otherwise (worker/comm/cpu_communicator.h); kGloo
+// forces Gloo over TCP for every group.
+enum class Backend { kAuto, kGloo, kNccl, kShm };
 
 // The operations a comm-check can run, in the order it runs and reports them.
 inline constexpr std::array<std::string_view, 9> kCommCheckOps = {
@@ -126,12 +129,12 @@ absl::Status ApplyPlannedLayout(JobSpec& spec, const ParallelSpec& layout);
 // dp fits (fewer devices than min_actors). Expects a validated elastic spec with a fixed layout.
 absl::StatusOr<ParallelSpec> ElasticLayout(const JobSpec& spec, int devices);
 
-// The YAML spellings: "comm-check", "train"; "cpu", "cuda"; "auto", "gloo", "nccl".
+// The YAML spellings: "comm-check", "train"; "cpu", "cuda"; "auto", "gloo", "nccl", "shm".
 std::string_view JobKindName(JobKind kind);
 std::string_view DeviceKindName(DeviceKind kind);
 std::string_view BackendName(Backend backend);
 
-// The backend the actors will actually use: kGloo or kNccl, never kAuto.
+// The backend the actors will actually use: kGloo, kShm or kNccl, never kAuto.
 Backend ResolveBackend(const JobSpec& spec);
 
 // The message sizes, in bytes, that a comm-check tests: min_bytes·4^k up to max_bytes, max_bytes

@@ -390,6 +390,7 @@ struct CommReady {
   rank @2 :UInt32;
   groupId @3 :Text;
   seconds @4 :Float64;
+  transport @5 :Text;  # what the group runs over: "shm", "shm+gloo", "gloo", "nccl"
 }
 
 struct CommFailed {

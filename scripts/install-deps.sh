@@ -40,3 +40,42 @@ if ((${#missing[@]})); then
   "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 echo "install-deps: all ${#packages[@]} packages present"
+
+# ---- CPU BLAS: Intel oneMKL, from PyPI, into its own prefix (kernels/cpu/blas.h says why) ------
+# The `mkl` wheel alone (the libraries, about 700 MB): --no-deps, as the GNU OpenMP threading layer
+# that the kernels use needs neither Intel's OpenMP nor TBB. Installed with Debian's pip into
+# PREFIX (default /opt/shardline/deps/mkl, the build's SHARDLINE_MKL_DIR), never into the system
+# Python. Pinned: the version bench/gemm_compare.py measured. Without it the kernels fall back to
+# the system OpenBLAS (and say so).
+mkl_version=2026.2.1
+mkl_prefix=${SHARDLINE_MKL_DIR:-/opt/shardline/deps/mkl}
+if [[ -e "$mkl_prefix/lib/libmkl_rt.so.3" && "$(cat "$mkl_prefix/VERSION" 2>/dev/null)" == "$mkl_version" ]]; then
+  echo "install-deps: oneMKL $mkl_version present in $mkl_prefix"
+else
+  if ! dpkg-query -W -f='${Status}' python3-pip 2>/dev/null | grep -q "install ok installed"; then
+    export DEBIAN_FRONTEND=noninteractive
+    "${sudo_cmd[@]}" apt-get update -qq
+    "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends python3-pip
+  fi
+  staging="$mkl_prefix.new"
+  "${sudo_cmd[@]}" rm -rf "$staging"
+  # --prefix (like --target) skips Debian's externally-managed check; --ignore-installed so that
+  # an mkl in the system Python does not stand in for this one.
+  "${sudo_cmd[@]}" /usr/bin/python3 -m pip install --quiet --no-deps --no-compile \
+    --ignore-installed --disable-pip-version-check --root-user-action=ignore \
+    --prefix "$staging" "mkl==$mkl_version"
+  # Debian's pip puts a --prefix install under PREFIX/local; other pips under PREFIX.
+  root="$staging"
+  [[ -d "$staging/local/lib" ]] && root="$staging/local"
+  if [[ ! -e "$root/lib/libmkl_rt.so.3" ]]; then
+    echo "install-deps: pip installed mkl==$mkl_version but no libmkl_rt.so.3 in $root/lib" >&2
+    exit 1
+  fi
+  echo "$mkl_version" | "${sudo_cmd[@]}" tee "$root/VERSION" >/dev/null
+  "${sudo_cmd[@]}" mkdir -p "$(dirname "$mkl_prefix")"
+  "${sudo_cmd[@]}" rm -rf "$mkl_prefix"
+  "${sudo_cmd[@]}" mv "$root" "$mkl_prefix"
+  "${sudo_cmd[@]}" rm -rf "$staging"
+  echo "install-deps: oneMKL $mkl_version installed in $mkl_prefix"
+fi
+# ---- end of CPU BLAS ---------------------------------------------------------------------------

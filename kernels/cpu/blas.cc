@@ -1,31 +1,184 @@
 #include "kernels/cpu/blas.h"
 
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
+#include <string>
+
+#include "spdlog/spdlog.h"
+
+#ifndef SHARDLINE_MKL_DIR
+#define SHARDLINE_MKL_DIR "/opt/shardline/deps/mkl"
+#endif
 
 namespace shardline::kernels::cpu {
+namespace {
 
-SgemmFn Sgemm() {
-  static SgemmFn sgemm = nullptr;
+struct Loaded {
+  SgemmFn sgemm = nullptr;
+  std::string description;
+};
+
+void Note(std::string& tried, const std::string& what) {
+  tried += (tried.empty() ? "" : "; ") + what;
+}
+
+void* Open(const std::string& name, std::string& tried) {
+  void* library = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (library == nullptr) {
+    const char* error = dlerror();
+    Note(tried, error != nullptr ? error : name + ": cannot be loaded");
+  }
+  return library;
+}
+
+// mkl_service.h, as of oneMKL 2021-2026 (the values are part of its ABI).
+constexpr int kMklInterfaceLp64 = 0;
+constexpr int kMklThreadingGnu = 3;
+struct MklVersion {
+  int major, minor, update, patch;
+  const char* product_status;
+  const char* build;
+  const char* processor;
+  const char* platform;
+};
+
+// Intel oneMKL through its single dynamic library, libmkl_rt, from the prefix that
+// scripts/install-deps.sh fills (SHARDLINE_MKL_DIR, a CMake cache variable). libmkl_rt finds its
+// other libraries beside itself. Before any other MKL call it is told: LP64 integers (CBLAS's int,
+// as cblas.h declares) and GNU OpenMP threads (libmkl_gnu_thread: the libgomp pool our own kernels
+// use, sized by OMP_NUM_THREADS; MKL_NUM_THREADS, if set, wins for MKL). Nothing else of Intel's
+// runtime (libiomp5, TBB) is installed or loaded.
+bool LoadMkl(Loaded& out, std::string& tried) {
+  const std::string dir = std::string(SHARDLINE_MKL_DIR) + "/lib/";
+  for (const char* soname : {"libmkl_rt.so.3", "libmkl_rt.so.2"}) {
+    const std::string path = dir + soname;
+    if (access(path.c_str(), R_OK) != 0) {
+      Note(tried, path + ": not installed");
+      continue;
+    }
+    // The threading layer is loaded on the first BLAS call, where a missing one would end the
+    // process in MKL's own error: check it is there first.
+    const std::string suffix = std::strchr(soname, '.');  // ".so.N"
+    const std::string thread_layer = dir + "libmkl_gnu_thread" + suffix;
+    if (access(thread_layer.c_str(), R_OK) != 0) {
+      Note(tried, thread_layer + ": not installed");
+      continue;
+    }
+    void* library = Open(path, tried);
+    if (library == nullptr) continue;
+    auto set_interface = reinterpret_cast<int (*)(int)>(dlsym(library, "MKL_Set_Interface_Layer"));
+    auto set_threading = reinterpret_cast<int (*)(int)>(dlsym(library, "MKL_Set_Threading_Layer"));
+    auto get_version = reinterpret_cast<void (*)(MklVersion*)>(dlsym(library, "MKL_Get_Version"));
+    auto sgemm = reinterpret_cast<SgemmFn>(dlsym(library, "cblas_sgemm"));
+    if (set_interface == nullptr || set_threading == nullptr || get_version == nullptr ||
+        sgemm == nullptr) {
+      Note(tried, path + ": not the MKL interface expected");
+      dlclose(library);
+      continue;
+    }
+    if (set_interface(kMklInterfaceLp64) != kMklInterfaceLp64 ||
+        set_threading(kMklThreadingGnu) != kMklThreadingGnu) {
+      Note(tried, path + ": refused the LP64 interface or GNU OpenMP threading");
+      continue;  // MKL is set up now and cannot be unloaded cleanly; leave it loaded
+    }
+    // One small product, so that a broken installation fails here and not in a training step.
+    const float a[4] = {1, 2, 3, 4}, b[4] = {5, 6, 7, 8};
+    float c[4] = {0, 0, 0, 0};
+    sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, 2, 2, 2, 1.0f, a, 2, b, 2, 0.0f, c, 2);
+    if (c[0] != 19 || c[1] != 22 || c[2] != 43 || c[3] != 50) {
+      Note(tried, path + ": a 2x2 sgemm gave a wrong result");
+      continue;
+    }
+    MklVersion v{};
+    get_version(&v);
+    out.sgemm = sgemm;
+    // oneMKL numbers its releases YEAR.UPDATE ("2026.2"); the minor field stays 0.
+    out.description = "Intel oneMKL " + std::to_string(v.major) + "." + std::to_string(v.update) +
+                      (v.build != nullptr ? std::string(" build ") + v.build : "") + " (" + path +
+                      ", GNU OpenMP threads, " +
+                      (v.processor != nullptr ? v.processor : "unknown code path") + ")";
+    return true;
+  }
+  return false;
+}
+
+// The system's OpenBLAS (Debian's libopenblas0), or whatever BLAS the alternatives system points
+// libcblas.so.3 / libblas.so.3 at. Its own threads (OPENBLAS_NUM_THREADS).
+bool LoadSystem(Loaded& out, std::string& tried) {
+  for (const char* name : {"libopenblas.so.0", "libcblas.so.3", "libblas.so.3"}) {
+    void* library = Open(name, tried);
+    if (library == nullptr) continue;
+    auto sgemm = reinterpret_cast<SgemmFn>(dlsym(library, "cblas_sgemm"));
+    if (sgemm == nullptr) {
+      Note(tried, std::string(name) + ": no cblas_sgemm");
+      continue;
+    }
+    out.sgemm = sgemm;
+    auto config = reinterpret_cast<const char* (*)()>(dlsym(library, "openblas_get_config"));
+    auto core = reinterpret_cast<const char* (*)()>(dlsym(library, "openblas_get_corename"));
+    out.description = std::string(config != nullptr ? config() : "a CBLAS") + " (" + name;
+    if (core != nullptr) {
+      out.description += std::string(", core ") + core();
+      // OpenBLAS picks its kernels from a table of CPU models; one newer than the table falls
+      // back to the SSE3 kernels, a fifth of this CPU's speed or less.
+      if (std::strcmp(core(), "Prescott") == 0 && __builtin_cpu_supports("avx2")) {
+        out.description += ": generic kernels on an AVX2 CPU";
+      }
+    }
+    out.description += ")";
+    return true;
+  }
+  return false;
+}
+
+const Loaded& Load() {
+  static Loaded loaded;
   static std::once_flag once;
   std::call_once(once, [] {
-    // The Debian soname of OpenBLAS, then the generic BLAS that the alternatives system may point
-    // at OpenBLAS too.
-    for (const char* name : {"libopenblas.so.0", "libcblas.so.3", "libblas.so.3"}) {
-      void* library = dlopen(name, RTLD_NOW | RTLD_LOCAL);
-      if (library == nullptr) continue;
-      sgemm = reinterpret_cast<SgemmFn>(dlsym(library, "cblas_sgemm"));
-      if (sgemm != nullptr) return;
+    std::string tried;
+    const char* choice = std::getenv("SHARDLINE_BLAS");
+    const std::string want = choice != nullptr ? choice : "";
+    if (want != "" && want != "mkl" && want != "openblas") {
+      std::fprintf(stderr, "shardline: SHARDLINE_BLAS=%s: expected mkl or openblas (or unset)\n",
+                   want.c_str());
+      std::abort();
+    }
+    if (want != "openblas" && LoadMkl(loaded, tried)) {
+      spdlog::info("CPU BLAS: {}", loaded.description);
+      return;
+    }
+    if (want == "mkl") {
+      std::fprintf(stderr, "shardline: SHARDLINE_BLAS=mkl but MKL cannot be used (%s)\n",
+                   tried.c_str());
+      std::abort();
+    }
+    if (LoadSystem(loaded, tried)) {
+      if (want == "openblas") {
+        spdlog::info("CPU BLAS: {} (SHARDLINE_BLAS=openblas)", loaded.description);
+      } else {
+        spdlog::warn("CPU BLAS: {}, as MKL is missing ({}); scripts/install-deps.sh installs it",
+                     loaded.description, tried);
+      }
+      return;
     }
     std::fprintf(stderr,
-                 "shardline: no BLAS with cblas_sgemm could be loaded (tried libopenblas.so.0, "
-                 "libcblas.so.3, libblas.so.3); run scripts/install-deps.sh\n");
+                 "shardline: no BLAS with cblas_sgemm could be loaded (%s); run "
+                 "scripts/install-deps.sh\n",
+                 tried.c_str());
     std::abort();
   });
-  return sgemm;
+  return loaded;
 }
+
+}  // namespace
+
+SgemmFn Sgemm() { return Load().sgemm; }
+
+std::string BlasDescription() { return Load().description; }
 
 }  // namespace shardline::kernels::cpu

@@ -7,6 +7,8 @@
 
 #include <cblas.h>
 
+#include <string>
+
 namespace shardline::kernels::cpu {
 
 using SgemmFn = decltype(&cblas_sgemm);
@@ -15,5 +17,8 @@ using SgemmFn = decltype(&cblas_sgemm);
 // BLAS can be loaded the process stops with a message naming the libraries tried: OpenBLAS is
 // a dependency of the installation (scripts/install-deps.sh), not an input a caller can fix.
 SgemmFn Sgemm();
+
+// The library Sgemm() uses, with its version (loads it if no call has yet).
+std::string BlasDescription();
 
 }  // namespace shardline::kernels::cpu

@@ -365,9 +365,9 @@ int RunSurvivor(Communicator& comm, Victim victim, milliseconds timeout, const s
   const std::string message(status.message());
   fprintf(stderr, "survivor %d: %s after %lld ms\n", comm.rank(), status.ToString().c_str(),
           static_cast<long long>(std::chrono::duration_cast<milliseconds>(took).count()));
+  // Stay until the other survivor has seen the fault too: an exit now would be what it reports.
+  std::this_thread::sleep_for(victim == Victim::kStopped ? timeout : milliseconds(500));
   if (victim == Victim::kStopped) {
-    // Stay until the other survivor has timed out too: an exit now would be what it reports.
-    std::this_thread::sleep_for(timeout);
     if (status.code() != absl::StatusCode::kDeadlineExceeded) return 11;
     // Both survivors wait on the victim alone, and name it with its state.
     if (message.find("rank 2 (pid") == std::string::npos ||

@@ -45,7 +45,7 @@ TEST(JobSpecTest, ExampleCommCheckParses) {
   EXPECT_EQ(spec->kind, JobKind::kCommCheck);
   EXPECT_EQ(spec->actors, 4);
   EXPECT_EQ(spec->devices, DeviceKind::kCpu);
-  EXPECT_EQ(ResolveBackend(*spec), Backend::kGloo);
+  EXPECT_EQ(ResolveBackend(*spec), Backend::kShm);
   EXPECT_EQ(spec->comm_check.min_bytes, 4);
   EXPECT_EQ(spec->comm_check.max_bytes, 64 << 20);
   EXPECT_TRUE(spec->comm_check.ops.empty());
@@ -236,7 +236,10 @@ TEST(JobSpecTest, ErrorsFromFilesNameTheFile) {
 
 TEST(JobSpecTest, BackendResolution) {
   JobSpec spec;
-  EXPECT_EQ(ResolveBackend(spec), Backend::kGloo);
+  EXPECT_EQ(ResolveBackend(spec), Backend::kShm);  // auto on cpu
+  spec.backend = Backend::kGloo;
+  EXPECT_EQ(ResolveBackend(spec), Backend::kGloo);  // forced
+  spec.backend = Backend::kAuto;
   spec.devices = DeviceKind::kCuda;
   EXPECT_EQ(ResolveBackend(spec), Backend::kNccl);
   spec.backend = Backend::kGloo;
@@ -244,6 +247,12 @@ TEST(JobSpecTest, BackendResolution) {
   absl::StatusOr<JobSpec> gloo_on_cuda =
       Parse(std::string(kMinimal) + "devices: cuda\nbackend: gloo\n");
   ASSERT_TRUE(gloo_on_cuda.ok()) << gloo_on_cuda.status();
+  absl::StatusOr<JobSpec> shm_on_cuda = Parse(std::string(kMinimal) + "devices: cuda\nbackend: shm\n");
+  ASSERT_FALSE(shm_on_cuda.ok());
+  EXPECT_THAT(Message(shm_on_cuda.status()), HasSubstr("'shm' runs only on cpu devices"));
+  absl::StatusOr<JobSpec> shm = Parse(std::string(kMinimal) + "backend: shm\n");
+  ASSERT_TRUE(shm.ok()) << shm.status();
+  EXPECT_EQ(ResolveBackend(*shm), Backend::kShm);
 }
 
 TEST(JobSpecTest, NamesMatchYamlSpellings) {
@@ -254,6 +263,7 @@ TEST(JobSpecTest, NamesMatchYamlSpellings) {
   EXPECT_EQ(BackendName(Backend::kAuto), "auto");
   EXPECT_EQ(BackendName(Backend::kGloo), "gloo");
   EXPECT_EQ(BackendName(Backend::kNccl), "nccl");
+  EXPECT_EQ(BackendName(Backend::kShm), "shm");
 }
 
 // ---- kind: train ----
@@ -340,7 +350,7 @@ TEST(TrainJobSpecTest, ExampleGptShardedParses) {
   EXPECT_EQ(spec->kind, JobKind::kTrain);
   EXPECT_EQ(spec->actors, 4);
   EXPECT_EQ(spec->devices, DeviceKind::kCpu);
-  EXPECT_EQ(ResolveBackend(*spec), Backend::kGloo);
+  EXPECT_EQ(ResolveBackend(*spec), Backend::kShm);
   EXPECT_EQ(spec->parallel.tp, 2);
   EXPECT_EQ(spec->parallel.pp, 2);
   EXPECT_EQ(spec->parallel.dp, 1);

@@ -17,6 +17,7 @@
 #include "worker/actor/coordinator_store.h"
 #include "worker/actor/report_queue.h"
 #include "worker/comm/communicator.h"
+#include "worker/comm/cpu_communicator.h"
 #include "worker/training/sharded_trainer.h"
 #include "worker/wire_observer.h"
 
@@ -212,13 +213,21 @@ absl::Status Actor::Bootstrap() {
       comm::GlooOptions gloo;
       gloo.hostname = address_;
       gloo.timeout = std::max<std::chrono::milliseconds>(bootstrap_timeout_ + kBootstrapSlack, 30s);
-      // Gloo has one timeout for the bootstrap and every operation. In training a pipeline
-      // stage waits for its neighbour's whole forward, which on a CPU can take minutes; a dead
-      // peer is noticed by the coordinator (its agent reports the exit) long before this.
+      // Gloo has one timeout for the bootstrap and every operation, and so has shm. In training a
+      // pipeline stage waits for its neighbour's whole forward, which on a CPU can take minutes; a
+      // dead peer is noticed by the coordinator (its agent reports the exit) long before this,
+      // and by shm's pidfds at once.
       if (spec_.kind == placement::JobKind::kTrain) {
         gloo.timeout = std::max<std::chrono::milliseconds>(gloo.timeout, spec_.run_timeout);
       }
-      communicator = comm::CreateGlooCommunicator(group_store, index, size, gloo);
+      if (backend_ == "shm") {
+        comm::CpuCommOptions cpu;
+        cpu.gloo = gloo;
+        cpu.shm.timeout = gloo.timeout;
+        communicator = comm::CreateCpuCommunicator(group_store, index, size, cpu);
+      } else {
+        communicator = comm::CreateGlooCommunicator(group_store, index, size, gloo);
+      }
     }
     if (!communicator.ok()) {
       const std::string error = ToString(communicator.status().message());
@@ -237,8 +246,10 @@ absl::Status Actor::Bootstrap() {
       auto ready = Origin(payload.initCommReady());
       ready.setGroupId(group.id);
       ready.setSeconds(seconds);
+      ready.setTransport(std::string((*communicator)->backend()));
     }));
-    spdlog::info("group {} ({} of {}) ready in {:.3f} s", group.id, index, size, seconds);
+    spdlog::info("group {} ({} of {}) ready in {:.3f} s over {}", group.id, index, size, seconds,
+                 (*communicator)->backend());
     communicators_[group.id] = std::move(*communicator);
   }
   return absl::OkStatus();

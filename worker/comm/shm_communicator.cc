@@ -49,7 +49,9 @@ constexpr size_t kReduceBlock = 2048;
 // Waiting: spin while a peer is likely to answer within microseconds, then give the core away
 // (ranks may outnumber cores), then sleep on the futex in slices that bound how late an abort,
 // a dead peer or the deadline is seen.
-constexpr auto kSpinFor = std::chrono::microseconds(50);
+// The spin is short: when ranks share a core (more ranks than cores, or a busy machine), every
+// microsecond spun is one the peer we wait for cannot run.
+constexpr auto kSpinFor = std::chrono::microseconds(5);
 constexpr auto kYieldFor = std::chrono::microseconds(2000);
 constexpr auto kSleepSlice = std::chrono::milliseconds(2);
 constexpr auto kLivenessEvery = std::chrono::milliseconds(1);
@@ -297,23 +299,34 @@ class ShmCommunicator final : public Communicator {
         const uint64_t phase = NextPhase();
         std::memcpy(Input(rank_, phase), data, bytes);
         RETURN_IF_ERROR(PublishAndWait(phase, what));
-        for (int r = 0; r < size_; ++r) inputs[r] = Input(r, phase);
+        for (int r = 0; r < size_; ++r) inputs[r] = r == rank_ ? data : Input(r, phase);
+        // In place is safe: a block's inputs are all read before its outputs are written.
         reduce(inputs.data(), size_, data, count);
         return absl::OkStatus();
       }
       const size_t chunk = layout_.slot_bytes / esize;
       for (size_t offset = 0; offset < count; offset += chunk) {
         const size_t len = std::min(chunk, count - offset);
-        const uint64_t scatter = NextPhase();
-        std::memcpy(Input(rank_, scatter), bytes_out + offset * esize, len * esize);
-        RETURN_IF_ERROR(PublishAndWait(scatter, what));
-        // Slice r of the chunk, reduced by rank r; uneven slices when len % size != 0.
+        char* mine = bytes_out + offset * esize;
+        // Slice r of the chunk is reduced by rank r (uneven slices when len % size != 0). Only
+        // the slices the others reduce go into the segment, and only theirs come back out: the
+        // fewest bytes moved, which is what a memory-bound collective is timed by.
         const size_t lo = len * rank_ / size_, hi = len * (rank_ + 1) / size_;
+        const auto others = [&](char* to, const char* from) {
+          std::memcpy(to, from, lo * esize);
+          std::memcpy(to + hi * esize, from + hi * esize, (len - hi) * esize);
+        };
+        const uint64_t scatter = NextPhase();
+        others(Input(rank_, scatter), mine);
+        RETURN_IF_ERROR(PublishAndWait(scatter, what));
         const uint64_t gather = NextPhase();
-        for (int r = 0; r < size_; ++r) inputs[r] = Input(r, scatter) + lo * esize;
-        reduce(inputs.data(), size_, Result(gather) + lo * esize, hi - lo);
+        for (int r = 0; r < size_; ++r) {
+          inputs[r] = (r == rank_ ? mine : Input(r, scatter)) + lo * esize;
+        }
+        reduce(inputs.data(), size_, mine + lo * esize, hi - lo);
+        std::memcpy(Result(gather) + lo * esize, mine + lo * esize, (hi - lo) * esize);
         RETURN_IF_ERROR(PublishAndWait(gather, what));
-        std::memcpy(bytes_out + offset * esize, Result(gather), len * esize);
+        others(mine, Result(gather));
       }
       return absl::OkStatus();
     });
@@ -535,12 +548,8 @@ class ShmCommunicator final : public Communicator {
     const auto start = Clock::now();
     const auto deadline = start + timeout_;
     auto next_check = start;
-    for (uint32_t spins = 0;; ++spins) {
+    for (;;) {
       if (ready()) return absl::OkStatus();
-      if (spins % 64 != 0) {
-        CpuRelax();
-        continue;
-      }
       const auto now = Clock::now();
       if (now >= next_check) {
         RETURN_IF_ERROR(Interrupted(what));
@@ -548,7 +557,7 @@ class ShmCommunicator final : public Communicator {
       }
       if (now >= deadline) return TimedOut(what, late());
       if (now - start < kSpinFor) {
-        CpuRelax();
+        for (int i = 0; i < 16; ++i) CpuRelax();
       } else if (now - start < kYieldFor) {
         sched_yield();
       } else {
