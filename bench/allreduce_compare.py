@@ -8,8 +8,8 @@ Builds nothing: give it a build directory where `ninja allreduce_gloo allreduce_
   bench/allreduce_compare.py build-dev            # 4 B..256 MiB, 2 and 4 ranks, + MPI ring
   bench/allreduce_compare.py build-dev --quick    # up to 16 MiB, 2 ranks (about a minute)
 
-Ranks are processes on this host. Shardline's communicators, raw Gloo and memcpy run interleaved in
-the same processes (allreduce_gloo); MPI runs under mpirun, by default with its own algorithm
+Ranks are processes on this host. Shardline's shm runs alone, as MPI does; Shardline's Gloo path,
+raw Gloo and memcpy run interleaved in the same processes (allreduce_gloo); MPI runs under mpirun, by default with its own algorithm
 choice and shared-memory transport (vader), and, unless --quick, once more with the ring algorithm
 forced (coll_tuned_allreduce_algorithm 4). Targets (issue 13): shm >= 1.25x OpenMPI's better run
 at every size from 4 KiB, at 2 and 4 ranks, and a 4 KiB all-reduce within 10 us at 2 ranks.
@@ -90,7 +90,13 @@ def main():
 
     results = {}
     for n in ranks:
-        results.update(run([gloo_bin, "--ranks", str(n)] + sizes_flag, args.timeout))
+        # shm alone, as MPI runs alone: interleaved behind another implementation, a rank would
+        # start each operation as late as that one let it, and the skew would count as latency.
+        results.update(run([gloo_bin, "--ranks", str(n), "--impl", "shm"] + sizes_flag,
+                           args.timeout))
+        # Shardline's Gloo path and raw Gloo interleaved: the difference is our overhead.
+        results.update(run([gloo_bin, "--ranks", str(n), "--impl", "shardline,gloo,memcpy"] +
+                           sizes_flag, args.timeout))
         if have_mpi:
             results.update(run(MPIRUN + ["-np", str(n), mpi_bin] + sizes_flag, args.timeout))
             if not args.quick:

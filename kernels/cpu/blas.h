@@ -1,8 +1,37 @@
-// The BLAS the CPU kernels multiply with: OpenBLAS, loaded with dlopen on first use rather than
-// linked. Linked in, OpenBLAS 0.3.21 (Debian 12) is loaded into every `shardline` process, and the
-// coordinator, which never multiplies a matrix, then crashed in civetweb's worker threads (the
-// Prometheus endpoint) with a null thread pointer; reproduced by LD_PRELOADing libopenblas alone.
-// Loading it only where a GEMM runs keeps the daemons free of it.
+// The BLAS the CPU kernels multiply with, chosen by measurement (bench/gemm_compare.py: oneMKL,
+// oneDNN, BLIS, OpenBLAS old and new, against PyTorch 2's MKL on the GPT-2 GEMM shapes):
+//
+//  1. Intel oneMKL, from the prefix scripts/install-deps.sh fills (the CMake cache variable
+//     SHARDLINE_MKL_DIR, default /opt/shardline/deps/mkl), through libmkl_rt with the LP64
+//     interface and the GNU OpenMP threading layer: MKL's GEMM runs on the same libgomp pool as
+//     our own kernels (no second pool spinning against it), sized by OMP_NUM_THREADS, as the
+//     agent sets per actor; MKL_NUM_THREADS, if set, overrides it for MKL alone. On Intel CPUs
+//     MKL picks its kernels from the CPU's features (AVX-512 here; the log line names the code
+//     path), not from a table of CPU models; on AMD CPUs it runs but was not measured here.
+//  2. Else the system OpenBLAS (Debian's libopenblas0), with a warning naming what was missing.
+//     Its own pthreads (OPENBLAS_NUM_THREADS). Debian's 0.3.21 does not know current Xeons and
+//     runs its generic Prescott kernels there (37-57 GFLOP/s on 2 cores against MKL's 300); the
+//     log line says so.
+// SHARDLINE_BLAS=mkl or =openblas forces one (for comparisons and tests; unset in production).
+// The library and its version are logged once, at the first GEMM.
+//
+// Loaded with dlopen at the first GEMM rather than linked, for three reasons:
+//  - The choice above is made where the binary runs, not where it was built.
+//  - Processes that never multiply (coordinator, agent) never load 700 MB of MKL or start
+//    OpenBLAS's threads.
+//  - A BLAS loaded at start-up has its thread-local storage placed in the static TLS block, which
+//    glibc carves out of the top of EVERY thread's stack. OpenBLAS 0.3.21's is 60 KiB (its TLS
+//    segment's memsz is 0xf000), and Debian's civetweb gives its worker threads fixed 100 KiB
+//    stacks (built with USE_STACK_SIZE=102400): with libopenblas linked or LD_PRELOADed a worker
+//    keeps 36 KB of stack instead of 98 KB, and civetweb's error path (mg_send_http_error ->
+//    vsnprintf) overflows it. Any request for a path other than /metrics then kills the process,
+//    and so does a scrape while the endpoint stops, because prometheus-cpp's Exposer removes its
+//    /metrics handler before it stops civetweb, so those scrapes get a 404. That was the
+//    coordinator's "crash in civetweb's worker threads when the metrics endpoint stopped". A
+//    dlopen'ed library's TLS is allocated per thread on first use instead, so actors, which load
+//    the BLAS and serve metrics too, are safe whichever library they get.
+//    tests/unit/kernels_blas_test.cc checks that a 100 KiB-stack thread keeps its stack after
+//    the BLAS is loaded. (oneMKL's own TLS is 16 bytes; linking it would also be safe.)
 #pragma once
 
 #include <cblas.h>
@@ -13,12 +42,13 @@ namespace shardline::kernels::cpu {
 
 using SgemmFn = decltype(&cblas_sgemm);
 
-// cblas_sgemm from the system's OpenBLAS. The first call loads the library (thread-safe); if no
-// BLAS can be loaded the process stops with a message naming the libraries tried: OpenBLAS is
-// a dependency of the installation (scripts/install-deps.sh), not an input a caller can fix.
+// cblas_sgemm from the library chosen above. The first call loads it (thread-safe); if no BLAS
+// can be loaded the process stops with a message naming the libraries tried: the BLAS is a
+// dependency of the installation (scripts/install-deps.sh), not an input a caller can fix.
 SgemmFn Sgemm();
 
-// The library Sgemm() uses, with its version (loads it if no call has yet).
+// The library Sgemm() uses: name, version, path, threading and (MKL) code path, or (OpenBLAS)
+// core. Loads it if no call has yet.
 std::string BlasDescription();
 
 }  // namespace shardline::kernels::cpu

@@ -31,9 +31,13 @@ namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using nlohmann::json;
 
-// Enough for ten faults (they take ~150 steps here) with room; few enough that the fp32 rounding of
-// the plans the faults switched between (dp 2, dp 1) stays within the equivalence tolerance.
-constexpr int kSteps = 400;
+// Enough for ten faults (over the shm backend, with the gaps below, ~500 steps here) with room; few
+// enough that the fp32 rounding of the plans the faults switched between (dp 2, dp 1) stays within
+// the equivalence tolerance (2,400 steps did not).
+constexpr int kSteps = 1000;
+// Training between faults: short, because over shm a step of this model takes milliseconds.
+constexpr auto kMinGap = std::chrono::milliseconds(30);
+constexpr auto kMaxGap = std::chrono::milliseconds(200);
 
 std::string Job(const std::string& name, const std::string& dir, int dp, bool elastic) {
   return "name: " + name +
@@ -158,6 +162,8 @@ TEST(ClusterChaosTest, TenSeededFaultsAndTheJobEndsLikeAFaultFreeRun) {
   ChaosOptions options;
   options.seed = 20261201;
   options.faults = 10;
+  options.min_gap = kMinGap;
+  options.max_gap = kMaxGap;
   options.agents = {{"node-b", "cpu:3"}};
   RunChaosAndCheck(cluster, "node-a", options);
 }
@@ -179,6 +185,8 @@ TEST(ClusterChaosTest, SeededFaultsAcrossHostsWithLinkCuts) {
   ChaosOptions options;
   options.seed = 7;
   options.faults = 8;
+  options.min_gap = kMinGap;
+  options.max_gap = kMaxGap;
   options.kinds = {ChaosFault::kCutLink, ChaosFault::kKillActor, ChaosFault::kStopActor,
                    ChaosFault::kKillAgent, ChaosFault::kCutLink};
   options.agents = {{"host-2", "cpu:3"}};

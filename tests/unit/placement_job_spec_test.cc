@@ -143,7 +143,7 @@ TEST(JobSpecTest, RequiredKeysAndEnums) {
   EXPECT_THAT(ErrorOf(std::string(kMinimal) + "devices: gpu\n"),
               HasSubstr("devices: expected one of 'cpu', 'cuda', got 'gpu'"));
   EXPECT_THAT(ErrorOf(std::string(kMinimal) + "backend: ncl\n"),
-              HasSubstr("backend: expected one of 'auto', 'gloo', 'nccl', got 'ncl'; did you "
+              HasSubstr("backend: expected one of 'auto', 'gloo', 'nccl', 'shm', got 'ncl'; did you "
                         "mean 'nccl'?"));
 }
 
