@@ -16,6 +16,7 @@
 namespace shardline::testing {
 namespace {
 
+using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 using namespace std::chrono_literals;
 using nlohmann::json;
@@ -56,6 +57,9 @@ TEST(ClusterMultiHostTest, ACutLinkLosesTheNodeTheJobGoesOnAndGrowsBackWhenItRet
   std::set<std::string> nodes;
   for (const auto& actor : (*spanning)["actors"]) nodes.insert(actor["node_id"].get<std::string>());
   EXPECT_EQ(nodes.size(), 2u) << "the job spans both hosts";
+  // Two ranks per namespaced host: shared memory inside each, Gloo between them.
+  EXPECT_THAT(cluster.Log("coordinator"),
+              ContainsRegex("generation 1: group dp-t0-p0 ready in [0-9.]+ s over shm\\+gloo"));
 
   // Cut host 2 off: declared lost after the heartbeat timeout, the job goes on on host 1.
   ASSERT_TRUE(hosts->SetLink(2, false).ok());
@@ -70,6 +74,8 @@ TEST(ClusterMultiHostTest, ACutLinkLosesTheNodeTheJobGoesOnAndGrowsBackWhenItRet
   EXPECT_EQ(cut["cause_kind"], "node_lost") << alone->dump(2);
   EXPECT_THAT(cut["cause"].get<std::string>(), HasSubstr("node host-2 lost"));
   for (const auto& actor : (*alone)["actors"]) EXPECT_EQ(actor["node_id"], "host-1");
+  EXPECT_THAT(cluster.Log("coordinator"),
+              ContainsRegex("generation 2: group dp-t0-p0 ready in [0-9.]+ s over shm\n"));
   const int64_t step_alone = (*alone)["train"]["step"];
   auto progressed = cluster.WaitForJob(
       *id, [&](const json& j) { return j["train"]["step"].get<int64_t>() > step_alone + 4; }, 60s);
