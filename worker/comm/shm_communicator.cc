@@ -18,6 +18,8 @@
 #include <climits>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -236,25 +238,46 @@ ReduceFn PickReduce(DType dtype, ReduceOp op) {
 
 // ---------------------------------------------------------------- the mapping and its peers
 
-class Mapping {
+// One mapping of a segment. Ranks that are threads of one process (tests, the ThreadSanitizer
+// run) share rank 0's mapping through a registry keyed by the segment's nonce instead of mapping it
+// again: TSan then sees every rank's accesses at the same addresses, and checks them against each
+// other. The last holder unmaps it.
+class Region {
  public:
-  Mapping() = default;
-  Mapping(void* base, size_t bytes) : base_(static_cast<char*>(base)), bytes_(bytes) {}
-  Mapping(Mapping&& other) noexcept { *this = std::move(other); }
-  Mapping& operator=(Mapping&& other) noexcept {
-    std::swap(base_, other.base_);
-    std::swap(bytes_, other.bytes_);
-    return *this;
-  }
-  ~Mapping() {
-    if (base_ != nullptr) munmap(base_, bytes_);
-  }
+  Region(void* base, size_t bytes) : base_(static_cast<char*>(base)), bytes_(bytes) {}
+  ~Region() { munmap(base_, bytes_); }
+  Region(const Region&) = delete;
+  Region& operator=(const Region&) = delete;
   char* base() const { return base_; }
 
  private:
-  char* base_ = nullptr;
-  size_t bytes_ = 0;
+  char* base_;
+  size_t bytes_;
 };
+
+std::mutex& RegistryMutex() {
+  static std::mutex mu;
+  return mu;
+}
+std::map<uint64_t, std::weak_ptr<Region>>& Registry() {
+  static auto* registry = new std::map<uint64_t, std::weak_ptr<Region>>();
+  return *registry;
+}
+
+void Register(uint64_t nonce, const std::shared_ptr<Region>& region) {
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  auto& registry = Registry();
+  for (auto it = registry.begin(); it != registry.end();) {  // drop the dead ones
+    it = it->second.expired() ? registry.erase(it) : std::next(it);
+  }
+  registry[nonce] = region;
+}
+
+std::shared_ptr<Region> Registered(uint64_t nonce) {
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  auto found = Registry().find(nonce);
+  return found == Registry().end() ? nullptr : found->second.lock();
+}
 
 struct Peer {
   pid_t pid = 0;
@@ -263,7 +286,7 @@ struct Peer {
 
 class ShmCommunicator final : public Communicator {
  public:
-  ShmCommunicator(int rank, int size, const Layout& layout, Mapping mapping,
+  ShmCommunicator(int rank, int size, const Layout& layout, std::shared_ptr<Region> mapping,
                   std::vector<Peer> peers, const ShmOptions& options)
       : rank_(rank),
         size_(size),
@@ -272,7 +295,7 @@ class ShmCommunicator final : public Communicator {
         peers_(std::move(peers)),
         timeout_(options.timeout),
         one_shot_bytes_(options.one_shot_bytes) {
-    header_ = reinterpret_cast<SegmentHeader*>(mapping_.base());
+    header_ = reinterpret_cast<SegmentHeader*>(mapping_->base());
     phase_ = Control(rank_).phase.load(std::memory_order_relaxed);
   }
 
@@ -444,22 +467,22 @@ class ShmCommunicator final : public Communicator {
 
  private:
   ControlLine& Control(int rank) const {
-    return reinterpret_cast<ControlLine*>(mapping_.base() + layout_.controls)[rank];
+    return reinterpret_cast<ControlLine*>(mapping_->base() + layout_.controls)[rank];
   }
   MailboxControl& Box(int from, int to) const {
-    return reinterpret_cast<MailboxControl*>(mapping_.base() +
+    return reinterpret_cast<MailboxControl*>(mapping_->base() +
                                              layout_.mailbox_controls)[from * size_ + to];
   }
   // The two slots alternate by phase parity (the header comment says why that is safe).
   char* Input(int rank, uint64_t phase) const {
-    return mapping_.base() + layout_.inputs + (static_cast<size_t>(rank) * 2 + phase % 2) *
+    return mapping_->base() + layout_.inputs + (static_cast<size_t>(rank) * 2 + phase % 2) *
                                                   layout_.slot_bytes;
   }
   char* Result(uint64_t phase) const {
-    return mapping_.base() + layout_.results + (phase % 2) * layout_.slot_bytes;
+    return mapping_->base() + layout_.results + (phase % 2) * layout_.slot_bytes;
   }
   char* BoxSlot(int from, int to, uint64_t chunk) const {
-    return mapping_.base() + layout_.mailboxes +
+    return mapping_->base() + layout_.mailboxes +
            ((static_cast<size_t>(from) * size_ + to) * 2 + chunk % 2) * layout_.mailbox_bytes;
   }
 
@@ -522,14 +545,21 @@ class ShmCommunicator final : public Communicator {
         });
   }
 
-  // Checked while waiting: an Abort() anywhere, or a peer that has exited.
-  absl::Status Interrupted(const std::string& what) const {
-    if (aborted_.load()) return absl::AbortedError(what + ": communicator was aborted");
+  // Checked while waiting: an Abort() anywhere (two loads, every turn), or a peer that has exited
+  // (a poll per peer, every kLivenessEvery).
+  absl::Status Aborted(const std::string& what) const {
+    if (aborted_.load(std::memory_order_relaxed)) {
+      return absl::AbortedError(what + ": communicator was aborted");
+    }
     const uint32_t by = header_->aborted_by.load(std::memory_order_acquire);
     if (by != 0) {
       return absl::AbortedError(what + ": communicator was aborted by rank " +
                                 std::to_string(by - 1));
     }
+    return absl::OkStatus();
+  }
+
+  absl::Status PeerExited(const std::string& what) const {
     for (int r = 0; r < size_; ++r) {
       const Peer& peer = peers_[r];
       if (peer.pidfd < 0) continue;
@@ -547,12 +577,14 @@ class ShmCommunicator final : public Communicator {
     if (ready()) return absl::OkStatus();
     const auto start = Clock::now();
     const auto deadline = start + timeout_;
-    auto next_check = start;
+    // Polling the peers' pidfds costs a system call each: not on every turn of a short wait.
+    auto next_check = start + kLivenessEvery;
     for (;;) {
       if (ready()) return absl::OkStatus();
       const auto now = Clock::now();
+      RETURN_IF_ERROR(Aborted(what));
       if (now >= next_check) {
-        RETURN_IF_ERROR(Interrupted(what));
+        RETURN_IF_ERROR(PeerExited(what));
         next_check = now + kLivenessEvery;
       }
       if (now >= deadline) return TimedOut(what, late());
@@ -666,7 +698,7 @@ class ShmCommunicator final : public Communicator {
   const int rank_;
   const int size_;
   const Layout layout_;
-  Mapping mapping_;
+  std::shared_ptr<Region> mapping_;
   std::vector<Peer> peers_;
   const std::chrono::milliseconds timeout_;
   const size_t one_shot_bytes_;
@@ -727,14 +759,15 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateShmCommunicator(Store& store
     if (fd < 0) return Errno(absl::StatusCode::kResourceExhausted, what + ": memfd_create");
   }
   FdCloser creator_fd(fd);
-  void* base = MAP_FAILED;
+  std::shared_ptr<Region> region;
   if (rank == 0) {
     if (ftruncate(fd, static_cast<off_t>(layout.total)) != 0) {
       return Errno(absl::StatusCode::kResourceExhausted,
                    what + ": sizing the segment to " + std::to_string(layout.total) + " bytes");
     }
-    base = mmap(nullptr, layout.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    void* base = mmap(nullptr, layout.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (base == MAP_FAILED) return Errno(absl::StatusCode::kResourceExhausted, what + ": mmap");
+    region = std::make_shared<Region>(base, layout.total);
     std::random_device random;
     nonce = (static_cast<uint64_t>(random()) << 32) ^ random();
     auto* header = new (base) SegmentHeader();
@@ -744,6 +777,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateShmCommunicator(Store& store
     header->mailbox_bytes = layout.mailbox_bytes;
     header->total_bytes = layout.total;
     header->magic = kMagic;
+    Register(nonce, region);
     RETURN_IF_ERROR(Annotate(
         shm_store.Set("segment", std::to_string(self) + " " + std::to_string(fd) + " " +
                                      std::to_string(layout.total) + " " + std::to_string(nonce)),
@@ -760,18 +794,23 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateShmCommunicator(Store& store
                                         *segment + "', expected " +
                                         std::to_string(layout.total) + " bytes)");
     }
-    const std::string path = "/proc/" + std::to_string(owner) + "/fd/" + std::to_string(owner_fd);
-    const int opened = open(path.c_str(), O_RDWR | O_CLOEXEC);
-    if (opened < 0) {
-      return Errno(absl::StatusCode::kUnavailable,
-                   what + ": opening rank 0's segment " + path +
-                       " (rank 0 exited, or runs in another pid namespace)");
+    if (owner == self) region = Registered(nonce);  // ranks as threads: rank 0's own mapping
+    if (region == nullptr) {
+      const std::string path =
+          "/proc/" + std::to_string(owner) + "/fd/" + std::to_string(owner_fd);
+      const int opened = open(path.c_str(), O_RDWR | O_CLOEXEC);
+      if (opened < 0) {
+        return Errno(absl::StatusCode::kUnavailable,
+                     what + ": opening rank 0's segment " + path +
+                         " (rank 0 exited, or runs in another pid namespace)");
+      }
+      FdCloser opened_fd(opened);
+      void* base = mmap(nullptr, layout.total, PROT_READ | PROT_WRITE, MAP_SHARED, opened, 0);
+      if (base == MAP_FAILED) return Errno(absl::StatusCode::kResourceExhausted, what + ": mmap");
+      region = std::make_shared<Region>(base, layout.total);
     }
-    FdCloser opened_fd(opened);
-    base = mmap(nullptr, layout.total, PROT_READ | PROT_WRITE, MAP_SHARED, opened, 0);
-    if (base == MAP_FAILED) return Errno(absl::StatusCode::kResourceExhausted, what + ": mmap");
   }
-  Mapping mapping(base, layout.total);
+  char* base = region->base();
   auto* header = reinterpret_cast<SegmentHeader*>(base);
   if (header->magic != kMagic || header->nonce != nonce ||
       header->ranks != static_cast<uint32_t>(size)) {
@@ -818,7 +857,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateShmCommunicator(Store& store
   }
   spdlog::debug("shm communicator rank {} of {}: {} bytes mapped", rank, size, layout.total);
   return std::unique_ptr<Communicator>(std::make_unique<ShmCommunicator>(
-      rank, size, layout, std::move(mapping), std::move(peers), options));
+      rank, size, layout, std::move(region), std::move(peers), options));
 }
 
 }  // namespace shardline::comm
