@@ -60,6 +60,13 @@ constexpr auto kLivenessEvery = std::chrono::milliseconds(1);
 
 size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
+int UsableCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
+  return CPU_COUNT(&set);
+}
+
 inline void CpuRelax() {
 #if defined(__x86_64__)
   _mm_pause();
@@ -294,7 +301,8 @@ class ShmCommunicator final : public Communicator {
         mapping_(std::move(mapping)),
         peers_(std::move(peers)),
         timeout_(options.timeout),
-        one_shot_bytes_(options.one_shot_bytes) {
+        one_shot_bytes_(options.one_shot_bytes),
+        spin_for_(UsableCpus() >= size ? kSpinFor : Clock::duration::zero()) {
     header_ = reinterpret_cast<SegmentHeader*>(mapping_->base());
     phase_ = Control(rank_).phase.load(std::memory_order_relaxed);
   }
@@ -588,7 +596,7 @@ class ShmCommunicator final : public Communicator {
         next_check = now + kLivenessEvery;
       }
       if (now >= deadline) return TimedOut(what, late());
-      if (now - start < kSpinFor) {
+      if (now - start < spin_for_) {
         for (int i = 0; i < 16; ++i) CpuRelax();
       } else if (now - start < kYieldFor) {
         sched_yield();
@@ -702,6 +710,9 @@ class ShmCommunicator final : public Communicator {
   std::vector<Peer> peers_;
   const std::chrono::milliseconds timeout_;
   const size_t one_shot_bytes_;
+  // No spinning when the ranks outnumber the CPUs this process may run on: the peer we would
+  // spin for is likely waiting for this very core.
+  const Clock::duration spin_for_;
   SegmentHeader* header_ = nullptr;
   uint64_t phase_ = 0;  // the last phase this rank published; only the issuing thread
   absl::Status broken_;
