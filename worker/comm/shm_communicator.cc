@@ -196,17 +196,29 @@ A Combine(ReduceOp op, A a, A b) {
 }
 
 // The op is a template parameter so that each inner loop is one plain, vectorisable expression.
+// `out` may be one of the inputs (in place); `copy`, when not null, gets the same result (the
+// segment's result slot, written in the same pass instead of read back from `out`). The partial
+// sums live in `acc`, a block in L1, so the vectoriser needs no alias checks against `out`.
 template <typename T, ReduceOp kOp>
-void ReduceTyped(const void* const* inputs, int n, void* out_bytes, size_t count) {
+void ReduceTyped(const void* const* inputs, int n, void* out_bytes, void* copy_bytes,
+                 size_t count) {
   using W = Wide<T>;
   using A = typename W::type;
   T* out = static_cast<T*>(out_bytes);
+  T* copy = static_cast<T*>(copy_bytes);
   A acc[kReduceBlock];
   for (size_t begin = 0; begin < count; begin += kReduceBlock) {
     const size_t len = std::min(kReduceBlock, count - begin);
     const T* first = static_cast<const T*>(inputs[0]) + begin;
-    for (size_t i = 0; i < len; ++i) acc[i] = W::Load(first[i]);
-    for (int r = 1; r < n; ++r) {
+    if (n == 1) {
+      for (size_t i = 0; i < len; ++i) acc[i] = W::Load(first[i]);
+    } else {
+      const T* second = static_cast<const T*>(inputs[1]) + begin;
+      for (size_t i = 0; i < len; ++i) {
+        acc[i] = Combine<A>(kOp, W::Load(first[i]), W::Load(second[i]));
+      }
+    }
+    for (int r = 2; r < n; ++r) {
       const T* in = static_cast<const T*>(inputs[r]) + begin;
       for (size_t i = 0; i < len; ++i) acc[i] = Combine<A>(kOp, acc[i], W::Load(in[i]));
     }
@@ -215,10 +227,13 @@ void ReduceTyped(const void* const* inputs, int n, void* out_bytes, size_t count
       for (size_t i = 0; i < len; ++i) acc[i] = static_cast<A>(acc[i] / divisor);
     }
     for (size_t i = 0; i < len; ++i) out[begin + i] = W::Store(acc[i]);
+    if (copy != nullptr) {
+      for (size_t i = 0; i < len; ++i) copy[begin + i] = W::Store(acc[i]);
+    }
   }
 }
 
-using ReduceFn = void (*)(const void* const*, int, void*, size_t);
+using ReduceFn = void (*)(const void* const*, int, void*, void*, size_t);
 
 template <typename T>
 ReduceFn PickForOp(ReduceOp op) {
@@ -332,7 +347,7 @@ class ShmCommunicator final : public Communicator {
         RETURN_IF_ERROR(PublishAndWait(phase, what));
         for (int r = 0; r < size_; ++r) inputs[r] = r == rank_ ? data : Input(r, phase);
         // In place is safe: a block's inputs are all read before its outputs are written.
-        reduce(inputs.data(), size_, data, count);
+        reduce(inputs.data(), size_, data, nullptr, count);
         return absl::OkStatus();
       }
       const size_t chunk = layout_.slot_bytes / esize;
@@ -354,8 +369,7 @@ class ShmCommunicator final : public Communicator {
         for (int r = 0; r < size_; ++r) {
           inputs[r] = (r == rank_ ? mine : Input(r, scatter)) + lo * esize;
         }
-        reduce(inputs.data(), size_, mine + lo * esize, hi - lo);
-        std::memcpy(Result(gather) + lo * esize, mine + lo * esize, (hi - lo) * esize);
+        reduce(inputs.data(), size_, mine + lo * esize, Result(gather) + lo * esize, hi - lo);
         RETURN_IF_ERROR(PublishAndWait(gather, what));
         others(mine, Result(gather));
       }
@@ -418,7 +432,7 @@ class ShmCommunicator final : public Communicator {
         }
         RETURN_IF_ERROR(PublishAndWait(phase, what));
         for (int r = 0; r < size_; ++r) inputs[r] = Input(r, phase) + rank_ * len * esize;
-        reduce(inputs.data(), size_, out + offset * esize, len);
+        reduce(inputs.data(), size_, out + offset * esize, nullptr, len);
       }
       return absl::OkStatus();
     });
