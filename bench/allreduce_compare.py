@@ -15,12 +15,13 @@ forced (coll_tuned_allreduce_algorithm 4). Targets (issue 13): shm >= 1.25x Open
 at every size from 4 KiB, at 2 and 4 ranks, and a 4 KiB all-reduce within 10 us at 2 ranks.
 """
 import argparse
-import math
 import os
 import re
 import shutil
 import subprocess
 import sys
+
+from tables import print_table  # bench/tables.py: this script's folder is on sys.path
 
 RESULT = re.compile(r"^RESULT impl=(\S+) n=(\d+) bytes=(\d+) iters=(\d+) "
                     r"seconds_per_op=(\S+) busbw_gbps=(\S+)$")
@@ -113,6 +114,7 @@ def main():
         "shm us", "MPI best us", "shm/MPI best", "shm/Shardline gloo"]
     rows = []
     misses = []
+    latency = None  # 4 KiB at 2 ranks
     for n in ranks:
         for size in sorted({key[2] for key in results if key[1] == n}):
             row = [human(size), str(n)]
@@ -135,15 +137,11 @@ def main():
             if size == (4 << 10) and n == 2 and shm_s:
                 latency = shm_s
 
-    widths = [max(len(header[i]), *(len(r[i]) for r in rows)) for i in range(len(header))]
-    print(" | ".join(h.rjust(w) for h, w in zip(header, widths)))
-    print("-+-".join("-" * w for w in widths))
-    for row in rows:
-        print(" | ".join(c.rjust(w) for c, w in zip(row, widths)))
+    print_table(header, rows, align="right")
     if have_mpi:
         print("\nshm >= 1.25x OpenMPI's better run from 4 KiB: " +
               ("met at every size" if not misses else "missed at " + ", ".join(misses)))
-    if "latency" in locals():
+    if latency is not None:
         print(f"4 KiB all-reduce at 2 ranks: {latency * 1e6:.1f} us (target <= 10 us: "
               f"{'met' if latency <= 10e-6 else 'missed'})")
     return 0

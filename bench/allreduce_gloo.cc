@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 
 #include <gloo/allreduce.h>
@@ -29,6 +30,18 @@ using namespace shardline;
 using ReduceFn = void (*)(void*, const void*, const void*, size_t);
 constexpr auto kTimeout = std::chrono::seconds(300);
 
+using Report = std::function<bool(const absl::Status&)>;
+
+// A Shardline communicator as a benchmark implementation: f32 sum all-reduces and its barrier.
+bench::AllreduceImpl CommunicatorImpl(const std::string& name, comm::Communicator* c,
+                                      const Report& report) {
+  return {name,
+          [c, report](float* data, size_t count) {
+            return report(c->AllReduce(data, count, DType::kFloat32, comm::ReduceOp::kSum));
+          },
+          [c, report] { return report(c->Barrier()); }};
+}
+
 int RankMain(int rank, const bench::AllreduceBenchArgs& args, const std::string& dir) {
   const std::string list = "," + (args.impl == "both" ? std::string("shardline,gloo") : args.impl) + ",";
   const auto wants = [&](const char* name) {
@@ -41,7 +54,7 @@ int RankMain(int rank, const bench::AllreduceBenchArgs& args, const std::string&
   std::unique_ptr<comm::FileStore> files;
   std::unique_ptr<comm::PrefixStore> store;
   std::unique_ptr<comm::Communicator> communicator;
-  const auto report = [rank](const absl::Status& status) {
+  const Report report = [rank](const absl::Status& status) {
     if (!status.ok()) fprintf(stderr, "rank %d: %s\n", rank, status.ToString().c_str());
     return status.ok();
   };
@@ -59,13 +72,7 @@ int RankMain(int rank, const bench::AllreduceBenchArgs& args, const std::string&
     auto created = comm::CreateShmCommunicator(*shm_store, rank, args.ranks, options);
     if (!report(created.status())) return 3;
     shm = *std::move(created);
-    comm::Communicator* c = shm.get();
-    impls.push_back({"shm",
-                     [c, report](float* data, size_t count) {
-                       return report(
-                           c->AllReduce(data, count, DType::kFloat32, comm::ReduceOp::kSum));
-                     },
-                     [c, report] { return report(c->Barrier()); }});
+    impls.push_back(CommunicatorImpl("shm", shm.get(), report));
   }
   if (want_shardline) {
     store = std::make_unique<comm::PrefixStore>("shardline", *files);
@@ -75,13 +82,7 @@ int RankMain(int rank, const bench::AllreduceBenchArgs& args, const std::string&
     auto created = comm::CreateGlooCommunicator(*store, rank, args.ranks, options);
     if (!report(created.status())) return 3;
     communicator = *std::move(created);
-    comm::Communicator* c = communicator.get();
-    impls.push_back({"shardline",
-                     [c, report](float* data, size_t count) {
-                       return report(
-                           c->AllReduce(data, count, DType::kFloat32, comm::ReduceOp::kSum));
-                     },
-                     [c, report] { return report(c->Barrier()); }});
+    impls.push_back(CommunicatorImpl("shardline", communicator.get(), report));
   }
 
   std::unique_ptr<gloo::rendezvous::FileStore> gloo_files;

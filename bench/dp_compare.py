@@ -35,6 +35,8 @@ import sys
 import threading
 import time
 
+from tables import print_table  # bench/tables.py: this script's folder is on sys.path
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.dirname(HERE)
 VENV_PYTHON = "/opt/shardline-bench/torch2/bin/python"
@@ -244,11 +246,8 @@ def main():
               "target", "Shardline comm share"]
     row = [f"dp={DP} (tp=pp=1)", f"{ms_ours:.1f}", f"{ms_theirs:.1f}", f"{ratio:.2f}x",
            torch_version, f"{a.target:.2f}x {'met' if met else 'missed'}", f"{comm:.1f}%"]
-    widths = [max(len(h), len(c)) for h, c in zip(header, row)]
     print()
-    print(" | ".join(h.ljust(w) for h, w in zip(header, widths)))
-    print("-+-".join("-" * w for w in widths))
-    print(" | ".join(c.ljust(w) for c, w in zip(row, widths)))
+    print_table(header, [row])
     print(f"(median of {a.rounds} rounds; ms/step = the slowest rank's mean over {a.steps} timed "
           f"steps on both sides; best round: Shardline {min(r['ms'] for r in ours):.1f}, DDP "
           f"{min(r['ms'] for r in theirs):.1f}; DDP's median step {median_theirs:.1f} ms)")

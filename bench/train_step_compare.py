@@ -26,6 +26,8 @@ import subprocess
 import sys
 import time
 
+from tables import print_table  # bench/tables.py: this script's folder is on sys.path
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -142,11 +144,8 @@ def main():
             return 6.0 * res["params"] * res["tokens_per_s"] / (a.peak_tflops * 1e12)
         header += ["MFU Shardline", "MFU PyTorch"]
         row += [f"{100 * mfu(ours):.1f}%", f"{100 * mfu(theirs):.1f}%"]
-    widths = [max(len(h), len(c)) for h, c in zip(header, row)]
     print()
-    print(" | ".join(h.ljust(w) for h, w in zip(header, widths)))
-    print("-+-".join("-" * w for w in widths))
-    print(" | ".join(c.ljust(w) for c, w in zip(row, widths)))
+    print_table(header, [row])
     print(f"(best of {a.rounds} rounds each; ratio = Shardline / PyTorch, higher is better; "
           f"peak: Shardline allocator {ours['peak_bytes'] / 2**20:.0f} MiB, "
           f"PyTorch {'allocator' if cuda else 'process max RSS'} "

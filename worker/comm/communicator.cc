@@ -12,4 +12,9 @@ std::string_view ReduceOpName(ReduceOp op) {
   return "?";
 }
 
+std::string DescribeOperation(std::string_view op, size_t count, DType dtype, int rank, int size) {
+  return std::string(op) + " of " + std::to_string(count) + " " + std::string(DTypeName(dtype)) +
+         " on rank " + std::to_string(rank) + " of " + std::to_string(size);
+}
+
 }  // namespace shardline::comm

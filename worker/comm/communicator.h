@@ -24,6 +24,9 @@ namespace shardline::comm {
 enum class ReduceOp { kSum, kAvg, kMax, kMin };
 std::string_view ReduceOpName(ReduceOp op);  // "sum", "avg", "max", "min"
 
+// "all_reduce of 100 f32 on rank 0 of 2": the words every backend's errors start with.
+std::string DescribeOperation(std::string_view op, size_t count, DType dtype, int rank, int size);
+
 // Told about every completed operation: lets the actor export metrics without the communicator
 // knowing about Prometheus. Called on the thread that issued the operation, also when it failed.
 // `bytes` is the size of this rank's input: count * dtype size (reduce_scatter: size() * count *

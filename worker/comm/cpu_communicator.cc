@@ -114,13 +114,8 @@ class HierarchicalCommunicator final : public Communicator {
   }
 
  private:
-  // The delegated operations report through the inner communicators' observer (the same one).
-  void PassObserver() {
-    if (observer_ != passed_) {
-      all_->set_observer(observer_);
-      passed_ = observer_;
-    }
-  }
+  // The delegated operations report through the Gloo group's observer: ours, whatever it is now.
+  void PassObserver() { all_->set_observer(observer_); }
 
   template <typename Body>
   absl::Status Timed(std::string_view op, size_t bytes, Body&& body) {
@@ -152,7 +147,6 @@ class HierarchicalCommunicator final : public Communicator {
   const int rank_;
   const int size_;
   std::unique_ptr<Communicator> local_, cross_, all_;
-  CommObserver* passed_ = nullptr;
   std::vector<char> scratch_, shard_;
 };
 

@@ -175,8 +175,7 @@ GlooCommunicator::GlooCommunicator(std::shared_ptr<gloo::transport::Device> devi
 GlooCommunicator::~GlooCommunicator() = default;
 
 std::string GlooCommunicator::Describe(std::string_view op, size_t count, DType dtype) const {
-  return std::string(op) + " of " + std::to_string(count) + " " + std::string(DTypeName(dtype)) +
-         " on rank " + std::to_string(rank_) + " of " + std::to_string(size_);
+  return DescribeOperation(op, count, dtype, rank_, size_);
 }
 
 absl::Status GlooCommunicator::FromException(const std::string& what, const std::exception& e,

@@ -322,15 +322,8 @@ absl::Status NcclCommunicator::Run(std::string_view op, const std::string& what,
   return status;
 }
 
-namespace {
-std::string Describe(std::string_view op, size_t count, DType dtype, int rank, int size) {
-  return std::string(op) + " of " + std::to_string(count) + " " + std::string(DTypeName(dtype)) +
-         " on rank " + std::to_string(rank) + " of " + std::to_string(size);
-}
-}  // namespace
-
 absl::Status NcclCommunicator::AllReduce(void* data, size_t count, DType dtype, ReduceOp op) {
-  const std::string what = Describe("all_reduce", count, dtype, rank_, size_);
+  const std::string what = DescribeOperation("all_reduce", count, dtype, rank_, size_);
   ASSIGN_OR_RETURN(ncclDataType_t type, ToNccl(dtype));
   return Run("all_reduce", what, count * DTypeSize(dtype), [&](ncclComm_t comm) {
     return ncclAllReduce(data, data, count, type, ToNccl(op), comm, stream_);
@@ -339,7 +332,7 @@ absl::Status NcclCommunicator::AllReduce(void* data, size_t count, DType dtype, 
 
 absl::Status NcclCommunicator::AllGather(const void* send, void* recv, size_t count,
                                          DType dtype) {
-  const std::string what = Describe("all_gather", count, dtype, rank_, size_);
+  const std::string what = DescribeOperation("all_gather", count, dtype, rank_, size_);
   ASSIGN_OR_RETURN(ncclDataType_t type, ToNccl(dtype));
   return Run("all_gather", what, count * DTypeSize(dtype), [&](ncclComm_t comm) {
     return ncclAllGather(send, recv, count, type, comm, stream_);
@@ -348,7 +341,7 @@ absl::Status NcclCommunicator::AllGather(const void* send, void* recv, size_t co
 
 absl::Status NcclCommunicator::ReduceScatter(const void* send, void* recv, size_t count,
                                              DType dtype, ReduceOp op) {
-  const std::string what = Describe("reduce_scatter", count, dtype, rank_, size_);
+  const std::string what = DescribeOperation("reduce_scatter", count, dtype, rank_, size_);
   ASSIGN_OR_RETURN(ncclDataType_t type, ToNccl(dtype));
   return Run("reduce_scatter", what, count * DTypeSize(dtype) * static_cast<size_t>(size_),
              [&](ncclComm_t comm) {
@@ -358,7 +351,7 @@ absl::Status NcclCommunicator::ReduceScatter(const void* send, void* recv, size_
 
 absl::Status NcclCommunicator::Broadcast(void* data, size_t count, DType dtype, int root) {
   const std::string what =
-      Describe("broadcast", count, dtype, rank_, size_) + " from root " + std::to_string(root);
+      DescribeOperation("broadcast", count, dtype, rank_, size_) + " from root " + std::to_string(root);
   if (root < 0 || root >= size_) {
     return absl::InvalidArgumentError(what + ": root out of range [0, " + std::to_string(size_) +
                                       ")");
@@ -371,7 +364,7 @@ absl::Status NcclCommunicator::Broadcast(void* data, size_t count, DType dtype, 
 
 absl::Status NcclCommunicator::Send(const void* data, size_t count, DType dtype, int peer) {
   const std::string what =
-      Describe("send", count, dtype, rank_, size_) + " to rank " + std::to_string(peer);
+      DescribeOperation("send", count, dtype, rank_, size_) + " to rank " + std::to_string(peer);
   if (peer < 0 || peer >= size_ || peer == rank_) {
     return absl::InvalidArgumentError(what + ": peer must be another rank in [0, " +
                                       std::to_string(size_) + ")");
@@ -384,7 +377,7 @@ absl::Status NcclCommunicator::Send(const void* data, size_t count, DType dtype,
 
 absl::Status NcclCommunicator::Recv(void* data, size_t count, DType dtype, int peer) {
   const std::string what =
-      Describe("recv", count, dtype, rank_, size_) + " from rank " + std::to_string(peer);
+      DescribeOperation("recv", count, dtype, rank_, size_) + " from rank " + std::to_string(peer);
   if (peer < 0 || peer >= size_ || peer == rank_) {
     return absl::InvalidArgumentError(what + ": peer must be another rank in [0, " +
                                       std::to_string(size_) + ")");
@@ -398,7 +391,7 @@ absl::Status NcclCommunicator::Recv(void* data, size_t count, DType dtype, int p
 absl::Status NcclCommunicator::SendRecv(const void* send, size_t send_count, int send_peer,
                                         void* recv, size_t recv_count, int recv_peer,
                                         DType dtype) {
-  const std::string what = Describe("send_recv", send_count, dtype, rank_, size_) + " to rank " +
+  const std::string what = DescribeOperation("send_recv", send_count, dtype, rank_, size_) + " to rank " +
                            std::to_string(send_peer) + " and " + std::to_string(recv_count) +
                            " from rank " + std::to_string(recv_peer);
   const auto bad_peer = [&](int peer, size_t count) {

@@ -301,6 +301,19 @@ std::shared_ptr<Region> Registered(uint64_t nonce) {
   return found == Registry().end() ? nullptr : found->second.lock();
 }
 
+// What an operation is, for its error messages; the text is built only when an error needs it,
+// not on every operation of a few microseconds.
+struct OpText {
+  std::string_view op;
+  size_t count;
+  DType dtype;
+  int rank, size;
+  std::string str() const { return DescribeOperation(op, count, dtype, rank, size); }
+};
+std::string operator+(const OpText& what, std::string_view more) {
+  return what.str() + std::string(more);
+}
+
 struct Peer {
   pid_t pid = 0;
   int pidfd = -1;  // -1: this process (threads as ranks) or pidfds unavailable
@@ -317,7 +330,8 @@ class ShmCommunicator final : public Communicator {
         peers_(std::move(peers)),
         timeout_(options.timeout),
         one_shot_bytes_(options.one_shot_bytes),
-        spin_for_(UsableCpus() >= size ? kSpinFor : Clock::duration::zero()) {
+        spin_for_(UsableCpus() >= size ? kSpinFor : Clock::duration::zero()),
+        inputs_(size) {
     header_ = reinterpret_cast<SegmentHeader*>(mapping_->base());
     phase_ = Control(rank_).phase.load(std::memory_order_relaxed);
   }
@@ -334,20 +348,19 @@ class ShmCommunicator final : public Communicator {
 
   absl::Status AllReduce(void* data, size_t count, DType dtype, ReduceOp op) override {
     const size_t bytes = count * DTypeSize(dtype);
-    return Run("all_reduce", count, dtype, bytes, [&](const std::string& what) -> absl::Status {
+    return Run("all_reduce", count, dtype, bytes, [&](const OpText& what) -> absl::Status {
       if (count > 0 && data == nullptr) return absl::InvalidArgumentError(what + ": null buffer");
       const ReduceFn reduce = PickReduce(dtype, op);
       if (bytes == 0 || size_ == 1) return absl::OkStatus();  // alone, every op is the identity
       char* bytes_out = static_cast<char*>(data);
       const size_t esize = DTypeSize(dtype);
-      std::vector<const void*> inputs(size_);
-      if (bytes <= one_shot_bytes_ && bytes <= layout_.slot_bytes) {
+            if (bytes <= one_shot_bytes_ && bytes <= layout_.slot_bytes) {
         const uint64_t phase = NextPhase();
         std::memcpy(Input(rank_, phase), data, bytes);
         RETURN_IF_ERROR(PublishAndWait(phase, what));
-        for (int r = 0; r < size_; ++r) inputs[r] = r == rank_ ? data : Input(r, phase);
+        for (int r = 0; r < size_; ++r) inputs_[r] = r == rank_ ? data : Input(r, phase);
         // In place is safe: a block's inputs are all read before its outputs are written.
-        reduce(inputs.data(), size_, data, nullptr, count);
+        reduce(inputs_.data(), size_, data, nullptr, count);
         return absl::OkStatus();
       }
       const size_t chunk = layout_.slot_bytes / esize;
@@ -367,9 +380,9 @@ class ShmCommunicator final : public Communicator {
         RETURN_IF_ERROR(PublishAndWait(scatter, what));
         const uint64_t gather = NextPhase();
         for (int r = 0; r < size_; ++r) {
-          inputs[r] = (r == rank_ ? mine : Input(r, scatter)) + lo * esize;
+          inputs_[r] = (r == rank_ ? mine : Input(r, scatter)) + lo * esize;
         }
-        reduce(inputs.data(), size_, mine + lo * esize, Result(gather) + lo * esize, hi - lo);
+        reduce(inputs_.data(), size_, mine + lo * esize, Result(gather) + lo * esize, hi - lo);
         RETURN_IF_ERROR(PublishAndWait(gather, what));
         others(mine, Result(gather));
       }
@@ -380,7 +393,7 @@ class ShmCommunicator final : public Communicator {
   absl::Status AllGather(const void* send, void* recv, size_t count, DType dtype) override {
     const size_t esize = DTypeSize(dtype);
     return Run("all_gather", count, dtype, count * esize,
-               [&](const std::string& what) -> absl::Status {
+               [&](const OpText& what) -> absl::Status {
       if (count > 0 && (send == nullptr || recv == nullptr)) {
         return absl::InvalidArgumentError(what + ": null buffer");
       }
@@ -409,7 +422,7 @@ class ShmCommunicator final : public Communicator {
                              ReduceOp op) override {
     const size_t esize = DTypeSize(dtype);
     return Run("reduce_scatter", count, dtype, size_ * count * esize,
-               [&](const std::string& what) -> absl::Status {
+               [&](const OpText& what) -> absl::Status {
       if (count > 0 && (send == nullptr || recv == nullptr)) {
         return absl::InvalidArgumentError(what + ": null buffer");
       }
@@ -421,8 +434,7 @@ class ShmCommunicator final : public Communicator {
         return absl::OkStatus();
       }
       const size_t chunk = std::max<size_t>(1, layout_.slot_bytes / (esize * size_));
-      std::vector<const void*> inputs(size_);
-      for (size_t offset = 0; offset < count; offset += chunk) {
+            for (size_t offset = 0; offset < count; offset += chunk) {
         const size_t len = std::min(chunk, count - offset);
         const uint64_t phase = NextPhase();
         char* slot = Input(rank_, phase);
@@ -431,8 +443,8 @@ class ShmCommunicator final : public Communicator {
                       len * esize);
         }
         RETURN_IF_ERROR(PublishAndWait(phase, what));
-        for (int r = 0; r < size_; ++r) inputs[r] = Input(r, phase) + rank_ * len * esize;
-        reduce(inputs.data(), size_, out + offset * esize, nullptr, len);
+        for (int r = 0; r < size_; ++r) inputs_[r] = Input(r, phase) + rank_ * len * esize;
+        reduce(inputs_.data(), size_, out + offset * esize, nullptr, len);
       }
       return absl::OkStatus();
     });
@@ -441,7 +453,7 @@ class ShmCommunicator final : public Communicator {
   absl::Status Broadcast(void* data, size_t count, DType dtype, int root) override {
     const size_t esize = DTypeSize(dtype);
     return Run("broadcast", count, dtype, count * esize,
-               [&](const std::string& what) -> absl::Status {
+               [&](const OpText& what) -> absl::Status {
       if (root < 0 || root >= size_) {
         return absl::InvalidArgumentError(what + ": root " + std::to_string(root) +
                                           " is not a rank of " + std::to_string(size_));
@@ -474,7 +486,7 @@ class ShmCommunicator final : public Communicator {
   }
 
   absl::Status Barrier() override {
-    return Run("barrier", 0, DType::kFloat32, 0, [&](const std::string& what) -> absl::Status {
+    return Run("barrier", 0, DType::kFloat32, 0, [&](const OpText& what) -> absl::Status {
       if (size_ == 1) return absl::OkStatus();
       return PublishAndWait(NextPhase(), what);
     });
@@ -510,16 +522,10 @@ class ShmCommunicator final : public Communicator {
 
   uint64_t NextPhase() { return ++phase_; }
 
-  std::string Describe(std::string_view op, size_t count, DType dtype) const {
-    return std::string(op) + " of " + std::to_string(count) + " " +
-           std::string(DTypeName(dtype)) + " on rank " + std::to_string(rank_) + " of " +
-           std::to_string(size_);
-  }
-
   template <typename Body>
   absl::Status Run(std::string_view op, size_t count, DType dtype, size_t bytes, Body&& body) {
     const auto start = Clock::now();
-    const std::string what = Describe(op, count, dtype);
+    const OpText what{op, count, dtype, rank_, size_};
     absl::Status status;
     if (aborted_.load()) {
       status = absl::AbortedError(what + ": communicator was aborted");
@@ -548,7 +554,7 @@ class ShmCommunicator final : public Communicator {
     }
   }
 
-  absl::Status PublishAndWait(uint64_t phase, const std::string& what) {
+  absl::Status PublishAndWait(uint64_t phase, const OpText& what) {
     Control(rank_).phase.store(phase, std::memory_order_release);
     Wake();
     return Wait(
@@ -569,7 +575,7 @@ class ShmCommunicator final : public Communicator {
 
   // Checked while waiting: an Abort() anywhere (two loads, every turn), or a peer that has exited
   // (a poll per peer, every kLivenessEvery).
-  absl::Status Aborted(const std::string& what) const {
+  absl::Status Aborted(const OpText& what) const {
     if (aborted_.load(std::memory_order_relaxed)) {
       return absl::AbortedError(what + ": communicator was aborted");
     }
@@ -581,7 +587,7 @@ class ShmCommunicator final : public Communicator {
     return absl::OkStatus();
   }
 
-  absl::Status PeerExited(const std::string& what) const {
+  absl::Status PeerExited(const OpText& what) const {
     for (int r = 0; r < size_; ++r) {
       const Peer& peer = peers_[r];
       if (peer.pidfd < 0) continue;
@@ -595,7 +601,7 @@ class ShmCommunicator final : public Communicator {
   }
 
   template <typename Ready, typename Late>
-  absl::Status Wait(Ready&& ready, const std::string& what, Late&& late) {
+  absl::Status Wait(Ready&& ready, const OpText& what, Late&& late) {
     if (ready()) return absl::OkStatus();
     const auto start = Clock::now();
     const auto deadline = start + timeout_;
@@ -628,7 +634,7 @@ class ShmCommunicator final : public Communicator {
     }
   }
 
-  absl::Status TimedOut(const std::string& what, const std::vector<int>& late) const {
+  absl::Status TimedOut(const OpText& what, const std::vector<int>& late) const {
     std::string who;
     for (int r : late) {
       if (!who.empty()) who += ", ";
@@ -653,7 +659,7 @@ class ShmCommunicator final : public Communicator {
     // As Gloo's: the observer counts the bytes this rank moves, both halves of a send_recv.
     const size_t count = op == "recv" ? recv_count : send_count;
     return Run(op, count, dtype, (send_count + recv_count) * esize,
-               [&](const std::string& what) -> absl::Status {
+               [&](const OpText& what) -> absl::Status {
       auto bad_peer = [&](int peer) { return peer < 0 || peer >= size_ || peer == rank_; };
       if (send_count > 0 && bad_peer(send_peer)) {
         return absl::InvalidArgumentError(what + ": peer " + std::to_string(send_peer) +
@@ -727,6 +733,7 @@ class ShmCommunicator final : public Communicator {
   // No spinning when the ranks outnumber the CPUs this process may run on: the peer we would
   // spin for is likely waiting for this very core.
   const Clock::duration spin_for_;
+  std::vector<const void*> inputs_;  // the reduction's input pointers, one per rank
   SegmentHeader* header_ = nullptr;
   uint64_t phase_ = 0;  // the last phase this rank published; only the issuing thread
   absl::Status broken_;
