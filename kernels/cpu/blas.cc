@@ -148,8 +148,11 @@ const Loaded& Load() {
                    want.c_str());
       std::abort();
     }
+    // Debug, not info: the library a GEMM runs on is the installation's, not news for every
+    // `shardline generate`; the actors log BlasDescription() with their calibration. The
+    // fallback below is a warning because it is an installation that lacks its BLAS.
     if (want != "openblas" && LoadMkl(loaded, tried)) {
-      spdlog::info("CPU BLAS: {}", loaded.description);
+      spdlog::debug("CPU BLAS: {}", loaded.description);
       return;
     }
     if (want == "mkl") {
@@ -159,7 +162,7 @@ const Loaded& Load() {
     }
     if (LoadSystem(loaded, tried)) {
       if (want == "openblas") {
-        spdlog::info("CPU BLAS: {} (SHARDLINE_BLAS=openblas)", loaded.description);
+        spdlog::debug("CPU BLAS: {} (SHARDLINE_BLAS=openblas)", loaded.description);
       } else {
         spdlog::warn("CPU BLAS: {}, as MKL is missing ({}); scripts/install-deps.sh installs it",
                      loaded.description, tried);

@@ -16,6 +16,7 @@
 #include "worker/actor/comm_check.h"
 #include "worker/actor/coordinator_store.h"
 #include "worker/actor/report_queue.h"
+#include "kernels/cpu/blas.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/cpu_communicator.h"
 #include "worker/training/sharded_trainer.h"
@@ -289,6 +290,7 @@ absl::Status Actor::CalibrateAndReport() {
                "{:.2f} GB/s, {} groups",
                seconds, result.compute.flops / 1e9, result.compute.half_dim,
                result.optimizer_bytes_per_second / 1e9, result.groups.size());
+  if (calibration.measure_compute) spdlog::info("  CPU BLAS: {}", kernels::cpu::BlasDescription());
   for (const auto& group : result.groups) {
     spdlog::info("  group {} ({} ranks): all-reduce bus {:.3f} GB/s, latency {:.1f} us loaded, "
                  "{:.1f} us idle",
