@@ -156,6 +156,8 @@ struct World {
   std::string backend;
   int n;
 };
+// So that ctest's listing names the parameter ("shm n=3") instead of dumping its bytes.
+void PrintTo(const World& world, std::ostream* os) { *os << world.backend << " n=" << world.n; }
 
 class WorldTest : public ::testing::TestWithParam<World> {
  protected:
