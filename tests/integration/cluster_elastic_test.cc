@@ -221,7 +221,11 @@ TEST_F(ClusterElasticTest, ALostNodeScalesTheJobInAndItGrowsBackWhenTheNodeRetur
       id, [](const json& j) { return j["generation"] == 3 && j["world_size"] == 4; }, 60s);
   ASSERT_TRUE(larger.ok()) << larger.status() << cluster_.Log("coordinator");
   EXPECT_EQ((*larger)["train"]["generations"][1]["ending"], "grow");
-  EXPECT_EQ((*larger)["train"]["generations"][1]["steps_lost"], 0);
+  // A grow is decided at a commit, and the steps the ranks trained past it before the abort
+  // landed are lost: at most a checkpoint interval (2) here. Over Gloo no step fit in that window;
+  // over shm two can (CI saw 2). Losing none needs the ranks to stop at the commit's step, which
+  // the coordinator cannot yet ask of them.
+  EXPECT_LE((*larger)["train"]["generations"][1]["steps_lost"].get<int64_t>(), 2);
   ASSERT_TRUE(RunShardline({"cancel", id, "--coordinator", cluster_.endpoint()}).exit_code == 0);
 }
 
