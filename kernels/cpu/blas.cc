@@ -1,6 +1,7 @@
 #include "kernels/cpu/blas.h"
 
 #include <dlfcn.h>
+#include <omp.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -183,5 +184,7 @@ const Loaded& Load() {
 SgemmFn Sgemm() { return Load().sgemm; }
 
 std::string BlasDescription() { return Load().description; }
+
+int CpuThreads() { return omp_get_max_threads(); }
 
 }  // namespace shardline::kernels::cpu

@@ -51,4 +51,8 @@ SgemmFn Sgemm();
 // core. Loads it if no call has yet.
 std::string BlasDescription();
 
+// The threads this process's CPU kernels and GEMM run on: OpenMP's pool, which MKL's GNU OpenMP
+// layer shares (OMP_NUM_THREADS, as the agent sets it per actor; OpenBLAS gets the same count).
+int CpuThreads();
+
 }  // namespace shardline::kernels::cpu

@@ -1,10 +1,14 @@
 // The actor's start-up calibration (worker/actor/calibration.h): a layer rate that is positive and
 // finite with a fall-off that is not negative, the fit that recovers a known fall-off, and
 // all-reduce numbers that every rank of a group agrees on, with ranks as threads over Gloo and one
-// in-memory store; groups of one rank are skipped, groups of ranks already measured reuse them.
+// in-memory store, measured all at once or, on a time-shared host, in turns; the world and groups
+// of one rank are not measured; the host share.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -37,53 +41,102 @@ TEST(CalibrationTest, FitRecoversTheFallOff) {
   EXPECT_EQ(fit->half_dim, 0);
 }
 
-TEST(CalibrationTest, RanksOfAGroupAgree) {
-  constexpr int kRanks = 3;
+// Ranks as threads of this process over Gloo: `threads` kernel threads each on `cpus` CPUs
+// (which makes the host time-shared or not), in `groups` of the world's ranks.
+std::vector<absl::StatusOr<CalibrationResult>> CalibrateRanks(int ranks, int threads, int cpus,
+                     const std::vector<std::vector<uint32_t>>& group_ranks) {
   comm::InMemoryStore store;
-  std::vector<absl::StatusOr<CalibrationResult>> results(kRanks, absl::UnknownError("not run"));
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < kRanks; ++rank) {
-    threads.emplace_back([&, rank] {
+  std::vector<absl::StatusOr<CalibrationResult>> results(ranks, absl::UnknownError("not run"));
+  std::vector<std::thread> workers;
+  for (int rank = 0; rank < ranks; ++rank) {
+    workers.emplace_back([&, rank] {
       comm::GlooOptions options;
       options.hostname = "127.0.0.1";
-      auto world = comm::CreateGlooCommunicator(store, rank, kRanks, options);
+      auto world = comm::CreateGlooCommunicator(store, rank, ranks, options);
       if (!world.ok()) {
         results[rank] = world.status();
         return;
       }
+      // Each group's communicator, for its members, on its own store prefix.
+      std::vector<std::unique_ptr<comm::Store>> stores;
+      std::vector<std::unique_ptr<comm::Communicator>> owned;
+      std::vector<CalibrationGroup> groups = {{"world", "world", world->get(), {}}};
+      for (uint32_t r = 0; r < static_cast<uint32_t>(ranks); ++r) groups[0].ranks.push_back(r);
+      for (size_t g = 0; g < group_ranks.size(); ++g) {
+        const auto& members = group_ranks[g];
+        CalibrationGroup group{"tp-" + std::to_string(g), "tp", nullptr, members};
+        auto me = std::find(members.begin(), members.end(), static_cast<uint32_t>(rank));
+        if (me != members.end() && members.size() > 1) {
+          stores.push_back(std::make_unique<comm::PrefixStore>(group.id + "/", store));
+          auto made = comm::CreateGlooCommunicator(
+              *stores.back(), static_cast<int>(me - members.begin()), static_cast<int>(members.size()),
+              options);
+          if (!made.ok()) {
+            results[rank] = made.status();
+            return;
+          }
+          owned.push_back(std::move(*made));
+          group.communicator = owned.back().get();
+        }
+        groups.push_back(group);
+      }
       CalibrationOptions calibration;
-      calibration.measure_compute = rank == 0;  // one layer rate is enough for this test
+      calibration.measure_compute = rank == 0;  // one layer rate is enough for these tests
       calibration.large_bytes = 1 << 20;
-      // A group of one has no link to measure: it is skipped, with or without a communicator.
-      // A group of the same ranks as the world reports the world's numbers.
-      std::vector<CalibrationGroup> groups = {{"world", "world", world->get(), {0, 1, 2}},
-                                              {"tp-d0-p0", "tp", nullptr, {0}},
-                                              {"dp-t0-p0", "dp", world->get(), {0, 1, 2}}};
+      calibration.threads = threads;
+      calibration.cpus = cpus;
       results[rank] = Calibrate(groups, calibration);
     });
   }
-  for (auto& thread : threads) thread.join();
+  for (auto& worker : workers) worker.join();
+  return results;
+}
+
+// Every group's members report the same agreed numbers; the world and groups of one rank are not
+// measured; ranks report their host's share. `cpus` decides whether the host is time-shared,
+// which measures in turns: the same answers, taken group by group.
+void ExpectGroupsAgree(int cpus) {
+  constexpr int kRanks = 4;
+  const std::vector<std::vector<uint32_t>> groups = {{0, 1}, {2, 3}, {0}};
+  const auto results = CalibrateRanks(kRanks, 1, cpus, groups);
   for (int rank = 0; rank < kRanks; ++rank) {
     ASSERT_TRUE(results[rank].ok()) << "rank " << rank << ": " << results[rank].status();
     const CalibrationResult& result = *results[rank];
     EXPECT_EQ(result.compute.flops > 0, rank == 0);
     EXPECT_EQ(result.optimizer_bytes_per_second > 0, rank == 0);
-    ASSERT_EQ(result.groups.size(), 2u);
+    EXPECT_EQ(result.host.ranks, kRanks);  // threads of one process: one host
+    EXPECT_EQ(result.host.index, rank);
+    EXPECT_EQ(result.host.cpus, cpus);
+    EXPECT_DOUBLE_EQ(result.host.cpu_share(), std::min(1.0, cpus / 4.0));
+    // Its own two-rank group only: not the world, not the group of one, not the other pair.
+    ASSERT_EQ(result.groups.size(), 1u) << "rank " << rank;
     const GroupBandwidth& group = result.groups[0];
-    const GroupBandwidth& same_ranks = result.groups[1];
-    EXPECT_EQ(same_ranks.id, "dp-t0-p0");
-    EXPECT_EQ(same_ranks.kind, "dp");
-    EXPECT_EQ(same_ranks.bus_bytes_per_second, group.bus_bytes_per_second);
-    EXPECT_EQ(same_ranks.latency_seconds, group.latency_seconds);
-    EXPECT_EQ(group.id, "world");
-    EXPECT_EQ(group.kind, "world");
-    EXPECT_EQ(group.ranks, kRanks);
+    EXPECT_EQ(group.id, rank < 2 ? "tp-0" : "tp-1");
+    EXPECT_EQ(group.kind, "tp");
+    EXPECT_EQ(group.ranks, 2);
     EXPECT_GT(group.bus_bytes_per_second, 0);
     EXPECT_GT(group.latency_seconds, 0);
-    // The slowest rank's times, all-reduced: the same numbers on every rank.
-    EXPECT_EQ(group.bus_bytes_per_second, results[0]->groups[0].bus_bytes_per_second);
-    EXPECT_EQ(group.latency_seconds, results[0]->groups[0].latency_seconds);
+    // The slowest rank's times, all-reduced: the same numbers on both members.
+    const GroupBandwidth& partner = results[rank ^ 1]->groups[0];
+    EXPECT_EQ(group.bus_bytes_per_second, partner.bus_bytes_per_second);
+    EXPECT_EQ(group.latency_seconds, partner.latency_seconds);
   }
+}
+
+TEST(CalibrationTest, RanksOfAGroupAgree) { ExpectGroupsAgree(/*cpus=*/4); }
+
+TEST(CalibrationTest, TimeSharedHostMeasuresInTurns) { ExpectGroupsAgree(/*cpus=*/2); }
+
+TEST(CalibrationTest, HostShare) {
+  HostShare host{.ranks = 4, .index = 0, .threads = 1, .cpus = 2};
+  EXPECT_DOUBLE_EQ(host.cpu_share(), 0.5);
+  EXPECT_EQ(host.concurrent_ranks(), 2);
+  host = {.ranks = 2, .index = 1, .threads = 2, .cpus = 8};
+  EXPECT_DOUBLE_EQ(host.cpu_share(), 1.0);
+  EXPECT_EQ(host.concurrent_ranks(), 4);
+  host = {.ranks = 3, .index = 2, .threads = 4, .cpus = 2};  // one rank's threads outnumber CPUs
+  EXPECT_DOUBLE_EQ(host.cpu_share(), 2.0 / 12);
+  EXPECT_EQ(host.concurrent_ranks(), 1);
 }
 
 }  // namespace

@@ -274,11 +274,14 @@ absl::Status Actor::CalibrateAndReport() {
   calibration.measure_compute = !cuda_device_;
   std::vector<CalibrationGroup> groups;
   if (backend_ != "nccl") {
-    // groups_ is the Assignment's list, the same order on every rank (RankGrid::AllGroups).
+    // groups_ is the Assignment's list, the same on every rank (RankGrid::AllGroups); the
+    // groups this rank is not in go in too, without a communicator, for a time-shared host's
+    // turns (calibration.h).
     for (const auto& group : groups_) {
       auto found = communicators_.find(group.id);
-      if (found == communicators_.end()) continue;
-      groups.push_back({group.id, group.kind, found->second.get(), group.ranks});
+      groups.push_back({group.id, group.kind,
+                        found == communicators_.end() ? nullptr : found->second.get(),
+                        group.ranks});
     }
   }
   if (!calibration.measure_compute && groups.empty()) return absl::OkStatus();
@@ -287,9 +290,11 @@ absl::Status Actor::CalibrateAndReport() {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   spdlog::info("calibration in {:.3f} s: layers {:.2f} GFLOP/s (half at {:.0f}), optimizer "
-               "{:.2f} GB/s, {} groups",
+               "{:.2f} GB/s, {} groups; {} ranks of {} threads on {} CPUs here{}",
                seconds, result.compute.flops / 1e9, result.compute.half_dim,
-               result.optimizer_bytes_per_second / 1e9, result.groups.size());
+               result.optimizer_bytes_per_second / 1e9, result.groups.size(), result.host.ranks,
+               result.host.threads, result.host.cpus,
+               result.host.cpu_share() < 1 ? " (time-shared: measured in turns)" : "");
   if (calibration.measure_compute) spdlog::info("  CPU BLAS: {}", kernels::cpu::BlasDescription());
   for (const auto& group : result.groups) {
     spdlog::info("  group {} ({} ranks): all-reduce bus {:.3f} GB/s, latency {:.1f} us loaded, "

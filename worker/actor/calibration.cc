@@ -3,16 +3,20 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <map>
+#include <functional>
 #include <vector>
 
+#include <sched.h>
+
 #include "common/status_macros.h"
+#include "kernels/cpu/blas.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/optimizer.h"
 #include "placement/cost_model.h"
 #include "worker/model/carver.h"
 #include "worker/model/gpt_block.h"
 #include "worker/model/shard_layout.h"
+#include "worker/comm/shm_communicator.h"
 
 namespace shardline::actor {
 namespace {
@@ -260,18 +264,20 @@ absl::StatusOr<double> TimeLoadedAllReduce(comm::Communicator& comm, int64_t byt
   std::vector<double> agreed_gemms = {static_cast<double>(gemms)};
   RETURN_IF_ERROR(MaxOverRanks(comm, agreed_gemms));
   const int work = static_cast<int>(agreed_gemms[0]);
-  std::vector<double> alone, with_collective;
+  // Each round's difference, so that a slow stretch of the machine (another process, a clock
+  // change) falls on both halves of one round rather than on one side of two medians.
+  std::vector<double> added;
   for (int i = 0; i <= reps; ++i) {
     auto start = SteadyClock::now();
     for (int g = 0; g < work; ++g) gemm();
-    if (i > 0) alone.push_back(SecondsSince(start));
+    const double alone = SecondsSince(start);
     std::fill(buffer.begin(), buffer.end(), 1.0f);
     start = SteadyClock::now();
     for (int g = 0; g < work; ++g) gemm();
     RETURN_IF_ERROR(comm.AllReduce(buffer.data(), count, DType::kFloat32, comm::ReduceOp::kSum));
-    if (i > 0) with_collective.push_back(SecondsSince(start));  // the first round warms up
+    if (i > 0) added.push_back(SecondsSince(start) - alone);  // the first round warms up
   }
-  return std::max(0.0, Median(with_collective) - Median(alone));
+  return std::max(0.0, Median(added));
 }
 
 }  // namespace
@@ -294,38 +300,145 @@ absl::StatusOr<GroupBandwidth> MeasureAllReduce(comm::Communicator& comm,
   // Latency is paid once per operation whatever its size; what is left is the bandwidth's.
   const double transfer = std::max(agreed[1] - agreed[0], agreed[1] * 0.05);
   result.bus_bytes_per_second = transfer > 0 ? bus_bytes(options.large_bytes) / transfer : 0;
-  // Between kernels a collective costs more than back to back (TimeLoadedAllReduce). Each rank's
-  // own measurement, averaged over the ranks (every rank pays its wait).
+  // Between kernels a collective costs more than back to back (TimeLoadedAllReduce). The step
+  // pays what the collective adds to the rank that reaches it last (the others' wait for it is
+  // time they would have idled anyway), and that rank adds the least: the minimum over ranks.
+  // (The mean, which this was, counts the early ranks' waits for a peer whose identical GEMMs
+  // ran slower: 0.1-0.4 ms on some runs where training pays ~20 us, and a prediction 57% off.)
   ASSIGN_OR_RETURN(const double loaded,
                    TimeLoadedAllReduce(comm, options.loaded_bytes,
                                        std::max(1, options.loaded_reps), options.busy_seconds));
-  std::vector<double> mean_loaded = {loaded / n};
+  std::vector<double> last_arrival = {loaded};
   RETURN_IF_ERROR(
-      comm.AllReduce(mean_loaded.data(), 1, DType::kFloat64, comm::ReduceOp::kSum));
+      comm.AllReduce(last_arrival.data(), 1, DType::kFloat64, comm::ReduceOp::kMin));
   const double loaded_transfer =
       result.bus_bytes_per_second > 0 ? bus_bytes(options.loaded_bytes) / result.bus_bytes_per_second
                                       : 0;
-  result.latency_seconds = std::max(agreed[0], mean_loaded[0] - loaded_transfer);
+  result.latency_seconds = std::max(agreed[0], last_arrival[0] - loaded_transfer);
   return result;
 }
+
+double HostShare::cpu_share() const {
+  return std::min(1.0, static_cast<double>(cpus) / (static_cast<double>(ranks) * threads));
+}
+
+int HostShare::concurrent_ranks() const { return std::max(1, cpus / std::max(1, threads)); }
+
+namespace {
+
+int AffinityCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
+  return std::max(1, CPU_COUNT(&set));
+}
+
+HostShare OwnHostShare(const CalibrationOptions& options) {
+  HostShare host;
+  host.threads = std::max(1, options.threads > 0 ? options.threads : kernels::cpu::CpuThreads());
+  host.cpus = options.cpus > 0 ? options.cpus : AffinityCpus();
+  return host;
+}
+
+// Turns in which the ranks of every host compute: as many as the most crowded host needs.
+int TurnsOf(const HostShare& host) {
+  const int concurrent = host.concurrent_ranks();
+  return (host.ranks + concurrent - 1) / concurrent;
+}
+
+}  // namespace
+
+absl::StatusOr<HostShare> MeasureHostShare(comm::Communicator& world,
+                                           const CalibrationOptions& options) {
+  HostShare own = OwnHostShare(options);
+  const std::string host_id = options.host_id.empty() ? comm::LocalHostIdentity() : options.host_id;
+  // Hashed to fit a fixed-size all-gather; two hosts colliding in 64 bits is not a concern.
+  const int64_t mine[3] = {static_cast<int64_t>(std::hash<std::string>{}(host_id)), own.threads,
+                           own.cpus};
+  const int n = world.size();
+  std::vector<int64_t> all(3 * static_cast<size_t>(n));
+  RETURN_IF_ERROR(world.AllGather(mine, all.data(), 3, DType::kInt64));
+  own.ranks = 0;
+  own.index = 0;
+  for (int r = 0; r < n; ++r) {
+    if (all[3 * r] != mine[0]) continue;
+    if (r < world.rank()) ++own.index;
+    ++own.ranks;
+  }
+  return own;
+}
+
+namespace {
+
+// Training's collectives run over the tp, pp and dp groups; the world carries none of them (a
+// data-parallel job's world has its dp group's ranks, and that group is measured). Measured, a
+// time-shared host's world would also report every rank of it contending at once, which no
+// step does, and the coordinator keeps a node's slowest link.
+bool CarriesTraining(const CalibrationGroup& group) { return group.kind != "world"; }
+
+// Calibrate() on a time-shared host (calibration.h): the compute in `turns` rounds of the ranks
+// the CPUs run at once, then each group alone, the others' ranks waiting on `world` (the shared
+// memory barrier sleeps on a futex once ranks outnumber CPUs, so a waiting rank takes no core).
+absl::StatusOr<CalibrationResult> CalibrateInTurns(const std::vector<CalibrationGroup>& groups,
+                                                   const CalibrationOptions& options,
+                                                   comm::Communicator& world, int turns,
+                                                   CalibrationResult result) {
+  for (int turn = 0; turn < turns; ++turn) {
+    if (options.measure_compute && result.host.index % turns == turn) {
+      ASSIGN_OR_RETURN(result.compute, MeasureLayerRate());
+      ASSIGN_OR_RETURN(result.optimizer_bytes_per_second, MeasureOptimizerRate());
+    }
+    RETURN_IF_ERROR(world.Barrier());
+  }
+  // Every rank walks the same list and takes the same turns, member of a group or not.
+  for (const CalibrationGroup& group : groups) {
+    if (group.ranks.empty()) {
+      return absl::InvalidArgumentError("group " + group.id +
+                                        ": calibrating in turns needs every group's ranks");
+    }
+    if (group.ranks.size() < 2 || !CarriesTraining(group)) continue;
+    if (group.communicator != nullptr) {
+      absl::StatusOr<GroupBandwidth> measured = MeasureAllReduce(*group.communicator, options);
+      if (!measured.ok()) return Annotate(measured.status(), "calibrating group " + group.id);
+      measured->id = group.id;
+      measured->kind = group.kind;
+      result.groups.push_back(std::move(*measured));
+    }
+    RETURN_IF_ERROR(world.Barrier());
+  }
+  return result;
+}
+
+}  // namespace
 
 absl::StatusOr<CalibrationResult> Calibrate(const std::vector<CalibrationGroup>& groups,
                                             const CalibrationOptions& options) {
   CalibrationResult result;
+  comm::Communicator* world = nullptr;
+  for (const CalibrationGroup& group : groups) {
+    if (group.kind == "world" && group.communicator != nullptr) world = group.communicator;
+  }
+  result.host = OwnHostShare(options);
+  int turns = 1;
+  if (world != nullptr && world->size() > 1) {
+    ASSIGN_OR_RETURN(result.host, MeasureHostShare(*world, options));
+    // Every rank must take the same number of turns: the most crowded host's.
+    std::vector<double> most = {static_cast<double>(TurnsOf(result.host))};
+    RETURN_IF_ERROR(MaxOverRanks(*world, most));
+    turns = static_cast<int>(most[0]);
+  }
+  if (turns > 1) return CalibrateInTurns(groups, options, *world, turns, std::move(result));
   if (options.measure_compute) {
     ASSIGN_OR_RETURN(result.compute, MeasureLayerRate());
     ASSIGN_OR_RETURN(result.optimizer_bytes_per_second, MeasureOptimizerRate());
   }
-  std::map<std::vector<uint32_t>, GroupBandwidth> by_ranks;
   for (const CalibrationGroup& group : groups) {
-    if (group.communicator == nullptr || group.communicator->size() < 2) continue;
-    // Every rank of the group sees the same list, so all of them skip it or none does.
-    auto same = group.ranks.empty() ? by_ranks.end() : by_ranks.find(group.ranks);
-    absl::StatusOr<GroupBandwidth> measured =
-        same != by_ranks.end() ? absl::StatusOr<GroupBandwidth>(same->second)
-                               : MeasureAllReduce(*group.communicator, options);
+    if (group.communicator == nullptr || group.communicator->size() < 2 ||
+        !CarriesTraining(group)) {
+      continue;
+    }
+    absl::StatusOr<GroupBandwidth> measured = MeasureAllReduce(*group.communicator, options);
     if (!measured.ok()) return Annotate(measured.status(), "calibrating group " + group.id);
-    if (!group.ranks.empty()) by_ranks.emplace(group.ranks, *measured);
     measured->id = group.id;
     measured->kind = group.kind;
     result.groups.push_back(std::move(*measured));

@@ -13,9 +13,19 @@
 //   all-reduce:  per group of more than one rank, an 8-byte all-reduce (idle latency, median of
 //                5) and an 8 MiB one (bus bandwidth 2(n-1)/n · bytes / (time - latency), best of
 //                2), each after a warm-up, the slowest rank's times (all-reduced max); then the
-//                loaded latency: what a 256 KiB all-reduce adds to ~2 ms of GEMMs, as
-//                collectives come between kernels in training (median per rank, mean over ranks,
-//                less the bytes' time). All members report the same numbers.
+//                loaded latency: what a 256 KiB all-reduce adds to ~1 ms of GEMMs, as
+//                collectives come between kernels in training (median per rank of 32 rounds,
+//                the least over the ranks: what it adds to the last to arrive, which is what
+//                the step pays; less the bytes' time). All members report the same numbers.
+//
+// A host whose CPUs the job's ranks outnumber (four single-thread actors on two cores: the
+// default `shardline up` job on a 2-core machine) is time-shared. Measured all at once, every
+// rank would get half a core and every group's collectives would wait for peers the scheduler
+// parked to run another group's GEMMs, so its links would read 50x slower than training, where
+// the ranks block on one another's activations and take turns. There the calibration runs in
+// turns instead: the compute a few ranks at a time (as many as the CPUs hold), the groups one
+// after the other; the report carries the host's CPU share, and the planner's cost model
+// charges it when every rank of the host computes at once (placement/cost_model.h).
 #pragma once
 
 #include <cstdint>
@@ -45,24 +55,40 @@ struct LayerRate {
   double half_dim = 0;
 };
 
+// How the job's ranks share the CPUs of this rank's host.
+struct HostShare {
+  int ranks = 1;    // the job's ranks on this host
+  int index = 0;    // this rank's place among them, by rank
+  int threads = 1;  // the kernel threads of one rank (CpuThreads())
+  int cpus = 1;     // the CPUs a rank may run on (its affinity)
+  // The fraction of its threads' time a rank gets when all ranks of the host compute at once.
+  double cpu_share() const;
+  // How many ranks' worth of threads the CPUs run at once (at least 1).
+  int concurrent_ranks() const;
+};
+
 struct CalibrationResult {
   LayerRate compute;
+  HostShare host;
   // The AdamW step with the gradient norm's read, in placement::kOptimizerBytesPerParam bytes
   // per parameter per second; 0: not measured.
   double optimizer_bytes_per_second = 0;
   std::vector<GroupBandwidth> groups;
 };
 
-// One communicator group as the calibration sees it. The list must hold the calling rank's
-// groups in the job's group order (RankGrid::AllGroups), the same order on every rank: each
-// group's collectives then run in an order no two ranks disagree on, so they cannot deadlock.
+// One communicator group as the calibration sees it. The list holds the job's groups in the
+// job's group order (RankGrid::AllGroups), the same list on every rank: each group's collectives
+// then run in an order no two ranks disagree on, so they cannot deadlock. A time-shared host
+// measures them in turns and needs every group, the calling rank's and the others'.
 struct CalibrationGroup {
   std::string id;
   std::string kind;
-  comm::Communicator* communicator = nullptr;  // groups of one rank are skipped (may be null)
-  // The job's ranks in the group. A group with the same ranks as one measured before it (the
-  // world of a two-rank job and its data-parallel group) runs over the same links: it reports
-  // that group's numbers without measuring again. Empty: always measured.
+  // Null for a group the calling rank is not in; groups of one rank are skipped (may be null).
+  // The "world" group is not measured (no training collective runs over it); it is the group
+  // the turns of a time-shared host are kept on.
+  comm::Communicator* communicator = nullptr;
+  // The job's ranks in the group; a time-shared host needs them (to take turns, every rank must
+  // know each group's size, its own or not).
   std::vector<uint32_t> ranks;
 };
 
@@ -75,8 +101,12 @@ struct CalibrationOptions {
   // The loaded latency: what an all-reduce of loaded_bytes (a tensor-parallel activation's size)
   // adds to busy_seconds of compute, over loaded_reps rounds.
   int64_t loaded_bytes = int64_t{256} << 10;
-  int loaded_reps = 16;
-  double busy_seconds = 0.002;
+  int loaded_reps = 32;
+  double busy_seconds = 0.001;
+  // The host share's inputs, 0: measured (CpuThreads(), the affinity's CPUs); tests set them.
+  int threads = 0;
+  int cpus = 0;
+  std::string host_id;  // empty: comm::LocalHostIdentity()
 };
 
 // A GPT block's shape: batch, sequence, d_model, heads (d_ff = 4·d_model), and the share of it
@@ -99,8 +129,8 @@ absl::StatusOr<LayerRate> FitLayerRate(double x1, double r1, double x2, double r
 // gradient's sum of squares over 2M parameters (32 MiB of state, past most caches), median of 3.
 absl::StatusOr<double> MeasureOptimizerRate();
 
-// The fp32 layer rate of this process's share of the CPU (the OpenMP and BLAS threads it was
-// given), while the job's other ranks calibrate at the same time, as they will train.
+// The fp32 layer rate of this process's threads (the OpenMP and BLAS threads it was given),
+// while the ranks the host's CPUs run at once calibrate at the same time.
 absl::StatusOr<LayerRate> MeasureLayerRate();
 
 // The all-reduce bus bandwidth and latency of `comm`; every rank of the group must call it with
@@ -108,7 +138,12 @@ absl::StatusOr<LayerRate> MeasureLayerRate();
 absl::StatusOr<GroupBandwidth> MeasureAllReduce(comm::Communicator& comm,
                                                 const CalibrationOptions& options);
 
-// Both, for every group of `groups` with more than one rank, in list order.
+// The host share of every rank of `world` (a collective; every rank gets its own host's).
+absl::StatusOr<HostShare> MeasureHostShare(comm::Communicator& world,
+                                           const CalibrationOptions& options);
+
+// Both, for every group of `groups` but the world with more than one rank, in list order; in
+// turns when the host is time-shared (above).
 absl::StatusOr<CalibrationResult> Calibrate(const std::vector<CalibrationGroup>& groups,
                                             const CalibrationOptions& options = {});
 
