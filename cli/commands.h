@@ -34,13 +34,19 @@ int Status(const ClientOptions& client, const StatusOptions& options);
 int Cancel(const ClientOptions& client, const std::string& job_id);
 
 struct UpOptions {
-  int devices = 4;
+  int devices = 0;  // 0: DefaultUpDevices() of the cores this process may run on
   std::string job_path;  // empty: the embedded default job
   std::string work_dir;  // empty: a fresh temporary directory
   bool keep = false;     // keep the work dir (logs, state) after a successful run
   std::string log_level = "info";
 };
 int Up(const UpOptions& options);
+// The CPU devices `shardline up` offers on `cores` cores: 4 (the default job's tp 2 x pp 2) when
+// each gets a core, else 2 (tp 2). More actors than cores time-share them: four on two cores
+// train no faster than two (36.7k against 37.5k tokens/s) and spend a third of each step
+// waiting for a peer the scheduler parked. Both keep one data-parallel rank, so a checkpoint of
+// either resumes on the other.
+int DefaultUpDevices(int cores);
 
 struct TrainOptions {
   std::string spec_path;

@@ -162,8 +162,8 @@ int Main(int argc, char** argv) {
 
   UpOptions up_options;
   auto* up_cmd = app.add_subcommand("up", "Start a local cluster on this machine and run the default job");
-  up_cmd->add_option("--devices", up_options.devices, "CPU devices of the local node")
-      ->capture_default_str();
+  up_cmd->add_option("--devices", up_options.devices,
+                     "CPU devices of the local node (default: 4 on 4 or more cores, else 2)");
   up_cmd->add_option("--job", up_options.job_path, "Run this job spec instead of the default");
   up_cmd->add_option("--work-dir", up_options.work_dir, "Logs and state here (default: a temp dir)");
   up_cmd->add_flag("--keep", up_options.keep, "Keep the logs and state after success");

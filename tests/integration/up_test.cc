@@ -1,6 +1,7 @@
 // `shardline up` end to end, as a user runs it: the real binary, its real children.
 #include <signal.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 
 #include <filesystem>
 #include <fstream>
@@ -34,13 +35,23 @@ TEST(UpTest, DefaultJobRunsToTheEndAndShutsDownCleanly) {
   const std::string work_dir = fs::temp_directory_path() / ("shardline-up-test-" + std::to_string(getpid()));
   auto result = RunShardline({"up", "--work-dir", work_dir, "--keep"}, 900s);
   EXPECT_EQ(result.exit_code, 0) << result.output;
-  EXPECT_NE(result.output.find("with 4 CPU devices"), std::string::npos) << result.output;
+  // One actor per core, 4 or 2 (cli/commands.h's DefaultUpDevices): this process's affinity is
+  // what the command inherits.
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  const int devices = CPU_COUNT(&set) >= 4 ? 4 : 2;
+  EXPECT_NE(result.output.find("with " + std::to_string(devices) + " CPU devices"),
+            std::string::npos)
+      << result.output;
   EXPECT_NE(result.output.find("succeeded"), std::string::npos) << result.output;
   EXPECT_NE(result.output.find("Done in"), std::string::npos) << result.output;
-  // The default job trains a GPT over tp=2 × pp=2 to the end, its loss falling from ln 257 ≈ 5.55
-  // (uniform over bytes) to well under the corpus's byte-pair entropy (1.6 nats), and commits
-  // its final checkpoint.
-  EXPECT_NE(result.output.find("plan tp 2 x pp 2 x dp 1"), std::string::npos) << result.output;
+  // The default job trains a GPT over tp=2 × pp=2 (tp=2 on 2 devices) to the end, its loss
+  // falling from ln 257 ≈ 5.55 (uniform over bytes) to well under the corpus's byte-pair entropy
+  // (1.6 nats), and commits its final checkpoint.
+  EXPECT_NE(result.output.find(devices == 4 ? "plan tp 2 x pp 2 x dp 1" : "plan tp 2 x pp 1 x dp 1"),
+            std::string::npos)
+      << result.output;
   const size_t last = result.output.rfind("step 200/200  loss ");
   ASSERT_NE(last, std::string::npos) << result.output;
   const double final_loss = std::stod(result.output.substr(last + 19, 8));
