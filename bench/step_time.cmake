@@ -4,5 +4,5 @@
 # target is visible from any directory), which runs the built `shardline` binary.
 add_executable(step_time_prediction_bench ${CMAKE_CURRENT_LIST_DIR}/step_time_prediction_bench.cc)
 target_link_libraries(step_time_prediction_bench PRIVATE shardline_test_cluster
-  shardline_monitoring_testing)
+  shardline_monitoring_testing shardline_cli)
 add_dependencies(step_time_prediction_bench shardline)
