@@ -1,5 +1,5 @@
 // What a checkpoint save costs training, for the GPT-2-small shape on 2 tensor-parallel ranks
-// (forked processes with Gloo over loopback, tests/support/forked_world.h), in one run:
+// (forked processes over shared memory, tests/support/forked_world.h), in one run:
 //   1. asynchronous: training::TrainSharded, the production loop, saving every --interval steps:
 //      per save how long the loop stopped (ShardedTrainResult::save_stall_seconds), per step its
 //      time and how much of it a background write overlapped (the writer competes with training

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "worker/comm/communicator.h"
+#include "worker/comm/cpu_communicator.h"
 #include "worker/comm/file_store.h"
 #include "worker/comm/store.h"
 
@@ -20,14 +21,15 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 int RunRank(const placement::RankGrid& grid, const std::string& store_dir, int rank,
-            const RankBody& body) {
+            const RankBody& body, ForkedBackend backend) {
   auto files = comm::FileStore::Open(store_dir);
   if (!files.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, std::string(files.status().message()).c_str());
     return 100;
   }
-  comm::GlooOptions gloo;
-  gloo.timeout = std::chrono::seconds(60);
+  comm::CpuCommOptions options;
+  options.gloo.timeout = std::chrono::seconds(60);
+  options.shm.timeout = std::chrono::seconds(60);
   std::vector<std::unique_ptr<comm::Communicator>> owned;
   model::ShardedGroups groups;
   // Every rank joins its groups in the same order (world, tp, pp, dp), so no two ranks wait on
@@ -37,8 +39,10 @@ int RunRank(const placement::RankGrid& grid, const std::string& store_dir, int r
     const int index = static_cast<int>(
         std::find(group.ranks.begin(), group.ranks.end(), rank) - group.ranks.begin());
     comm::PrefixStore store(group.id, **files);
-    auto communicator = comm::CreateGlooCommunicator(store, index,
-                                                     static_cast<int>(group.ranks.size()), gloo);
+    const int size = static_cast<int>(group.ranks.size());
+    auto communicator = backend == ForkedBackend::kGloo
+                            ? comm::CreateGlooCommunicator(store, index, size, options.gloo)
+                            : comm::CreateCpuCommunicator(store, index, size, options);
     if (!communicator.ok()) {
       std::fprintf(stderr, "rank %d group %s: %s\n", rank, group.id.c_str(),
                    std::string(communicator.status().message()).c_str());
@@ -73,7 +77,8 @@ std::string ForkedWorldResult::Describe() const {
 }
 
 ForkedWorldResult RunForkedWorld(const placement::RankGrid& grid, const std::string& store_dir,
-                                 const RankBody& body, std::chrono::seconds deadline) {
+                                 const RankBody& body, std::chrono::seconds deadline,
+                                 ForkedBackend backend) {
   std::vector<pid_t> children;
   ForkedWorldResult result;
   result.exit_codes.assign(grid.world(), -1);
@@ -82,7 +87,7 @@ ForkedWorldResult RunForkedWorld(const placement::RankGrid& grid, const std::str
   for (int rank = 0; rank < grid.world(); ++rank) {
     const pid_t pid = fork();
     if (pid == 0) {
-      const int code = RunRank(grid, store_dir, rank, body);
+      const int code = RunRank(grid, store_dir, rank, body, backend);
       std::fflush(nullptr);
       _exit(code);  // never back into the caller (gtest)
     }

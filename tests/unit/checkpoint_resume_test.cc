@@ -1,7 +1,7 @@
 // Resume equivalence, the core of checkpoints on any plan: train 3 steps in plan A and save, then
 // resume in plan B for 3 more; the losses of steps 4..6 and the final parameters and both AdamW
 // moments equal an uninterrupted single-device run of 6 steps. Sharded runs are the ranks of
-// TrainSharded as forked processes over real Gloo communicators (tests/support/forked_world.h);
+// TrainSharded as forked processes over real communicators (shared memory) (tests/support/forked_world.h);
 // their shards are committed with the same StepAssembly and CommitStep as the coordinator's, and
 // every final state is read back through the checkpoint reader. Single-device runs are
 // `shardline train`'s loop (training::Train).

@@ -1,7 +1,8 @@
 // ShardedGpt against the single-device GptModel: for every (tp, pp, dp) in {1,2}³ and for ZeRO 1,
 // 2 and 3 (with dp = 2, alone and with pp = 2), the losses of the first steps and the final
-// parameters match the unsharded run's. Every rank is a forked process; the groups are real Gloo
-// communicators over TCP on loopback, bootstrapped through a FileStore directory
+// parameters match the unsharded run's. Every rank is a forked process; the groups are the real
+// communicators CPU actors train over (shared memory; a tp 2 x pp 2 x dp 2 and a ZeRO 3 case
+// also over Gloo on loopback), bootstrapped through a FileStore directory
 // (tests/support/forked_world.h). Also: the ZeRO
 // stages' memory saving by the allocator's own accounting, and the layout's bad input.
 //
@@ -50,9 +51,12 @@ constexpr double kParamAbsTol = 1e-5;
 struct Case {
   int tp = 1, pp = 1, dp = 1, zero = 0;
   bool tied = true;
+  // The backend CPU actors get (shared memory), or Gloo, which `backend: gloo` forces.
+  testing::ForkedBackend backend = testing::ForkedBackend::kCpu;
   std::string Name() const {
     return "tp" + std::to_string(tp) + "_pp" + std::to_string(pp) + "_dp" + std::to_string(dp) +
-           "_zero" + std::to_string(zero) + (tied ? "" : "_untied");
+           "_zero" + std::to_string(zero) + (tied ? "" : "_untied") +
+           (backend == testing::ForkedBackend::kGloo ? "_gloo" : "");
   }
 };
 
@@ -190,7 +194,8 @@ void RunWorld(const std::string& dir, const Case& c) {
       *grid, store,
       [&](int rank, const placement::RankCoords& coords, const ShardedGroups& groups) {
         return RunRank(dir, c, rank, coords, groups);
-      });
+      },
+      std::chrono::seconds(120), c.backend);
   ASSERT_TRUE(result.ok()) << c.Name() << ": " << result.Describe();
 }
 
@@ -296,6 +301,9 @@ std::vector<Case> EquivalenceCases() {
   cases.push_back(Case{2, 2, 2, 3});
   cases.push_back(Case{2, 2, 2, 0, /*tied=*/false});
   cases.push_back(Case{2, 2, 1, 2, /*tied=*/false});
+  // Every kind of group and a sharded optimizer over Gloo too.
+  cases.push_back(Case{2, 2, 2, 0, true, testing::ForkedBackend::kGloo});
+  cases.push_back(Case{1, 2, 2, 3, true, testing::ForkedBackend::kGloo});
   return cases;
 }
 
