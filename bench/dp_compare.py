@@ -2,14 +2,13 @@
 """Shardline dp=2 against PyTorch DDP dp=2 (Gloo), the same GPT and batch, in one run.
 
   bench/dp_compare.py [BUILD_DIR] [--rounds 3] [--steps 5] [--ddp-warmup 2]
-      [--python /opt/shardline-bench/torch2/bin/python] [--target 1.2]
+      [--python /opt/shardline-bench/torch2/bin/python] [--target 1.2] [--backend cpu|gloo]
 
 BUILD_DIR defaults to build-dev beside bench/. Each round runs, one after the other:
-  - Shardline: BUILD_DIR/bench/sharded_step_bench --steps N --threads 1, read until its
-    "tp=1 pp=1 dp=2" row (ZeRO 0, micro-batch 4: two forked ranks with Gloo over loopback, one
-    thread each, gradients all-reduced unit by unit on a communication thread), then stopped:
-    the bench has no flag to run one layout, so the tp=1/tp=2/pp=2 rows before it run too (and
-    are printed, not compared) and the rows after it are cut off;
+  - Shardline: BUILD_DIR/bench/sharded_step_bench --steps N --threads 1 --layout 1x1x2
+    --backend B (ZeRO 0, micro-batch 4: two forked ranks, one thread each, gradients
+    all-reduced unit by unit on a communication thread; B = cpu, the default: the shared-memory
+    backend CPU actors get; gloo: Gloo over loopback, as the peer);
   - PyTorch: `PYTHON -m torch.distributed.run --standalone --nnodes=1 --nproc_per_node=2
     bench/ddp_peer.py` (torchrun), DistributedDataParallel over Gloo on loopback, one thread per
     rank, fp32, with the model, global batch and micro-batch that sharded_step_bench printed.
@@ -25,14 +24,12 @@ did not hide, the gradient norm's all-reduce), and DDP's median step. Last line:
 Not part of ctest. Needs ~2 free cores: anything else running skews both sides.
 """
 import argparse
-import glob
 import os
 import re
 import signal
 import statistics
 import subprocess
 import sys
-import threading
 import time
 
 from tables import print_table  # bench/tables.py: this script's folder is on sys.path
@@ -95,50 +92,29 @@ def kill_group(proc):
     proc.wait()
 
 
-def shardline_round(bench, steps, timeout):
-    """Runs sharded_step_bench up to its dp=2 row; returns (model, row, lines printed)."""
-    bench_dirs = "/tmp/shardline_bench_*"  # testing::MakeTempDir("shardline_bench") per layout
-    # stdbuf: its printf to a pipe would be block-buffered until exit; line by line we can stop
-    # it as soon as the dp=2 row is out.
-    proc = subprocess.Popen(["stdbuf", "-oL", bench, "--steps", str(steps), "--threads", "1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
-    model = row = None
-    lines = []
-    row_seen = None
-    deadline = time.monotonic() + timeout
-    watchdog = threading.Timer(timeout, lambda: os.killpg(proc.pid, signal.SIGKILL))
-    watchdog.start()
+def shardline_round(bench, steps, timeout, backend):
+    """Runs sharded_step_bench's dp=2 layout; returns (model, row, lines printed)."""
+    command = [bench, "--steps", str(steps), "--threads", "1", "--layout", "1x1x2",
+               "--backend", backend]
     try:
-        for line in proc.stdout:
-            line = line.rstrip("\n")
-            lines.append(line)
-            if (m := HEADER.match(line)) is not None:
-                model = dict(zip(("layers", "d_model", "heads", "vocab", "seq", "batch"),
-                                 map(int, m.groups())))
-            elif (m := DP_ROW.match(line)) is not None:
-                row_seen = time.time()
-                row = {"world": int(m[1]), "threads": int(m[2]), "ms": float(m[3]),
-                       "tokens_per_s": float(m[4]), "compute": float(m[5]), "comm": float(m[6]),
-                       "bubble": float(m[7]), "note": m[8].strip()}
-                break
-            if time.monotonic() > deadline:
-                raise BenchError(f"sharded_step_bench: no dp=2 row after {timeout} s")
-    finally:
-        watchdog.cancel()
-        kill_group(proc)
-    # The layout after dp=2 had started: its temporary directory is left behind by the kill.
-    # Only those created since just before the dp=2 row came out are this run's.
-    if row_seen is not None:
-        for path in glob.glob(bench_dirs):
-            try:
-                if os.stat(path).st_ctime >= row_seen - 1.0:
-                    subprocess.run(["rm", "-rf", "--", path], check=False)
-            except FileNotFoundError:
-                pass
-    if model is None or row is None:
-        raise BenchError("sharded_step_bench printed no " +
-                         ("header" if model is None else "dp=2 row") + ":\n" + "\n".join(lines))
+        done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, stdin=subprocess.DEVNULL, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise BenchError(f"sharded_step_bench: no result after {timeout} s")
+    lines = done.stdout.splitlines()
+    model = row = None
+    for line in lines:
+        if (m := HEADER.match(line)) is not None:
+            model = dict(zip(("layers", "d_model", "heads", "vocab", "seq", "batch"),
+                             map(int, m.groups())))
+        elif (m := DP_ROW.match(line)) is not None:
+            row = {"world": int(m[1]), "threads": int(m[2]), "ms": float(m[3]),
+                   "tokens_per_s": float(m[4]), "compute": float(m[5]), "comm": float(m[6]),
+                   "bubble": float(m[7]), "note": m[8].strip()}
+    if done.returncode != 0 or model is None or row is None:
+        raise BenchError(f"sharded_step_bench exited with {done.returncode}, " +
+                         ("no header" if model is None else "no dp=2 row" if row is None else "") +
+                         ":\n" + "\n".join(lines))
     return model, row, lines
 
 
@@ -196,6 +172,9 @@ def main():
                         f"else {DEBIAN_PYTHON})")
     p.add_argument("--target", type=float, default=1.2, help="DDP ms / Shardline ms to reach")
     p.add_argument("--timeout", type=int, default=1800, help="seconds per run of either side")
+    p.add_argument("--backend", choices=("cpu", "gloo"), default="cpu",
+                   help="Shardline's communicators: cpu (what CPU actors get: shared memory) or "
+                        "gloo (Gloo over loopback, as the peer)")
     a = p.parse_args()
 
     bench = os.path.join(a.build_dir, "bench", "sharded_step_bench")
@@ -203,7 +182,8 @@ def main():
         sys.exit(f"dp_compare: {bench} not found; build it: ninja -C {a.build_dir} "
                  f"sharded_step_bench")
     python, torch_version, origin = pick_python(a.python)
-    print(f"# peer: PyTorch {torch_version} DDP over Gloo, {python} ({origin})", flush=True)
+    print(f"# peer: PyTorch {torch_version} DDP over Gloo, {python} ({origin}); Shardline over "
+          f"{'its CPU backend (shared memory)' if a.backend == 'cpu' else 'Gloo'}", flush=True)
     print(f"# dp={DP}, 1 thread per rank, {a.steps} timed steps (Shardline 1 warm-up, DDP "
           f"{a.ddp_warmup}), {a.rounds} rounds alternating; {os.cpu_count()} cores, load average "
           f"before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
@@ -213,7 +193,7 @@ def main():
     try:
         for r in range(1, a.rounds + 1):
             start = time.perf_counter()
-            model_r, row, lines = shardline_round(bench, a.steps, a.timeout)
+            model_r, row, lines = shardline_round(bench, a.steps, a.timeout, a.backend)
             if model is None:
                 model = model_r
                 print(f"# model: GPT layers={model['layers']} d_model={model['d_model']} "
@@ -222,8 +202,8 @@ def main():
                       f"({model['batch'] // (DP * MICRO_BATCH)} per rank per step)", flush=True)
             ours.append(row)
             print(f"  round {r} shardline {row['ms']:8.1f} ms/step  comm {row['comm']:.1f}%  "
-                  f"compute {row['compute']:.1f}%  (process {time.perf_counter() - start:.0f} s, "
-                  f"incl. the tp=1/tp=2/pp=2 rows; load {os.getloadavg()[0]:.2f})"
+                  f"compute {row['compute']:.1f}%  (process {time.perf_counter() - start:.0f} s; "
+                  f"load {os.getloadavg()[0]:.2f})"
                   f"{'  ' + row['note'] if row['note'] else ''}", flush=True)
             start = time.perf_counter()
             res = ddp_round(python, torch_version, model, a.steps, a.ddp_warmup, a.timeout)
@@ -242,7 +222,7 @@ def main():
     comm = statistics.median(r["comm"] for r in ours)
     ratio = ms_theirs / ms_ours
     met = ratio >= a.target
-    header = ["layout", "Shardline ms/step", "DDP ms/step", "ratio (DDP/Shardline)", "torch",
+    header = ["layout", f"Shardline ({a.backend}) ms/step", "DDP ms/step", "ratio (DDP/Shardline)", "torch",
               "target", "Shardline comm share"]
     row = [f"dp={DP} (tp=pp=1)", f"{ms_ours:.1f}", f"{ms_theirs:.1f}", f"{ratio:.2f}x",
            torch_version, f"{a.target:.2f}x {'met' if met else 'missed'}", f"{comm:.1f}%"]
@@ -253,7 +233,7 @@ def main():
           f"{min(r['ms'] for r in theirs):.1f}; DDP's median step {median_theirs:.1f} ms)")
     print(f"result dp shardline_ms={ms_ours:.1f} ddp_ms={ms_theirs:.1f} ratio={ratio:.3f} "
           f"target={a.target:g} met={'yes' if met else 'no'} torch={torch_version} "
-          f"comm_share={comm:.1f}% rounds={a.rounds} steps={a.steps}")
+          f"comm_share={comm:.1f}% rounds={a.rounds} steps={a.steps} backend={a.backend}")
     return 0
 
 

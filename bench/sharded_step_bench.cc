@@ -1,13 +1,15 @@
 // One fixed GPT, trained under every (tp, pp, dp) that fits this machine's cores (world ≤ 4): step
 // time, tokens/s, and the share of the step in compute, communication and the pipeline bubble;
 // then the measured bubble of pipelines of 2 and 4 stages against the 1F1B schedule's
-// (p−1)/(m+p−1) for m micro-batches. Every rank is a forked process with real Gloo communicators
-// over loopback (tests/support/forked_world.h). Not part of ctest.
+// (p−1)/(m+p−1) for m micro-batches. Every rank is a forked process with the communicators CPU
+// actors get (shared memory on one host; --backend gloo: Gloo over loopback, what `backend: gloo`
+// forces), tests/support/forked_world.h. Not part of ctest.
 //
-//   build/bench/sharded_step_bench [--steps N] [--threads T]
+//   build/bench/sharded_step_bench [--steps N] [--threads T] [--layout TPxPPxDP] [--backend B]
 //
 // Threads per rank default to max(1, cores / world), so every layout uses the same cores; with
-// fewer cores than ranks the processes share them, and the table says so.
+// fewer cores than ranks the processes share them, and the table says so. --layout runs that one
+// layout (micro-batch 4) and no bubble table (bench/dp_compare.py runs 1x1x2).
 #include <omp.h>
 
 #include <algorithm>
@@ -103,7 +105,8 @@ int RunRank(const std::string& dir, const Layout& layout, int steps, int threads
 }
 
 // Runs one layout; per-rank averages, or empty on failure.
-std::vector<Measured> Run(const Layout& layout, int steps, int threads) {
+std::vector<Measured> Run(const Layout& layout, int steps, int threads,
+                          testing::ForkedBackend backend) {
   auto grid = placement::RankGrid::Create(layout.tp, layout.pp, layout.dp);
   if (!grid.ok()) return {};
   const std::string dir = testing::MakeTempDir("shardline_bench");
@@ -114,7 +117,7 @@ std::vector<Measured> Run(const Layout& layout, int steps, int threads) {
       [&](int rank, const placement::RankCoords& coords, const model::ShardedGroups& groups) {
         return RunRank(dir, layout, steps, threads, rank, coords, groups);
       },
-      std::chrono::seconds(1800));
+      std::chrono::seconds(1800), backend);
   std::vector<Measured> out;
   if (result.ok()) {
     for (int rank = 0; rank < grid->world(); ++rank) {
@@ -131,6 +134,23 @@ std::vector<Measured> Run(const Layout& layout, int steps, int threads) {
   return out;
 }
 
+[[noreturn]] void Usage(const char* program, const std::string& why) {
+  std::fprintf(stderr,
+               "%s: %s\nusage: %s [--steps N] [--threads T] [--layout TPxPPxDP] "
+               "[--backend cpu|gloo]\n",
+               program, why.c_str(), program);
+  std::exit(2);
+}
+
+int PositiveInt(const char* program, const std::string& flag, const std::string& value) {
+  char* end = nullptr;
+  const long v = std::strtol(value.c_str(), &end, 10);
+  if (value.empty() || *end != '\0' || v < 1 || v > 4096) {
+    Usage(program, flag + ": not an integer in 1..4096: " + value);
+  }
+  return static_cast<int>(v);
+}
+
 }  // namespace
 }  // namespace shardline
 
@@ -138,25 +158,50 @@ int main(int argc, char** argv) {
   using namespace shardline;
   int steps = 5;
   int threads = 0;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  std::vector<Layout> only;
+  testing::ForkedBackend backend = testing::ForkedBackend::kCpu;
+  for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
-    if (flag == "--steps") steps = std::atoi(argv[i + 1]);
-    if (flag == "--threads") threads = std::atoi(argv[i + 1]);
+    if (flag == "--help" || flag == "-h") Usage(argv[0], "help");
+    if (flag != "--steps" && flag != "--threads" && flag != "--layout" && flag != "--backend") {
+      Usage(argv[0], "unknown argument " + flag);
+    }
+    if (i + 1 >= argc) Usage(argv[0], flag + " needs a value");
+    const std::string value = argv[++i];
+    if (flag == "--steps") steps = PositiveInt(argv[0], flag, value);
+    if (flag == "--threads") threads = PositiveInt(argv[0], flag, value);
+    if (flag == "--backend") {
+      if (value != "cpu" && value != "gloo") Usage(argv[0], "--backend: cpu or gloo, not " + value);
+      backend = value == "gloo" ? testing::ForkedBackend::kGloo : testing::ForkedBackend::kCpu;
+    }
+    if (flag == "--layout") {
+      int tp = 0, pp = 0, dp = 0;
+      char rest = 0;
+      if (std::sscanf(value.c_str(), "%dx%dx%d%c", &tp, &pp, &dp, &rest) != 3 || tp < 1 ||
+          pp < 1 || dp < 1 || tp * pp * dp > 64) {
+        Usage(argv[0], "--layout: TPxPPxDP (for example 1x1x2), not " + value);
+      }
+      only.push_back(Layout{tp, pp, dp, 4});
+    }
   }
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   const model::GptConfig config = BenchConfig();
   std::printf("GPT layers=%d d_model=%d heads=%d vocab=%d seq=%d, global batch %d, %d timed steps "
-              "after 1 warm-up, %d cores\n\n",
+              "after 1 warm-up, %d cores, %s\n\n",
               config.layers, config.d_model, config.heads, config.vocab, kSeqLen, kGlobalBatch,
-              steps, cores);
+              steps, cores,
+              backend == testing::ForkedBackend::kGloo ? "Gloo over loopback"
+                                                       : "the CPU backend (shared memory)");
   std::printf("tp pp dp | world thr/rank | step ms | tokens/s | compute  comm  bubble (share of "
               "the slowest rank's step)\n");
-  const Layout layouts[] = {{1, 1, 1, 4}, {2, 1, 1, 4}, {1, 2, 1, 4}, {1, 1, 2, 4}, {2, 2, 1, 4},
-                            {2, 1, 2, 4}, {1, 2, 2, 4}, {4, 1, 1, 4}, {1, 4, 1, 4}, {1, 1, 4, 4}};
+  std::vector<Layout> layouts = {{1, 1, 1, 4}, {2, 1, 1, 4}, {1, 2, 1, 4}, {1, 1, 2, 4},
+                                 {2, 2, 1, 4}, {2, 1, 2, 4}, {1, 2, 2, 4}, {4, 1, 1, 4},
+                                 {1, 4, 1, 4}, {1, 1, 4, 4}};
+  if (!only.empty()) layouts = only;
   for (const Layout& layout : layouts) {
     const int world = layout.tp * layout.pp * layout.dp;
     const int per_rank = threads > 0 ? threads : std::max(1, cores / world);
-    const std::vector<Measured> ranks = Run(layout, steps, per_rank);
+    const std::vector<Measured> ranks = Run(layout, steps, per_rank, backend);
     if (ranks.empty()) continue;
     const Measured slowest =
         *std::max_element(ranks.begin(), ranks.end(),
@@ -168,6 +213,7 @@ int main(int argc, char** argv) {
                 world * per_rank > cores ? "  (ranks share cores)" : "");
   }
 
+  if (!only.empty()) return 0;
   std::printf("\nPipeline bubble (tp=dp=1): measured = mean over stages of the time blocked on the\n"
               "neighbouring stage / step time; 1F1B's ideal (p-1)/(m+p-1)\n");
   std::printf(" p  m | measured | ideal\n");
@@ -175,7 +221,7 @@ int main(int argc, char** argv) {
     for (int m : {1, 2, 4, 8}) {
       const Layout layout{1, p, 1, kGlobalBatch / m};
       const int per_rank = threads > 0 ? threads : std::max(1, cores / p);
-      const std::vector<Measured> ranks = Run(layout, steps, per_rank);
+      const std::vector<Measured> ranks = Run(layout, steps, per_rank, backend);
       if (ranks.empty()) continue;
       double fraction = 0;
       for (const Measured& r : ranks) fraction += r.bubble / r.seconds;
