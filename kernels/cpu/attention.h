@@ -5,11 +5,13 @@
 // parallelism splits heads by giving each rank the qkv of its own heads (the output of its
 // column-parallel QKV projection, laid out per head group the same way) and NH = heads per rank.
 //
-// The forward is blocked with an online softmax (flash-attention style): per (b, head), a tile of
-// 64 queries walks the tiles of 64 keys at or before it, so K and V tiles stay in L1/L2 and the
-// (T,T) score matrix is never stored. Only the log-sum-exp per query row is kept (B·NH·T floats);
-// the backward recomputes the probabilities from it. Threads (OpenMP) take whole (b, head) pairs,
-// so each head's work is private and the result does not depend on the thread count.
+// The forward is blocked with an online softmax (flash-attention style, as PyTorch 2's CPU
+// kernel): per (b, head), a tile of 64 queries walks the tiles of 64 keys at or before it, so K and
+// V tiles stay in L1/L2 and the (T,T) score matrix is never stored. Each tile's products (scores
+// Q·Kᵀ, output P·V; in the backward also dO·Vᵀ, Pᵀ·dO, dSᵀ·Q, dS·K) are BLAS calls. Only the
+// log-sum-exp per query row is kept (B·NH·T floats); the backward recomputes the probabilities
+// from it. Threads (OpenMP) take whole (b, head) pairs, so each head's work is private and the
+// result does not depend on the thread count.
 #pragma once
 
 namespace shardline::kernels::cpu {
