@@ -1,6 +1,9 @@
 #include "kernels/cpu/elementwise.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 
 #include "kernels/cpu/parallel.h"
@@ -22,33 +25,113 @@ void GeluTanh(float* th, const float* inp, int64_t m) {
   }
   TanhInto(th, th, m);
 }
+// A block of GELU and of its gradient, at the baseline's vector width.
+void GeluForwardBlock(float* out, const float* inp, int64_t m) {
+  float th[kGeluBlock];
+  GeluTanh(th, inp, m);
+  for (int64_t j = 0; j < m; ++j) out[j] = 0.5f * inp[j] * (1.0f + th[j]);
+}
+
+void GeluBackwardBlock(float* dinp, const float* inp, const float* dout, int64_t m) {
+  float th[kGeluBlock];
+  GeluTanh(th, inp, m);
+  for (int64_t j = 0; j < m; ++j) {
+    const float x = inp[j];
+    const float sech2 = 1.0f - th[j] * th[j];
+    const float du = kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
+    dinp[j] += (0.5f * (1.0f + th[j]) + 0.5f * x * sech2 * du) * dout[j];
+  }
+}
+
+// The same blocks sixteen lanes at a time where the CPU has AVX-512 (chosen at run time: the
+// binary targets baseline x86-64). SLEEF's 512-bit tanh (1.0 ulp, as the 128-bit one) is declared
+// in sleef.h only under __AVX512F__, which this file is not compiled with, so it is declared here.
+// Each function carries its own target attribute; nothing from a header is instantiated in them,
+// so no baseline inline function gets an AVX-512 body the linker could pick for every caller.
+// Measured on GPT blocks at d_model 256 (8 layers, 1024 tokens, one thread): GELU 104 ms of a
+// 558 ms step at four lanes.
+extern "C" __m512 Sleef_tanhf16_u10avx512f(__m512);
+
+__attribute__((target("avx512f"))) __m512 GeluTanh16(__m512 x) {
+  const __m512 x3 = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
+  const __m512 u = _mm512_mul_ps(_mm512_set1_ps(kGeluScale),
+                                 _mm512_fmadd_ps(_mm512_set1_ps(kGeluCubic), x3, x));
+  return Sleef_tanhf16_u10avx512f(u);
+}
+
+// The lanes of a block's tail (m % 16 of them) go through the same function in a padded vector,
+// so their values get the same bits as they would in a full group.
+__attribute__((target("avx512f"))) __mmask16 TailMask(int64_t left) {
+  return static_cast<__mmask16>(left >= 16 ? 0xFFFF : (1u << left) - 1);
+}
+
+__attribute__((target("avx512f"))) void GeluForwardBlock16(float* out, const float* inp,
+                                                           int64_t m) {
+  const __m512 half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
+  for (int64_t j = 0; j < m; j += 16) {
+    const __mmask16 lanes = TailMask(m - j);
+    const __m512 x = _mm512_maskz_loadu_ps(lanes, inp + j);
+    const __m512 th = GeluTanh16(x);
+    _mm512_mask_storeu_ps(out + j, lanes, _mm512_mul_ps(_mm512_mul_ps(half, x),
+                                                        _mm512_add_ps(one, th)));
+  }
+}
+
+__attribute__((target("avx512f"))) void GeluBackwardBlock16(float* dinp, const float* inp,
+                                                            const float* dout, int64_t m) {
+  const __m512 half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
+  const __m512 scale = _mm512_set1_ps(kGeluScale), cubic3 = _mm512_set1_ps(3.0f * kGeluCubic);
+  for (int64_t j = 0; j < m; j += 16) {
+    const __mmask16 lanes = TailMask(m - j);
+    const __m512 x = _mm512_maskz_loadu_ps(lanes, inp + j);
+    const __m512 th = GeluTanh16(x);
+    const __m512 sech2 = _mm512_fnmadd_ps(th, th, one);                  // 1 − th²
+    const __m512 du = _mm512_mul_ps(scale, _mm512_fmadd_ps(cubic3, _mm512_mul_ps(x, x), one));
+    const __m512 local = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_mul_ps(half, x), sech2), du,
+                                         _mm512_mul_ps(half, _mm512_add_ps(one, th)));
+    const __m512 g = _mm512_maskz_loadu_ps(lanes, dout + j);
+    const __m512 acc = _mm512_maskz_loadu_ps(lanes, dinp + j);
+    _mm512_mask_storeu_ps(dinp + j, lanes, _mm512_fmadd_ps(local, g, acc));
+  }
+}
+
+std::atomic<bool> baseline_only{false};
+
+bool WideGelu() {
+  static const bool has = __builtin_cpu_supports("avx512f");
+  return has && !baseline_only.load(std::memory_order_relaxed);
+}
+
 }  // namespace
+
+void UseBaselineGelu(bool baseline) { baseline_only.store(baseline); }
 
 void GeluForward(float* out, const float* inp, int64_t n) {
   const int64_t blocks = (n + kGeluBlock - 1) / kGeluBlock;
+  const bool wide = WideGelu();
 #pragma omp parallel for schedule(static) if (n >= kMinParallelWork)
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t i0 = b * kGeluBlock;
     const int64_t m = std::min(kGeluBlock, n - i0);
-    float th[kGeluBlock];
-    GeluTanh(th, inp + i0, m);
-    for (int64_t j = 0; j < m; ++j) out[i0 + j] = 0.5f * inp[i0 + j] * (1.0f + th[j]);
+    if (wide) {
+      GeluForwardBlock16(out + i0, inp + i0, m);
+    } else {
+      GeluForwardBlock(out + i0, inp + i0, m);
+    }
   }
 }
 
 void GeluBackward(float* dinp, const float* inp, const float* dout, int64_t n) {
   const int64_t blocks = (n + kGeluBlock - 1) / kGeluBlock;
+  const bool wide = WideGelu();
 #pragma omp parallel for schedule(static) if (n >= kMinParallelWork)
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t i0 = b * kGeluBlock;
     const int64_t m = std::min(kGeluBlock, n - i0);
-    float th[kGeluBlock];
-    GeluTanh(th, inp + i0, m);
-    for (int64_t j = 0; j < m; ++j) {
-      const float x = inp[i0 + j];
-      const float sech2 = 1.0f - th[j] * th[j];
-      const float du = kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
-      dinp[i0 + j] += (0.5f * (1.0f + th[j]) + 0.5f * x * sech2 * du) * dout[i0 + j];
+    if (wide) {
+      GeluBackwardBlock16(dinp + i0, inp + i0, dout + i0, m);
+    } else {
+      GeluBackwardBlock(dinp + i0, inp + i0, dout + i0, m);
     }
   }
 }

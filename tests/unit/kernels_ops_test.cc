@@ -206,8 +206,15 @@ double GeluReference(double x) {
   return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
 }
 
-TEST(GeluTest, ForwardMatchesReference) {
-  const int64_t n = 50000;  // threaded
+// Both implementations: the AVX-512 one (where this CPU has it) and the four-lane one.
+class GeluTest : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override { UseBaselineGelu(GetParam()); }
+  void TearDown() override { UseBaselineGelu(false); }
+};
+
+TEST_P(GeluTest, ForwardMatchesReference) {
+  const int64_t n = 50000 + 7;  // threaded; a tail of 7 lanes
   const auto inp = RandomVector(n, 19, -6.0f, 6.0f);
   std::vector<float> out(n);
   GeluForward(out.data(), inp.data(), n);
@@ -216,7 +223,7 @@ TEST(GeluTest, ForwardMatchesReference) {
   ExpectClose(out, ref, 1e-6, 1e-5, "gelu");
 }
 
-TEST(GeluTest, BackwardMatchesFiniteDifferences) {
+TEST_P(GeluTest, BackwardMatchesFiniteDifferences) {
   const int64_t n = 40;
   auto inp = RandomVector(n, 20, -4.0f, 4.0f);
   const auto w = RandomVector(n, 21);
@@ -229,6 +236,19 @@ TEST(GeluTest, BackwardMatchesFiniteDifferences) {
   GeluBackward(dinp.data(), inp.data(), w.data(), n);
   ExpectGradientMatches(loss, inp, MinusPrefill(dinp), "gelu dinp");
 }
+
+// A value's result does not depend on where it sits: in a full group of lanes or in a tail.
+TEST_P(GeluTest, TailGetsTheSameBitsAsAFullGroup) {
+  const auto inp = RandomVector(37, 25, -5.0f, 5.0f);
+  std::vector<float> whole(inp.size()), shifted(inp.size() - 3);
+  GeluForward(whole.data(), inp.data(), static_cast<int64_t>(inp.size()));
+  GeluForward(shifted.data(), inp.data() + 3, static_cast<int64_t>(shifted.size()));
+  for (size_t i = 0; i < shifted.size(); ++i) ASSERT_EQ(shifted[i], whole[i + 3]) << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Widths, GeluTest, ::testing::Bool(), [](const auto& info) {
+  return std::string(info.param ? "FourLanes" : "Widest");
+});
 
 TEST(ResidualTest, ForwardAndBackward) {
   const int64_t n = 40000;
