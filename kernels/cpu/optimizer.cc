@@ -1,5 +1,9 @@
 #include "kernels/cpu/optimizer.h"
 
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -7,28 +11,86 @@
 #include "kernels/cpu/parallel.h"
 
 namespace shardline::kernels::cpu {
+namespace {
+
+struct AdamWScalars {
+  float b1, b2, lr, wd, eps, correction1, correction2;
+};
+
+// One element of AdamW. std::sqrt keeps errno semantics, which keeps the compiler from
+// vectorising this loop: AdamWRange16 below is the vector form where the CPU has AVX-512.
+inline void AdamWElement(float& param, float g, float& m, float& v, const AdamWScalars& k) {
+  const float mi = k.b1 * m + (1.0f - k.b1) * g;
+  const float vi = k.b2 * v + (1.0f - k.b2) * g * g;
+  m = mi;
+  v = vi;
+  const float m_hat = mi / k.correction1;
+  const float v_hat = vi / k.correction2;
+  param -= k.lr * (m_hat / (std::sqrt(v_hat) + k.eps) + k.wd * param);
+}
+
+// AdamWElement sixteen lanes at a time, the same operations in the same order without fused
+// multiply-adds (baseline x86-64 has none): the same bits as the scalar path, so a run's state
+// does not depend on which CPU stepped it. A tail goes through masked lanes. GPT of 6.4M
+// parameters, one thread: 35 ms per step scalar (the AdamW phase of train_step_bench).
+__attribute__((target("avx512f"))) void AdamWRange16(float* params, const float* grads, float* m,
+                                                     float* v, int64_t n, const AdamWScalars& k) {
+  const __m512 b1 = _mm512_set1_ps(k.b1), b1c = _mm512_set1_ps(1.0f - k.b1);
+  const __m512 b2 = _mm512_set1_ps(k.b2), b2c = _mm512_set1_ps(1.0f - k.b2);
+  const __m512 lr = _mm512_set1_ps(k.lr), wd = _mm512_set1_ps(k.wd), eps = _mm512_set1_ps(k.eps);
+  const __m512 c1 = _mm512_set1_ps(k.correction1), c2 = _mm512_set1_ps(k.correction2);
+  for (int64_t i = 0; i < n; i += 16) {
+    const int64_t left = n - i;
+    const __mmask16 lanes = static_cast<__mmask16>(left >= 16 ? 0xFFFF : (1u << left) - 1);
+    const __m512 g = _mm512_maskz_loadu_ps(lanes, grads + i);
+    const __m512 mi = _mm512_add_ps(_mm512_mul_ps(b1, _mm512_maskz_loadu_ps(lanes, m + i)),
+                                    _mm512_mul_ps(b1c, g));
+    const __m512 vi = _mm512_add_ps(_mm512_mul_ps(b2, _mm512_maskz_loadu_ps(lanes, v + i)),
+                                    _mm512_mul_ps(_mm512_mul_ps(b2c, g), g));
+    _mm512_mask_storeu_ps(m + i, lanes, mi);
+    _mm512_mask_storeu_ps(v + i, lanes, vi);
+    const __m512 m_hat = _mm512_div_ps(mi, c1);
+    const __m512 v_hat = _mm512_div_ps(vi, c2);
+    const __m512 p = _mm512_maskz_loadu_ps(lanes, params + i);
+    const __m512 step = _mm512_mul_ps(
+        lr, _mm512_add_ps(_mm512_div_ps(m_hat, _mm512_add_ps(_mm512_sqrt_ps(v_hat), eps)),
+                          _mm512_mul_ps(wd, p)));
+    _mm512_mask_storeu_ps(params + i, lanes, _mm512_sub_ps(p, step));
+  }
+}
+
+std::atomic<bool> baseline_only{false};
+
+bool WideAdamW() {
+  static const bool has = __builtin_cpu_supports("avx512f");
+  return has && !baseline_only.load(std::memory_order_relaxed);
+}
+
+// Elements per parallel chunk: whole 64-byte lines, large enough to stream.
+constexpr int64_t kAdamWChunk = 16 * 1024;
+
+}  // namespace
+
+void UseBaselineAdamW(bool baseline) { baseline_only.store(baseline); }
 
 absl::Status AdamWUpdate(float* params, const float* grads, float* m, float* v, int64_t n,
                          const AdamWConfig& config, int64_t step) {
   auto prepared = AdamWPrepare(config, step);
   if (!prepared.ok()) return prepared.status();
-  const float correction1 = prepared->first;
-  const float correction2 = prepared->second;
-  const float b1 = config.beta1;
-  const float b2 = config.beta2;
-  const float lr = config.learning_rate;
-  const float wd = config.weight_decay;
-  const float eps = config.eps;
+  const AdamWScalars k{config.beta1,        config.beta2, config.learning_rate,
+                       config.weight_decay,  config.eps,   prepared->first,
+                       prepared->second};
+  const bool wide = WideAdamW();
+  const int64_t chunks = (n + kAdamWChunk - 1) / kAdamWChunk;
 #pragma omp parallel for schedule(static) if (n >= kMinParallelWork)
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = grads[i];
-    const float mi = b1 * m[i] + (1.0f - b1) * g;
-    const float vi = b2 * v[i] + (1.0f - b2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    const float m_hat = mi / correction1;
-    const float v_hat = vi / correction2;
-    params[i] -= lr * (m_hat / (std::sqrt(v_hat) + eps) + wd * params[i]);
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t i0 = c * kAdamWChunk;
+    const int64_t count = std::min(kAdamWChunk, n - i0);
+    if (wide) {
+      AdamWRange16(params + i0, grads + i0, m + i0, v + i0, count, k);
+    } else {
+      for (int64_t i = i0; i < i0 + count; ++i) AdamWElement(params[i], grads[i], m[i], v[i], k);
+    }
   }
   return absl::OkStatus();
 }

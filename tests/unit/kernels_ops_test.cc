@@ -490,6 +490,30 @@ TEST(AdamWTest, MatchesReferenceOverSeveralSteps) {
   ExpectClose(v, rv, 1e-6, 1e-5, "adamw v");
 }
 
+// The AVX-512 path (where this CPU has it) gives the scalar path's bits, a tail of 7 included.
+TEST(AdamWTest, VectorPathGivesTheScalarBits) {
+  const int64_t n = 40000 + 7;
+  const AdamWConfig config{.learning_rate = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                           .weight_decay = 0.1f};
+  auto run = [&](bool baseline) {
+    UseBaselineAdamW(baseline);
+    auto params = RandomVector(n, 45);
+    std::vector<float> m(n, 0.0f), v(n, 0.0f);
+    for (int step = 1; step <= 3; ++step) {
+      const auto grads = RandomVector(n, 46 + step);
+      EXPECT_TRUE(
+          AdamWUpdate(params.data(), grads.data(), m.data(), v.data(), n, config, step).ok());
+    }
+    UseBaselineAdamW(false);
+    params.insert(params.end(), m.begin(), m.end());
+    params.insert(params.end(), v.begin(), v.end());
+    return params;
+  };
+  const std::vector<float> scalar = run(true), widest = run(false);
+  ASSERT_EQ(scalar.size(), widest.size());
+  for (size_t i = 0; i < scalar.size(); ++i) ASSERT_EQ(scalar[i], widest[i]) << i;
+}
+
 TEST(AdamWTest, WeightDecayIsDecoupledFromTheGradient) {
   // A zero gradient leaves the moments at zero; only the decay moves the weight.
   float param = 2.0f, grad = 0.0f, m = 0.0f, v = 0.0f;
