@@ -3,11 +3,11 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/vector_math.h"
+#include "kernels/cpu/vector_width.h"
 
 namespace shardline::kernels::cpu {
 namespace {
@@ -43,13 +43,12 @@ void GeluBackwardBlock(float* dinp, const float* inp, const float* dout, int64_t
   }
 }
 
-// The same blocks sixteen lanes at a time where the CPU has AVX-512 (chosen at run time: the
-// binary targets baseline x86-64). SLEEF's 512-bit tanh (1.0 ulp, as the 128-bit one) is declared
-// in sleef.h only under __AVX512F__, which this file is not compiled with, so it is declared here.
-// Each function carries its own target attribute; nothing from a header is instantiated in them,
-// so no baseline inline function gets an AVX-512 body the linker could pick for every caller.
-// Measured on GPT blocks at d_model 256 (8 layers, 1024 tokens, one thread): GELU 104 ms of a
-// 558 ms step at four lanes.
+// The same blocks sixteen lanes at a time where the CPU has AVX-512 (vector_width.h). SLEEF's
+// 512-bit tanh is declared in sleef.h only under __AVX512F__, which this file is not compiled
+// with, so it is declared here. Each function carries its own target attribute; nothing from a
+// header is instantiated in them, so no baseline inline function gets an AVX-512 body the linker
+// could pick for every caller. Measured on GPT blocks at d_model 256 (8 layers, 1024 tokens, one
+// thread): GELU 104 ms of a 558 ms step at four lanes, 36 ms at sixteen.
 extern "C" __m512 Sleef_tanhf16_u10avx512f(__m512);
 
 __attribute__((target("avx512f"))) __m512 GeluTanh16(__m512 x) {
@@ -95,20 +94,11 @@ __attribute__((target("avx512f"))) void GeluBackwardBlock16(float* dinp, const f
   }
 }
 
-std::atomic<bool> baseline_only{false};
-
-bool WideGelu() {
-  static const bool has = __builtin_cpu_supports("avx512f");
-  return has && !baseline_only.load(std::memory_order_relaxed);
-}
-
 }  // namespace
-
-void UseBaselineGelu(bool baseline) { baseline_only.store(baseline); }
 
 void GeluForward(float* out, const float* inp, int64_t n) {
   const int64_t blocks = (n + kGeluBlock - 1) / kGeluBlock;
-  const bool wide = WideGelu();
+  const bool wide = WideVectors();
 #pragma omp parallel for schedule(static) if (n >= kMinParallelWork)
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t i0 = b * kGeluBlock;
@@ -123,7 +113,7 @@ void GeluForward(float* out, const float* inp, int64_t n) {
 
 void GeluBackward(float* dinp, const float* inp, const float* dout, int64_t n) {
   const int64_t blocks = (n + kGeluBlock - 1) / kGeluBlock;
-  const bool wide = WideGelu();
+  const bool wide = WideVectors();
 #pragma omp parallel for schedule(static) if (n >= kMinParallelWork)
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t i0 = b * kGeluBlock;

@@ -5,13 +5,11 @@
 
 namespace shardline::kernels::cpu {
 
-// out, inp are (n): out = 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).
+// out, inp are (n): out = 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))). Sixteen lanes at a time
+// where the CPU has AVX-512, else four (vector_width.h).
 void GeluForward(float* out, const float* inp, int64_t n);
 // dinp (n) += gelu'(inp)·dout.
 void GeluBackward(float* dinp, const float* inp, const float* dout, int64_t n);
-// GELU runs sixteen lanes at a time where the CPU has AVX-512, else four. true: four everywhere
-// (tests cover the path of a CPU without AVX-512 with it).
-void UseBaselineGelu(bool baseline);
 
 // out = inp1 + inp2, all (n). out may alias either input (x = x + f(x) in place).
 void ResidualForward(float* out, const float* inp1, const float* inp2, int64_t n);

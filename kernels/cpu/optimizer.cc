@@ -3,12 +3,12 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <string>
 #include <vector>
 
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/vector_width.h"
 
 namespace shardline::kernels::cpu {
 namespace {
@@ -59,19 +59,11 @@ __attribute__((target("avx512f"))) void AdamWRange16(float* params, const float*
   }
 }
 
-std::atomic<bool> baseline_only{false};
-
-bool WideAdamW() {
-  static const bool has = __builtin_cpu_supports("avx512f");
-  return has && !baseline_only.load(std::memory_order_relaxed);
-}
-
 // Elements per parallel chunk: whole 64-byte lines, large enough to stream.
 constexpr int64_t kAdamWChunk = 16 * 1024;
 
 }  // namespace
 
-void UseBaselineAdamW(bool baseline) { baseline_only.store(baseline); }
 
 absl::Status AdamWUpdate(float* params, const float* grads, float* m, float* v, int64_t n,
                          const AdamWConfig& config, int64_t step) {
@@ -80,7 +72,7 @@ absl::Status AdamWUpdate(float* params, const float* grads, float* m, float* v, 
   const AdamWScalars k{config.beta1,        config.beta2, config.learning_rate,
                        config.weight_decay,  config.eps,   prepared->first,
                        prepared->second};
-  const bool wide = WideAdamW();
+  const bool wide = WideVectors();
   const int64_t chunks = (n + kAdamWChunk - 1) / kAdamWChunk;
 #pragma omp parallel for schedule(static) if (n >= kMinParallelWork)
   for (int64_t c = 0; c < chunks; ++c) {

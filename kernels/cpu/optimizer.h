@@ -60,9 +60,7 @@ inline absl::StatusOr<AdamWCorrections> AdamWPrepare(const AdamWConfig& config, 
 // lr and weight_decay >= 0).
 absl::Status AdamWUpdate(float* params, const float* grads, float* m, float* v, int64_t n,
                          const AdamWConfig& config, int64_t step);
-// AdamWUpdate runs sixteen lanes at a time where the CPU has AVX-512, with the scalar path's bits.
-// true: the scalar path everywhere (tests compare the two with it).
-void UseBaselineAdamW(bool baseline);
+// Sixteen lanes at a time where the CPU has AVX-512 (vector_width.h), with the scalar path's bits.
 
 // Σ g² over every array, accumulated in double (a GPT-2-small gradient has 124M terms).
 double GradSumOfSquares(std::span<const std::span<const float>> grads);

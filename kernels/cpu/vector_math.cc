@@ -4,6 +4,9 @@
 #include <sleef.h>
 
 #include <algorithm>
+#include <atomic>
+
+#include "kernels/cpu/vector_width.h"
 
 namespace shardline::kernels::cpu {
 namespace {
@@ -21,13 +24,51 @@ void Apply(Fn fn, float* y, const float* x, int64_t n) {
   std::copy(lanes, lanes + (n - i), y + i);
 }
 
+// SLEEF's 512-bit functions (1.0 ulp, as the 128-bit ones), declared in sleef.h only under
+// __AVX512F__, which this file is not compiled with.
+extern "C" __m512 Sleef_expf16_u10avx512f(__m512);
+extern "C" __m512 Sleef_tanhf16_u10avx512f(__m512);
+
+// The tail goes through masked lanes of the same function: the same bits as in a full group.
+__attribute__((target("avx512f"))) __mmask16 Lanes(int64_t left) {
+  return static_cast<__mmask16>(left >= 16 ? 0xFFFF : (1u << left) - 1);
+}
+
+__attribute__((target("avx512f"))) void ExpShifted16(float* y, const float* x, float shift,
+                                                     int64_t n) {
+  const __m512 s = _mm512_set1_ps(shift);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 lanes = Lanes(n - i);
+    const __m512 v = _mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, x + i), s);
+    _mm512_mask_storeu_ps(y + i, lanes, Sleef_expf16_u10avx512f(v));
+  }
+}
+
+__attribute__((target("avx512f"))) void Tanh16(float* y, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 lanes = Lanes(n - i);
+    _mm512_mask_storeu_ps(y + i, lanes, Sleef_tanhf16_u10avx512f(_mm512_maskz_loadu_ps(lanes, x + i)));
+  }
+}
+
+std::atomic<bool> baseline_only{false};
+
 }  // namespace
 
+bool WideVectors() {
+  static const bool has = __builtin_cpu_supports("avx512f");
+  return has && !baseline_only.load(std::memory_order_relaxed);
+}
+
+void UseBaselineVectors(bool baseline) { baseline_only.store(baseline); }
+
 void ExpShiftedInto(float* y, const float* x, float shift, int64_t n) {
+  if (WideVectors()) return ExpShifted16(y, x, shift, n);
   const __m128 s = _mm_set1_ps(shift);
   Apply([s](__m128 v) { return Sleef_expf4_u10(_mm_sub_ps(v, s)); }, y, x, n);
 }
 void TanhInto(float* y, const float* x, int64_t n) {
+  if (WideVectors()) return Tanh16(y, x, n);
   Apply([](__m128 v) { return Sleef_tanhf4_u10(v); }, y, x, n);
 }
 

@@ -10,6 +10,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/vector_width.h"
 #include "tests/unit/kernels_test_util.h"
 
 namespace shardline::kernels::cpu {
@@ -103,6 +104,13 @@ TEST(AttentionTest, SmallMatchesNaive) { ExpectMatchesNaive({.B = 2, .T = 5, .NH
 TEST(AttentionTest, SeveralTilesMatchNaive) {
   // T = 150 spans three 64-query tiles, the last one partial; B·NH = 4 pairs across threads.
   ExpectMatchesNaive({.B = 2, .T = 150, .NH = 2, .HS = 16}, 62);
+}
+
+TEST(AttentionTest, FourLaneExpMatchesNaive) {
+  // The exponentials at four lanes, as on a CPU without AVX-512 (vector_width.h).
+  UseBaselineVectors(true);
+  ExpectMatchesNaive({.B = 2, .T = 150, .NH = 2, .HS = 16}, 63);
+  UseBaselineVectors(false);
 }
 
 TEST(AttentionTest, BackwardMatchesFiniteDifferences) {

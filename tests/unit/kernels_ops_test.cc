@@ -15,6 +15,8 @@
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/embedding.h"
+#include "kernels/cpu/vector_math.h"
+#include "kernels/cpu/vector_width.h"
 #include "kernels/cpu/layernorm.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/optimizer.h"
@@ -200,6 +202,43 @@ TEST(LayerNormTest, BackwardMatchesFiniteDifferences) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// exp and tanh over arrays (vector_math.h), at both widths
+
+class VectorMathTest : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override { UseBaselineVectors(GetParam()); }
+  void TearDown() override { UseBaselineVectors(false); }
+};
+
+TEST_P(VectorMathTest, ExpAndTanhWithinTwoUlpOfDouble) {
+  const auto x = RandomVector(1000 + 5, 26, -20.0f, 20.0f);
+  std::vector<float> e(x.size()), t(x.size());
+  ExpShiftedInto(e.data(), x.data(), 1.5f, static_cast<int64_t>(x.size()));
+  TanhInto(t.data(), x.data(), static_cast<int64_t>(x.size()));
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double want_e = std::exp(static_cast<double>(x[i] - 1.5f));
+    const double want_t = std::tanh(static_cast<double>(x[i]));
+    ASSERT_LE(std::abs(e[i] - want_e), 2 * std::abs(std::nextafter(static_cast<float>(want_e),
+                                                                     INFINITY) -
+                                                    static_cast<float>(want_e)))
+        << "exp at " << x[i];
+    ASSERT_LE(std::abs(t[i] - want_t), 2 * std::abs(std::nextafter(static_cast<float>(want_t),
+                                                                     INFINITY) -
+                                                    static_cast<float>(want_t)) +
+                                           1e-30)
+        << "tanh at " << x[i];
+  }
+  // A value's bits do not depend on where it sits (a full group of lanes or the tail).
+  std::vector<float> shifted(x.size() - 3);
+  ExpShiftedInto(shifted.data(), x.data() + 3, 1.5f, static_cast<int64_t>(shifted.size()));
+  for (size_t i = 0; i < shifted.size(); ++i) ASSERT_EQ(shifted[i], e[i + 3]) << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Widths, VectorMathTest, ::testing::Bool(), [](const auto& info) {
+  return std::string(info.param ? "FourLanes" : "Widest");
+});
+
+// ---------------------------------------------------------------------------------------------
 // GELU, residual, softmax
 
 double GeluReference(double x) {
@@ -209,8 +248,8 @@ double GeluReference(double x) {
 // Both implementations: the AVX-512 one (where this CPU has it) and the four-lane one.
 class GeluTest : public ::testing::TestWithParam<bool> {
  protected:
-  void SetUp() override { UseBaselineGelu(GetParam()); }
-  void TearDown() override { UseBaselineGelu(false); }
+  void SetUp() override { UseBaselineVectors(GetParam()); }
+  void TearDown() override { UseBaselineVectors(false); }
 };
 
 TEST_P(GeluTest, ForwardMatchesReference) {
@@ -496,7 +535,7 @@ TEST(AdamWTest, VectorPathGivesTheScalarBits) {
   const AdamWConfig config{.learning_rate = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
                            .weight_decay = 0.1f};
   auto run = [&](bool baseline) {
-    UseBaselineAdamW(baseline);
+    UseBaselineVectors(baseline);
     auto params = RandomVector(n, 45);
     std::vector<float> m(n, 0.0f), v(n, 0.0f);
     for (int step = 1; step <= 3; ++step) {
@@ -504,7 +543,7 @@ TEST(AdamWTest, VectorPathGivesTheScalarBits) {
       EXPECT_TRUE(
           AdamWUpdate(params.data(), grads.data(), m.data(), v.data(), n, config, step).ok());
     }
-    UseBaselineAdamW(false);
+    UseBaselineVectors(false);
     params.insert(params.end(), m.begin(), m.end());
     params.insert(params.end(), v.begin(), v.end());
     return params;
