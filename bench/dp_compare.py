@@ -33,11 +33,10 @@ import sys
 import time
 
 from tables import print_table  # bench/tables.py: this script's folder is on sys.path
+from torch_peer import VENV_PYTHON, DEBIAN_PYTHON, pick_python
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.dirname(HERE)
-VENV_PYTHON = "/opt/shardline-bench/torch2/bin/python"
-DEBIAN_PYTHON = "/usr/bin/python3"
 # sharded_step_bench's layout table: {tp=1, pp=1, dp=2, micro_batch=4} (sequences per micro-batch
 # on one data-parallel rank). Its model and global batch are read from its header line.
 MICRO_BATCH = 4
@@ -50,37 +49,6 @@ DP_ROW = re.compile(r"^\s*1\s+1\s+2\s*\|\s*(\d+)\s+(\d+)\s*\|\s*([\d.]+)\s*\|\s*
 
 class BenchError(Exception):
     pass
-
-
-def torch_of(python):
-    try:
-        done = subprocess.run([python, "-c", "import torch, torch.distributed as d; "
-                               "print(torch.__version__, d.is_available() and d.is_gloo_available())"],
-                              capture_output=True, text=True, timeout=180)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if done.returncode != 0:
-        return None
-    version, gloo = done.stdout.split()
-    return version if gloo == "True" else None
-
-
-def pick_python(requested):
-    if requested:
-        version = torch_of(requested)
-        if version is None:
-            sys.exit(f"dp_compare: {requested} has no torch with Gloo")
-        return requested, version, "given by --python"
-    if os.access(VENV_PYTHON, os.X_OK):
-        version = torch_of(VENV_PYTHON)
-        if version is not None:
-            return VENV_PYTHON, version, "PyPI, bench/setup-torch2.sh's venv"
-        print(f"dp_compare: {VENV_PYTHON} does not import torch with Gloo; falling back to "
-              f"Debian's", flush=True)
-    version = torch_of(DEBIAN_PYTHON)
-    if version is None:
-        sys.exit(f"dp_compare: no torch: run bench/setup-torch2.sh, or apt install python3-torch")
-    return DEBIAN_PYTHON, version, "Debian's python3-torch (run bench/setup-torch2.sh for torch 2)"
 
 
 def kill_group(proc):
@@ -181,7 +149,7 @@ def main():
     if not os.access(bench, os.X_OK):
         sys.exit(f"dp_compare: {bench} not found; build it: ninja -C {a.build_dir} "
                  f"sharded_step_bench")
-    python, torch_version, origin = pick_python(a.python)
+    python, torch_version, origin = pick_python(a.python, "dp_compare", need_gloo=True)
     print(f"# peer: PyTorch {torch_version} DDP over Gloo, {python} ({origin}); Shardline over "
           f"{'its CPU backend (shared memory)' if a.backend == 'cpu' else 'Gloo'}", flush=True)
     print(f"# dp={DP}, 1 thread per rank, {a.steps} timed steps (Shardline 1 warm-up, DDP "

@@ -20,7 +20,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -41,15 +44,24 @@ using Clock = std::chrono::steady_clock;
 struct Options : shardline::bench::StepShape {
   int threads = 2;
   int kernels = 0;  // > 0: afterwards, time each kernel of one block and of the head, this many reps
+  // Non-empty: write the initial parameters and the batch there, for the peer to start from the
+  // same state (bench/train_step_torch.py --init-from): params.bin (f32, the layout's order),
+  // tensors.txt (one "name offset dim..." per tensor) and tokens.bin (int32, B·T).
+  std::string init_out;
 };
 
 Options Parse(int argc, char** argv) {
   using shardline::bench::IntFlag;
   Options o;
-  const shardline::bench::ExtraFlag extra[] = {{"--threads", IntFlag(&o.threads)},
-                                               {"--kernels", IntFlag(&o.kernels)}};
-  shardline::bench::ParseStepFlags(argc, argv, "train_step_bench", "[--threads N] [--kernels REPS]",
-                                   o, extra);
+  const shardline::bench::ExtraFlag extra[] = {
+      {"--threads", IntFlag(&o.threads)},
+      {"--kernels", IntFlag(&o.kernels)},
+      {"--init-out", [&o](const std::string& value) -> std::string {
+         o.init_out = value;
+         return value.empty() ? "an empty directory name" : "";
+       }}};
+  shardline::bench::ParseStepFlags(argc, argv, "train_step_bench",
+                                   "[--threads N] [--kernels REPS] [--init-out DIR]", o, extra);
   if (o.threads < 1) {
     std::fprintf(stderr, "train_step_bench: --threads must be >= 1\n");
     std::exit(2);
@@ -260,6 +272,31 @@ void ProfileKernels(const Options& o, double step_s) {
       sum_s, step_s, gemm_s, 100.0 * gemm_s / sum_s, other_s, 100.0 * other_s / sum_s);
 }
 
+// Options::init_out's files; exits with a message when one cannot be written.
+void WriteInitialState(const std::string& dir, const shardline::model::GptModel& model,
+                       const std::vector<int32_t>& tokens) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  auto write = [&](const std::string& name, const void* data, size_t bytes) {
+    std::ofstream out(std::filesystem::path(dir) / name, std::ios::binary | std::ios::trunc);
+    out.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
+    if (!out) {
+      std::fprintf(stderr, "train_step_bench: cannot write %s/%s\n", dir.c_str(), name.c_str());
+      std::exit(1);
+    }
+  };
+  const std::span<const float> params = model.params();
+  write("params.bin", params.data(), params.size_bytes());
+  write("tokens.bin", tokens.data(), tokens.size() * sizeof(int32_t));
+  std::string manifest;
+  for (const auto& tensor : model.NamedTensors()) {
+    manifest += tensor.name + " " + std::to_string(tensor.offset);
+    for (int64_t d : tensor.shape) manifest += " " + std::to_string(d);
+    manifest += "\n";
+  }
+  write("tensors.txt", manifest.data(), manifest.size());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -294,6 +331,8 @@ int main(int argc, char** argv) {
   for (int b = 0; b < B; ++b) {
     for (int t = 0; t < T; ++t) targets[size_t(b) * T + t] = tokens[size_t(b) * T + (t + 1) % T];
   }
+
+  if (!opt.init_out.empty()) WriteInitialState(opt.init_out, model, tokens);
 
   shardline::model::AdamWOptions adamw;
   adamw.adamw.learning_rate = 3e-4f;

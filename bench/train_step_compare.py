@@ -2,12 +2,16 @@
 """One GPT training step, Shardline against PyTorch, in the same run.
 
   bench/train_step_compare.py BUILD_DIR [--quick] [--rounds 2] [--threads 2] [--steps N]
-      [--warmup N] [--batch N] [--vocab N] [--torch-python /usr/bin/python3]
+      [--warmup N] [--batch N] [--vocab N] [--torch-python PYTHON]
 
-Runs BUILD_DIR/bench/train_step_bench and bench/train_step_torch.py (with Debian's python3-torch)
-alternately, --rounds times each, on the same model, batch, thread count and step counts, and prints
-a table of tokens/s (the best round of each: the machine may be shared) and the ratio
-Shardline / PyTorch, then the per-phase times of each side's best round.
+Runs BUILD_DIR/bench/train_step_bench and bench/train_step_torch.py alternately, --rounds times
+each, on the same model, batch, thread count and step counts, and prints a table of tokens/s (the
+best round of each: the machine may be shared) and the ratio Shardline / PyTorch, the two sides'
+losses step by step and whether they match, then the per-phase times of each side's best round.
+PyTorch: --torch-python, else the PyTorch 2 venv of bench/setup-torch2.sh when present, else
+Debian's python3-torch (bench/torch_peer.py); the run prints which. On the CPU both sides start
+from the same state: the peer loads the initial parameters and batch Shardline wrote
+(train_step_bench --init-out, train_step_torch.py --init-from).
 
 Default: GPT-2 small (12 layers, d_model 768, 12 heads, seq 256, batch 4, vocab 50304), 2 threads,
 warmup 1, steps 3 (several minutes). --quick: 4 layers, d_model 256, 4 heads, seq 128, batch 4
@@ -20,13 +24,17 @@ autocast), GPT-2 small at seq 1024, batch 16, warmup 3, steps 10; the table adds
 Python that has a CUDA torch with --torch-python (on the device machines: python3).
 """
 import argparse
+import atexit
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 from tables import print_table  # bench/tables.py: this script's folder is on sys.path
+from torch_peer import VENV_PYTHON, DEBIAN_PYTHON, pick_python
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -41,8 +49,9 @@ def parse_args():
     p.add_argument("--warmup", type=int, default=None, help="warmup steps (default 1)")
     p.add_argument("--batch", type=int, default=None, help="default 4")
     p.add_argument("--vocab", type=int, default=50304)
-    p.add_argument("--torch-python", default="/usr/bin/python3",
-                   help="a Python with torch (Debian's python3-torch)")
+    p.add_argument("--torch-python", default=None,
+                   help=f"a Python with torch (default: {VENV_PYTHON} of bench/setup-torch2.sh "
+                        f"when it imports torch, else Debian's {DEBIAN_PYTHON})")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--precision", choices=["fp32", "bf16"], default="bf16",
                    help="with --device cuda: how the GEMMs compute, on both sides")
@@ -70,11 +79,13 @@ def run(cmd, env):
         sys.stderr.write(proc.stdout)
         sys.exit(f"train_step_compare: no RESULT line from {' '.join(cmd)}")
     losses = re.findall(r"^loss: first (\S+) last (\S+)", proc.stdout, re.M)
+    steps = [float(x) for x in re.findall(r"^step \d+(?: \(warmup\))?: loss (\S+)", proc.stdout,
+                                          re.M)]
     return {"tokens_per_s": float(result["tokens_per_s"]), "step_s": float(result["step_s"]),
             "params": int(result.get("params", 0)),
             "peak_bytes": int(result["peak_bytes"]), "peak_kind": result.get("peak_kind", "?"),
             "phases": {k: float(v) for k, v in (phases or {}).items() if k != "impl"},
-            "loss": losses[0] if losses else ("?", "?"), "wall_s": wall}
+            "loss": losses[0] if losses else ("?", "?"), "step_losses": steps, "wall_s": wall}
 
 
 def main():
@@ -91,6 +102,7 @@ def main():
     steps = a.steps if a.steps is not None else (10 if cuda else 3)
     warmup = a.warmup if a.warmup is not None else (3 if cuda else 1)
 
+    a.torch_python, torch_version, origin = pick_python(a.torch_python, "train_step_compare")
     name = "train_step_gpu_bench" if cuda else "train_step_bench"
     bench = os.path.join(a.build_dir, "bench", name)
     if not os.access(bench, os.X_OK):
@@ -111,7 +123,15 @@ def main():
             "--threads", str(a.threads)]
     if a.torch_no_foreach:
         torch_cmd.append("--no-foreach")
+    if not cuda:
+        # Both sides start from one state: Shardline's initial parameters and batch, which the
+        # peer loads, so that the losses can be compared step by step.
+        init_dir = tempfile.mkdtemp(prefix="train_step_compare_")
+        atexit.register(shutil.rmtree, init_dir, True)
+        ours_cmd += ["--init-out", init_dir]
+        torch_cmd += ["--init-from", init_dir]
 
+    print(f"# peer: PyTorch {torch_version} ({origin}): {a.torch_python}", flush=True)
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = str(a.threads)
     env["OPENBLAS_NUM_THREADS"] = str(a.threads)
@@ -150,6 +170,21 @@ def main():
           f"peak: Shardline allocator {ours['peak_bytes'] / 2**20:.0f} MiB, "
           f"PyTorch {'allocator' if cuda else 'process max RSS'} "
           f"{theirs['peak_bytes'] / 2**20:.0f} MiB)")
+
+    # The same initial state and batch: the losses should agree to fp32 rounding (kernels sum in
+    # different orders), step after step, within 1e-3 relative.
+    ls, lt = runs["shardline"][0]["step_losses"], runs["pytorch"][0]["step_losses"]
+    if cuda:
+        print("losses: each side's own initialisation on cuda (not compared)")
+    elif ls and len(ls) == len(lt):
+        worst = max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(ls, lt))
+        print(f"losses from the same initial state and batch, step by step (round 1): Shardline "
+              f"{' '.join(f'{x:.4f}' for x in ls)}; PyTorch {' '.join(f'{x:.4f}' for x in lt)}: "
+              f"{'match' if worst <= 1e-3 else 'DIFFER'} (largest relative difference "
+              f"{worst:.1e})")
+    else:
+        print(f"losses: not comparable (Shardline {len(ls)} steps, PyTorch {len(lt)})")
+    print(f"peer: PyTorch {torch_version} ({origin})")
 
     print()
     for impl in ("shardline", "pytorch"):

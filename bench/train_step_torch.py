@@ -50,6 +50,10 @@ def parse_args():
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--precision", choices=["fp32", "bf16"], default=None,
                    help="default fp32 on cpu, bf16 on cuda (autocast)")
+    p.add_argument("--init-from", default=None, metavar="DIR",
+                   help="start from the parameters and batch train_step_bench --init-out DIR "
+                        "wrote (its GptModel layout mapped to these modules), so that the two "
+                        "sides' losses can be compared step by step")
     p.add_argument("--foreach", action=argparse.BooleanOptionalAction, default=True,
                    help="AdamW's multi-tensor (foreach) implementation; torch 1.13 defaults to the "
                         "per-tensor loop on the CPU, which is several times slower")
@@ -143,6 +147,40 @@ class GPT(nn.Module):
         return self.lm_head(self.lnf(x))
 
 
+def load_initial_state(model, folder, B, T):
+    """Copies train_step_bench --init-out's parameters into `model`; returns its tokens (B, T)."""
+    def read(name, dtype):
+        with open(os.path.join(folder, name), "rb") as f:
+            return torch.frombuffer(bytearray(f.read()), dtype=dtype)
+    flat = read("params.bin", torch.float32)
+    ours = dict(model.named_parameters())
+    seen = set()
+    with open(os.path.join(folder, "tensors.txt")) as f:
+        for line in f:
+            name, offset, *shape = line.split()
+            shape = [int(d) for d in shape]
+            numel = math.prod(shape)
+            # GptModel's "h.0.qkv.w" is this module's "h.0.qkv.weight"; ".b" its ".bias".
+            torch_name = name[:-2] + (".weight" if name.endswith(".w") else ".bias") \
+                if name.endswith((".w", ".b")) else name + ".weight"
+            if torch_name not in ours:
+                sys.exit(f"train_step_torch: --init-from: no parameter {torch_name} for {name}")
+            p = ours[torch_name]
+            if list(p.shape) != shape:
+                sys.exit(f"train_step_torch: --init-from: {name} is {shape}, {torch_name} "
+                         f"{list(p.shape)}")
+            with torch.no_grad():
+                p.copy_(flat[int(offset):int(offset) + numel].view(shape))
+            seen.add(torch_name)
+    missing = set(ours) - seen
+    if missing:
+        sys.exit(f"train_step_torch: --init-from: {folder} has no value for {sorted(missing)}")
+    tokens = read("tokens.bin", torch.int32)
+    if tokens.numel() != B * T:
+        sys.exit(f"train_step_torch: --init-from: {tokens.numel()} tokens, not B*T = {B * T}")
+    return tokens.view(B, T).long()
+
+
 def main():
     torch.manual_seed(1337)
     B, T, V = args.batch, args.seq, args.vocab
@@ -162,7 +200,10 @@ def main():
                             lr=3e-4, betas=(0.9, 0.999), eps=1e-8, **impl)
 
     g = torch.Generator().manual_seed(42)
-    tokens = torch.randint(0, V, (B, T), generator=g).to(device)
+    tokens = torch.randint(0, V, (B, T), generator=g)
+    if args.init_from:
+        tokens = load_initial_state(model, args.init_from, B, T)
+    tokens = tokens.to(device)
     targets = torch.roll(tokens, shifts=-1, dims=1)  # next token; the last wraps to the first
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.precision == "bf16") \
         if cuda else contextlib.nullcontext()
