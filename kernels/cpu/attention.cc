@@ -89,16 +89,21 @@ void ForwardHead(HeadScratch& scratch, float* out, float* lse, int b, int h, int
         float* sr = s + int64_t{r} * n;
         const int visible = VisibleKeys(i0 + r, j0, n);
         if (visible > 0) {
+          // Not std::fmax: its NaN rule keeps the loop scalar; a NaN score poisons the row
+          // through the exponentials all the same.
           float tile_max = -INFINITY;
-          for (int j = 0; j < visible; ++j) tile_max = std::fmax(tile_max, sr[j]);
+#pragma omp simd reduction(max : tile_max)
+          for (int j = 0; j < visible; ++j) tile_max = sr[j] > tile_max ? sr[j] : tile_max;
           const float new_max = std::fmax(row_max[r], tile_max);
           // Online softmax: rescale what was accumulated under the old max.
           const float correction = std::exp(row_max[r] - new_max);
           float* a = acc + int64_t{r} * HS;
           for (int d = 0; d < HS; ++d) a[d] *= correction;
           ExpShiftedInto(sr, sr, new_max, visible);  // the tile's probabilities (unnormalised)
-          float sum = row_sum[r] * correction;
-          for (int j = 0; j < visible; ++j) sum += sr[j];
+          float tile_sum = 0.0f;
+#pragma omp simd reduction(+ : tile_sum)
+          for (int j = 0; j < visible; ++j) tile_sum += sr[j];
+          const float sum = row_sum[r] * correction + tile_sum;
           row_max[r] = new_max;
           row_sum[r] = sum;
         }
