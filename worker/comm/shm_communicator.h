@@ -1,5 +1,5 @@
 // The shared-memory backend: collectives between ranks of one host through one memory segment,
-// with no socket and no copy through the kernel. Buffers are host memory; every dtype and op.
+// with no socket. Buffers are host memory; every dtype and op.
 //
 // The segment is a memfd that rank 0 creates and the others open through /proc/<pid>/fd: it has no
 // name in /dev/shm, so a rank killed at any moment leaves nothing behind, and the memory goes away
@@ -11,7 +11,11 @@
 //
 // Algorithms: up to `one_shot_bytes`, every rank publishes its input and reduces all of them
 // (one phase). Larger all-reduces run chunked reduce-scatter + all-gather (two phases per chunk):
-// rank r reduces slice r of each chunk and the others copy it. Either way every element is reduced
+// rank r reduces slice r of each chunk and the others copy it; from 2 to 16 MiB, when every rank
+// has a core, rank r instead reads slice r of its peers' buffers straight from their memory
+// (process_vm_readv, OpenMPI's single-copy CMA path: fewer bytes moved), and the others read its
+// result from its buffer, if every rank may read every peer (found out on the first such call;
+// the copying path otherwise). Whichever way, every element is reduced
 // in rank order 0, 1, ..., n-1, so every rank gets bit-identical results, whichever algorithm ran.
 // bf16 and f16 are reduced in f32 and rounded once.
 //
@@ -42,6 +46,10 @@ struct ShmOptions {
   size_t slot_bytes = 0;
   // All-reduces up to this size run the one-phase algorithm. SIZE_MAX: always; 0: never.
   size_t one_shot_bytes = 32 * 1024;
+  // The single-copy all-reduce (header comment): kAuto from 2 to 16 MiB when every rank has a
+  // core; kAlways above one_shot_bytes whatever the cores (tests); kNever.
+  enum class SingleCopy { kAuto, kAlways, kNever };
+  SingleCopy single_copy = SingleCopy::kAuto;
 };
 
 // The identity of the shared-memory domain this process is in: same kernel boot, same pid, IPC and
