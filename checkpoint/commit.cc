@@ -1,9 +1,13 @@
 #include "checkpoint/commit.h"
 
+#include <signal.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <filesystem>
 #include <set>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "checkpoint/layout.h"
 #include "common/status_macros.h"
@@ -154,6 +158,19 @@ absl::StatusOr<std::vector<std::string>> ApplyRetention(FileSystem& fs, const st
                             ? committed.size() - static_cast<size_t>(keep)
                             : 0;
     kept.insert(committed.begin() + static_cast<std::ptrdiff_t>(from), committed.end());
+  }
+  // A `latest` whose writer died before its rename (a kill -9 of the coordinator) leaves its
+  // temporary, named for the writer's pid (file_system.cc); a live writer's is not ours to take.
+  std::error_code ec;
+  const std::string temp_prefix = std::string(kLatestFileName) + ".tmp.";
+  for (stdfs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (!name.starts_with(temp_prefix)) continue;
+    int pid = 0;
+    if (!absl::SimpleAtoi(name.substr(temp_prefix.size()), &pid) || pid <= 0) continue;
+    if (::kill(pid, 0) == 0 || errno != ESRCH) continue;
+    RETURN_IF_ERROR(fs.RemoveAll(it->path().string()));
+    removed.push_back(it->path().string());
   }
   for (const StepFolder& folder : folders) {
     const bool obsolete = folder.committed ? !kept.contains(folder.step) : folder.step < newest;

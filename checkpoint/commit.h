@@ -83,8 +83,9 @@ absl::Status CommitStep(FileSystem& fs, const std::string& dir, const Manifest& 
 
 // Keeps the `keep` newest committed steps of `dir` and those in `protect`, and removes the other
 // committed steps, as well as the uncommitted step folders older than the newest committed step
-// (saves a crash interrupted; a save in progress is always newer). keep <= 0 keeps every committed
-// step. Returns the folders removed.
+// (saves a crash interrupted; a save in progress is always newer), and the temporaries of a
+// `latest` whose writer died before renaming it. keep <= 0 keeps every committed step. Returns
+// what it removed.
 absl::StatusOr<std::vector<std::string>> ApplyRetention(FileSystem& fs, const std::string& dir,
                                                         int64_t keep,
                                                         std::span<const int64_t> protect = {});

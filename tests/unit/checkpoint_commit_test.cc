@@ -4,6 +4,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <numeric>
@@ -264,6 +267,27 @@ TEST(RetentionTest, KeepsTheNewestAndProtectedStepsAndClearsInterruptedSaves) {
   // keep 0 keeps every committed step.
   ASSERT_TRUE(ApplyRetention(DefaultFileSystem(), dir, 0).ok());
   EXPECT_THAT(*CommittedSteps(dir), ElementsAre(4, 8, 10));
+  fs::remove_all(dir);
+}
+
+TEST(RetentionTest, ClearsTheTemporaryOfALatestWhoseWriterDied) {
+  const std::string dir = TempDir("retention-latest");
+  ASSERT_TRUE(CommitStep(DefaultFileSystem(), dir, WriteStep(dir, 2)).ok());
+  // A writer killed between writing its temporary and renaming it: a child that has exited.
+  const pid_t dead = fork();
+  ASSERT_GE(dead, 0);
+  if (dead == 0) _exit(0);
+  ASSERT_EQ(waitpid(dead, nullptr, 0), dead);
+  const std::string stale = dir + "/latest.tmp." + std::to_string(dead);
+  const std::string live = dir + "/latest.tmp." + std::to_string(getpid());
+  std::ofstream(stale) << "step-0000000";
+  std::ofstream(live) << "step-0000000";
+  absl::StatusOr<std::vector<std::string>> removed = ApplyRetention(DefaultFileSystem(), dir, 2);
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  EXPECT_THAT(*removed, ElementsAre(stale));
+  EXPECT_FALSE(fs::exists(stale));
+  EXPECT_TRUE(fs::exists(live));  // its writer (this process) may still rename it
+  EXPECT_EQ(*ReadLatest(dir), 2);
   fs::remove_all(dir);
 }
 
