@@ -13,10 +13,10 @@
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/optimizer.h"
 #include "placement/cost_model.h"
+#include "worker/comm/shm_communicator.h"
 #include "worker/model/carver.h"
 #include "worker/model/gpt_block.h"
 #include "worker/model/shard_layout.h"
-#include "worker/comm/shm_communicator.h"
 
 namespace shardline::actor {
 namespace {

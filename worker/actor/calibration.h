@@ -24,8 +24,8 @@
 // parked to run another group's GEMMs, so its links would read 50x slower than training, where
 // the ranks block on one another's activations and take turns. There the calibration runs in
 // turns instead: the compute a few ranks at a time (as many as the CPUs hold), the groups one
-// after the other; the report carries the host's CPU share, and the planner's cost model
-// charges it when every rank of the host computes at once (placement/cost_model.h).
+// after the other. The actor logs the host's CPU share (HostShare); the planner does not model a
+// time-shared host yet (its prediction of four actors on two cores is ~40% short).
 #pragma once
 
 #include <cstdint>
