@@ -14,7 +14,8 @@ cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSHARDLIN
   -DCMAKE_CXX_FLAGS="-fsanitize=thread" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=thread" >/dev/null
 cmake --build "$build_dir" --target comm_shm_test comm_collectives_test -j "$(nproc)"
 # halt_on_error: the first race fails the run; second_deadlock_stack names both lock orders.
-export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1"
+# suppressions: races inside uninstrumented system libraries only (the file says which).
+export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/scripts/tsan-comm.supp"
 # The forked-process tests are out: TSan does not follow a fork that keeps running test code.
 "$build_dir/tests/comm_shm_test" --gtest_filter='ShmTest.*:CpuTransportTest.*'
 "$build_dir/tests/comm_collectives_test" --gtest_filter='Backends/WorldTest.*/shm_n*'
