@@ -123,7 +123,14 @@ absl::StatusOr<std::vector<std::string>> PrepareForResume(FileSystem& fs, const 
   ASSIGN_OR_RETURN(const std::vector<StepFolder> folders, ListStepFolders(dir));
   for (const StepFolder& folder : folders) {
     if (folder.committed || folder.step <= decision.step) continue;
-    RETURN_IF_ERROR(fs.RemoveAll(folder.path));
+    // Not fatal: a writer of the run that crashed (an actor outliving a killed coordinator) may
+    // still be adding files, and the folder holds nothing committed. The run writes the step
+    // again, and retention removes what is left once a newer step commits.
+    if (const absl::Status removed = fs.RemoveAll(folder.path); !removed.ok()) {
+      done.push_back(absl::StrCat("left ", folder.path, " (an interrupted save, no manifest): ",
+                                  removed.message()));
+      continue;
+    }
     done.push_back(absl::StrCat("removed ", folder.path, ": an interrupted save (no manifest)"));
   }
   return done;

@@ -48,8 +48,9 @@ absl::StatusOr<ResumeDecision> DecideResume(const ResumeRequest& request);
 
 // Makes `dir` ready for a run that resumes as `decision` says: renames each skipped step's folder
 // to DIR/step-NNNNNNNN.corrupt (.corrupt.2, ... when taken), and removes the uncommitted step
-// folders newer than the resumed step (saves a crash interrupted, which the run will write again).
-// Returns what it did, one line each, for the log.
+// folders newer than the resumed step (saves a crash interrupted, which the run will write again;
+// one that cannot be removed, because a writer of the crashed run is still adding to it, is left
+// and said so). Returns what it did, one line each, for the log.
 absl::StatusOr<std::vector<std::string>> PrepareForResume(FileSystem& fs, const std::string& dir,
                                                           const ResumeDecision& decision);
 

@@ -16,6 +16,7 @@
 #include "checkpoint/box.h"
 #include "checkpoint/commit.h"
 #include "checkpoint/layout.h"
+#include "checkpoint/resume.h"
 #include "checkpoint/safetensors_writer.h"
 #include "common/status_macros.h"
 
@@ -267,6 +268,41 @@ TEST(RetentionTest, KeepsTheNewestAndProtectedStepsAndClearsInterruptedSaves) {
   // keep 0 keeps every committed step.
   ASSERT_TRUE(ApplyRetention(DefaultFileSystem(), dir, 0).ok());
   EXPECT_THAT(*CommittedSteps(dir), ElementsAre(4, 8, 10));
+  fs::remove_all(dir);
+}
+
+// A file system whose RemoveAll fails, as it does while another process still adds files.
+class BusyFolders final : public FileSystem {
+ public:
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewAtomicFile(const std::string& path) override {
+    return DefaultFileSystem().NewAtomicFile(path);
+  }
+  absl::Status CreateDirectories(const std::string& path) override {
+    return DefaultFileSystem().CreateDirectories(path);
+  }
+  absl::Status Rename(const std::string& from, const std::string& to) override {
+    return DefaultFileSystem().Rename(from, to);
+  }
+  absl::Status RemoveAll(const std::string& path) override {
+    return absl::InternalError("cannot remove " + path + ": Directory not empty");
+  }
+};
+
+TEST(PrepareForResumeTest, AnInterruptedSaveThatCannotBeRemovedIsLeftAndSaidSo) {
+  const std::string dir = TempDir("prepare-busy");
+  ASSERT_TRUE(CommitStep(DefaultFileSystem(), dir, WriteStep(dir, 2)).ok());
+  fs::create_directories(StepDir(dir, 4));  // a save a crashed run's writer still adds to
+  ResumeDecision decision;
+  decision.step = 2;
+  BusyFolders busy;
+  absl::StatusOr<std::vector<std::string>> done = PrepareForResume(busy, dir, decision);
+  ASSERT_TRUE(done.ok()) << done.status();  // the run resumes all the same
+  EXPECT_THAT(*done, ElementsAre(AllOf(HasSubstr("left " + StepDir(dir, 4)),
+                                       HasSubstr("Directory not empty"))));
+  EXPECT_TRUE(fs::exists(StepDir(dir, 4)));
+  done = PrepareForResume(DefaultFileSystem(), dir, decision);
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_THAT(*done, ElementsAre(HasSubstr("removed " + StepDir(dir, 4))));
   fs::remove_all(dir);
 }
 
