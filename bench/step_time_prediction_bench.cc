@@ -28,9 +28,8 @@
 #include <string>
 #include <vector>
 
-#include <sched.h>
-
 #include "cli/commands.h"
+#include "common/process.h"
 #include "tests/integration/local_cluster.h"
 #include "tests/support/step_time_job.h"
 
@@ -60,10 +59,7 @@ constexpr Layout kLayouts[] = {{"dp2", "{dp: 2}"},
                                {"up4", nullptr, 4}};
 
 int DevicesOf(const Layout& layout) {
-  if (layout.devices > 0) return layout.devices;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  return cli::DefaultUpDevices(sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1);
+  return layout.devices > 0 ? layout.devices : cli::DefaultUpDevices(UsableCpus());
 }
 
 // The job of `layout`; the default job's checkpoints go to `checkpoints` (fresh per job: a job

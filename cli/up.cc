@@ -1,6 +1,5 @@
 // `shardline up`: a whole cluster on this machine (a coordinator and one agent as child
 // processes on loopback), the default job run on it with live progress, then a clean shutdown.
-#include <sched.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -217,12 +216,7 @@ int DefaultUpDevices(int cores) { return cores >= 4 ? 4 : 2; }
 
 int Up(const UpOptions& given) {
   UpOptions options = given;
-  if (options.devices == 0) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    const int cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
-    options.devices = DefaultUpDevices(cores);
-  }
+  if (options.devices == 0) options.devices = DefaultUpDevices(UsableCpus());
   if (options.devices < 2 || options.devices > 256) {
     std::cerr << "error: --devices must be in 2..256, got " << options.devices << "\n";
     return 2;

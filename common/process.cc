@@ -1,5 +1,6 @@
 #include "common/process.h"
 
+#include <sched.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -7,6 +8,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <thread>
 
@@ -37,6 +39,13 @@ std::string ExitStatus::Describe() const {
                : "killed by signal " + std::to_string(code) + " (" + strsignal(code) + ")";
   }
   return "exit code " + std::to_string(code);
+}
+
+int UsableCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
+  return std::max(1, CPU_COUNT(&set));
 }
 
 absl::StatusOr<pid_t> Spawn(const SpawnOptions& options) {

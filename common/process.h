@@ -30,6 +30,9 @@ struct ExitStatus {
   std::string Describe() const;  // "exit code 3", "killed by signal 9 (Killed)"
 };
 
+// The CPUs this process may run on (its affinity mask; 1 if it cannot be read).
+int UsableCpus();
+
 // Forks and execs `options.argv`. Returns the child's pid.
 absl::StatusOr<pid_t> Spawn(const SpawnOptions& options);
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu/avx512.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/vector_math.h"
 #include "kernels/cpu/vector_width.h"
@@ -43,15 +44,11 @@ void GeluBackwardBlock(float* dinp, const float* inp, const float* dout, int64_t
   }
 }
 
-// The same blocks sixteen lanes at a time where the CPU has AVX-512 (vector_width.h). SLEEF's
-// 512-bit exp is declared in sleef.h only under __AVX512F__, which this file is not compiled
-// with, so it is declared here. Each function carries its own target attribute; nothing from a
-// header is instantiated in them, so no baseline inline function gets an AVX-512 body the linker
-// could pick for every caller. Measured on GPT blocks at d_model 256 (8 layers, 1024 tokens, one
+// The same blocks sixteen lanes at a time where the CPU has AVX-512 (vector_width.h, avx512.h).
+// Each function carries its own target attribute; nothing from a header is instantiated in them,
+// so no baseline inline function gets an AVX-512 body the linker could pick for every caller. Measured on GPT blocks at d_model 256 (8 layers, 1024 tokens, one
 // thread): GELU forward + backward 104 ms of a 558 ms step at four lanes, 38 ms at sixteen with
 // SLEEF's tanh, 12 ms with the exp below.
-extern "C" __m512 Sleef_expf16_u10avx512f(__m512);
-
 __attribute__((target("avx512f"))) __m512 GeluTanh16(__m512 x) {
   const __m512 x3 = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
   const __m512 u = _mm512_mul_ps(_mm512_set1_ps(kGeluScale),
@@ -65,17 +62,11 @@ __attribute__((target("avx512f"))) __m512 GeluTanh16(__m512 x) {
   return _mm512_sub_ps(one, _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(e, one)));
 }
 
-// The lanes of a block's tail (m % 16 of them) go through the same function in a padded vector,
-// so their values get the same bits as they would in a full group.
-__attribute__((target("avx512f"))) __mmask16 TailMask(int64_t left) {
-  return static_cast<__mmask16>(left >= 16 ? 0xFFFF : (1u << left) - 1);
-}
-
 __attribute__((target("avx512f"))) void GeluForwardBlock16(float* out, const float* inp,
                                                            int64_t m) {
   const __m512 half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
   for (int64_t j = 0; j < m; j += 16) {
-    const __mmask16 lanes = TailMask(m - j);
+    const __mmask16 lanes = TailMask16(m - j);
     const __m512 x = _mm512_maskz_loadu_ps(lanes, inp + j);
     const __m512 th = GeluTanh16(x);
     _mm512_mask_storeu_ps(out + j, lanes, _mm512_mul_ps(_mm512_mul_ps(half, x),
@@ -88,7 +79,7 @@ __attribute__((target("avx512f"))) void GeluBackwardBlock16(float* dinp, const f
   const __m512 half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
   const __m512 scale = _mm512_set1_ps(kGeluScale), cubic3 = _mm512_set1_ps(3.0f * kGeluCubic);
   for (int64_t j = 0; j < m; j += 16) {
-    const __mmask16 lanes = TailMask(m - j);
+    const __mmask16 lanes = TailMask16(m - j);
     const __m512 x = _mm512_maskz_loadu_ps(lanes, inp + j);
     const __m512 th = GeluTanh16(x);
     const __m512 sech2 = _mm512_fnmadd_ps(th, th, one);                  // 1 − th²

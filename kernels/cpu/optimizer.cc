@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/avx512.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/vector_width.h"
 
@@ -40,8 +41,7 @@ __attribute__((target("avx512f"))) void AdamWRange16(float* params, const float*
   const __m512 lr = _mm512_set1_ps(k.lr), wd = _mm512_set1_ps(k.wd), eps = _mm512_set1_ps(k.eps);
   const __m512 c1 = _mm512_set1_ps(k.correction1), c2 = _mm512_set1_ps(k.correction2);
   for (int64_t i = 0; i < n; i += 16) {
-    const int64_t left = n - i;
-    const __mmask16 lanes = static_cast<__mmask16>(left >= 16 ? 0xFFFF : (1u << left) - 1);
+    const __mmask16 lanes = TailMask16(n - i);
     const __m512 g = _mm512_maskz_loadu_ps(lanes, grads + i);
     const __m512 mi = _mm512_add_ps(_mm512_mul_ps(b1, _mm512_maskz_loadu_ps(lanes, m + i)),
                                     _mm512_mul_ps(b1c, g));

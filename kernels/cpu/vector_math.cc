@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 
+#include "kernels/cpu/avx512.h"
 #include "kernels/cpu/vector_width.h"
 
 namespace shardline::kernels::cpu {
@@ -24,21 +25,11 @@ void Apply(Fn fn, float* y, const float* x, int64_t n) {
   std::copy(lanes, lanes + (n - i), y + i);
 }
 
-// SLEEF's 512-bit functions (1.0 ulp, as the 128-bit ones), declared in sleef.h only under
-// __AVX512F__, which this file is not compiled with.
-extern "C" __m512 Sleef_expf16_u10avx512f(__m512);
-extern "C" __m512 Sleef_tanhf16_u10avx512f(__m512);
-
-// The tail goes through masked lanes of the same function: the same bits as in a full group.
-__attribute__((target("avx512f"))) __mmask16 Lanes(int64_t left) {
-  return static_cast<__mmask16>(left >= 16 ? 0xFFFF : (1u << left) - 1);
-}
-
 __attribute__((target("avx512f"))) void ExpShifted16(float* y, const float* x, float shift,
                                                      int64_t n) {
   const __m512 s = _mm512_set1_ps(shift);
   for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 lanes = Lanes(n - i);
+    const __mmask16 lanes = TailMask16(n - i);
     const __m512 v = _mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, x + i), s);
     _mm512_mask_storeu_ps(y + i, lanes, Sleef_expf16_u10avx512f(v));
   }
@@ -46,7 +37,7 @@ __attribute__((target("avx512f"))) void ExpShifted16(float* y, const float* x, f
 
 __attribute__((target("avx512f"))) void Tanh16(float* y, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 lanes = Lanes(n - i);
+    const __mmask16 lanes = TailMask16(n - i);
     _mm512_mask_storeu_ps(y + i, lanes, Sleef_tanhf16_u10avx512f(_mm512_maskz_loadu_ps(lanes, x + i)));
   }
 }

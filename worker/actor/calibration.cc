@@ -6,8 +6,7 @@
 #include <functional>
 #include <vector>
 
-#include <sched.h>
-
+#include "common/process.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/blas.h"
 #include "kernels/cpu/matmul.h"
@@ -326,17 +325,10 @@ int HostShare::concurrent_ranks() const { return std::max(1, cpus / std::max(1, 
 
 namespace {
 
-int AffinityCpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
-  return std::max(1, CPU_COUNT(&set));
-}
-
 HostShare OwnHostShare(const CalibrationOptions& options) {
   HostShare host;
   host.threads = std::max(1, options.threads > 0 ? options.threads : kernels::cpu::CpuThreads());
-  host.cpus = options.cpus > 0 ? options.cpus : AffinityCpus();
+  host.cpus = options.cpus > 0 ? options.cpus : UsableCpus();
   return host;
 }
 
@@ -376,6 +368,17 @@ namespace {
 // step does, and the coordinator keeps a node's slowest link.
 bool CarriesTraining(const CalibrationGroup& group) { return group.kind != "world"; }
 
+// Measures `group` (this rank is in it) and adds it to `result` under its id and kind.
+absl::Status MeasureGroup(const CalibrationGroup& group, const CalibrationOptions& options,
+                          CalibrationResult& result) {
+  absl::StatusOr<GroupBandwidth> measured = MeasureAllReduce(*group.communicator, options);
+  if (!measured.ok()) return Annotate(measured.status(), "calibrating group " + group.id);
+  measured->id = group.id;
+  measured->kind = group.kind;
+  result.groups.push_back(std::move(*measured));
+  return absl::OkStatus();
+}
+
 // Calibrate() on a time-shared host (calibration.h): the compute in `turns` rounds of the ranks
 // the CPUs run at once, then each group alone, the others' ranks waiting on `world` (the shared
 // memory barrier sleeps on a futex once ranks outnumber CPUs, so a waiting rank takes no core).
@@ -397,13 +400,7 @@ absl::StatusOr<CalibrationResult> CalibrateInTurns(const std::vector<Calibration
                                         ": calibrating in turns needs every group's ranks");
     }
     if (group.ranks.size() < 2 || !CarriesTraining(group)) continue;
-    if (group.communicator != nullptr) {
-      absl::StatusOr<GroupBandwidth> measured = MeasureAllReduce(*group.communicator, options);
-      if (!measured.ok()) return Annotate(measured.status(), "calibrating group " + group.id);
-      measured->id = group.id;
-      measured->kind = group.kind;
-      result.groups.push_back(std::move(*measured));
-    }
+    if (group.communicator != nullptr) RETURN_IF_ERROR(MeasureGroup(group, options, result));
     RETURN_IF_ERROR(world.Barrier());
   }
   return result;
@@ -437,11 +434,7 @@ absl::StatusOr<CalibrationResult> Calibrate(const std::vector<CalibrationGroup>&
         !CarriesTraining(group)) {
       continue;
     }
-    absl::StatusOr<GroupBandwidth> measured = MeasureAllReduce(*group.communicator, options);
-    if (!measured.ok()) return Annotate(measured.status(), "calibrating group " + group.id);
-    measured->id = group.id;
-    measured->kind = group.kind;
-    result.groups.push_back(std::move(*measured));
+    RETURN_IF_ERROR(MeasureGroup(group, options, result));
   }
   return result;
 }

@@ -30,6 +30,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/process.h"
 #include "common/status_macros.h"
 #include "kernels/half.h"
 
@@ -71,13 +72,6 @@ constexpr size_t kSingleCopyMaxBytes = size_t{16} << 20;
 constexpr size_t kSingleCopyBlock = size_t{256} << 10;
 
 size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
-
-int UsableCpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
-  return CPU_COUNT(&set);
-}
 
 inline void CpuRelax() {
 #if defined(__x86_64__)
@@ -589,15 +583,8 @@ class ShmCommunicator final : public Communicator {
     for (int r = 0; r < size_; ++r) {
       if (r == rank_) continue;
       const size_t from = count * r / size_, to = count * (r + 1) / size_;
-      if (peers_[r].pid == getpid()) {
-        std::memcpy(data + from * esize,
-                    reinterpret_cast<const char*>(PeerAddress(r)) + from * esize,
-                    (to - from) * esize);
-      } else {
-        RETURN_IF_ERROR(
-            ReadPeer(r, data + from * esize, PeerAddress(r) + from * esize, (to - from) * esize,
-                     &what));
-      }
+      RETURN_IF_ERROR(ReadPeer(r, data + from * esize, PeerAddress(r) + from * esize,
+                               (to - from) * esize, &what));
     }
     // No rank may return, and let its caller reuse the buffer, while another still reads it.
     RETURN_IF_ERROR(PublishAndWait(NextPhase(), what));
@@ -619,10 +606,15 @@ class ShmCommunicator final : public Communicator {
     return static_cast<uintptr_t>(Control(rank).address.load(std::memory_order_relaxed));
   }
 
-  // `bytes` of rank `rank`'s memory at `address` into `into` (the kernel copies; it may take
-  // them in several goes). An error says which rank and why; the probe passes no `what`.
+  // `bytes` of rank `rank`'s memory at `address` into `into`: the kernel copies (it may take
+  // them in several goes), or, for a rank that is a thread of this process, memcpy. An error says
+  // which rank and why; the probe passes no `what`.
   absl::Status ReadPeer(int rank, char* into, uintptr_t address, size_t bytes,
                         const OpText* what = nullptr) const {
+    if (peers_[rank].pid == getpid()) {
+      std::memcpy(into, reinterpret_cast<const void*>(address), bytes);
+      return absl::OkStatus();
+    }
     while (bytes > 0) {
       iovec local{into, bytes};
       iovec remote{reinterpret_cast<void*>(address), bytes};
