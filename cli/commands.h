@@ -68,6 +68,9 @@ struct GenerateCommandOptions {
   uint64_t seed = 0;
   int hf_heads = 12;       // heads of a Hugging Face GPT-2 file (its tensors do not say)
   bool no_kv_cache = false;
+  // "bytes" or a path (data::LoadTokenizer); empty: the tokenizer files of a Hugging Face
+  // checkpoint's folder when it has them, else bytes.
+  std::string tokenizer;
 };
 int Generate(const GenerateCommandOptions& options);
 

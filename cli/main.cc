@@ -205,6 +205,9 @@ int Main(int argc, char** argv) {
   generate_cmd->add_option("--hf-heads", generate_options.hf_heads,
                            "Heads of a Hugging Face GPT-2 checkpoint")
       ->check(CLI::PositiveNumber)->capture_default_str();
+  generate_cmd->add_option("--tokenizer", generate_options.tokenizer,
+                           "bytes, or a folder with vocab.json + merges.txt (or tokenizer.json), "
+                           "or one of those files; default: the checkpoint folder's, else bytes");
   generate_cmd->add_flag("--no-kv-cache", generate_options.no_kv_cache,
                          "Recompute the whole sequence for every token (reference path)");
   generate_cmd->add_option("--log-level", log_level);

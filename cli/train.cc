@@ -1,5 +1,6 @@
 // `shardline train SPEC.yaml` and `shardline generate`: one device, no cluster needed.
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <mutex>
 
@@ -8,7 +9,7 @@
 #include "common/status_macros.h"
 #include "kernels/allocator.h"
 #include "placement/train_spec.h"
-#include "worker/model/data/byte_tokenizer.h"
+#include "worker/model/data/tokenizer.h"
 #include "worker/model/inference.h"
 #include "worker/training/model_checkpoint.h"
 #include "worker/training/trainer.h"
@@ -124,20 +125,35 @@ int Generate(const GenerateCommandOptions& options) {
     std::cerr << "error: " << path.status().message() << "\n";
     return 2;
   }
+  // Before the model: a wrong --tokenizer fails before a large checkpoint is read.
+  std::string spec = options.tokenizer;
+  if (spec.empty()) {
+    // A Hugging Face model folder (ResolveCheckpoint gave its model.safetensors) usually carries
+    // the tokenizer its ids mean; our own checkpoints are trained on bytes.
+    const std::string dir = std::filesystem::path(*path).parent_path().string();
+    const bool hf_folder = !checkpoint::IsManifestPath(*path) && data::HoldsTokenizerFiles(dir);
+    spec = hf_folder ? dir : "bytes";
+  }
+  auto tokenizer = data::LoadTokenizer(spec);
+  if (!tokenizer.ok()) {
+    const char* which =
+        options.tokenizer.empty() ? "the checkpoint folder's tokenizer" : "--tokenizer";
+    std::cerr << "error: " << which << ": " << tokenizer.status().message() << "\n";
+    return 2;
+  }
   kernels::CpuAllocator allocator;
   auto gpt = training::LoadModel(*path, allocator, options.hf_heads);
   if (!gpt.ok()) {
     std::cerr << "error: " << gpt.status().message() << "\n";
     return 1;
   }
-  data::ByteTokenizer tokenizer;
-  if ((*gpt)->config().vocab < tokenizer.vocab_size()) {
+  if ((*gpt)->config().vocab < (*tokenizer)->vocab_size()) {
     std::cerr << "error: " << *path << " has a vocabulary of " << (*gpt)->config().vocab
-              << " tokens; `generate` speaks the byte tokenizer (" << tokenizer.vocab_size()
-              << ") only\n";
+              << " tokens, fewer than the " << (*tokenizer)->vocab_size() << " of "
+              << (*tokenizer)->Describe() << " (--tokenizer names another)\n";
     return 1;
   }
-  const std::vector<data::Token> prompt = tokenizer.Encode(options.prompt);
+  const std::vector<data::Token> prompt = (*tokenizer)->Encode(options.prompt);
   model::GenerateOptions generate;
   generate.max_new_tokens = options.max_new_tokens;
   generate.sampling.temperature = static_cast<float>(options.temperature);
@@ -149,7 +165,7 @@ int Generate(const GenerateCommandOptions& options) {
     std::cerr << "error: " << tokens.status().message() << "\n";
     return 1;
   }
-  auto text = tokenizer.Decode(*tokens);
+  auto text = (*tokenizer)->Decode(*tokens);
   if (!text.ok()) {
     std::cerr << "error: " << text.status().message() << "\n";
     return 1;

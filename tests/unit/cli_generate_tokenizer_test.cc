@@ -1,0 +1,188 @@
+// `shardline generate --tokenizer`, and the tokenizer it takes from a Hugging Face folder by
+// itself. The model is built to say one thing: every weight zero but the final LayerNorm's bias
+// and one row of the (tied) embedding, so that greedy decoding gives that row's token every time;
+// which text comes out then shows which tokenizer decoded it.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "checkpoint/gpt2_checkpoint.h"
+#include "checkpoint/gpt2_hf_export.h"
+#include "common/process.h"
+#include "nlohmann/json.hpp"
+#include "worker/model/data/gpt2_tokenizer.h"
+
+namespace shardline {
+namespace {
+
+namespace stdfs = std::filesystem;
+using ::testing::HasSubstr;
+
+constexpr int64_t kModelVocab = 258;  // 256 bytes, "ab", "<|endoftext|>"
+constexpr int64_t kAb = 256;          // the token the model always says
+
+std::string Binary() {
+  const char* path = std::getenv("SHARDLINE_BINARY");
+  return path != nullptr ? path : SHARDLINE_BINARY_PATH;
+}
+
+std::string TempDir() {
+  std::string pattern = ::testing::TempDir() + "/cli_generate_XXXXXX";
+  EXPECT_NE(::mkdtemp(pattern.data()), nullptr);
+  return pattern;
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string out;  // stdout and stderr together
+};
+
+CommandResult Shardline(const std::vector<std::string>& args) {
+  const std::string log = TempDir() + "/out.log";
+  SpawnOptions spawn;
+  spawn.argv = {Binary()};
+  spawn.argv.insert(spawn.argv.end(), args.begin(), args.end());
+  spawn.log_path = log;
+  CommandResult run;
+  absl::StatusOr<pid_t> pid = Spawn(spawn);
+  if (!pid.ok()) {
+    run.out = std::string(pid.status().message());
+    return run;
+  }
+  absl::StatusOr<std::optional<ExitStatus>> exit = WaitFor(*pid, std::chrono::seconds(60));
+  if (!exit.ok() || !exit->has_value()) {
+    Terminate(*pid, std::chrono::seconds(1));
+    run.out = "did not finish within 60 s: " + ReadAll(log);
+    return run;
+  }
+  run.exit_code = (*exit)->signaled ? -1 : (*exit)->code;
+  run.out = ReadAll(log);
+  return run;
+}
+
+// A Hugging Face folder (model.safetensors + config.json) of the model that always says kAb.
+std::string ExportModel(int64_t vocab = kModelVocab) {
+  checkpoint::Gpt2Weights weights;
+  weights.config = {.n_layer = 1,
+                    .n_embd = 8,
+                    .n_head = 2,
+                    .d_ff = 16,
+                    .vocab_size = vocab,
+                    .n_positions = 32,
+                    .tied_embeddings = true};
+  for (const checkpoint::Gpt2TensorSpec& spec : checkpoint::Gpt2TensorSpecs(weights.config)) {
+    int64_t n = 1;
+    for (int64_t d : spec.shape) n *= d;
+    weights.tensors[spec.name] = {spec.shape, std::vector<float>(n, 0.0f)};
+  }
+  // The final LayerNorm gives its bias whatever comes in; the logits are bias · wte rows.
+  for (float& v : weights.tensors["lnf.b"].values) v = 1.0f;
+  if (kAb < vocab) {
+    for (int64_t c = 0; c < 8; ++c) weights.tensors["wte"].values[kAb * 8 + c] = 1.0f;
+  }
+  const std::string dir = TempDir() + "/hf";
+  const absl::Status status = checkpoint::ExportHfGpt2(weights, dir);
+  EXPECT_TRUE(status.ok()) << status;
+  return dir;
+}
+
+// vocab.json + merges.txt into `dir`: the bytes, "ab" (id 256), then `extra` more tokens, then
+// "<|endoftext|>".
+void WriteTokenizer(const std::string& dir, int extra = 0) {
+  nlohmann::json vocab = nlohmann::json::object();
+  for (int b = 0; b < 256; ++b) {
+    vocab[std::string(data::Gpt2ByteChar(static_cast<unsigned char>(b)))] = b;
+  }
+  vocab["ab"] = kAb;
+  for (int i = 0; i < extra; ++i) vocab["x" + std::to_string(i)] = kAb + 1 + i;
+  vocab["<|endoftext|>"] = kAb + 1 + extra;
+  std::ofstream(dir + "/vocab.json") << vocab.dump();
+  std::ofstream(dir + "/merges.txt") << "#version: 0.2\na b\n";
+}
+
+std::vector<std::string> Generate(const std::string& checkpoint, std::vector<std::string> more) {
+  std::vector<std::string> args = {"generate", "--checkpoint",     checkpoint, "--prompt",
+                                   "hi ",      "--max-new-tokens", "3"};
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
+TEST(CliGenerateTokenizerTest, AHuggingFaceFolderSpeaksItsOwnTokenizer) {
+  const std::string hf = ExportModel();
+  WriteTokenizer(hf);
+  const CommandResult run = Shardline(Generate(hf, {}));
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  EXPECT_THAT(run.out, HasSubstr("hi ababab")) << "id 256 is \"ab\" to the folder's tokenizer";
+  // Naming the model file rather than the folder finds the same files.
+  const CommandResult by_file = Shardline(Generate(hf + "/model.safetensors", {}));
+  ASSERT_EQ(by_file.exit_code, 0) << by_file.out;
+  EXPECT_THAT(by_file.out, HasSubstr("hi ababab"));
+}
+
+TEST(CliGenerateTokenizerTest, TokenizerFlagOverridesTheFolder) {
+  const std::string hf = ExportModel();
+  WriteTokenizer(hf);
+  // To the byte tokenizer id 256 is its end-of-text marker.
+  const CommandResult bytes = Shardline(Generate(hf, {"--tokenizer", "bytes"}));
+  ASSERT_EQ(bytes.exit_code, 0) << bytes.out;
+  EXPECT_THAT(bytes.out, HasSubstr("hi <|endoftext|><|endoftext|><|endoftext|>"));
+
+  // A folder without tokenizer files is bytes unless --tokenizer names some.
+  const std::string bare = ExportModel();
+  const CommandResult plain = Shardline(Generate(bare, {}));
+  ASSERT_EQ(plain.exit_code, 0) << plain.out;
+  EXPECT_THAT(plain.out, HasSubstr("hi <|endoftext|><|endoftext|><|endoftext|>"));
+  for (const std::string& spec : {hf, hf + "/vocab.json"}) {
+    const CommandResult named = Shardline(Generate(bare, {"--tokenizer", spec}));
+    ASSERT_EQ(named.exit_code, 0) << named.out;
+    EXPECT_THAT(named.out, HasSubstr("hi ababab")) << spec;
+  }
+}
+
+TEST(CliGenerateTokenizerTest, ATokenizerLargerThanTheModelIsRefused) {
+  const std::string hf = ExportModel();
+  const std::string big = TempDir();
+  WriteTokenizer(big, /*extra=*/40);  // 298 tokens for a model of 258
+  const CommandResult run = Shardline(Generate(hf, {"--tokenizer", big}));
+  EXPECT_EQ(run.exit_code, 1) << run.out;
+  EXPECT_THAT(run.out, HasSubstr("has a vocabulary of 258 tokens, fewer than the 298 of the GPT-2 "
+                                 "BPE tokenizer of " +
+                                 big + "/vocab.json"));
+  // The byte tokenizer's 257 against a model of 200.
+  const CommandResult small = Shardline(Generate(ExportModel(200), {}));
+  EXPECT_EQ(small.exit_code, 1) << small.out;
+  EXPECT_THAT(small.out, HasSubstr("fewer than the 257 of the byte tokenizer"));
+}
+
+TEST(CliGenerateTokenizerTest, BadTokenizerIsAnErrorNamingIt) {
+  const std::string hf = ExportModel();
+  const std::string missing = TempDir() + "/no-such-tokenizer";
+  const CommandResult run = Shardline(Generate(hf, {"--tokenizer", missing}));
+  EXPECT_EQ(run.exit_code, 2) << run.out;
+  EXPECT_THAT(run.out, HasSubstr("error: --tokenizer: no tokenizer at " + missing));
+  // Broken files in the checkpoint's folder are not silently replaced by bytes.
+  WriteTokenizer(hf);
+  std::ofstream(hf + "/merges.txt") << "a b c\n";
+  const CommandResult broken = Shardline(Generate(hf, {}));
+  EXPECT_EQ(broken.exit_code, 2) << broken.out;
+  EXPECT_THAT(broken.out,
+              HasSubstr("the checkpoint folder's tokenizer: " + hf + "/merges.txt line 1:"));
+}
+
+}  // namespace
+}  // namespace shardline
