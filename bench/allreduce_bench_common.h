@@ -27,6 +27,7 @@ struct AllreduceBenchArgs {
   size_t max_bytes = 256 << 20;
   std::string impl = "shm,shardline,gloo,memcpy";  // allreduce_gloo: the implementations, interleaved
   std::string label;  // overrides the implementation's name in the output (e.g. "mpi_ring")
+  std::string store;  // allreduce_mpi: the directory of the shm communicators' rendezvous
 };
 
 inline bool ParseArgs(int argc, char** argv, AllreduceBenchArgs& args, const char* usage) {
@@ -47,6 +48,8 @@ inline bool ParseArgs(int argc, char** argv, AllreduceBenchArgs& args, const cha
       args.impl = value;
     } else if (flag == "--label") {
       args.label = value;
+    } else if (flag == "--store") {
+      args.store = value;
     } else {
       fprintf(stderr, "%s: unknown flag %s\nusage: %s\n", argv[0], flag.c_str(), usage);
       return false;

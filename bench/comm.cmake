@@ -6,5 +6,5 @@ target_link_libraries(allreduce_gloo PRIVATE shardline_comm gloo)
 
 if(MPI_CXX_FOUND)
   add_executable(allreduce_mpi ${CMAKE_CURRENT_LIST_DIR}/allreduce_mpi.cc)
-  target_link_libraries(allreduce_mpi PRIVATE MPI::MPI_CXX)
+  target_link_libraries(allreduce_mpi PRIVATE MPI::MPI_CXX shardline_comm)
 endif()
