@@ -13,3 +13,6 @@ if(SHARDLINE_CUDA)
     SOURCES ${CMAKE_CURRENT_LIST_DIR}/comm_nccl_test.cc
     LIBS shardline_comm shardline_nccl LABELS unit TIMEOUT 120)
 endif()
+shardline_test(comm_all_reduce_tuner_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/comm_all_reduce_tuner_test.cc
+  LIBS shardline_comm LABELS unit)

@@ -196,13 +196,12 @@ TEST(ShmTest, FloatSumsAreBitIdenticalAcrossRanksAndAlgorithms) {
   }
   // One shot, chunked through the segment, and single copy (ranks as threads read each other's
   // buffers directly; across processes: ShmSingleCopyTest below).
-  for (const int algorithm : {0, 1, 2}) {
-    const size_t one_shot = algorithm == 0 ? SIZE_MAX : 0;
+  for (const ShmAlgorithm algorithm :
+       {ShmAlgorithm::kOneShot, ShmAlgorithm::kChunked, ShmAlgorithm::kSingleCopy}) {
     ShmOptions options = Options();
-    options.one_shot_bytes = one_shot;
-    options.slot_bytes = one_shot == 0 ? (64 << 10) : kCount * sizeof(float);
-    options.single_copy =
-        algorithm == 2 ? ShmOptions::SingleCopy::kAlways : ShmOptions::SingleCopy::kNever;
+    options.one_shot_bytes = 0;
+    options.slot_bytes = 64 << 10;  // many chunks
+    options.all_reduce = algorithm;
     std::vector<std::vector<float>> got(kRanks);
     RunRanks(kRanks, [&](Communicator& comm) {
       std::vector<float> data(kCount);
@@ -213,9 +212,41 @@ TEST(ShmTest, FloatSumsAreBitIdenticalAcrossRanksAndAlgorithms) {
     for (int r = 0; r < kRanks; ++r) {
       ASSERT_EQ(got[r].size(), kCount);
       EXPECT_EQ(std::memcmp(got[r].data(), want.data(), kCount * sizeof(float)), 0)
-          << "rank " << r << " with algorithm " << algorithm;
+          << "rank " << r << " with algorithm " << ShmAlgorithmName(algorithm);
     }
   }
+}
+
+// Tuned (the default): rank 0 switches algorithms between calls as it times them (every
+// candidate in its warm-up, the others again every AllReduceTuner::kRetryEvery calls), and tells
+// the others through the segment. Every call on every rank must still give the rank-order bits.
+TEST(ShmTest, TunedAllReducesSwitchAlgorithmsAndKeepTheBits) {
+  constexpr int kRanks = 3;
+  constexpr size_t kCount = 50001;
+  auto input = [](int rank, size_t i) {
+    return std::cos(static_cast<float>(i) * 0.11f + rank) * std::pow(10.0f, (i + rank) % 5 - 2.0f);
+  };
+  std::vector<float> want(kCount);
+  for (size_t i = 0; i < kCount; ++i) {
+    float acc = input(0, i);
+    for (int r = 1; r < kRanks; ++r) acc += input(r, i);
+    want[i] = acc;
+  }
+  ShmOptions options = Options();
+  options.slot_bytes = 64 << 10;  // the chunked algorithm runs several chunks
+  const int calls = AllReduceTuner::kWarmRuns * kShmAlgorithms + 3 * AllReduceTuner::kRetryEvery;
+  std::atomic<int> wrong{0};
+  RunRanks(kRanks, [&](Communicator& comm) {
+    std::mt19937 delays(7 + comm.rank());
+    std::vector<float> data(kCount);
+    for (int call = 0; call < calls; ++call) {
+      for (size_t i = 0; i < kCount; ++i) data[i] = input(comm.rank(), i);
+      if (delays() % 4 == 0) std::this_thread::sleep_for(std::chrono::microseconds(delays() % 300));
+      ASSERT_TRUE(comm.AllReduce(data.data(), kCount, DType::kFloat32, ReduceOp::kSum).ok());
+      if (std::memcmp(data.data(), want.data(), kCount * sizeof(float)) != 0) ++wrong;
+    }
+  }, options);
+  EXPECT_EQ(wrong.load(), 0);
 }
 
 // bf16 and f16 are reduced in f32 and rounded once: the result is the rounding of the f32 sum.
@@ -389,11 +420,11 @@ int RunSurvivor(Communicator& comm, Victim victim, milliseconds timeout, const s
 }
 
 int RunForkedRank(const std::string& dir, int rank, Victim victim, milliseconds timeout,
-                  ShmOptions::SingleCopy single_copy) {
+                  std::optional<ShmAlgorithm> algorithm) {
   auto files = FileStore::Open(dir);
   if (!files.ok()) return 2;
   ShmOptions options = Options(timeout);
-  options.single_copy = single_copy;
+  options.all_reduce = algorithm;
   auto comm = CreateShmCommunicator(**files, rank, kForkRanks, options);
   if (!comm.ok()) {
     fprintf(stderr, "rank %d: %s\n", rank, comm.status().ToString().c_str());
@@ -421,7 +452,7 @@ int RunForkedRank(const std::string& dir, int rank, Victim victim, milliseconds 
 
 struct Fault {
   Victim victim;
-  ShmOptions::SingleCopy single_copy;  // kNever: through the segment; kAlways: peers' buffers
+  ShmAlgorithm algorithm;  // kChunked: through the segment; kSingleCopy: peers' buffers
 };
 
 class ShmProcessTest : public ::testing::TestWithParam<Fault> {};
@@ -438,7 +469,7 @@ TEST_P(ShmProcessTest, TheOthersFailFastAndNothingIsLeftInDevShm) {
     const pid_t pid = fork();
     ASSERT_GE(pid, 0);
     if (pid == 0) {  // never back into gtest
-      _exit(RunForkedRank(dir, rank, victim, timeout, GetParam().single_copy));
+      _exit(RunForkedRank(dir, rank, victim, timeout, GetParam().algorithm));
     }
     children.push_back(pid);
   }
@@ -479,14 +510,14 @@ TEST_P(ShmProcessTest, TheOthersFailFastAndNothingIsLeftInDevShm) {
 
 INSTANTIATE_TEST_SUITE_P(
     Victims, ShmProcessTest,
-    ::testing::Values(Fault{Victim::kKilledBefore, ShmOptions::SingleCopy::kNever},
-                      Fault{Victim::kKilledDuring, ShmOptions::SingleCopy::kNever},
-                      Fault{Victim::kKilledAfter, ShmOptions::SingleCopy::kNever},
-                      Fault{Victim::kStopped, ShmOptions::SingleCopy::kNever},
-                      Fault{Victim::kKilledBefore, ShmOptions::SingleCopy::kAlways},
-                      Fault{Victim::kKilledDuring, ShmOptions::SingleCopy::kAlways},
-                      Fault{Victim::kKilledAfter, ShmOptions::SingleCopy::kAlways},
-                      Fault{Victim::kStopped, ShmOptions::SingleCopy::kAlways}),
+    ::testing::Values(Fault{Victim::kKilledBefore, ShmAlgorithm::kChunked},
+                      Fault{Victim::kKilledDuring, ShmAlgorithm::kChunked},
+                      Fault{Victim::kKilledAfter, ShmAlgorithm::kChunked},
+                      Fault{Victim::kStopped, ShmAlgorithm::kChunked},
+                      Fault{Victim::kKilledBefore, ShmAlgorithm::kSingleCopy},
+                      Fault{Victim::kKilledDuring, ShmAlgorithm::kSingleCopy},
+                      Fault{Victim::kKilledAfter, ShmAlgorithm::kSingleCopy},
+                      Fault{Victim::kStopped, ShmAlgorithm::kSingleCopy}),
     [](const auto& info) {
       std::string name = "?";
       switch (info.param.victim) {
@@ -495,7 +526,7 @@ INSTANTIATE_TEST_SUITE_P(
         case Victim::kKilledAfter: name = "KilledAfter"; break;
         case Victim::kStopped: name = "Stopped"; break;
       }
-      return name + (info.param.single_copy == ShmOptions::SingleCopy::kAlways ? "SingleCopy"
+      return name + (info.param.algorithm == ShmAlgorithm::kSingleCopy ? "SingleCopy"
                                                                                : "");
     });
 
@@ -517,7 +548,7 @@ TEST(ShmSingleCopyTest, AcrossProcessesTheResultsAreBitIdentical) {
       auto files = FileStore::Open(dir);
       if (!files.ok()) _exit(2);
       ShmOptions options = Options();
-      options.single_copy = ShmOptions::SingleCopy::kAlways;
+      options.all_reduce = ShmAlgorithm::kSingleCopy;
       auto comm = CreateShmCommunicator(**files, rank, 2, options);
       if (!comm.ok()) _exit(3);
       std::vector<float> data(kCount);

@@ -2,9 +2,9 @@
 // a library one embeds beside Gloo, and DeepSpeed's and vLLM's (csrc/cpu/comm/shm.cpp,
 // csrc/cpu/shm.cpp) are PyTorch extensions that spin forever on a dead peer. The shape follows
 // them and MPICH's release/gather: per-rank control lines with release/acquire counters, one-shot
-// for small messages, chunked reduce-scatter + all-gather for large ones, and for the sizes that
-// fit the caches OpenMPI's single-copy idea (each rank reads its peers' buffers through
-// process_vm_readv) where the ranks may.
+// for small messages, and for large ones whichever is fastest here, timed on the live traffic
+// (all_reduce_tuner.h), of a chunked one-shot, a chunked reduce-scatter + all-gather, and
+// OpenMPI's single-copy idea (each rank reads its peers' buffers through process_vm_readv).
 #include "worker/comm/shm_communicator.h"
 
 #include <fcntl.h>
@@ -43,7 +43,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr uint64_t kMagic = 0x314d4853'4e4c4853ull;  // "SHLNSHM1"
+constexpr uint64_t kMagic = 0x324d4853'4e4c4853ull;  // "SHLNSHM2"
 // Two lines: Intel's adjacent-line prefetcher pulls pairs, so one line alone still false-shares.
 constexpr size_t kLine = 128;
 constexpr size_t kPage = 4096;
@@ -61,15 +61,12 @@ constexpr auto kSpinFor = std::chrono::microseconds(5);
 constexpr auto kYieldFor = std::chrono::microseconds(2000);
 constexpr auto kSleepSlice = std::chrono::milliseconds(2);
 constexpr auto kLivenessEvery = std::chrono::milliseconds(1);
-// All-reduces of this many bytes read the peers' buffers in place (SingleCopyAllReduce), in
-// blocks that stay in L2 while they are reduced, when every rank has a core. Measured at 2 ranks
-// on the 2-core development machine (bus GB/s, copying path / single copy): 1 MiB 6.0 / 4.8,
-// 4 MiB 6.1-6.6 / 6.8-7.6, 16 MiB 5.6-6.3 / 7.8-8.7, 64 MiB 4.5-5.0 / 3.7 (past the caches the
-// kernel's copy loses to the slot copies), and with 4 ranks time-sharing 2 cores no better at
-// any size; blocks of 256 KiB beat 16 and 64 KiB ones.
-constexpr size_t kSingleCopyMinBytes = size_t{2} << 20;
-constexpr size_t kSingleCopyMaxBytes = size_t{16} << 20;
+// The single copy reads its peers' parts in blocks that stay in L2 while they are reduced;
+// 256 KiB beat 16 and 64 KiB on a 2-core Xeon. The one-shot above one_shot_bytes runs in chunks
+// of kOneShotChunk: on a 2-vCPU EPYC (512 KiB L2), 64 and 128 KiB chunks beat whole 1 MiB slots
+// at 1-16 MiB.
 constexpr size_t kSingleCopyBlock = size_t{256} << 10;
+constexpr size_t kOneShotChunk = size_t{128} << 10;
 
 size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
@@ -91,6 +88,13 @@ struct alignas(kLine) SegmentHeader {
   alignas(kLine) std::atomic<uint32_t> aborted_by;  // rank + 1 of the first Abort(), 0 if none
   alignas(kLine) std::atomic<uint32_t> wake;        // the futex word
   std::atomic<uint32_t> sleepers;                   // waiters inside futex_wait
+  // Rank 0's choice of all-reduce algorithm per size bucket (AllReduceTuner), for tuned
+  // all-reduce number m in plan[m % 2]. Rank 0 writes plan[(m + 1) % 2] when it starts number m,
+  // before its first publish in it; the others read plan[m % 2] when they start number m, before
+  // theirs. A reader of plan[m % 2] has seen rank 0's publishes in number m - 1 (written before
+  // them), and rank 0 cannot be writing that half again (at number m + 1) before every rank has
+  // published in number m, i.e. after reading.
+  alignas(kLine) std::atomic<uint8_t> plan[2][AllReduceTuner::kBuckets];
 };
 
 // One rank's phase counter, and what its single-copy all-reduce publishes with a phase (the
@@ -340,7 +344,7 @@ class ShmCommunicator final : public Communicator {
         peers_(std::move(peers)),
         timeout_(options.timeout),
         one_shot_bytes_(options.one_shot_bytes),
-        single_copy_(options.single_copy),
+        forced_(options.all_reduce),
         every_rank_has_a_core_(UsableCpus() >= size),
         spin_for_(every_rank_has_a_core_ ? kSpinFor : Clock::duration::zero()),
         inputs_(size) {
@@ -366,42 +370,50 @@ class ShmCommunicator final : public Communicator {
       if (bytes == 0 || size_ == 1) return absl::OkStatus();  // alone, every op is the identity
       char* bytes_out = static_cast<char*>(data);
       const size_t esize = DTypeSize(dtype);
-            if (bytes <= one_shot_bytes_ && bytes <= layout_.slot_bytes) {
-        const uint64_t phase = NextPhase();
-        std::memcpy(Input(rank_, phase), data, bytes);
-        RETURN_IF_ERROR(PublishAndWait(phase, what));
-        for (int r = 0; r < size_; ++r) inputs_[r] = r == rank_ ? data : Input(r, phase);
-        // In place is safe: a block's inputs are all read before its outputs are written.
-        reduce(inputs_.data(), size_, data, nullptr, count);
-        return absl::OkStatus();
-      }
-      if (UseSingleCopy(bytes) && peer_reads_ != PeerReads::kNo) {
-        ASSIGN_OR_RETURN(const bool done,
-                         SingleCopyAllReduce(bytes_out, count, esize, reduce, what));
-        if (done) return absl::OkStatus();
-      }
-      const size_t chunk = layout_.slot_bytes / esize;
-      for (size_t offset = 0; offset < count; offset += chunk) {
-        const size_t len = std::min(chunk, count - offset);
-        char* mine = bytes_out + offset * esize;
-        // Slice r of the chunk is reduced by rank r (uneven slices when len % size != 0). Only
-        // the slices the others reduce go into the segment, and only theirs come back out: the
-        // fewest bytes moved, which is what a memory-bound collective is timed by.
-        const size_t lo = len * rank_ / size_, hi = len * (rank_ + 1) / size_;
-        const auto others = [&](char* to, const char* from) {
-          std::memcpy(to, from, lo * esize);
-          std::memcpy(to + hi * esize, from + hi * esize, (len - hi) * esize);
-        };
-        const uint64_t scatter = NextPhase();
-        others(Input(rank_, scatter), mine);
-        RETURN_IF_ERROR(PublishAndWait(scatter, what));
-        const uint64_t gather = NextPhase();
-        for (int r = 0; r < size_; ++r) {
-          inputs_[r] = (r == rank_ ? mine : Input(r, scatter)) + lo * esize;
+      if (bytes <= one_shot_bytes_) return OneShot(bytes_out, count, esize, reduce, what);
+      const int bucket = AllReduceTuner::Bucket(bytes);
+      ShmAlgorithm algorithm;
+      if (forced_.has_value()) {
+        algorithm = *forced_;
+      } else {
+        const uint64_t op = tuned_all_reduces_++;
+        if (rank_ == 0) {
+          for (int b = 0; b < AllReduceTuner::kBuckets; ++b) {
+            header_->plan[(op + 1) % 2][b].store(static_cast<uint8_t>(tuner_.Next(b)),
+                                                 std::memory_order_relaxed);
+          }
         }
-        reduce(inputs_.data(), size_, mine + lo * esize, Result(gather) + lo * esize, hi - lo);
-        RETURN_IF_ERROR(PublishAndWait(gather, what));
-        others(mine, Result(gather));
+        const uint8_t planned = header_->plan[op % 2][bucket].load(std::memory_order_relaxed);
+        // Only rank 0 writes it; a value out of range (never written so) runs the safe default.
+        algorithm = planned < kShmAlgorithms ? static_cast<ShmAlgorithm>(planned)
+                                             : ShmAlgorithm::kChunked;
+      }
+      const auto start = Clock::now();
+      switch (algorithm) {
+        case ShmAlgorithm::kOneShot:
+          RETURN_IF_ERROR(OneShot(bytes_out, count, esize, reduce, what));
+          break;
+        case ShmAlgorithm::kSingleCopy:
+          if (peer_reads_ != PeerReads::kNo) {
+            ASSIGN_OR_RETURN(const bool done,
+                             SingleCopyAllReduce(bytes_out, count, esize, reduce, what));
+            if (done) break;
+          }
+          algorithm = ShmAlgorithm::kChunked;  // every rank found the same: no single copy here
+          [[fallthrough]];
+        case ShmAlgorithm::kChunked:
+          RETURN_IF_ERROR(Chunked(bytes_out, count, esize, reduce, what));
+          break;
+      }
+      if (!forced_.has_value() && rank_ == 0) {
+        if (peer_reads_ == PeerReads::kNo) tuner_.Disallow(ShmAlgorithm::kSingleCopy);
+        const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+        if (tuner_.Record(bucket, algorithm, seconds)) {
+          spdlog::debug("shm communicator: all-reduces of {}-{} bytes now run {} ({:.1f} us)",
+                        size_t{1} << bucket, (size_t{2} << bucket) - 1,
+                        ShmAlgorithmName(tuner_.Best(bucket)),
+                        tuner_.estimate(bucket, tuner_.Best(bucket)) * 1e6);
+        }
       }
       return absl::OkStatus();
     });
@@ -519,28 +531,73 @@ class ShmCommunicator final : public Communicator {
  private:
   enum class PeerReads { kUntried, kYes, kNo };
 
+  // Every rank copies its input into its slot, and reduces everyone's: one phase per chunk. The
+  // chunks alternate between the two slots by phase parity, so a rank writes the next while a
+  // slow peer still reads the last.
+  absl::Status OneShot(char* data, size_t count, size_t esize, ReduceFn reduce,
+                       const OpText& what) {
+    const size_t chunk = std::min(kOneShotChunk, layout_.slot_bytes) / esize;
+    for (size_t offset = 0; offset < count; offset += chunk) {
+      const size_t len = std::min(chunk, count - offset);
+      char* mine = data + offset * esize;
+      const uint64_t phase = NextPhase();
+      std::memcpy(Input(rank_, phase), mine, len * esize);
+      RETURN_IF_ERROR(PublishAndWait(phase, what));
+      for (int r = 0; r < size_; ++r) inputs_[r] = r == rank_ ? mine : Input(r, phase);
+      // In place is safe: a block's inputs are all read before its outputs are written.
+      reduce(inputs_.data(), size_, mine, nullptr, len);
+    }
+    return absl::OkStatus();
+  }
+
+  // Reduce-scatter + all-gather through the segment, a slot's worth per round.
+  absl::Status Chunked(char* data, size_t count, size_t esize, ReduceFn reduce,
+                       const OpText& what) {
+    const size_t chunk = layout_.slot_bytes / esize;
+    for (size_t offset = 0; offset < count; offset += chunk) {
+      const size_t len = std::min(chunk, count - offset);
+      char* mine = data + offset * esize;
+      // Slice r of the chunk is reduced by rank r (uneven slices when len % size != 0). Only
+      // the slices the others reduce go into the segment, and only theirs come back out: the
+      // fewest bytes moved, which is what a memory-bound collective is timed by.
+      const size_t lo = len * rank_ / size_, hi = len * (rank_ + 1) / size_;
+      const auto others = [&](char* to, const char* from) {
+        std::memcpy(to, from, lo * esize);
+        std::memcpy(to + hi * esize, from + hi * esize, (len - hi) * esize);
+      };
+      const uint64_t scatter = NextPhase();
+      others(Input(rank_, scatter), mine);
+      RETURN_IF_ERROR(PublishAndWait(scatter, what));
+      const uint64_t gather = NextPhase();
+      for (int r = 0; r < size_; ++r) {
+        inputs_[r] = (r == rank_ ? mine : Input(r, scatter)) + lo * esize;
+      }
+      reduce(inputs_.data(), size_, mine + lo * esize, Result(gather) + lo * esize, hi - lo);
+      RETURN_IF_ERROR(PublishAndWait(gather, what));
+      others(mine, Result(gather));
+    }
+    return absl::OkStatus();
+  }
+
   // The all-reduce of large messages in one copy per byte moved: every rank publishes its
   // buffer's address; rank r reduces slice r of everyone's buffer, reading the peers' parts
   // straight from their memory (process_vm_readv: the kernel copies, as OpenMPI's CMA path),
   // into its own buffer; then every rank reads the others' reduced slices from their buffers
   // into its own, and none returns before all have (their buffers are being read). Against the
   // segment's two copies (into the slot, out of it) this moves ~2.5n bytes per rank instead of
-  // ~4n, which is what bounds an all-reduce that fits in the caches (OpenMPI matched the copying
-  // path from 4 MiB at 2 ranks). The sums run in rank order as in the copying path: the same
-  // bits. Ranks that are threads of one process read each other's buffers directly.
+  // ~4n, which is what bounds an all-reduce when the cores share no cache. The sums run in rank
+  // order as in the copying path: the same bits. Ranks that are threads of one process read each other's buffers directly.
   //
   // The first call finds out, collectively, whether every rank may read every peer (ptrace
-  // rules: same user, and Yama's scope) and, under kAuto, has a core of its own; false (and the
-  // copying path from then on) if not.
+  // rules: same user, and Yama's scope); false (and the copying path from then on) if not.
   absl::StatusOr<bool> SingleCopyAllReduce(char* data, size_t count, size_t esize,
                                            ReduceFn reduce, const OpText& what) {
     ControlLine& own = Control(rank_);
     own.address.store(reinterpret_cast<uintptr_t>(data), std::memory_order_relaxed);
     RETURN_IF_ERROR(PublishAndWait(NextPhase(), what));
     if (peer_reads_ == PeerReads::kUntried) {
-      // One element of every peer's buffer, then every rank's verdict. (kAuto: a rank that
-      // shares its cores with the others votes no; measured, the copying path does better then.)
-      bool can = single_copy_ == ShmOptions::SingleCopy::kAlways || every_rank_has_a_core_;
+      // One element of every peer's buffer, then every rank's verdict.
+      bool can = true;
       std::vector<char> probe(esize);
       for (int r = 0; r < size_ && can; ++r) {
         if (r != rank_) can = ReadPeer(r, probe.data(), PeerAddress(r), esize).ok();
@@ -553,8 +610,8 @@ class ShmCommunicator final : public Communicator {
       }
       peer_reads_ = all ? PeerReads::kYes : PeerReads::kNo;
       if (!all) {
-        spdlog::debug("shm communicator: not every rank may read its peers' memory or has a "
-                      "core of its own; every all-reduce copies through the segment");
+        spdlog::debug("shm communicator: not every rank may read its peers' memory; "
+                      "all-reduces copy through the segment");
         return false;
       }
     }
@@ -589,17 +646,6 @@ class ShmCommunicator final : public Communicator {
     // No rank may return, and let its caller reuse the buffer, while another still reads it.
     RETURN_IF_ERROR(PublishAndWait(NextPhase(), what));
     return true;
-  }
-
-  bool UseSingleCopy(size_t bytes) const {
-    switch (single_copy_) {
-      case ShmOptions::SingleCopy::kNever: return false;
-      case ShmOptions::SingleCopy::kAlways: return true;
-      case ShmOptions::SingleCopy::kAuto: break;
-    }
-    // The same answer on every rank (the bytes are): whether every rank has a core, which the
-    // ranks' affinities may not agree on, is their vote in the first call's probe.
-    return bytes >= kSingleCopyMinBytes && bytes <= kSingleCopyMaxBytes;
   }
 
   uintptr_t PeerAddress(int rank) const {
@@ -867,14 +913,15 @@ class ShmCommunicator final : public Communicator {
   std::vector<Peer> peers_;
   const std::chrono::milliseconds timeout_;
   const size_t one_shot_bytes_;
-  const ShmOptions::SingleCopy single_copy_;
+  const std::optional<ShmAlgorithm> forced_;  // nullopt: tuned
   // No spinning when the ranks outnumber the CPUs this process may run on: the peer we would
-  // spin for is likely waiting for this very core. Nor single copies (kSingleCopyMinBytes): such
-  // a rank votes against them.
+  // spin for is likely waiting for this very core.
   const bool every_rank_has_a_core_;
   const Clock::duration spin_for_;
   std::vector<const void*> inputs_;  // the reduction's input pointers, one per rank
   PeerReads peer_reads_ = PeerReads::kUntried;
+  AllReduceTuner tuner_;             // rank 0's timings; the others only follow its plan
+  uint64_t tuned_all_reduces_ = 0;  // all-reduces that read the plan, the same count on every rank
   std::vector<char> fetched_;  // the single-copy reduction's blocks read from the peers
   SegmentHeader* header_ = nullptr;
   uint64_t phase_ = 0;  // the last phase this rank published; only the issuing thread

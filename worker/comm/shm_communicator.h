@@ -10,13 +10,14 @@
 // last one.
 //
 // Algorithms: up to `one_shot_bytes`, every rank publishes its input and reduces all of them
-// (one phase). Larger all-reduces run chunked reduce-scatter + all-gather (two phases per chunk):
-// rank r reduces slice r of each chunk and the others copy it; from 2 to 16 MiB, when every rank
-// has a core, rank r instead reads slice r of its peers' buffers straight from their memory
-// (process_vm_readv, OpenMPI's single-copy CMA path: fewer bytes moved), and the others read its
-// result from its buffer, if every rank may read every peer (found out on the first such call;
-// the copying path otherwise). Whichever way, every element is reduced
-// in rank order 0, 1, ..., n-1, so every rank gets bit-identical results, whichever algorithm ran.
+// (one phase). Larger all-reduces run one of three (all_reduce_tuner.h), which rank 0 picks per
+// size by timing them on the live traffic and tells the others through the segment: the same
+// one-shot in chunks; chunked reduce-scatter + all-gather (two phases per chunk: rank r reduces
+// slice r of each chunk and the others copy it); or the single copy, where rank r reads slice r
+// of its peers' buffers straight from their memory (process_vm_readv, OpenMPI's CMA path: fewer
+// bytes moved) and the others read its result from its buffer, if every rank may read every peer
+// (found out on its first run; never again otherwise). Whichever runs, every element is reduced
+// in rank order 0, 1, ..., n-1, so every rank gets bit-identical results, whatever the choice.
 // bf16 and f16 are reduced in f32 and rounded once.
 //
 // Waiting spins briefly, then yields, then sleeps on a futex in the segment with a deadline. Every
@@ -31,11 +32,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "worker/comm/all_reduce_tuner.h"
 #include "worker/comm/communicator.h"
 
 namespace shardline::comm {
@@ -44,12 +47,13 @@ struct ShmOptions {
   std::chrono::milliseconds timeout{std::chrono::seconds(60)};  // per operation and bootstrap
   // Bytes per input slot: the chunk of a large all-reduce per rank. 0 picks the default.
   size_t slot_bytes = 0;
-  // All-reduces up to this size run the one-phase algorithm. SIZE_MAX: always; 0: never.
-  size_t one_shot_bytes = 32 * 1024;
-  // The single-copy all-reduce (header comment): kAuto from 2 to 16 MiB when every rank has a
-  // core; kAlways above one_shot_bytes whatever the cores (tests); kNever.
-  enum class SingleCopy { kAuto, kAlways, kNever };
-  SingleCopy single_copy = SingleCopy::kAuto;
+  // All-reduces up to this size always run the one-phase algorithm (latency-bound: one phase
+  // beats two wherever measured). SIZE_MAX: always; 0: never.
+  size_t one_shot_bytes = 16 * 1024;
+  // Above one_shot_bytes: nullopt lets rank 0 choose by timing (AllReduceTuner); an algorithm
+  // forces it (tests, benchmarks). A forced single copy where ranks may not read each other runs
+  // chunked.
+  std::optional<ShmAlgorithm> all_reduce;
 };
 
 // The identity of the shared-memory domain this process is in: same kernel boot, same pid, IPC and
