@@ -48,6 +48,30 @@ struct MklVersion {
   const char* platform;
 };
 
+// MKL called from inside one of our OpenMP parallel regions (the attention kernels give each
+// thread its own tiles and multiply them with sgemm) opens a nested region, and libgomp creates
+// fresh threads for every nested team: 13,441 thread creations in 42 steps of a tiny model, which
+// ran 35x slower than with one MKL thread on a 2-vCPU EPYC. Inside a region (even one its `if`
+// made a team of one) MKL gets one thread (its thread-local setting, put back after): the region
+// already uses the cores, or its problem is too small to share.
+SgemmFn mkl_sgemm = nullptr;
+int (*mkl_set_num_threads_local)(int) = nullptr;
+
+void MklSgemm(const enum CBLAS_ORDER order, const enum CBLAS_TRANSPOSE trans_a,
+              const enum CBLAS_TRANSPOSE trans_b, const blasint m, const blasint n,
+              const blasint k, const float alpha, const float* a, const blasint lda,
+              const float* b, const blasint ldb, const float beta, float* c, const blasint ldc) {
+  // omp_get_level, not omp_in_parallel: a region its `if` made a team of one is inactive, and
+  // MKL's region inside it is still a nested team of fresh threads.
+  if (omp_get_level() == 0) {
+    mkl_sgemm(order, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  const int before = mkl_set_num_threads_local(1);
+  mkl_sgemm(order, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  mkl_set_num_threads_local(before);
+}
+
 // Intel oneMKL through its single dynamic library, libmkl_rt, from the prefix that
 // scripts/install-deps.sh fills (SHARDLINE_MKL_DIR, a CMake cache variable). libmkl_rt finds its
 // other libraries beside itself. Before any other MKL call it is told: LP64 integers (CBLAS's int,
@@ -76,8 +100,9 @@ bool LoadMkl(Loaded& out, std::string& tried) {
     auto set_threading = reinterpret_cast<int (*)(int)>(dlsym(library, "MKL_Set_Threading_Layer"));
     auto get_version = reinterpret_cast<void (*)(MklVersion*)>(dlsym(library, "MKL_Get_Version"));
     auto sgemm = reinterpret_cast<SgemmFn>(dlsym(library, "cblas_sgemm"));
+    auto set_local = reinterpret_cast<int (*)(int)>(dlsym(library, "MKL_Set_Num_Threads_Local"));
     if (set_interface == nullptr || set_threading == nullptr || get_version == nullptr ||
-        sgemm == nullptr) {
+        sgemm == nullptr || set_local == nullptr) {
       Note(tried, path + ": not the MKL interface expected");
       dlclose(library);
       continue;
@@ -97,7 +122,9 @@ bool LoadMkl(Loaded& out, std::string& tried) {
     }
     MklVersion v{};
     get_version(&v);
-    out.sgemm = sgemm;
+    mkl_sgemm = sgemm;
+    mkl_set_num_threads_local = set_local;
+    out.sgemm = &MklSgemm;
     // oneMKL numbers its releases YEAR.UPDATE ("2026.2"); the minor field stays 0.
     out.description = "Intel oneMKL " + std::to_string(v.major) + "." + std::to_string(v.update) +
                       (v.build != nullptr ? std::string(" build ") + v.build : "") + " (" + path +

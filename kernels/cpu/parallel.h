@@ -1,8 +1,9 @@
 // Internal to kernels/cpu: when an OpenMP parallel region pays for itself.
 //
 // Kernels thread with OpenMP (`#pragma omp parallel for ... if(...)`): the loops are regular, the
-// runtime's pool is already warm, and `if` lets small problems run inline. GEMM is left to
-// OpenBLAS's own threads; no kernel here calls BLAS from inside a parallel region.
+// runtime's pool is already warm, and `if` lets small problems run inline. GEMM is left to the
+// BLAS's own threads, except inside a region (the attention tiles), where MKL runs on the calling
+// thread alone (blas.cc says why).
 #pragma once
 
 #include <cstdint>
