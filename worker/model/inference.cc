@@ -193,9 +193,8 @@ absl::StatusOr<int32_t> SampleToken(std::span<const float> logits, const Samplin
   return ids[k - 1];  // u rounded past the last partial sum
 }
 
-absl::StatusOr<std::vector<int32_t>> Generate(const GptModel& model,
-                                              std::span<const int32_t> prompt,
-                                              const GenerateOptions& options) {
+absl::StatusOr<int> GenerateStreaming(const GptModel& model, std::span<const int32_t> prompt,
+                                      const GenerateOptions& options, const TokenSink& sink) {
   const GptConfig& c = model.config();
   if (prompt.empty()) return absl::InvalidArgumentError("Generate: the prompt is empty");
   if (options.max_new_tokens < 0) {
@@ -215,21 +214,19 @@ absl::StatusOr<std::vector<int32_t>> Generate(const GptModel& model,
         "Generate: a prompt of ", prompt.size(), " tokens plus ", options.max_new_tokens,
         " new tokens needs ", positions, " positions, past max_seq_len ", c.max_seq_len));
   }
-  std::vector<int32_t> out;
-  if (options.max_new_tokens == 0) return out;
-  out.reserve(options.max_new_tokens);
+  if (options.max_new_tokens == 0) return 0;
 
   if (options.use_kv_cache) {
     ASSIGN_OR_RETURN(InferenceSession session, InferenceSession::Create(model));
     ASSIGN_OR_RETURN(std::span<const float> logits, session.Prefill(prompt));
     for (int i = 0; i < options.max_new_tokens; ++i) {
       ASSIGN_OR_RETURN(int32_t next, SampleToken(logits, options.sampling, i));
-      out.push_back(next);
+      if (!sink(next)) return i + 1;
       if (i + 1 < options.max_new_tokens) {
         ASSIGN_OR_RETURN(logits, session.Step(next));
       }
     }
-    return out;
+    return options.max_new_tokens;
   }
 
   std::vector<int32_t> sequence(prompt.begin(), prompt.end());
@@ -240,9 +237,21 @@ absl::StatusOr<std::vector<int32_t>> Generate(const GptModel& model,
     RETURN_IF_ERROR(model.ForwardInto(acts, sequence, 1, T));
     const std::span<const float> last(acts.logits + int64_t{T - 1} * c.vocab, c.vocab);
     ASSIGN_OR_RETURN(int32_t next, SampleToken(last, options.sampling, i));
-    out.push_back(next);
+    if (!sink(next)) return i + 1;
     sequence.push_back(next);
   }
+  return options.max_new_tokens;
+}
+
+absl::StatusOr<std::vector<int32_t>> Generate(const GptModel& model,
+                                              std::span<const int32_t> prompt,
+                                              const GenerateOptions& options) {
+  std::vector<int32_t> out;
+  out.reserve(std::max(options.max_new_tokens, 0));
+  RETURN_IF_ERROR(GenerateStreaming(model, prompt, options, [&out](int32_t token) {
+                    out.push_back(token);
+                    return true;
+                  }).status());
   return out;
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -99,5 +100,15 @@ struct GenerateOptions {
 absl::StatusOr<std::vector<int32_t>> Generate(const GptModel& model,
                                               std::span<const int32_t> prompt,
                                               const GenerateOptions& options);
+
+// Receives each generated token as soon as it is chosen, before the next one is computed; returns
+// false to stop generating (the token just given still counts as generated).
+using TokenSink = std::function<bool(int32_t token)>;
+
+// Generate, one token at a time: `sink` sees every token as it is chosen, so a server can stream
+// it and stop early (a cancelled request, a stop sequence). Returns how many tokens the sink was
+// given. The same checks, before any work, and the same tokens as Generate (which is built on it).
+absl::StatusOr<int> GenerateStreaming(const GptModel& model, std::span<const int32_t> prompt,
+                                      const GenerateOptions& options, const TokenSink& sink);
 
 }  // namespace shardline::model
