@@ -22,6 +22,8 @@ packages=(
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   # GPT-2's pre-tokenizer regex (worker/model/data/gpt2_tokenizer.cc)
   libpcre2-dev
+  # the OpenAI-compatible HTTP server of serving (worker/serving/http_server.cc)
+  libcpp-httplib-dev
   # PyTorch reference checks and peer benchmarks (run with /usr/bin/python3)
   python3 python3-torch python3-numpy
   # process and network tools the fault tests use
