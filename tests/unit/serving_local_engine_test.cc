@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
@@ -147,18 +148,21 @@ TEST_F(ServingLocalEngineTest, OneAtATimeWithABoundedQueueAndCancel) {
   std::mutex gate_mu;
   std::condition_variable gate_cv;
   bool open = false;
+  std::atomic<bool> in_first_token{false};
   Outcome first;
   auto first_id = engine.Submit(
       GenerationRequest{.prompt = {1}, .max_tokens = 20, .temperature = 0},
       first.Callbacks([&](int32_t) {
+        in_first_token = true;
         std::unique_lock<std::mutex> lock(gate_mu);
         gate_cv.wait_for(lock, std::chrono::seconds(20), [&] { return open; });
       }));
   ASSERT_TRUE(first_id.ok());
   const auto deadline = Clock::now() + std::chrono::seconds(10);
-  while (engine.Stats().running == 0 && Clock::now() < deadline) {
+  while (!in_first_token && Clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
+  ASSERT_TRUE(in_first_token);
   Outcome second;
   auto second_id = engine.Submit(GenerationRequest{.prompt = {2}, .max_tokens = 2},
                                  second.Callbacks());
