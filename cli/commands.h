@@ -74,6 +74,22 @@ struct GenerateCommandOptions {
 };
 int Generate(const GenerateCommandOptions& options);
 
+// `shardline serve`: the OpenAI-compatible API over one checkpoint, in this process.
+struct ServeOptions {
+  std::string checkpoint;            // anything `generate` takes
+  std::string tokenizer;             // as `generate`'s --tokenizer
+  std::string listen = "127.0.0.1:8000";  // HOST:PORT; port 0: any free one (printed)
+  std::string api_key;               // non-empty: /v1/* needs "Authorization: Bearer KEY"
+  std::string api_key_file;          // the key from this file's first line
+  std::string model_name;            // empty: the checkpoint's file or folder name
+  int max_queue = 64;                // requests waiting behind the running one; then 429
+  int hf_heads = 12;
+  bool no_kv_cache = false;
+};
+// Serves until SIGINT/SIGTERM; 0 after a clean stop, 1 when the model cannot be loaded or the
+// address bound, 2 for bad flags.
+int Serve(const ServeOptions& options);
+
 // `shardline checkpoint inspect DIR`: the steps of a run's checkpoint folder (or one step of it).
 struct CheckpointInspectOptions {
   std::string dir;    // a run's checkpoint dir, a step folder or a step's manifest.json

@@ -212,6 +212,35 @@ int Main(int argc, char** argv) {
                          "Recompute the whole sequence for every token (reference path)");
   generate_cmd->add_option("--log-level", log_level);
 
+  ServeOptions serve_options;
+  auto* serve_cmd = app.add_subcommand(
+      "serve", "Serve a checkpoint over an OpenAI-compatible HTTP API (one process, no batching)");
+  serve_cmd->add_option("--checkpoint", serve_options.checkpoint,
+                        "A checkpoint file or a training run's checkpoint folder")
+      ->required();
+  serve_cmd->add_option("--tokenizer", serve_options.tokenizer,
+                        "bytes, or a tokenizer folder or file (as `generate`); default: the "
+                        "checkpoint folder's, else bytes");
+  serve_cmd->add_option("--listen", serve_options.listen, "HOST:PORT (port 0: any free port)")
+      ->capture_default_str();
+  auto* api_key_opt = serve_cmd->add_option("--api-key", serve_options.api_key,
+                                            "Require 'Authorization: Bearer KEY' on /v1/*");
+  serve_cmd->add_option("--api-key-file", serve_options.api_key_file,
+                        "As --api-key, the key being this file's first line")
+      ->check(CLI::ExistingFile)
+      ->excludes(api_key_opt);
+  serve_cmd->add_option("--model-name", serve_options.model_name,
+                        "The model name clients give (default: the checkpoint's name)");
+  serve_cmd->add_option("--max-queue", serve_options.max_queue,
+                        "Requests that may wait behind the running one; more get 429")
+      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  serve_cmd->add_option("--hf-heads", serve_options.hf_heads,
+                        "Heads of a Hugging Face GPT-2 checkpoint")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  serve_cmd->add_flag("--no-kv-cache", serve_options.no_kv_cache,
+                      "Recompute the whole sequence for every token (reference path)");
+  serve_cmd->add_option("--log-level", log_level);
+
   CheckpointInspectOptions inspect_options;
   CheckpointExportOptions export_options;
   auto* checkpoint_cmd =
@@ -282,6 +311,7 @@ int Main(int argc, char** argv) {
   }
   if (*train_cmd) return Train(train_options);
   if (*generate_cmd) return Generate(generate_options);
+  if (*serve_cmd) return Serve(serve_options);
   if (*checkpoint_cmd) {
     return *inspect_cmd ? CheckpointInspect(inspect_options) : CheckpointExport(export_options);
   }

@@ -9,3 +9,8 @@ shardline_test(serving_http_server_test
 shardline_test(serving_local_engine_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/serving_local_engine_test.cc
   LIBS shardline_serving LABELS unit TIMEOUT 120)
+shardline_test(serving_cli_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/serving_cli_test.cc
+  LIBS shardline_checkpoint shardline_common PkgConfig::HTTPLIB nlohmann_json::nlohmann_json
+  LABELS unit TIMEOUT 180)
+add_dependencies(serving_cli_test shardline)

@@ -1,0 +1,233 @@
+// `shardline serve` as the process a user runs, on a small checkpoint made here: its greedy
+// completion says what `shardline generate` prints for the same prompt, and it stops cleanly on
+// SIGTERM.
+#include <httplib.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "checkpoint/gpt2_checkpoint.h"
+#include "checkpoint/gpt2_hf_export.h"
+#include "common/process.h"
+#include "nlohmann/json.hpp"
+
+namespace shardline {
+namespace {
+
+using ::nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+std::string Binary() {
+  const char* path = std::getenv("SHARDLINE_BINARY");
+  return path != nullptr ? path : SHARDLINE_BINARY_PATH;
+}
+
+std::string TempDir() {
+  std::string pattern = ::testing::TempDir() + "/serving_cli_XXXXXX";
+  EXPECT_NE(::mkdtemp(pattern.data()), nullptr);
+  return pattern;
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+// A Hugging Face folder of a 2-layer GPT with fixed pseudo-random weights (vocab 257: the byte
+// tokenizer's). Only the rows of 'a'..'z' and ' ' in the tied embedding are non-zero and lean
+// positive, and the final LayerNorm's bias is positive: every logit of another token is 0, below
+// theirs (all but surely), so the greedy text is plain ASCII that still depends on the context.
+std::string ExportModel(const std::string& dir) {
+  checkpoint::Gpt2Weights weights;
+  weights.config = {.n_layer = 2,
+                    .n_embd = 16,
+                    .n_head = 2,
+                    .d_ff = 32,
+                    .vocab_size = 257,
+                    .n_positions = 64,
+                    .tied_embeddings = true};
+  uint64_t state = 12345;
+  auto next = [&state] {  // uniform in [-0.5, 0.5)
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<float>((state >> 11) * (1.0 / 9007199254740992.0)) - 0.5f;
+  };
+  for (const checkpoint::Gpt2TensorSpec& spec : checkpoint::Gpt2TensorSpecs(weights.config)) {
+    int64_t n = 1;
+    for (int64_t d : spec.shape) n *= d;
+    std::vector<float> values(n);
+    for (float& v : values) v = 0.6f * next();
+    weights.tensors[spec.name] = {spec.shape, std::move(values)};
+  }
+  for (float& v : weights.tensors["lnf.b"].values) v = 0.3f;
+  for (float& v : weights.tensors["lnf.w"].values) v *= 4.0f;  // the context shows through
+  std::vector<float>& wte = weights.tensors["wte"].values;
+  for (int64_t token = 0; token < 257; ++token) {
+    const bool speaks = (token >= 'a' && token <= 'z') || token == ' ';
+    for (int64_t c = 0; c < 16; ++c) {
+      float& v = wte[token * 16 + c];
+      v = speaks ? 0.5f + v : 0.0f;
+    }
+  }
+  const absl::Status status = checkpoint::ExportHfGpt2(weights, dir);
+  EXPECT_TRUE(status.ok()) << status;
+  return dir;
+}
+
+// Runs `shardline generate`, returns what it printed.
+std::string GenerateText(const std::string& model, const std::string& prompt, int tokens) {
+  const std::string log = TempDir() + "/generate.log";
+  SpawnOptions spawn{.argv = {Binary(), "generate", "--checkpoint", model, "--prompt", prompt,
+                              "--max-new-tokens", std::to_string(tokens)},
+                     .log_path = log};
+  absl::StatusOr<pid_t> pid = Spawn(spawn);
+  EXPECT_TRUE(pid.ok()) << pid.status();
+  if (!pid.ok()) return "";
+  auto exit = WaitFor(*pid, std::chrono::seconds(60));
+  if (!exit.ok() || !exit->has_value()) {
+    Terminate(*pid, std::chrono::seconds(1));
+    ADD_FAILURE() << "generate did not finish: " << ReadAll(log);
+    return "";
+  }
+  EXPECT_TRUE((*exit)->success()) << ReadAll(log);
+  return ReadAll(log);
+}
+
+class ServingCliTest : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    if (pid_ > 0) Terminate(pid_, std::chrono::seconds(5));
+  }
+
+  // Starts `shardline serve` on any free port; returns the port it printed (0 on failure).
+  int StartServe(const std::vector<std::string>& args) {
+    log_ = TempDir() + "/serve.log";
+    SpawnOptions spawn{.argv = {Binary(), "serve"}, .log_path = log_};
+    spawn.argv.insert(spawn.argv.end(), args.begin(), args.end());
+    absl::StatusOr<pid_t> pid = Spawn(spawn);
+    if (!pid.ok()) {
+      ADD_FAILURE() << pid.status();
+      return 0;
+    }
+    pid_ = *pid;
+    const std::regex url("at http://127\\.0\\.0\\.1:([0-9]+)/v1");
+    const auto deadline = Clock::now() + std::chrono::seconds(60);
+    while (Clock::now() < deadline) {
+      std::smatch m;
+      const std::string out = ReadAll(log_);
+      if (std::regex_search(out, m, url)) return std::stoi(m[1]);
+      auto exit = TryReap(pid_);
+      if (exit.ok() && exit->has_value()) {
+        pid_ = -1;
+        ADD_FAILURE() << "serve exited (" << (*exit)->Describe() << "): " << out;
+        return 0;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ADD_FAILURE() << "serve printed no URL within 60 s: " << ReadAll(log_);
+    return 0;
+  }
+
+  pid_t pid_ = -1;
+  std::string log_;
+};
+
+TEST_F(ServingCliTest, GreedyCompletionSaysWhatGeneratePrints) {
+  const std::string model = ExportModel(TempDir() + "/tiny");
+  const std::string prompt = "hello world";
+  const int tokens = 12;
+  const std::string printed = GenerateText(model, prompt, tokens);
+  ASSERT_EQ(printed.rfind(prompt, 0), 0u) << printed;
+  ASSERT_EQ(printed.back(), '\n');
+  const std::string expected = printed.substr(prompt.size(), printed.size() - prompt.size() - 1);
+  ASSERT_EQ(expected.size(), static_cast<size_t>(tokens)) << "one byte a token: " << printed;
+
+  const int port = StartServe({"--checkpoint", model, "--listen", "127.0.0.1:0", "--model-name",
+                               "tiny", "--api-key", "k"});
+  ASSERT_GT(port, 0);
+  httplib::Client client("127.0.0.1", port);
+  client.set_connection_timeout(5);
+  client.set_read_timeout(60);
+  auto health = client.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+
+  const httplib::Headers auth = {{"Authorization", "Bearer k"}};
+  const json body = {{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", tokens},
+                     {"temperature", 0}};
+  auto res = client.Post("/v1/completions", auth, body.dump(), "application/json");
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  ASSERT_EQ(res->status, 200) << res->body;
+  const json j = json::parse(res->body);
+  EXPECT_EQ(j["choices"][0]["text"], expected);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(j["usage"]["prompt_tokens"], static_cast<int>(prompt.size()));
+  EXPECT_EQ(j["usage"]["completion_tokens"], tokens);
+
+  // The same text streamed; and a top_k 1 draw at temperature 1 is greedy too.
+  json streamed_body = body;
+  streamed_body["stream"] = true;
+  streamed_body["temperature"] = 1;
+  streamed_body["top_k"] = 1;
+  auto stream = client.Post("/v1/completions", auth, streamed_body.dump(), "application/json");
+  ASSERT_TRUE(stream);
+  ASSERT_EQ(stream->status, 200) << stream->body;
+  std::string text;
+  std::istringstream lines(stream->body);
+  std::string line;
+  std::string last;
+  while (std::getline(lines, line)) {
+    if (line.rfind("data: ", 0) != 0) continue;
+    last = line.substr(6);
+    if (last == "[DONE]") break;
+    text += json::parse(last)["choices"][0]["text"].get<std::string>();
+  }
+  EXPECT_EQ(last, "[DONE]");
+  EXPECT_EQ(text, expected);
+
+  auto unauthorized = client.Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(unauthorized);
+  EXPECT_EQ(unauthorized->status, 401);
+
+  ASSERT_EQ(::kill(pid_, SIGTERM), 0);
+  auto exit = WaitFor(pid_, std::chrono::seconds(15));
+  ASSERT_TRUE(exit.ok() && exit->has_value()) << "serve did not stop on SIGTERM";
+  pid_ = -1;
+  EXPECT_TRUE((*exit)->success()) << (*exit)->Describe() << ": " << ReadAll(log_);
+}
+
+TEST_F(ServingCliTest, BadFlagsSayWhatIsWrong) {
+  const std::string model = ExportModel(TempDir() + "/tiny");
+  for (const auto& [args, says] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--checkpoint", model, "--listen", "nowhere"}, "is not HOST:PORT"},
+           {{"--checkpoint", model, "--listen", "127.0.0.1:99999"}, "0..65535"},
+           {{"--checkpoint", TempDir() + "/missing"}, "--checkpoint"},
+           {{"--checkpoint", model, "--tokenizer", "/no/such/tokenizer"}, "--tokenizer"},
+           {{"--checkpoint", model, "--api-key", "a", "--api-key-file", model + "/config.json"},
+            "excludes"}}) {
+    const std::string log = TempDir() + "/bad.log";
+    SpawnOptions spawn{.argv = {Binary(), "serve"}, .log_path = log};
+    spawn.argv.insert(spawn.argv.end(), args.begin(), args.end());
+    absl::StatusOr<pid_t> pid = Spawn(spawn);
+    ASSERT_TRUE(pid.ok());
+    auto exit = WaitFor(*pid, std::chrono::seconds(30));
+    ASSERT_TRUE(exit.ok() && exit->has_value()) << "serve ran on with " << args.back();
+    EXPECT_FALSE((*exit)->success()) << args.back();
+    EXPECT_THAT(ReadAll(log), ::testing::HasSubstr(says));
+  }
+}
+
+}  // namespace
+}  // namespace shardline
