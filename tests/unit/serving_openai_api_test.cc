@@ -1,11 +1,10 @@
 // worker/serving/openai_api.h: parsing and validation, stop strings over streamed bytes, and the
 // JSON shapes OpenAI's clients read.
-#include "worker/serving/openai_api.h"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "nlohmann/json.hpp"
+#include "worker/serving/openai_api.h"
 
 namespace shardline::serving {
 namespace {
@@ -83,7 +82,8 @@ TEST(ServingOpenAiApiTest, WrongTypesAndValuesNameTheField) {
       {R"({"model":"m"})", "prompt", "'prompt' is required"},
       {R"({"model":"m","prompt":["a"]})", "prompt", "must be a string"},
       {R"({"model":"m","prompt":""})", "prompt", "empty"},
-      {R"({"model":"m","prompt":"x","max_tokens":"5"})", "max_tokens", "must be an integer, got string"},
+      {R"({"model":"m","prompt":"x","max_tokens":"5"})", "max_tokens",
+       "must be an integer, got string"},
       {R"({"model":"m","prompt":"x","max_tokens":1.5})", "max_tokens", "got a fraction"},
       {R"({"model":"m","prompt":"x","max_tokens":0})", "max_tokens", "must be >= 1"},
       {R"({"model":"m","prompt":"x","temperature":"hot"})", "temperature", "must be a number"},
@@ -200,11 +200,11 @@ TEST(ServingOpenAiApiTest, ResponsesHaveOpenAisShapes) {
   EXPECT_EQ(c["choices"][0]["text"], "text");
   EXPECT_EQ(c["choices"][0]["finish_reason"], "length");
   EXPECT_TRUE(c["choices"][0]["logprobs"].is_null());
-  EXPECT_EQ(c["usage"], (json{{"prompt_tokens", 3}, {"completion_tokens", 4},
-                              {"total_tokens", 7}}));
+  EXPECT_EQ(c["usage"],
+            (json{{"prompt_tokens", 3}, {"completion_tokens", 4}, {"total_tokens", 7}}));
 
-  const json chat = json::parse(CompletionResponseJson(Endpoint::kChatCompletions, "chatcmpl-1",
-                                                       1, "m", "hi", "stop", Usage{1, 1}));
+  const json chat = json::parse(CompletionResponseJson(Endpoint::kChatCompletions, "chatcmpl-1", 1,
+                                                       "m", "hi", "stop", Usage{1, 1}));
   EXPECT_EQ(chat["object"], "chat.completion");
   EXPECT_EQ(chat["choices"][0]["message"], (json{{"role", "assistant"}, {"content", "hi"}}));
   EXPECT_FALSE(chat["choices"][0].contains("text"));
@@ -218,8 +218,8 @@ TEST(ServingOpenAiApiTest, ResponsesHaveOpenAisShapes) {
       CompletionChunkJson(Endpoint::kChatCompletions, "chatcmpl-1", 1, "m", "", false, "stop"));
   EXPECT_EQ(last["choices"][0]["delta"], json::object());
   EXPECT_EQ(last["choices"][0]["finish_reason"], "stop");
-  const json text_chunk = json::parse(
-      CompletionChunkJson(Endpoint::kCompletions, "cmpl-1", 1, "m", "ab", false, ""));
+  const json text_chunk =
+      json::parse(CompletionChunkJson(Endpoint::kCompletions, "cmpl-1", 1, "m", "ab", false, ""));
   EXPECT_EQ(text_chunk["object"], "text_completion");
   EXPECT_EQ(text_chunk["choices"][0]["text"], "ab");
   const json usage =
@@ -239,14 +239,21 @@ TEST(ServingOpenAiApiTest, ResponsesHaveOpenAisShapes) {
 
 TEST(ServingOpenAiApiTest, InvalidUtf8InTextIsReplacedNotThrown) {
   const json c = json::parse(CompletionResponseJson(Endpoint::kCompletions, "i", 1, "m",
-                                                    "a\xFF" "b", "stop", Usage{}));
-  EXPECT_EQ(c["choices"][0]["text"], "a\xEF\xBF\xBD" "b");
+                                                    "a\xFF"
+                                                    "b",
+                                                    "stop", Usage{}));
+  EXPECT_EQ(c["choices"][0]["text"],
+            "a\xEF\xBF\xBD"
+            "b");
 }
 
 TEST(ServingOpenAiApiTest, ErrorsHaveOpenAisShapeAndStatus) {
-  const json e = json::parse(ErrorJson(ApiError{.http_status = 400, .message = "bad", .param = "n"}));
-  EXPECT_EQ(e, (json{{"error", {{"message", "bad"}, {"type", "invalid_request_error"},
-                                {"param", "n"}, {"code", nullptr}}}}));
+  const json e = json::parse(ErrorJson(MakeApiError(400, "bad", "invalid_request_error", "n")));
+  EXPECT_EQ(e, (json{{"error",
+                      {{"message", "bad"},
+                       {"type", "invalid_request_error"},
+                       {"param", "n"},
+                       {"code", nullptr}}}}));
   EXPECT_EQ(ErrorFromStatus(absl::ResourceExhaustedError("full")).http_status, 429);
   EXPECT_EQ(ErrorFromStatus(absl::UnavailableError("no")).http_status, 503);
   EXPECT_EQ(ErrorFromStatus(absl::InvalidArgumentError("x")).http_status, 400);

@@ -67,15 +67,15 @@ struct Metrics {
           .Name("shardline_serving_time_to_first_token_seconds")
           .Help("From a request's arrival to its first generated token")
           .Register(*registry)
-          .Add({}, prometheus::Histogram::BucketBoundaries{0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-                                                           0.5, 1, 2.5, 5, 10, 30});
+          .Add({}, prometheus::Histogram::BucketBoundaries{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                                                           1, 2.5, 5, 10, 30});
   prometheus::Histogram& tpot =
       prometheus::BuildHistogram()
           .Name("shardline_serving_time_per_output_token_seconds")
           .Help("Between consecutive generated tokens of a request")
           .Register(*registry)
-          .Add({}, prometheus::Histogram::BucketBoundaries{0.001, 0.0025, 0.005, 0.01, 0.025,
-                                                           0.05, 0.1, 0.25, 0.5, 1});
+          .Add({}, prometheus::Histogram::BucketBoundaries{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                                                           0.1, 0.25, 0.5, 1});
 };
 
 void SendError(httplib::Response& res, const ApiError& error) {
@@ -155,10 +155,9 @@ absl::Status HttpServer::Impl::Start() {
   server_.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
     HandleCompletion(req, res, Endpoint::kCompletions);
   });
-  server_.Post("/v1/chat/completions",
-               [this](const httplib::Request& req, httplib::Response& res) {
-                 HandleCompletion(req, res, Endpoint::kChatCompletions);
-               });
+  server_.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleCompletion(req, res, Endpoint::kChatCompletions);
+  });
   server_.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(ModelsJson(options_.model_name, created_), "application/json");
   });
@@ -170,11 +169,10 @@ absl::Status HttpServer::Impl::Start() {
   server_.Get("/metrics",
               [this](const httplib::Request&, httplib::Response& res) { HandleMetrics(res); });
   // Errors httplib answers itself (a malformed request line, 413) get OpenAI's shape too.
-  server_.set_error_handler(httplib::Server::HandlerWithResponse(
-      [](const httplib::Request&, httplib::Response& res) {
+  server_.set_error_handler(
+      httplib::Server::HandlerWithResponse([](const httplib::Request&, httplib::Response& res) {
         if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-        SendError(res, ApiError{.http_status = res.status,
-                                .message = absl::StrCat("HTTP status ", res.status)});
+        SendError(res, MakeApiError(res.status, absl::StrCat("HTTP status ", res.status)));
         return httplib::Server::HandlerResponse::Handled;
       }));
   server_.set_exception_handler(
@@ -187,9 +185,7 @@ absl::Status HttpServer::Impl::Start() {
         } catch (...) {
         }
         spdlog::error("serving: {} {}: {}", req.method, req.path, what);
-        SendError(res, ApiError{.http_status = 500,
-                                .message = "internal error: " + what,
-                                .type = "internal_error"});
+        SendError(res, MakeApiError(500, "internal error: " + what, "internal_error"));
       });
   server_.set_logger([this](const httplib::Request&, const httplib::Response& res) {
     metrics_->requests.Add({{"code", std::to_string(res.status)}}).Increment();
@@ -229,34 +225,34 @@ void HttpServer::Impl::Stop() {
 
 httplib::Server::HandlerResponse HttpServer::Impl::PreRoute(const httplib::Request& req,
                                                             httplib::Response& res) {
-  static const std::map<std::string, std::string> kRoutes = {
-      {"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"}, {"/v1/models", "GET"},
-      {"/health", "GET"},          {"/metrics", "GET"}};
+  static const std::map<std::string, std::string> kRoutes = {{"/v1/completions", "POST"},
+                                                             {"/v1/chat/completions", "POST"},
+                                                             {"/v1/models", "GET"},
+                                                             {"/health", "GET"},
+                                                             {"/metrics", "GET"}};
   const bool api = req.path.rfind("/v1/", 0) == 0;
   if (api && !options_.api_key.empty()) {
     const std::string auth = req.get_header_value("Authorization");
     const std::string prefix = "Bearer ";
     if (auth.rfind(prefix, 0) != 0 || !SameSecret(auth.substr(prefix.size()), options_.api_key)) {
       res.set_header("WWW-Authenticate", "Bearer");
-      SendError(res, ApiError{.http_status = 401,
-                              .message = auth.empty() ? "missing 'Authorization: Bearer' API key"
-                                                      : "incorrect API key",
-                              .code = "invalid_api_key"});
+      SendError(res, MakeApiError(401,
+                                  auth.empty() ? "missing 'Authorization: Bearer' API key"
+                                               : "incorrect API key",
+                                  "invalid_request_error", "", "invalid_api_key"));
       return httplib::Server::HandlerResponse::Handled;
     }
   }
   auto route = kRoutes.find(req.path);
   if (route == kRoutes.end()) {
-    SendError(res, ApiError{.http_status = 404,
-                            .message = absl::StrCat("no route ", req.path),
-                            .code = "not_found"});
+    SendError(res, MakeApiError(404, absl::StrCat("no route ", req.path), "invalid_request_error",
+                                "", "not_found"));
     return httplib::Server::HandlerResponse::Handled;
   }
   if (req.method != route->second && !(req.method == "HEAD" && route->second == "GET")) {
     res.set_header("Allow", route->second);
-    SendError(res, ApiError{.http_status = 405,
-                            .message = absl::StrCat(req.path, " takes ", route->second, ", not ",
-                                                    req.method)});
+    SendError(res, MakeApiError(405, absl::StrCat(req.path, " takes ", route->second, ", not ",
+                                                  req.method)));
     return httplib::Server::HandlerResponse::Handled;
   }
   return httplib::Server::HandlerResponse::Unhandled;
@@ -277,20 +273,19 @@ void HttpServer::Impl::HandleCompletion(const httplib::Request& req, httplib::Re
   if (parsed.error) return SendError(res, *parsed.error);
   CompletionParams& p = parsed.params;
   if (p.model != options_.model_name) {
-    return SendError(res, ApiError{.http_status = 404,
-                                   .message = absl::StrCat("the model '", p.model,
-                                                           "' does not exist; this server has '",
-                                                           options_.model_name, "'"),
-                                   .param = "model",
-                                   .code = "model_not_found"});
+    return SendError(res, MakeApiError(404,
+                                       absl::StrCat("the model '", p.model,
+                                                    "' does not exist; this server has '",
+                                                    options_.model_name, "'"),
+                                       "invalid_request_error", "model", "model_not_found"));
   }
   if (!engine_.Ready() || stopping_) {
     return SendError(res, ErrorFromStatus(absl::UnavailableError("the engine is not ready")));
   }
   GenerationRequest request;
   request.prompt = tokenizer_.Encode(p.prompt);
-  if (auto e = ResolveMaxTokens(p, static_cast<int64_t>(request.prompt.size()),
-                                engine_.max_context())) {
+  if (auto e =
+          ResolveMaxTokens(p, static_cast<int64_t>(request.prompt.size()), engine_.max_context())) {
     return SendError(res, *e);
   }
   request.max_tokens = *p.max_tokens;
@@ -385,8 +380,8 @@ Drained Drain(RequestChannel& channel, const data::Tokenizer& tokenizer,
     absl::StatusOr<std::string> bytes = tokenizer.Decode(one);
     if (!bytes.ok()) {
       d.finished = true;
-      d.status = absl::InternalError(absl::StrCat("decoding token ", token, ": ",
-                                                  bytes.status().message()));
+      d.status = absl::InternalError(
+          absl::StrCat("decoding token ", token, ": ", bytes.status().message()));
       return d;
     }
     d.text += assembler.Append(*bytes);
@@ -417,10 +412,10 @@ void HttpServer::Impl::RespondWhole(Running run, StopTextAssembler assembler,
       if (stopping_) {
         return SendError(res, ErrorFromStatus(absl::UnavailableError("the server is stopping")));
       }
-      return SendError(res, ApiError{.http_status = 504,
-                                     .message = absl::StrCat("the request did not finish within ",
-                                                             options_.request_timeout.count(), " s"),
-                                     .type = "timeout"});
+      return SendError(res, MakeApiError(504,
+                                         absl::StrCat("the request did not finish within ",
+                                                      options_.request_timeout.count(), " s"),
+                                         "timeout"));
     }
     Drained d = Drain(*run.channel, tokenizer_, assembler);
     text += d.text;
@@ -466,8 +461,8 @@ void HttpServer::Impl::RespondStream(Running run, StopTextAssembler assembler,
         };
         if (s.first && r.endpoint == Endpoint::kChatCompletions) {
           s.first = false;
-          if (!send(SseEvent(CompletionChunkJson(r.endpoint, r.id, r.created, r.model, "", true,
-                                                 "")))) {
+          if (!send(SseEvent(
+                  CompletionChunkJson(r.endpoint, r.id, r.created, r.model, "", true, "")))) {
             return false;
           }
         }
@@ -479,9 +474,7 @@ void HttpServer::Impl::RespondStream(Running run, StopTextAssembler assembler,
           if (!stopping_ && Clock::now() < r.deadline) return sink.is_writable();
           const ApiError error =
               stopping_ ? ErrorFromStatus(absl::UnavailableError("the server is stopping"))
-                        : ApiError{.http_status = 504,
-                                   .message = "the request did not finish in time",
-                                   .type = "timeout"};
+                        : MakeApiError(504, "the request did not finish in time", "timeout");
           send(SseEvent(ErrorJson(error)));
           send(std::string(kSseDone));
           s.done = true;
@@ -497,17 +490,16 @@ void HttpServer::Impl::RespondStream(Running run, StopTextAssembler assembler,
           d.text += s.assembler.Flush();
           finish = FinishName(d.reason);
         }
-        if (!d.text.empty() &&
-            !send(SseEvent(CompletionChunkJson(r.endpoint, r.id, r.created, r.model, d.text, false,
-                                               "")))) {
+        if (!d.text.empty() && !send(SseEvent(CompletionChunkJson(r.endpoint, r.id, r.created,
+                                                                  r.model, d.text, false, "")))) {
           return false;
         }
         if (finish.empty() && !d.finished) return true;
         if (finish.empty()) {
           send(SseEvent(ErrorJson(FailureOf(d.status))));
         } else {
-          if (!send(SseEvent(CompletionChunkJson(r.endpoint, r.id, r.created, r.model, "", false,
-                                                 finish)))) {
+          if (!send(SseEvent(
+                  CompletionChunkJson(r.endpoint, r.id, r.created, r.model, "", false, finish)))) {
             return false;
           }
           if (r.include_usage &&

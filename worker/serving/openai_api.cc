@@ -15,14 +15,12 @@ namespace {
 using nlohmann::json;
 
 // Model output may be any bytes: replace what is not UTF-8 rather than throw.
-std::string Dump(const json& j) {
-  return j.dump(-1, ' ', false, json::error_handler_t::replace);
-}
+std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 json NullOr(const std::string& s) { return s.empty() ? json(nullptr) : json(s); }
 
 ApiError BadField(const std::string& field, const std::string& message) {
-  return ApiError{.http_status = 400, .message = message, .param = field};
+  return MakeApiError(400, message, "invalid_request_error", field);
 }
 
 const char* TypeName(const json& j) {
@@ -75,16 +73,16 @@ std::optional<ApiError> ReadStop(const json& body, std::vector<std::string>* out
   } else if (it->is_array()) {
     items.assign(it->begin(), it->end());
   } else {
-    return BadField("stop", absl::StrCat("'stop' must be a string or a list of strings, got ",
-                                         TypeName(*it)));
+    return BadField(
+        "stop", absl::StrCat("'stop' must be a string or a list of strings, got ", TypeName(*it)));
   }
   if (items.size() > 4) {
     return BadField("stop", absl::StrCat("'stop' holds at most 4 strings, got ", items.size()));
   }
   for (size_t i = 0; i < items.size(); ++i) {
     if (!items[i].is_string()) {
-      return BadField("stop", absl::StrCat("'stop[", i, "]' must be a string, got ",
-                                           TypeName(items[i])));
+      return BadField("stop",
+                      absl::StrCat("'stop[", i, "]' must be a string, got ", TypeName(items[i])));
     }
     std::string s = items[i].get<std::string>();
     if (s.empty()) return BadField("stop", absl::StrCat("'stop[", i, "]' is empty"));
@@ -132,16 +130,18 @@ std::optional<ApiError> ReadChatPrompt(const json& body, std::string* prompt) {
     }
     auto content = m.find("content");
     if (content == m.end() || !content->is_string()) {
-      return BadField("messages", where + ".content must be a string (lists of parts are not "
-                                          "supported)");
+      return BadField("messages", where +
+                                      ".content must be a string (lists of parts are not "
+                                      "supported)");
     }
     const std::string r = role->get<std::string>();
-    const char* label = r == "system" ? "System" : r == "user" ? "User" : r == "assistant"
-                                                                             ? "Assistant"
-                                                                             : nullptr;
+    const char* label = r == "system"      ? "System"
+                        : r == "user"      ? "User"
+                        : r == "assistant" ? "Assistant"
+                                           : nullptr;
     if (label == nullptr) {
-      return BadField("messages", absl::StrCat(where, ".role '", r,
-                                               "' is not one of system, user, assistant"));
+      return BadField("messages",
+                      absl::StrCat(where, ".role '", r, "' is not one of system, user, assistant"));
     }
     absl::StrAppend(prompt, label, ": ", content->get<std::string>(), "\n");
   }
@@ -195,6 +195,17 @@ json UsageJson(const Usage& usage) {
 
 }  // namespace
 
+ApiError MakeApiError(int http_status, std::string message, std::string type, std::string param,
+                      std::string code) {
+  ApiError e;
+  e.http_status = http_status;
+  e.message = std::move(message);
+  e.type = std::move(type);
+  e.param = std::move(param);
+  e.code = std::move(code);
+  return e;
+}
+
 std::string ErrorJson(const ApiError& error) {
   return Dump(json{{"error",
                     {{"message", error.message},
@@ -207,18 +218,18 @@ ApiError ErrorFromStatus(const absl::Status& status) {
   const std::string message = ToString(status.message());
   switch (status.code()) {
     case absl::StatusCode::kResourceExhausted:
-      return ApiError{.http_status = 429, .message = message, .type = "rate_limit_error"};
+      return MakeApiError(429, message, "rate_limit_error");
     case absl::StatusCode::kUnavailable:
-      return ApiError{.http_status = 503, .message = message, .type = "service_unavailable"};
+      return MakeApiError(503, message, "service_unavailable");
     case absl::StatusCode::kInvalidArgument: {
       // Engines start the message with the field ("top_p: only 1 is supported").
       const std::string word = message.substr(0, message.find_first_of(": "));
       const bool field = word == "prompt" || word == "max_tokens" || word == "temperature" ||
                          word == "top_p" || word == "top_k" || word == "seed";
-      return ApiError{.http_status = 400, .message = message, .param = field ? word : ""};
+      return MakeApiError(400, message, "invalid_request_error", field ? word : "");
     }
     default:
-      return ApiError{.http_status = 500, .message = message, .type = "internal_error"};
+      return MakeApiError(500, message, "internal_error");
   }
 }
 
@@ -227,12 +238,12 @@ ParsedRequest ParseCompletionRequest(std::string_view body, Endpoint endpoint) {
   try {
     j = json::parse(body.begin(), body.end());
   } catch (const json::parse_error& e) {
-    return Fail(ApiError{.message = absl::StrCat("the body is not valid JSON (at byte ", e.byte,
-                                                 "): ", e.what())});
+    return Fail(MakeApiError(
+        400, absl::StrCat("the body is not valid JSON (at byte ", e.byte, "): ", e.what())));
   }
   if (!j.is_object()) {
-    return Fail(ApiError{.message = absl::StrCat("the body must be a JSON object, got ",
-                                                 TypeName(j))});
+    return Fail(
+        MakeApiError(400, absl::StrCat("the body must be a JSON object, got ", TypeName(j))));
   }
   ParsedRequest out;
   CompletionParams& p = out.params;
@@ -241,8 +252,8 @@ ParsedRequest ParseCompletionRequest(std::string_view body, Endpoint endpoint) {
   auto model = j.find("model");
   if (model == j.end()) return Fail(BadField("model", "'model' is required"));
   if (!model->is_string()) {
-    return Fail(BadField("model", absl::StrCat("'model' must be a string, got ",
-                                               TypeName(*model))));
+    return Fail(
+        BadField("model", absl::StrCat("'model' must be a string, got ", TypeName(*model))));
   }
   p.model = model->get<std::string>();
 
@@ -287,8 +298,8 @@ ParsedRequest ParseCompletionRequest(std::string_view body, Endpoint endpoint) {
   int64_t top_k = 0;
   if (auto e = ReadInteger(j, "top_k", &top_k)) return Fail(*e);
   if (top_k < -1 || top_k > std::numeric_limits<int32_t>::max()) {
-    return Fail(BadField("top_k", absl::StrCat("'top_k' must be -1, 0 (all) or >= 1, got ",
-                                               top_k)));
+    return Fail(
+        BadField("top_k", absl::StrCat("'top_k' must be -1, 0 (all) or >= 1, got ", top_k)));
   }
   p.top_k = top_k == -1 ? 0 : static_cast<int32_t>(top_k);
   if (auto it = j.find("seed"); it != j.end() && !it->is_null()) {
@@ -296,8 +307,8 @@ ParsedRequest ParseCompletionRequest(std::string_view body, Endpoint endpoint) {
       return Fail(BadField("seed", absl::StrCat("'seed' must be an integer, got ",
                                                 it->is_number() ? "a fraction" : TypeName(*it))));
     }
-    p.seed = it->is_number_unsigned() ? it->get<uint64_t>()
-                                      : static_cast<uint64_t>(it->get<int64_t>());
+    p.seed =
+        it->is_number_unsigned() ? it->get<uint64_t>() : static_cast<uint64_t>(it->get<int64_t>());
   }
   int64_t n = 1;
   if (auto e = ReadInteger(j, "n", &n)) return Fail(*e);
@@ -305,8 +316,8 @@ ParsedRequest ParseCompletionRequest(std::string_view body, Endpoint endpoint) {
   int64_t best_of = 1;
   if (auto e = ReadInteger(j, "best_of", &best_of)) return Fail(*e);
   if (best_of != 1) {
-    return Fail(BadField("best_of", absl::StrCat("only 'best_of' = 1 is supported, got ",
-                                                 best_of)));
+    return Fail(
+        BadField("best_of", absl::StrCat("only 'best_of' = 1 is supported, got ", best_of)));
   }
   if (auto e = ReadStop(j, &p.stop)) return Fail(*e);
   if (auto e = ReadBool(j, "stream", &p.stream)) return Fail(*e);
@@ -329,16 +340,15 @@ ParsedRequest ParseCompletionRequest(std::string_view body, Endpoint endpoint) {
 std::optional<ApiError> ResolveMaxTokens(CompletionParams& params, int64_t prompt_tokens,
                                          int64_t max_context) {
   if (prompt_tokens >= max_context) {
-    return BadField(params.endpoint == Endpoint::kCompletions ? "prompt" : "messages",
-                    absl::StrCat("the prompt is ", prompt_tokens,
-                                 " tokens; this model's context is ", max_context,
-                                 " tokens, and at least one must be left to generate"));
+    return BadField(
+        params.endpoint == Endpoint::kCompletions ? "prompt" : "messages",
+        absl::StrCat("the prompt is ", prompt_tokens, " tokens; this model's context is ",
+                     max_context, " tokens, and at least one must be left to generate"));
   }
   if (!params.max_tokens.has_value()) {
     const int64_t rest = max_context - prompt_tokens;
-    params.max_tokens =
-        static_cast<int32_t>(params.endpoint == Endpoint::kCompletions ? std::min<int64_t>(16, rest)
-                                                                       : rest);
+    params.max_tokens = static_cast<int32_t>(
+        params.endpoint == Endpoint::kCompletions ? std::min<int64_t>(16, rest) : rest);
     return std::nullopt;
   }
   if (prompt_tokens + *params.max_tokens > max_context) {

@@ -22,6 +22,10 @@ struct ApiError {
   std::string param;  // the offending field; empty: null
   std::string code;   // empty: null
 };
+// (GCC 12 warns on designated initializers that leave members out, hence a function.)
+ApiError MakeApiError(int http_status, std::string message,
+                      std::string type = "invalid_request_error", std::string param = "",
+                      std::string code = "");
 std::string ErrorJson(const ApiError& error);
 
 // The error an engine's Submit status means: ResourceExhausted 429, Unavailable 503,
