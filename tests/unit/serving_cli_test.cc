@@ -1,9 +1,9 @@
 // `shardline serve` as the process a user runs, on a small checkpoint made here: its greedy
 // completion says what `shardline generate` prints for the same prompt, and it stops cleanly on
 // SIGTERM.
-#include <httplib.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <httplib.h>
 #include <signal.h>
 #include <stdlib.h>
 
@@ -89,9 +89,10 @@ std::string ExportModel(const std::string& dir) {
 // Runs `shardline generate`, returns what it printed.
 std::string GenerateText(const std::string& model, const std::string& prompt, int tokens) {
   const std::string log = TempDir() + "/generate.log";
-  SpawnOptions spawn{.argv = {Binary(), "generate", "--checkpoint", model, "--prompt", prompt,
-                              "--max-new-tokens", std::to_string(tokens)},
-                     .log_path = log};
+  SpawnOptions spawn;
+  spawn.argv = {Binary(),   "generate", "--checkpoint",     model,
+                "--prompt", prompt,     "--max-new-tokens", std::to_string(tokens)};
+  spawn.log_path = log;
   absl::StatusOr<pid_t> pid = Spawn(spawn);
   EXPECT_TRUE(pid.ok()) << pid.status();
   if (!pid.ok()) return "";
@@ -114,7 +115,9 @@ class ServingCliTest : public ::testing::Test {
   // Starts `shardline serve` on any free port; returns the port it printed (0 on failure).
   int StartServe(const std::vector<std::string>& args) {
     log_ = TempDir() + "/serve.log";
-    SpawnOptions spawn{.argv = {Binary(), "serve"}, .log_path = log_};
+    SpawnOptions spawn;
+    spawn.argv = {Binary(), "serve"};
+    spawn.log_path = log_;
     spawn.argv.insert(spawn.argv.end(), args.begin(), args.end());
     absl::StatusOr<pid_t> pid = Spawn(spawn);
     if (!pid.ok()) {
@@ -154,8 +157,8 @@ TEST_F(ServingCliTest, GreedyCompletionSaysWhatGeneratePrints) {
   const std::string expected = printed.substr(prompt.size(), printed.size() - prompt.size() - 1);
   ASSERT_EQ(expected.size(), static_cast<size_t>(tokens)) << "one byte a token: " << printed;
 
-  const int port = StartServe({"--checkpoint", model, "--listen", "127.0.0.1:0", "--model-name",
-                               "tiny", "--api-key", "k"});
+  const int port = StartServe(
+      {"--checkpoint", model, "--listen", "127.0.0.1:0", "--model-name", "tiny", "--api-key", "k"});
   ASSERT_GT(port, 0);
   httplib::Client client("127.0.0.1", port);
   client.set_connection_timeout(5);
@@ -165,8 +168,8 @@ TEST_F(ServingCliTest, GreedyCompletionSaysWhatGeneratePrints) {
   EXPECT_EQ(health->status, 200);
 
   const httplib::Headers auth = {{"Authorization", "Bearer k"}};
-  const json body = {{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", tokens},
-                     {"temperature", 0}};
+  const json body = {
+      {"model", "tiny"}, {"prompt", prompt}, {"max_tokens", tokens}, {"temperature", 0}};
   auto res = client.Post("/v1/completions", auth, body.dump(), "application/json");
   ASSERT_TRUE(res) << httplib::to_string(res.error());
   ASSERT_EQ(res->status, 200) << res->body;
@@ -218,7 +221,9 @@ TEST_F(ServingCliTest, BadFlagsSayWhatIsWrong) {
            {{"--checkpoint", model, "--api-key", "a", "--api-key-file", model + "/config.json"},
             "excludes"}}) {
     const std::string log = TempDir() + "/bad.log";
-    SpawnOptions spawn{.argv = {Binary(), "serve"}, .log_path = log};
+    SpawnOptions spawn;
+    spawn.argv = {Binary(), "serve"};
+    spawn.log_path = log;
     spawn.argv.insert(spawn.argv.end(), args.begin(), args.end());
     absl::StatusOr<pid_t> pid = Spawn(spawn);
     ASSERT_TRUE(pid.ok());

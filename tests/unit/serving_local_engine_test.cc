@@ -1,7 +1,5 @@
 // worker/serving/local_engine.h over a small random GPT, and the incremental generation under
 // it (model::GenerateStreaming).
-#include "worker/serving/local_engine.h"
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,6 +13,7 @@
 
 #include "kernels/allocator.h"
 #include "worker/model/inference.h"
+#include "worker/serving/local_engine.h"
 
 namespace shardline::serving {
 namespace {
@@ -31,23 +30,22 @@ struct Outcome {
   FinishReason reason = FinishReason::kStop;
 
   StreamCallbacks Callbacks(std::function<void(int32_t)> also = nullptr) {
-    return StreamCallbacks{
-        .on_token =
-            [this, also](int32_t token) {
-              {
-                std::lock_guard<std::mutex> lock(mu);
-                tokens.push_back(token);
-              }
-              if (also) also(token);
-            },
-        .on_finish =
-            [this](absl::Status s, FinishReason r) {
-              std::lock_guard<std::mutex> lock(mu);
-              finished = true;
-              status = std::move(s);
-              reason = r;
-              cv.notify_all();
-            }};
+    return StreamCallbacks{.on_token =
+                               [this, also](int32_t token) {
+                                 {
+                                   std::lock_guard<std::mutex> lock(mu);
+                                   tokens.push_back(token);
+                                 }
+                                 if (also) also(token);
+                               },
+                           .on_finish =
+                               [this](absl::Status s, FinishReason r) {
+                                 std::lock_guard<std::mutex> lock(mu);
+                                 finished = true;
+                                 status = std::move(s);
+                                 reason = r;
+                                 cv.notify_all();
+                               }};
   }
   bool Wait() {
     std::unique_lock<std::mutex> lock(mu);
@@ -58,8 +56,7 @@ struct Outcome {
 class ServingLocalEngineTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    model::GptConfig config{.layers = 2, .heads = 2, .d_model = 16, .vocab = 40,
-                            .max_seq_len = 32};
+    model::GptConfig config{.layers = 2, .heads = 2, .d_model = 16, .vocab = 40, .max_seq_len = 32};
     auto gpt = model::GptModel::Create(config, allocator_);
     ASSERT_TRUE(gpt.ok()) << gpt.status();
     gpt_ = std::move(*gpt);
@@ -108,8 +105,12 @@ TEST_F(ServingLocalEngineTest, StreamsWhatGenerateGives) {
   EXPECT_TRUE(engine.Ready());
   EXPECT_EQ(engine.max_context(), 32);
   for (float temperature : {0.0f, 0.9f}) {
-    GenerationRequest r{.prompt = {5, 6, 7}, .max_tokens = 10, .temperature = temperature,
-                        .top_k = 5, .seed = 3};
+    GenerationRequest r{.prompt = {5, 6, 7},
+                        .max_tokens = 10,
+                        .temperature = temperature,
+                        .top_k = 5,
+                        .seed = 3,
+                        .stop_token_ids = {}};
     Outcome out;
     ASSERT_TRUE(engine.Submit(r, out.Callbacks()).ok());
     ASSERT_TRUE(out.Wait());
@@ -123,13 +124,13 @@ TEST_F(ServingLocalEngineTest, StreamsWhatGenerateGives) {
 TEST_F(ServingLocalEngineTest, AStopTokenEndsTheRequestUndelivered) {
   LocalEngine engine(*gpt_, {});
   // Sampled: a small random model's greedy text repeats one token.
-  GenerationRequest r{.prompt = {5, 6, 7}, .max_tokens = 10, .temperature = 1.0f, .seed = 3};
+  GenerationRequest r{
+      .prompt = {5, 6, 7}, .max_tokens = 10, .temperature = 1.0f, .seed = 3, .stop_token_ids = {}};
   const std::vector<int32_t> reference = Reference(r);
   // The first place where a token differs from all before it, so it stops exactly there.
   size_t at = 1;
-  while (at < reference.size() &&
-         std::find(reference.begin(), reference.begin() + at, reference[at]) !=
-             reference.begin() + at) {
+  while (at < reference.size() && std::find(reference.begin(), reference.begin() + at,
+                                            reference[at]) != reference.begin() + at) {
     ++at;
   }
   ASSERT_LT(at, reference.size()) << "a run of one token only";
@@ -151,7 +152,7 @@ TEST_F(ServingLocalEngineTest, OneAtATimeWithABoundedQueueAndCancel) {
   std::atomic<bool> in_first_token{false};
   Outcome first;
   auto first_id = engine.Submit(
-      GenerationRequest{.prompt = {1}, .max_tokens = 20, .temperature = 0},
+      GenerationRequest{.prompt = {1}, .max_tokens = 20, .temperature = 0, .stop_token_ids = {}},
       first.Callbacks([&](int32_t) {
         in_first_token = true;
         std::unique_lock<std::mutex> lock(gate_mu);
@@ -164,13 +165,14 @@ TEST_F(ServingLocalEngineTest, OneAtATimeWithABoundedQueueAndCancel) {
   }
   ASSERT_TRUE(in_first_token);
   Outcome second;
-  auto second_id = engine.Submit(GenerationRequest{.prompt = {2}, .max_tokens = 2},
-                                 second.Callbacks());
+  auto second_id = engine.Submit(
+      GenerationRequest{.prompt = {2}, .max_tokens = 2, .stop_token_ids = {}}, second.Callbacks());
   ASSERT_TRUE(second_id.ok());
   EXPECT_EQ(engine.Stats().running, 1);
   EXPECT_EQ(engine.Stats().waiting, 1);
   Outcome third;
-  auto full = engine.Submit(GenerationRequest{.prompt = {3}, .max_tokens = 2}, third.Callbacks());
+  auto full = engine.Submit(GenerationRequest{.prompt = {3}, .max_tokens = 2, .stop_token_ids = {}},
+                            third.Callbacks());
   EXPECT_EQ(full.status().code(), absl::StatusCode::kResourceExhausted) << full.status();
 
   engine.Cancel(*second_id);  // queued: finishes at once
@@ -192,27 +194,37 @@ TEST_F(ServingLocalEngineTest, OneAtATimeWithABoundedQueueAndCancel) {
 TEST_F(ServingLocalEngineTest, RefusesWhatItCannotRunAndStopsCleanly) {
   LocalEngine engine(*gpt_, {});
   Outcome unused;
-  EXPECT_EQ(engine.Submit(GenerationRequest{.prompt = {1}, .max_tokens = 2, .top_p = 0.5f},
-                          unused.Callbacks())
+  EXPECT_EQ(engine
+                .Submit(
+                    GenerationRequest{
+                        .prompt = {1}, .max_tokens = 2, .top_p = 0.5f, .stop_token_ids = {}},
+                    unused.Callbacks())
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(engine.Submit(GenerationRequest{.prompt = {1, 2}, .max_tokens = 31},
-                          unused.Callbacks())
+  EXPECT_EQ(engine
+                .Submit(GenerationRequest{.prompt = {1, 2}, .max_tokens = 31, .stop_token_ids = {}},
+                        unused.Callbacks())
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(engine.Submit(GenerationRequest{.prompt = {99}, .max_tokens = 1}, unused.Callbacks())
+  EXPECT_EQ(engine
+                .Submit(GenerationRequest{.prompt = {99}, .max_tokens = 1, .stop_token_ids = {}},
+                        unused.Callbacks())
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(engine.Submit(GenerationRequest{.prompt = {}, .max_tokens = 1}, unused.Callbacks())
+  EXPECT_EQ(engine
+                .Submit(GenerationRequest{.prompt = {}, .max_tokens = 1, .stop_token_ids = {}},
+                        unused.Callbacks())
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
   engine.Shutdown();
   EXPECT_FALSE(engine.Ready());
-  EXPECT_EQ(engine.Submit(GenerationRequest{.prompt = {1}, .max_tokens = 1}, unused.Callbacks())
+  EXPECT_EQ(engine
+                .Submit(GenerationRequest{.prompt = {1}, .max_tokens = 1, .stop_token_ids = {}},
+                        unused.Callbacks())
                 .status()
                 .code(),
             absl::StatusCode::kUnavailable);
