@@ -3,7 +3,11 @@
 // is the thing under test.
 #include "worker/serving/http_server.h"
 
+#include <arpa/inet.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -380,6 +384,35 @@ TEST_F(ServingHttpServerTest, BadRequestsAre400AndTheServerStaysUp) {
   auto binary = Client().Post("/v1/completions", std::string("\x00\xff{", 3), "application/json");
   ASSERT_TRUE(binary);
   EXPECT_EQ(binary->status, 400);
+  auto ok = Post("/v1/completions", {{"model", "tiny"}, {"prompt", "x"}});
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200);
+}
+
+// Bytes that are not HTTP, straight onto a socket; the reply (if any) is read with a deadline.
+std::string RawExchange(int port, const std::string& bytes) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  EXPECT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  EXPECT_EQ(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(bytes.size()));
+  timeval timeout{.tv_sec = 10, .tv_usec = 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  char buf[4096];
+  const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+  ::close(fd);
+  return n > 0 ? std::string(buf, n) : "";
+}
+
+TEST_F(ServingHttpServerTest, GarbageOnTheSocketDoesNotTakeTheServerDown) {
+  StartServer();
+  EXPECT_THAT(RawExchange(server_->port(), "NOT HTTP AT ALL\r\n\r\n"), HasSubstr("400"));
+  EXPECT_THAT(RawExchange(server_->port(), std::string("\x00\xff\x01\r\n\r\n", 7)),
+              HasSubstr("400"));
   auto ok = Post("/v1/completions", {{"model", "tiny"}, {"prompt", "x"}});
   ASSERT_TRUE(ok);
   EXPECT_EQ(ok->status, 200);
