@@ -74,6 +74,10 @@ struct GenerateCommandOptions {
 };
 int Generate(const GenerateCommandOptions& options);
 
+// The tokenizer `generate` and `serve` use for the checkpoint at `resolved` (ResolveCheckpoint's
+// answer): `flag` when given, else a Hugging Face folder's own tokenizer files, else "bytes".
+std::string DefaultTokenizerSpec(const std::string& flag, const std::string& resolved);
+
 // `shardline serve`: the OpenAI-compatible API over one checkpoint, in this process.
 struct ServeOptions {
   std::string checkpoint;            // anything `generate` takes

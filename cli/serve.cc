@@ -82,14 +82,7 @@ int Serve(const ServeOptions& options) {
     std::cerr << "error: --checkpoint: " << path.status().message() << "\n";
     return 2;
   }
-  // As `shardline generate` chooses: a Hugging Face folder's own tokenizer, else bytes.
-  std::string spec = options.tokenizer;
-  if (spec.empty()) {
-    const std::string dir = std::filesystem::path(*path).parent_path().string();
-    const bool hf_folder = !checkpoint::IsManifestPath(*path) && data::HoldsTokenizerFiles(dir);
-    spec = hf_folder ? dir : "bytes";
-  }
-  auto tokenizer = data::LoadTokenizer(spec);
+  auto tokenizer = data::LoadTokenizer(DefaultTokenizerSpec(options.tokenizer, *path));
   if (!tokenizer.ok()) {
     std::cerr << "error: --tokenizer: " << tokenizer.status().message() << "\n";
     return 2;

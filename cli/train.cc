@@ -119,6 +119,15 @@ int Train(const TrainOptions& options) {
   return StopRequested().load() ? 130 : 0;
 }
 
+std::string DefaultTokenizerSpec(const std::string& flag, const std::string& resolved) {
+  if (!flag.empty()) return flag;
+  // A Hugging Face model folder (ResolveCheckpoint gave its model.safetensors) usually carries
+  // the tokenizer its ids mean; our own checkpoints are trained on bytes.
+  const std::string dir = std::filesystem::path(resolved).parent_path().string();
+  const bool hf_folder = !checkpoint::IsManifestPath(resolved) && data::HoldsTokenizerFiles(dir);
+  return hf_folder ? dir : "bytes";
+}
+
 int Generate(const GenerateCommandOptions& options) {
   auto path = checkpoint::ResolveCheckpoint(options.checkpoint);
   if (!path.ok()) {
@@ -126,15 +135,7 @@ int Generate(const GenerateCommandOptions& options) {
     return 2;
   }
   // Before the model: a wrong --tokenizer fails before a large checkpoint is read.
-  std::string spec = options.tokenizer;
-  if (spec.empty()) {
-    // A Hugging Face model folder (ResolveCheckpoint gave its model.safetensors) usually carries
-    // the tokenizer its ids mean; our own checkpoints are trained on bytes.
-    const std::string dir = std::filesystem::path(*path).parent_path().string();
-    const bool hf_folder = !checkpoint::IsManifestPath(*path) && data::HoldsTokenizerFiles(dir);
-    spec = hf_folder ? dir : "bytes";
-  }
-  auto tokenizer = data::LoadTokenizer(spec);
+  auto tokenizer = data::LoadTokenizer(DefaultTokenizerSpec(options.tokenizer, *path));
   if (!tokenizer.ok()) {
     const char* which =
         options.tokenizer.empty() ? "the checkpoint folder's tokenizer" : "--tokenizer";
