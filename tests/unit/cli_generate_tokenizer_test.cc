@@ -18,6 +18,7 @@
 #include "checkpoint/gpt2_hf_export.h"
 #include "common/process.h"
 #include "nlohmann/json.hpp"
+#include "tests/support/cli_process.h"
 #include "worker/model/data/gpt2_tokenizer.h"
 
 namespace shardline {
@@ -29,23 +30,9 @@ using ::testing::HasSubstr;
 constexpr int64_t kModelVocab = 258;  // 256 bytes, "ab", "<|endoftext|>"
 constexpr int64_t kAb = 256;          // the token the model always says
 
-std::string Binary() {
-  const char* path = std::getenv("SHARDLINE_BINARY");
-  return path != nullptr ? path : SHARDLINE_BINARY_PATH;
-}
-
-std::string TempDir() {
-  std::string pattern = ::testing::TempDir() + "/cli_generate_XXXXXX";
-  EXPECT_NE(::mkdtemp(pattern.data()), nullptr);
-  return pattern;
-}
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream out;
-  out << in.rdbuf();
-  return out.str();
-}
+std::string Binary() { return test_support::ShardlineBinary(); }
+std::string TempDir() { return test_support::MakeTestDir("cli_generate"); }
+std::string ReadAll(const std::string& path) { return test_support::ReadWholeFile(path); }
 
 struct CommandResult {
   int exit_code = -1;

@@ -21,6 +21,7 @@
 #include "checkpoint/gpt2_hf_export.h"
 #include "common/process.h"
 #include "nlohmann/json.hpp"
+#include "tests/support/cli_process.h"
 
 namespace shardline {
 namespace {
@@ -28,23 +29,9 @@ namespace {
 using ::nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-std::string Binary() {
-  const char* path = std::getenv("SHARDLINE_BINARY");
-  return path != nullptr ? path : SHARDLINE_BINARY_PATH;
-}
-
-std::string TempDir() {
-  std::string pattern = ::testing::TempDir() + "/serving_cli_XXXXXX";
-  EXPECT_NE(::mkdtemp(pattern.data()), nullptr);
-  return pattern;
-}
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream out;
-  out << in.rdbuf();
-  return out.str();
-}
+std::string Binary() { return test_support::ShardlineBinary(); }
+std::string TempDir() { return test_support::MakeTestDir("serving_cli"); }
+std::string ReadAll(const std::string& path) { return test_support::ReadWholeFile(path); }
 
 // A Hugging Face folder of a 2-layer GPT with fixed pseudo-random weights (vocab 257: the byte
 // tokenizer's). Only the rows of 'a'..'z' and ' ' in the tied embedding are non-zero and lean
