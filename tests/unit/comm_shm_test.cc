@@ -180,6 +180,18 @@ TEST(ShmTest, TwoCommunicatorsInterleaved) {
   EXPECT_EQ(failures.load(), 0);
 }
 
+// The sum over ranks of input(rank, i), taken in rank order 0, 1, ..., as the communicator must.
+template <typename Input>
+std::vector<float> RankOrderSum(const Input& input, int ranks, size_t count) {
+  std::vector<float> sum(count);
+  for (size_t i = 0; i < count; ++i) {
+    float acc = input(0, i);
+    for (int r = 1; r < ranks; ++r) acc += input(r, i);
+    sum[i] = acc;
+  }
+  return sum;
+}
+
 // Non-integer floats, whose sum depends on the order: every rank must get the same bits, equal to
 // the sum taken in rank order, by the one-phase and the chunked algorithm alike.
 TEST(ShmTest, FloatSumsAreBitIdenticalAcrossRanksAndAlgorithms) {
@@ -188,12 +200,7 @@ TEST(ShmTest, FloatSumsAreBitIdenticalAcrossRanksAndAlgorithms) {
   auto input = [](int rank, size_t i) {
     return std::sin(static_cast<float>(i) * 0.37f + rank) * std::pow(10.0f, (i + rank) % 7 - 3.0f);
   };
-  std::vector<float> want(kCount);
-  for (size_t i = 0; i < kCount; ++i) {
-    float acc = input(0, i);
-    for (int r = 1; r < kRanks; ++r) acc += input(r, i);
-    want[i] = acc;
-  }
+  const std::vector<float> want = RankOrderSum(input, kRanks, kCount);
   // One shot, chunked through the segment, and single copy (ranks as threads read each other's
   // buffers directly; across processes: ShmSingleCopyTest below).
   for (const ShmAlgorithm algorithm :
@@ -226,12 +233,7 @@ TEST(ShmTest, TunedAllReducesSwitchAlgorithmsAndKeepTheBits) {
   auto input = [](int rank, size_t i) {
     return std::cos(static_cast<float>(i) * 0.11f + rank) * std::pow(10.0f, (i + rank) % 5 - 2.0f);
   };
-  std::vector<float> want(kCount);
-  for (size_t i = 0; i < kCount; ++i) {
-    float acc = input(0, i);
-    for (int r = 1; r < kRanks; ++r) acc += input(r, i);
-    want[i] = acc;
-  }
+  const std::vector<float> want = RankOrderSum(input, kRanks, kCount);
   ShmOptions options = Options();
   options.slot_bytes = 64 << 10;  // the chunked algorithm runs several chunks
   const int calls = AllReduceTuner::kWarmRuns * kShmAlgorithms + 3 * AllReduceTuner::kRetryEvery;
@@ -572,8 +574,7 @@ TEST(ShmSingleCopyTest, AcrossProcessesTheResultsAreBitIdentical) {
     ASSERT_EQ(waitpid(child, &status, 0), child);
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "exit status " << status;
   }
-  std::vector<float> want(kCount);
-  for (size_t i = 0; i < kCount; ++i) want[i] = input(0, i) + input(1, i);
+  const std::vector<float> want = RankOrderSum(input, 2, kCount);
   for (int rank = 0; rank < 2; ++rank) {
     for (int round = 0; round < 2; ++round) {
       std::vector<float> got(kCount);
