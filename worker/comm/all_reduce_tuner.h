@@ -48,6 +48,8 @@ class AllReduceTuner {
   // The algorithm cannot run here (the single copy where ranks may not read each other).
   void Disallow(ShmAlgorithm algorithm);
   bool allowed(ShmAlgorithm algorithm) const { return allowed_[Index(algorithm)]; }
+  // All-reduces recorded in `bucket`; Next of a bucket with none is kOneShot.
+  uint64_t runs(int bucket) const { return buckets_[bucket].runs; }
 
   // The fastest by the estimates so far, among the allowed candidates with an estimate (kOneShot
   // when none has one yet).

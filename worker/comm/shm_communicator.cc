@@ -379,6 +379,8 @@ class ShmCommunicator final : public Communicator {
         const uint64_t op = tuned_all_reduces_++;
         if (rank_ == 0) {
           for (int b = 0; b < AllReduceTuner::kBuckets; ++b) {
+            // A size never run keeps the zeroed table's kOneShot, which is what Next says of it.
+            if (tuner_.runs(b) == 0) continue;
             header_->plan[(op + 1) % 2][b].store(static_cast<uint8_t>(tuner_.Next(b)),
                                                  std::memory_order_relaxed);
           }
