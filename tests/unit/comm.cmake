@@ -16,3 +16,6 @@ endif()
 shardline_test(comm_all_reduce_tuner_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/comm_all_reduce_tuner_test.cc
   LIBS shardline_comm LABELS unit)
+shardline_test(comm_shared_host_memory_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/comm_shared_host_memory_test.cc
+  LIBS shardline_comm LABELS unit)

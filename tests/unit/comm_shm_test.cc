@@ -1,7 +1,8 @@
 // The shared-memory backend beyond what every backend passes (comm_collectives_test.cc): long
 // random runs, interleaved communicators, bit-identical results, 16-bit floats, aborts, and peers
 // killed with SIGKILL or stopped with SIGSTOP before, during and after a collective, as forked
-// processes over a FileStore.
+// processes over a FileStore; the single copy over heap buffers and over shared blocks
+// (SharedHostAllocator), which the peers map.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -28,6 +29,7 @@
 #include "worker/comm/communicator.h"
 #include "worker/comm/cpu_communicator.h"
 #include "worker/comm/file_store.h"
+#include "worker/comm/shared_host_memory.h"
 #include "worker/comm/shm_communicator.h"
 #include "worker/comm/store.h"
 
@@ -67,6 +69,43 @@ void RunRanks(int n, const std::function<void(Communicator&)>& body,
   for (int rank = 0; rank < n; ++rank) {
     ASSERT_TRUE(bootstrap[rank].ok()) << "rank " << rank << ": " << bootstrap[rank];
   }
+}
+
+// `count` floats on the heap, or from a SharedHostAllocator (memory the peers map) when `shared`.
+class TestBuffer {
+ public:
+  TestBuffer(size_t count, bool shared) : count_(count) {
+    if (!shared) {
+      heap_.resize(count);
+      data_ = heap_.data();
+      return;
+    }
+    auto got = allocator_.Allocate(count * sizeof(float));
+    if (got.ok()) data_ = static_cast<float*>(*got);
+  }
+  ~TestBuffer() {
+    if (heap_.empty() && data_ != nullptr) allocator_.Deallocate(data_, count_ * sizeof(float));
+  }
+  TestBuffer(const TestBuffer&) = delete;
+  TestBuffer& operator=(const TestBuffer&) = delete;
+  float* data() { return data_; }  // nullptr if the shared allocation failed
+
+ private:
+  size_t count_;
+  std::vector<float> heap_;
+  SharedHostAllocator allocator_;
+  float* data_ = nullptr;
+};
+
+// Mappings of shared blocks (SharedHostAllocator's memfds) in this process: its own and the
+// peers' that its communicators mapped.
+int SharedBlockMappings() {
+  std::ifstream maps("/proc/self/maps");
+  int found = 0;
+  for (std::string line; std::getline(maps, line);) {
+    if (line.find("shardline-comm-buffer") != std::string::npos) ++found;
+  }
+  return found;
 }
 
 std::set<std::string> DevShm() {
@@ -386,18 +425,22 @@ bool WaitForFile(const std::string& path) {
   return std::filesystem::exists(path);
 }
 
-int RunSurvivor(Communicator& comm, Victim victim, milliseconds timeout, const std::string& dir) {
-  std::vector<float> data(kBig, 1.0f);
+int RunSurvivor(Communicator& comm, Victim victim, milliseconds timeout, const std::string& dir,
+                bool shared) {
+  TestBuffer buffer(kBig, shared);
+  float* data = buffer.data();
+  if (data == nullptr) return 18;
+  std::fill(data, data + kBig, 1.0f);
   if (victim == Victim::kKilledAfter) {
     // One collective with everyone, then the parent kills the victim between two collectives.
-    if (!comm.AllReduce(data.data(), kBig, DType::kFloat32, ReduceOp::kSum).ok()) return 10;
+    if (!comm.AllReduce(data, kBig, DType::kFloat32, ReduceOp::kSum).ok()) return 10;
     std::ofstream(dir + "/first-done-" + std::to_string(comm.rank()));
     if (!WaitForFile(dir + "/killed")) return 17;
   }
   const auto start = Clock::now();
   absl::Status status;
   for (int i = 0; i < 1000 && status.ok(); ++i) {
-    status = comm.AllReduce(data.data(), kBig, DType::kFloat32, ReduceOp::kSum);
+    status = comm.AllReduce(data, kBig, DType::kFloat32, ReduceOp::kSum);
   }
   const auto took = Clock::now() - start;
   const std::string message(status.message());
@@ -422,7 +465,7 @@ int RunSurvivor(Communicator& comm, Victim victim, milliseconds timeout, const s
 }
 
 int RunForkedRank(const std::string& dir, int rank, Victim victim, milliseconds timeout,
-                  std::optional<ShmAlgorithm> algorithm) {
+                  std::optional<ShmAlgorithm> algorithm, bool shared) {
   auto files = FileStore::Open(dir);
   if (!files.ok()) return 2;
   ShmOptions options = Options(timeout);
@@ -433,20 +476,23 @@ int RunForkedRank(const std::string& dir, int rank, Victim victim, milliseconds 
     return 3;
   }
   if (!(*comm)->Barrier().ok()) return 4;
-  if (rank != 2) return RunSurvivor(**comm, victim, timeout, dir);
-  std::vector<float> data(kBig, 1.0f);
+  if (rank != 2) return RunSurvivor(**comm, victim, timeout, dir, shared);
+  TestBuffer buffer(kBig, shared);
+  float* data = buffer.data();
+  if (data == nullptr) return 6;
+  std::fill(data, data + kBig, 1.0f);
   switch (victim) {
     case Victim::kKilledBefore:
     case Victim::kStopped:
       pause();  // killed or stopped by the parent while the others wait
       return 0;
     case Victim::kKilledAfter:
-      if (!(*comm)->AllReduce(data.data(), kBig, DType::kFloat32, ReduceOp::kSum).ok()) return 5;
+      if (!(*comm)->AllReduce(data, kBig, DType::kFloat32, ReduceOp::kSum).ok()) return 5;
       pause();
       return 0;
     case Victim::kKilledDuring:
       for (;;) {
-        if (!(*comm)->AllReduce(data.data(), kBig, DType::kFloat32, ReduceOp::kSum).ok()) return 0;
+        if (!(*comm)->AllReduce(data, kBig, DType::kFloat32, ReduceOp::kSum).ok()) return 0;
       }
   }
   return 0;
@@ -455,6 +501,7 @@ int RunForkedRank(const std::string& dir, int rank, Victim victim, milliseconds 
 struct Fault {
   Victim victim;
   ShmAlgorithm algorithm;  // kChunked: through the segment; kSingleCopy: peers' buffers
+  bool shared = false;     // the buffers are shared blocks, which the peers map
 };
 
 class ShmProcessTest : public ::testing::TestWithParam<Fault> {};
@@ -471,7 +518,7 @@ TEST_P(ShmProcessTest, TheOthersFailFastAndNothingIsLeftInDevShm) {
     const pid_t pid = fork();
     ASSERT_GE(pid, 0);
     if (pid == 0) {  // never back into gtest
-      _exit(RunForkedRank(dir, rank, victim, timeout, GetParam().algorithm));
+      _exit(RunForkedRank(dir, rank, victim, timeout, GetParam().algorithm, GetParam().shared));
     }
     children.push_back(pid);
   }
@@ -519,7 +566,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Fault{Victim::kKilledBefore, ShmAlgorithm::kSingleCopy},
                       Fault{Victim::kKilledDuring, ShmAlgorithm::kSingleCopy},
                       Fault{Victim::kKilledAfter, ShmAlgorithm::kSingleCopy},
-                      Fault{Victim::kStopped, ShmAlgorithm::kSingleCopy}),
+                      Fault{Victim::kStopped, ShmAlgorithm::kSingleCopy},
+                      Fault{Victim::kKilledDuring, ShmAlgorithm::kSingleCopy, true},
+                      Fault{Victim::kKilledAfter, ShmAlgorithm::kSingleCopy, true},
+                      Fault{Victim::kStopped, ShmAlgorithm::kSingleCopy, true}),
     [](const auto& info) {
       std::string name = "?";
       switch (info.param.victim) {
@@ -528,14 +578,26 @@ INSTANTIATE_TEST_SUITE_P(
         case Victim::kKilledAfter: name = "KilledAfter"; break;
         case Victim::kStopped: name = "Stopped"; break;
       }
-      return name + (info.param.algorithm == ShmAlgorithm::kSingleCopy ? "SingleCopy"
-                                                                               : "");
+      return name + (info.param.algorithm == ShmAlgorithm::kSingleCopy ? "SingleCopy" : "") +
+             (info.param.shared ? "OfSharedBlocks" : "");
     });
 
-// The single-copy all-reduce between processes (process_vm_readv): two forked ranks, a message
-// of several blocks and an odd count, results bit-identical to the rank-order sum on both.
-TEST(ShmSingleCopyTest, AcrossProcessesTheResultsAreBitIdentical) {
+// The single-copy all-reduce between processes, 3 forked ranks, a message of several blocks and
+// an odd count, results bit-identical to the rank-order sum on every rank and every call. Whose
+// buffer is a shared block decides how the others read it: mapped (all, or some of the ranks) or
+// through the kernel (process_vm_readv, none). The mappings in each rank's /proc/self/maps
+// say which path ran: its own block, and one per peer whose block it mapped.
+struct SharedRanks {
+  const char* name;
+  bool shared[3];
+};
+
+class ShmSingleCopyTest : public ::testing::TestWithParam<SharedRanks> {};
+
+TEST_P(ShmSingleCopyTest, AcrossProcessesTheResultsAreBitIdentical) {
+  constexpr int kRanks = 3;
   constexpr size_t kCount = (3 << 20) / 4 + 3;
+  const SharedRanks ranks = GetParam();
   auto input = [](int rank, size_t i) {
     return std::sin(static_cast<float>(i) * 0.37f + rank) * std::pow(10.0f, (i + rank) % 7 - 3.0f);
   };
@@ -543,7 +605,7 @@ TEST(ShmSingleCopyTest, AcrossProcessesTheResultsAreBitIdentical) {
   ASSERT_NE(mkdtemp(pattern), nullptr);
   const std::string dir = pattern;
   std::vector<pid_t> children;
-  for (int rank = 0; rank < 2; ++rank) {
+  for (int rank = 0; rank < kRanks; ++rank) {
     const pid_t pid = fork();
     ASSERT_GE(pid, 0);
     if (pid == 0) {  // never back into gtest
@@ -551,20 +613,24 @@ TEST(ShmSingleCopyTest, AcrossProcessesTheResultsAreBitIdentical) {
       if (!files.ok()) _exit(2);
       ShmOptions options = Options();
       options.all_reduce = ShmAlgorithm::kSingleCopy;
-      auto comm = CreateShmCommunicator(**files, rank, 2, options);
+      auto comm = CreateShmCommunicator(**files, rank, kRanks, options);
       if (!comm.ok()) _exit(3);
-      std::vector<float> data(kCount);
-      for (size_t i = 0; i < kCount; ++i) data[i] = input(rank, i);
-      // Twice: the first call also finds out that the ranks may read each other.
-      for (int round = 0; round < 2; ++round) {
-        std::vector<float> round_data = data;
-        if (!(*comm)->AllReduce(round_data.data(), kCount, DType::kFloat32, ReduceOp::kSum).ok()) {
+      TestBuffer buffer(kCount, ranks.shared[rank]);
+      float* data = buffer.data();
+      if (data == nullptr) _exit(5);
+      // Three calls: the first also finds out whether the ranks may read each other.
+      for (int round = 0; round < 3; ++round) {
+        for (size_t i = 0; i < kCount; ++i) data[i] = input(rank, i);
+        const absl::Status status = (*comm)->AllReduce(data, kCount, DType::kFloat32, ReduceOp::kSum);
+        if (!status.ok()) {
+          fprintf(stderr, "rank %d: %s\n", rank, status.ToString().c_str());
           _exit(4);
         }
         std::ofstream(dir + "/result-" + std::to_string(rank) + "-" + std::to_string(round),
                       std::ios::binary)
-            .write(reinterpret_cast<const char*>(round_data.data()), kCount * sizeof(float));
+            .write(reinterpret_cast<const char*>(data), kCount * sizeof(float));
       }
+      std::ofstream(dir + "/mappings-" + std::to_string(rank)) << SharedBlockMappings();
       _exit(0);
     }
     children.push_back(pid);
@@ -574,9 +640,9 @@ TEST(ShmSingleCopyTest, AcrossProcessesTheResultsAreBitIdentical) {
     ASSERT_EQ(waitpid(child, &status, 0), child);
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "exit status " << status;
   }
-  const std::vector<float> want = RankOrderSum(input, 2, kCount);
-  for (int rank = 0; rank < 2; ++rank) {
-    for (int round = 0; round < 2; ++round) {
+  const std::vector<float> want = RankOrderSum(input, kRanks, kCount);
+  for (int rank = 0; rank < kRanks; ++rank) {
+    for (int round = 0; round < 3; ++round) {
       std::vector<float> got(kCount);
       std::ifstream(dir + "/result-" + std::to_string(rank) + "-" + std::to_string(round),
                     std::ios::binary)
@@ -584,9 +650,20 @@ TEST(ShmSingleCopyTest, AcrossProcessesTheResultsAreBitIdentical) {
       EXPECT_EQ(std::memcmp(got.data(), want.data(), kCount * sizeof(float)), 0)
           << "rank " << rank << " round " << round;
     }
+    int want_mappings = ranks.shared[rank] ? 1 : 0;
+    for (int peer = 0; peer < kRanks; ++peer) want_mappings += peer != rank && ranks.shared[peer];
+    int mappings = -1;
+    std::ifstream(dir + "/mappings-" + std::to_string(rank)) >> mappings;
+    EXPECT_EQ(mappings, want_mappings) << "rank " << rank;
   }
   std::filesystem::remove_all(dir);
 }
+
+INSTANTIATE_TEST_SUITE_P(Buffers, ShmSingleCopyTest,
+                         ::testing::Values(SharedRanks{"Heap", {false, false, false}},
+                                           SharedRanks{"SharedBlocks", {true, true, true}},
+                                           SharedRanks{"Mixed", {true, false, true}}),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
 }  // namespace shardline::comm

@@ -33,6 +33,7 @@
 #include "common/process.h"
 #include "common/status_macros.h"
 #include "kernels/half.h"
+#include "worker/comm/shared_host_memory.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -67,6 +68,8 @@ constexpr auto kLivenessEvery = std::chrono::milliseconds(1);
 // at 1-16 MiB.
 constexpr size_t kSingleCopyBlock = size_t{256} << 10;
 constexpr size_t kOneShotChunk = size_t{128} << 10;
+// Peer shared blocks kept mapped per peer (shared_host_memory.h): a model's gradients are one.
+constexpr size_t kPeerBlocksKept = 8;
 
 size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
@@ -104,6 +107,11 @@ struct alignas(kLine) ControlLine {
   std::atomic<uint64_t> phase;
   std::atomic<uint64_t> address;
   std::atomic<uint32_t> reads_peers;  // 1: process_vm_readv from every peer worked
+  // The buffer's shared block (shared_host_memory.h), if it lies in one: fd -1 if not.
+  std::atomic<int32_t> shared_fd;
+  std::atomic<uint64_t> shared_id;
+  std::atomic<uint64_t> shared_block_bytes;
+  std::atomic<uint64_t> shared_offset;
 };
 
 // One direction of one pair: chunks sent by the source, chunks taken by the destination.
@@ -285,6 +293,7 @@ class Region {
   Region(const Region&) = delete;
   Region& operator=(const Region&) = delete;
   char* base() const { return base_; }
+  size_t bytes() const { return bytes_; }
 
  private:
   char* base_;
@@ -333,6 +342,20 @@ struct Peer {
   int pidfd = -1;  // -1: this process (threads as ranks) or pidfds unavailable
 };
 
+// Closes a descriptor on every path out (the bootstrap, mapping a peer's block).
+class FdCloser {
+ public:
+  explicit FdCloser(int fd) : fd_(fd) {}
+  ~FdCloser() {
+    if (fd_ >= 0) close(fd_);
+  }
+  FdCloser(const FdCloser&) = delete;
+  FdCloser& operator=(const FdCloser&) = delete;
+
+ private:
+  int fd_;
+};
+
 class ShmCommunicator final : public Communicator {
  public:
   ShmCommunicator(int rank, int size, const Layout& layout, std::shared_ptr<Region> mapping,
@@ -347,7 +370,10 @@ class ShmCommunicator final : public Communicator {
         forced_(options.all_reduce),
         every_rank_has_a_core_(UsableCpus() >= size),
         spin_for_(every_rank_has_a_core_ ? kSpinFor : Clock::duration::zero()),
-        inputs_(size) {
+        inputs_(size),
+        peer_blocks_(size),
+        one_process_(std::all_of(peers_.begin(), peers_.end(),
+                                 [](const Peer& peer) { return peer.pid == getpid(); })) {
     header_ = reinterpret_cast<SegmentHeader*>(mapping_->base());
     phase_ = Control(rank_).phase.load(std::memory_order_relaxed);
   }
@@ -395,13 +421,12 @@ class ShmCommunicator final : public Communicator {
         case ShmAlgorithm::kOneShot:
           RETURN_IF_ERROR(OneShot(bytes_out, count, esize, reduce, what));
           break;
-        case ShmAlgorithm::kSingleCopy:
-          if (peer_reads_ != PeerReads::kNo) {
-            ASSIGN_OR_RETURN(const bool done,
-                             SingleCopyAllReduce(bytes_out, count, esize, reduce, what));
-            if (done) break;
-          }
+        case ShmAlgorithm::kSingleCopy: {
+          ASSIGN_OR_RETURN(const bool done,
+                           SingleCopyAllReduce(bytes_out, count, esize, reduce, what));
+          if (done) break;
           algorithm = ShmAlgorithm::kChunked;  // every rank found the same: no single copy here
+        }
           [[fallthrough]];
         case ShmAlgorithm::kChunked:
           RETURN_IF_ERROR(Chunked(bytes_out, count, esize, reduce, what));
@@ -582,22 +607,40 @@ class ShmCommunicator final : public Communicator {
   }
 
   // The all-reduce of large messages in one copy per byte moved: every rank publishes its
-  // buffer's address; rank r reduces slice r of everyone's buffer, reading the peers' parts
-  // straight from their memory (process_vm_readv: the kernel copies, as OpenMPI's CMA path),
-  // into its own buffer; then every rank reads the others' reduced slices from their buffers
-  // into its own, and none returns before all have (their buffers are being read). Against the
-  // segment's two copies (into the slot, out of it) this moves ~2.5n bytes per rank instead of
-  // ~4n, which is what bounds an all-reduce when the cores share no cache. The sums run in rank
-  // order as in the copying path: the same bits. Ranks that are threads of one process read each other's buffers directly.
+  // buffer's address; rank r reduces slice r of everyone's buffer into its own, reading the
+  // peers' parts straight from their memory; then every rank reads the others' reduced slices
+  // from their buffers into its own, and none returns before all have (their buffers are being
+  // read). Against the segment's two copies (into the slot, out of it) this moves ~2.5n bytes per
+  // rank instead of ~4n, which is what bounds an all-reduce when the cores share no cache. The
+  // sums run in rank order as in the copying path: the same bits.
   //
-  // The first call finds out, collectively, whether every rank may read every peer (ptrace
-  // rules: same user, and Yama's scope); false (and the copying path from then on) if not.
+  // A peer's buffer is read through this process's own mapping of it when there is one: the
+  // same address for a rank that is a thread of this process, or the peer's shared block
+  // (shared_host_memory.h, mapped here on first use). Otherwise the kernel copies it
+  // (process_vm_readv, as OpenMPI's CMA path), a block at a time into L2. Whether every rank
+  // may do that (ptrace rules: same user, and Yama's scope) is found out collectively on the
+  // first call that needs it; false (and the copying path from then on) if not.
   absl::StatusOr<bool> SingleCopyAllReduce(char* data, size_t count, size_t esize,
                                            ReduceFn reduce, const OpText& what) {
     ControlLine& own = Control(rank_);
     own.address.store(reinterpret_cast<uintptr_t>(data), std::memory_order_relaxed);
+    const std::optional<SharedBlockRef> block = FindSharedBlock(data, count * esize);
+    own.shared_fd.store(block ? block->fd : -1, std::memory_order_relaxed);
+    if (block) {
+      own.shared_id.store(block->id, std::memory_order_relaxed);
+      own.shared_block_bytes.store(block->block_bytes, std::memory_order_relaxed);
+      own.shared_offset.store(block->offset, std::memory_order_relaxed);
+    }
     RETURN_IF_ERROR(PublishAndWait(NextPhase(), what));
-    if (peer_reads_ == PeerReads::kUntried) {
+    // From what every rank published (and the pids, which every rank knows alike), so that
+    // every rank comes to the same answer: whether each can read every buffer without the kernel.
+    bool all_shared = true;
+    for (int r = 0; r < size_; ++r) {
+      all_shared = all_shared && Control(r).shared_fd.load(std::memory_order_relaxed) >= 0;
+    }
+    all_shared = all_shared || one_process_;
+    if (!all_shared && peer_reads_ == PeerReads::kNo) return false;
+    if (!all_shared && peer_reads_ == PeerReads::kUntried) {
       // One element of every peer's buffer, then every rank's verdict.
       bool can = true;
       std::vector<char> probe(esize);
@@ -613,21 +656,26 @@ class ShmCommunicator final : public Communicator {
       peer_reads_ = all ? PeerReads::kYes : PeerReads::kNo;
       if (!all) {
         spdlog::debug("shm communicator: not every rank may read its peers' memory; "
-                      "all-reduces copy through the segment");
+                      "all-reduces of other buffers than shared blocks copy through the segment");
         return false;
       }
     }
-    // Reduce-scatter: this rank's slice, block by block, the peers' parts fetched into L2.
+    direct_.assign(size_, nullptr);
+    for (int r = 0; r < size_; ++r) {
+      if (r != rank_) direct_[r] = DirectPeerBuffer(r, count * esize);
+    }
+    // Reduce-scatter: this rank's slice, block by block, the parts of the peers that are not
+    // mapped here fetched into L2.
     const size_t lo = count * rank_ / size_, hi = count * (rank_ + 1) / size_;
-    const size_t block = kSingleCopyBlock / esize;
+    const size_t block_len = kSingleCopyBlock / esize;
     fetched_.resize(static_cast<size_t>(size_) * kSingleCopyBlock);
-    for (size_t begin = lo; begin < hi; begin += block) {
-      const size_t len = std::min(block, hi - begin);
+    for (size_t begin = lo; begin < hi; begin += block_len) {
+      const size_t len = std::min(block_len, hi - begin);
       for (int r = 0; r < size_; ++r) {
         if (r == rank_) {
           inputs_[r] = data + begin * esize;
-        } else if (peers_[r].pid == getpid()) {
-          inputs_[r] = reinterpret_cast<const char*>(PeerAddress(r)) + begin * esize;
+        } else if (direct_[r] != nullptr) {
+          inputs_[r] = direct_[r] + begin * esize;
         } else {
           char* into = fetched_.data() + static_cast<size_t>(r) * kSingleCopyBlock;
           RETURN_IF_ERROR(ReadPeer(r, into, PeerAddress(r) + begin * esize, len * esize, &what));
@@ -642,12 +690,51 @@ class ShmCommunicator final : public Communicator {
     for (int r = 0; r < size_; ++r) {
       if (r == rank_) continue;
       const size_t from = count * r / size_, to = count * (r + 1) / size_;
-      RETURN_IF_ERROR(ReadPeer(r, data + from * esize, PeerAddress(r) + from * esize,
-                               (to - from) * esize, &what));
+      if (direct_[r] != nullptr) {
+        std::memcpy(data + from * esize, direct_[r] + from * esize, (to - from) * esize);
+      } else {
+        RETURN_IF_ERROR(ReadPeer(r, data + from * esize, PeerAddress(r) + from * esize,
+                                 (to - from) * esize, &what));
+      }
     }
     // No rank may return, and let its caller reuse the buffer, while another still reads it.
     RETURN_IF_ERROR(PublishAndWait(NextPhase(), what));
     return true;
+  }
+
+  // Rank `rank`'s buffer of this single copy (`bytes` long) where this process can read it
+  // itself, or nullptr (then the kernel copies it). A peer's shared block is mapped on first use
+  // and kept, a few per peer, for the next all-reduce over it. A block that cannot be mapped here
+  // (or a report that does not add up) is read the other way: correct, only slower.
+  const char* DirectPeerBuffer(int rank, size_t bytes) {
+    if (peers_[rank].pid == getpid()) return reinterpret_cast<const char*>(PeerAddress(rank));
+    const ControlLine& line = Control(rank);
+    const int fd = line.shared_fd.load(std::memory_order_relaxed);
+    if (fd < 0) return nullptr;
+    const uint64_t id = line.shared_id.load(std::memory_order_relaxed);
+    const size_t block_bytes = line.shared_block_bytes.load(std::memory_order_relaxed);
+    const size_t offset = line.shared_offset.load(std::memory_order_relaxed);
+    if (offset > block_bytes || bytes > block_bytes - offset) return nullptr;
+    auto& mapped = peer_blocks_[rank];
+    auto found = mapped.find(id);
+    if (found == mapped.end()) {
+      // A peer that allocates block after block (activations) would otherwise have every one
+      // mapped here until the communicator goes.
+      if (mapped.size() >= kPeerBlocksKept) mapped.clear();
+      const std::string path =
+          "/proc/" + std::to_string(peers_[rank].pid) + "/fd/" + std::to_string(fd);
+      const int opened = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (opened < 0) return nullptr;
+      FdCloser closer(opened);
+      struct stat st{};
+      if (fstat(opened, &st) != 0 || static_cast<size_t>(st.st_size) < block_bytes) {
+        return nullptr;
+      }
+      void* base = mmap(nullptr, block_bytes, PROT_READ, MAP_SHARED, opened, 0);
+      if (base == MAP_FAILED) return nullptr;
+      found = mapped.emplace(id, std::make_shared<Region>(base, block_bytes)).first;
+    }
+    return found->second->base() + offset;
   }
 
   uintptr_t PeerAddress(int rank) const {
@@ -925,24 +1012,14 @@ class ShmCommunicator final : public Communicator {
   AllReduceTuner tuner_;             // rank 0's timings; the others only follow its plan
   uint64_t tuned_all_reduces_ = 0;  // all-reduces that read the plan, the same count on every rank
   std::vector<char> fetched_;  // the single-copy reduction's blocks read from the peers
+  std::vector<const char*> direct_;  // the single copy's peer buffers mapped here, or nullptr
+  // The peers' shared blocks mapped here, by rank and block id.
+  std::vector<std::map<uint64_t, std::shared_ptr<Region>>> peer_blocks_;
+  const bool one_process_;  // every rank is a thread of this process (tests, TSan)
   SegmentHeader* header_ = nullptr;
   uint64_t phase_ = 0;  // the last phase this rank published; only the issuing thread
   absl::Status broken_;
   std::atomic<bool> aborted_{false};
-};
-
-// Closes a descriptor on every path out of the bootstrap.
-class FdCloser {
- public:
-  explicit FdCloser(int fd) : fd_(fd) {}
-  ~FdCloser() {
-    if (fd_ >= 0) close(fd_);
-  }
-  FdCloser(const FdCloser&) = delete;
-  FdCloser& operator=(const FdCloser&) = delete;
-
- private:
-  int fd_;
 };
 
 absl::Status Errno(absl::StatusCode code, const std::string& what) {
