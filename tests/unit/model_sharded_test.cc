@@ -152,7 +152,9 @@ int RunRank(const std::string& dir, const Case& c, int rank, const placement::Ra
     fprintf(stderr, "rank %d: %s\n", rank, std::string(model.status().message()).c_str());
     return 5;
   }
-  const size_t bytes_after_create = allocator.stats().bytes_in_use;
+  // What the model holds in memory its shared-memory peers map is allocated apart (shared_bytes).
+  const size_t bytes_after_create =
+      allocator.stats().bytes_in_use + static_cast<size_t>((*model)->shared_bytes());
   (*model)->InitGpt2(kSeed);
   data::Sampler sampler = MakeSampler();
   std::vector<float> out;

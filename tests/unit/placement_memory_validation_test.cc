@@ -73,7 +73,10 @@ int MeasureRank(const std::string& dir, const Layout& layout, int rank,
   kernels::CpuAllocator allocator;
   auto gpt = model::ShardedGpt::Create(options, groups, allocator);
   if (!gpt.ok()) return 2;
-  const size_t after_create = allocator.stats().bytes_in_use;
+  // What the model holds in memory its shared-memory peers map is allocated apart, once, in
+  // Create (shared_bytes): it counts in the bytes held and in the peak alike.
+  const size_t shared = static_cast<size_t>((*gpt)->shared_bytes());
+  const size_t after_create = allocator.stats().bytes_in_use + shared;
   (*gpt)->InitGpt2(1);
   const data::TextDataset dataset = data::SyntheticCorpus(1, 20'000).ToDataset();
   auto sampler = data::Sampler::Create(dataset, kSeqLen, kGlobalBatch, 1);
@@ -90,7 +93,7 @@ int MeasureRank(const std::string& dir, const Layout& layout, int rank,
     if (!(*gpt)->TrainStep(source, step, 1e-3f).ok()) return 4;
   }
   std::ofstream(dir + "/rank-" + std::to_string(rank) + ".txt")
-      << after_create << " " << allocator.stats().peak_bytes << "\n";
+      << after_create << " " << allocator.stats().peak_bytes + shared << "\n";
   return 0;
 }
 

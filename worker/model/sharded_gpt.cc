@@ -224,8 +224,20 @@ absl::Status ShardedGpt::Allocate() {
   const int64_t whole = layout_.total();
   ASSIGN_OR_RETURN(params_, kernels::Tensor::Zeros({zero_ >= 3 ? shard_total_ : whole},
                                                    DType::kFloat32, allocator_));
+  // What is all-reduced in place over shared memory lives in memory the peers map: each byte is
+  // then read once by the rank that reduces it (ShmCommunicator's single copy), instead of copied
+  // into the segment and back.
+  const auto over_shm = [](const comm::Communicator* group) {
+    return group != nullptr && group->backend() == "shm";
+  };
+  kernels::Allocator* grad_allocator = &allocator_;
+  if (over_shm(groups_.dp) || over_shm(groups_.tp)) {
+    shared_memory_ = std::make_unique<comm::SharedHostAllocator>();
+  }
+  if (zero_ < 2 && over_shm(groups_.dp)) grad_allocator = shared_memory_.get();
+  activation_allocator_ = over_shm(groups_.tp) ? shared_memory_.get() : &allocator_;
   ASSIGN_OR_RETURN(grads_, kernels::Tensor::Zeros({zero_ >= 2 ? shard_total_ : whole},
-                                                  DType::kFloat32, allocator_));
+                                                  DType::kFloat32, *grad_allocator));
   const int64_t moments = zero_ >= 1 ? shard_total_ : whole;
   ASSIGN_OR_RETURN(adam_m_, kernels::Tensor::Zeros({moments}, DType::kFloat32, allocator_));
   ASSIGN_OR_RETURN(adam_v_, kernels::Tensor::Zeros({moments}, DType::kFloat32, allocator_));
@@ -265,8 +277,8 @@ absl::Status ShardedGpt::Allocate() {
     auto slot = std::make_unique<Slot>();
     Carver counter(nullptr);
     carve_slot(counter, *slot);
-    ASSIGN_OR_RETURN(slot->buffer,
-                     kernels::Tensor::Zeros({counter.used()}, DType::kFloat32, allocator_));
+    ASSIGN_OR_RETURN(slot->buffer, kernels::Tensor::Zeros({counter.used()}, DType::kFloat32,
+                                                          *activation_allocator_));
     Carver carver(slot->buffer.data<float>());
     carve_slot(carver, *slot);
     slots_.push_back(std::move(slot));
@@ -282,8 +294,8 @@ absl::Status ShardedGpt::Allocate() {
   };
   Carver counter(nullptr);
   carve_backward(counter);
-  ASSIGN_OR_RETURN(backward_buffer_,
-                   kernels::Tensor::Zeros({counter.used()}, DType::kFloat32, allocator_));
+  ASSIGN_OR_RETURN(backward_buffer_, kernels::Tensor::Zeros({counter.used()}, DType::kFloat32,
+                                                            *activation_allocator_));
   Carver carver(backward_buffer_.data<float>());
   carve_backward(carver);
   return absl::OkStatus();
@@ -293,6 +305,10 @@ ShardedMemory ShardedGpt::memory() const {
   return ShardedMemory{static_cast<int64_t>(params_.nbytes()),
                        static_cast<int64_t>(grads_.nbytes()),
                        static_cast<int64_t>(adam_m_.nbytes() + adam_v_.nbytes())};
+}
+
+int64_t ShardedGpt::shared_bytes() const {
+  return shared_memory_ ? static_cast<int64_t>(shared_memory_->stats().bytes_in_use) : 0;
 }
 
 BlockDims ShardedGpt::MicroBatchDims() const {

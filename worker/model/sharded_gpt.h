@@ -42,6 +42,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/allocator.h"
+#include "worker/comm/shared_host_memory.h"
 #include "kernels/tensor.h"
 #include "placement/parallel_layout.h"
 #include "worker/comm/communicator.h"
@@ -111,6 +112,10 @@ class ShardedGpt {
 
   const ShardLayout& layout() const { return layout_; }
   ShardedMemory memory() const;
+  // Bytes allocated outside the allocator given to Create, in memory the peers of a
+  // shared-memory group map (the gradients over a shared-memory data-parallel group under
+  // ZeRO 0-1; activations and backward scratch over a shared-memory tensor-parallel group).
+  int64_t shared_bytes() const;
 
   // GptModel::InitGpt2's values, each rank drawing exactly the elements of its boxes (the draws
   // are indexed by global element, see counter_rng.h). Clears the optimizer state.
@@ -188,6 +193,12 @@ class ShardedGpt {
   ShardedGroups groups_;
   ShardLayout layout_;
   kernels::Allocator& allocator_;
+  // Memory the peers of a shared-memory group map, so that their all-reduces read it with no
+  // copy (shared_host_memory.h): the gradients under ZeRO 0-1 over a shared-memory data-parallel
+  // group, the activations and backward scratch over a shared-memory tensor-parallel one. Null
+  // when neither. Declared before the tensors it holds, so it outlives them.
+  std::unique_ptr<comm::SharedHostAllocator> shared_memory_;
+  kernels::Allocator* activation_allocator_ = nullptr;  // the slots' and backward scratch's
   int zero_ = 0;
   int dp_size_ = 1, dp_index_ = 0;
   int micro_batches_ = 1;

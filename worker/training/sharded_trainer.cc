@@ -151,7 +151,7 @@ absl::StatusOr<ShardedTrainResult> TrainSharded(const ShardedTrainOptions& optio
     if (last) break;
   }
   if (writer) RETURN_IF_ERROR(writer->WaitIdle());
-  result.peak_bytes = static_cast<int64_t>(allocator.stats().peak_bytes);
+  result.peak_bytes = static_cast<int64_t>(allocator.stats().peak_bytes) + gpt->shared_bytes();
   result.memory = gpt->memory();
   return result;
 }
