@@ -76,6 +76,9 @@ struct AllreduceImpl {
   std::function<bool(float*, size_t)> all_reduce;
   std::function<bool()> barrier;
   bool reduces = true;  // false for a baseline that only moves the bytes (memcpy): not checked
+  // Its own buffer of --max-bytes (memory the communicator's peers map: shm-shared), instead of
+  // the one every other implementation uses.
+  float* buffer = nullptr;
 };
 
 // Implementations alternate operation by operation in the same processes, each operation timed
@@ -93,28 +96,37 @@ inline double BusBandwidthGBps(int ranks, size_t bytes, double seconds_per_op) {
 inline int RunAllreduceBench(int rank, int ranks, const AllreduceBenchArgs& args,
                              const std::vector<AllreduceImpl>& impls) {
   using Clock = std::chrono::steady_clock;
-  std::vector<float> buffer(args.max_bytes / sizeof(float));
-  const size_t check_count = std::min<size_t>(buffer.size(), 4099);
-  for (const AllreduceImpl& impl : impls) {
-    if (!impl.reduces) continue;
-    std::fill(buffer.begin(), buffer.begin() + check_count, static_cast<float>(rank + 1));
-    if (!impl.all_reduce(buffer.data(), check_count)) return 10;
-    const float want = static_cast<float>(ranks * (ranks + 1) / 2);
-    if (buffer[0] != want || buffer[check_count - 1] != want) {
-      fprintf(stderr, "%s rank %d: wrong all-reduce result %g, want %g\n", impl.name.c_str(),
-              rank, buffer[0], want);
-      return 11;
+  std::vector<float> common(args.max_bytes / sizeof(float));
+  const size_t elements = common.size();
+  const auto buffer_of = [&](const AllreduceImpl& impl) {
+    return impl.buffer != nullptr ? impl.buffer : common.data();
+  };
+  // Checked at the largest size too: the single copy and the chunked path run only above 16 KiB.
+  for (const size_t check_count : {std::min<size_t>(elements, 4099), elements}) {
+    for (const AllreduceImpl& impl : impls) {
+      if (!impl.reduces) continue;
+      float* buffer = buffer_of(impl);
+      std::fill(buffer, buffer + check_count, static_cast<float>(rank + 1));
+      if (!impl.all_reduce(buffer, check_count)) return 10;
+      const float want = static_cast<float>(ranks * (ranks + 1) / 2);
+      for (const size_t at : {size_t{0}, check_count / 2, check_count - 1}) {
+        if (buffer[at] != want) {
+          fprintf(stderr, "%s rank %d: wrong all-reduce result %g at %zu of %zu, want %g\n",
+                  impl.name.c_str(), rank, buffer[at], at, check_count, want);
+          return 11;
+        }
+      }
     }
   }
   // Small values that stay finite long enough not to matter (x86 adds inf at full speed anyway).
-  std::fill(buffer.begin(), buffer.end(), 1e-3f);
+  for (const AllreduceImpl& impl : impls) std::fill(buffer_of(impl), buffer_of(impl) + elements, 1e-3f);
   for (size_t bytes : Sizes(args)) {
     const size_t count = bytes / sizeof(float);
     // Iterations from the first implementation's warm-up, averaged over the ranks by
     // an all-reduce so that every rank runs the same count.
     const auto warm_start = Clock::now();
     for (int i = 0; i < WarmupIterations(bytes); ++i) {
-      if (!impls[0].all_reduce(buffer.data(), count)) return 12;
+      if (!impls[0].all_reduce(buffer_of(impls[0]), count)) return 12;
     }
     float estimate = static_cast<float>(
         std::chrono::duration<double>(Clock::now() - warm_start).count() /
@@ -124,7 +136,7 @@ inline int RunAllreduceBench(int rank, int ranks, const AllreduceBenchArgs& args
                                                   5000.0));
     for (size_t k = 1; k < impls.size(); ++k) {  // impls[0] was warmed up above
       for (int i = 0; i < WarmupIterations(bytes); ++i) {
-        if (!impls[k].all_reduce(buffer.data(), count)) return 12;
+        if (!impls[k].all_reduce(buffer_of(impls[k]), count)) return 12;
       }
     }
     std::vector<double> total(impls.size(), 0.0);
@@ -136,7 +148,7 @@ inline int RunAllreduceBench(int rank, int ranks, const AllreduceBenchArgs& args
         // Every other iteration in reverse order, so that neither always runs first.
         const size_t k = i % 2 == 0 ? j : impls.size() - 1 - j;
         const auto start = Clock::now();
-        if (!impls[k].all_reduce(buffer.data(), count)) return 14;
+        if (!impls[k].all_reduce(buffer_of(impls[k]), count)) return 14;
         total[k] += std::chrono::duration<double>(Clock::now() - start).count();
       }
     }

@@ -8,7 +8,9 @@
 // speed changes from one run to the next (a VM whose vCPUs the hypervisor moves between core
 // complexes ran 64 KiB-1 MiB 2-5x slower in some runs than in others, alike for both).
 // shm is the default (tuned) communicator; shm-oneshot, shm-copy and shm-single force one
-// algorithm each (ShmOptions::all_reduce), to see what the tuner chooses between.
+// algorithm each (ShmOptions::all_reduce), to see what the tuner chooses between. shm-shared is
+// the tuned communicator over a buffer from SharedHostAllocator, which its peers map (as the
+// trainer's data-parallel gradients are; MPI and the other shm rows use plain heap memory).
 #include <mpi.h>
 
 #include <cstdio>
@@ -16,6 +18,7 @@
 
 #include "bench/allreduce_bench_common.h"
 #include "worker/comm/file_store.h"
+#include "worker/comm/shared_host_memory.h"
 #include "worker/comm/shm_communicator.h"
 
 namespace {
@@ -24,6 +27,13 @@ using namespace shardline;
 struct ShmImpl {
   std::unique_ptr<comm::PrefixStore> store;
   std::unique_ptr<comm::Communicator> communicator;
+  void* shared = nullptr;  // shm-shared's buffer, from `allocator`
+  size_t shared_bytes = 0;
+  comm::SharedHostAllocator* allocator = nullptr;
+  ~ShmImpl() {
+    communicator.reset();
+    if (allocator != nullptr) allocator->Deallocate(shared, shared_bytes);
+  }
 };
 
 }  // namespace
@@ -39,7 +49,7 @@ int main(int argc, char** argv) {
   // ParseArgs insists on --ranks >= 2; the world size is what counts here.
   if (!bench::ParseArgs(argc, argv, args,
                         "mpirun -np N allreduce_mpi [--min-bytes B] [--max-bytes B] "
-                        "[--label NAME] [--impl mpi,shm,shm-copy,shm-single,shm-oneshot --store DIR]") ||
+                        "[--label NAME] [--impl mpi,shm,shm-shared,shm-copy,shm-single,shm-oneshot --store DIR]") ||
       size < 2) {
     if (size < 2) fprintf(stderr, "allreduce_mpi: run it with mpirun -np N, N >= 2\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
@@ -47,6 +57,7 @@ int main(int argc, char** argv) {
   args.ranks = size;
   std::vector<bench::AllreduceImpl> impls;
   std::unique_ptr<comm::FileStore> files;
+  comm::SharedHostAllocator shared_allocator;  // outlives `shms`
   std::vector<std::unique_ptr<ShmImpl>> shms;
   const auto report = [rank](const absl::Status& status) {
     if (!status.ok()) fprintf(stderr, "rank %d: %s\n", rank, status.ToString().c_str());
@@ -72,8 +83,10 @@ int main(int argc, char** argv) {
       options.all_reduce = comm::ShmAlgorithm::kSingleCopy;
     } else if (name == "shm-oneshot") {
       options.all_reduce = comm::ShmAlgorithm::kOneShot;
-    } else if (name != "shm") {
-      fprintf(stderr, "allreduce_mpi: --impl lists mpi, shm, shm-copy, shm-single, shm-oneshot, not '%s'\n",
+    } else if (name != "shm" && name != "shm-shared") {
+      fprintf(stderr,
+              "allreduce_mpi: --impl lists mpi, shm, shm-shared, shm-copy, shm-single, "
+              "shm-oneshot, not '%s'\n",
               name.c_str());
       MPI_Abort(MPI_COMM_WORLD, 2);
     }
@@ -91,6 +104,13 @@ int main(int argc, char** argv) {
     auto created = comm::CreateShmCommunicator(*shm->store, rank, size, options);
     if (!report(created.status())) MPI_Abort(MPI_COMM_WORLD, 3);
     shm->communicator = *std::move(created);
+    if (name == "shm-shared") {
+      auto shared = shared_allocator.Allocate(args.max_bytes);
+      if (!report(shared.status())) MPI_Abort(MPI_COMM_WORLD, 3);
+      shm->shared = *shared;
+      shm->shared_bytes = args.max_bytes;
+      shm->allocator = &shared_allocator;
+    }
     comm::Communicator* c = shm->communicator.get();
     impls.push_back({name,
                      [c, report](float* data, size_t count) {
@@ -98,6 +118,7 @@ int main(int argc, char** argv) {
                                                   comm::ReduceOp::kSum));
                      },
                      [c, report] { return report(c->Barrier()); }});
+    impls.back().buffer = static_cast<float*>(shm->shared);
     shms.push_back(std::move(shm));
   }
   const int code = bench::RunAllreduceBench(rank, size, args, impls);
