@@ -293,7 +293,6 @@ class Region {
   Region(const Region&) = delete;
   Region& operator=(const Region&) = delete;
   char* base() const { return base_; }
-  size_t bytes() const { return bytes_; }
 
  private:
   char* base_;
@@ -705,7 +704,8 @@ class ShmCommunicator final : public Communicator {
   // Rank `rank`'s buffer of this single copy (`bytes` long) where this process can read it
   // itself, or nullptr (then the kernel copies it). A peer's shared block is mapped on first use
   // and kept, a few per peer, for the next all-reduce over it. A block that cannot be mapped here
-  // (or a report that does not add up) is read the other way: correct, only slower.
+  // (or a report that does not add up) is read the other way: correct, only slower (or, where
+  // the kernel may not copy either, an Unavailable naming the rank).
   const char* DirectPeerBuffer(int rank, size_t bytes) {
     if (peers_[rank].pid == getpid()) return reinterpret_cast<const char*>(PeerAddress(rank));
     const ControlLine& line = Control(rank);

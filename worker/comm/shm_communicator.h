@@ -14,9 +14,10 @@
 // size by timing them on the live traffic and tells the others through the segment: the same
 // one-shot in chunks; chunked reduce-scatter + all-gather (two phases per chunk: rank r reduces
 // slice r of each chunk and the others copy it); or the single copy, where rank r reads slice r
-// of its peers' buffers straight from their memory (process_vm_readv, OpenMPI's CMA path: fewer
-// bytes moved) and the others read its result from its buffer, if every rank may read every peer
-// (found out on its first run; never again otherwise). Whichever runs, every element is reduced
+// of its peers' buffers straight from their memory and the others read its result from its
+// buffer: fewer bytes moved. A buffer from SharedHostAllocator (shared_host_memory.h) is read
+// through the reader's own mapping of it; any other through process_vm_readv (OpenMPI's CMA
+// path), if every rank may read every peer (found out on its first run; never again otherwise). Whichever runs, every element is reduced
 // in rank order 0, 1, ..., n-1, so every rank gets bit-identical results, whatever the choice.
 // bf16 and f16 are reduced in f32 and rounded once.
 //
