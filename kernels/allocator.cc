@@ -22,18 +22,14 @@ absl::StatusOr<void*> CpuAllocator::Allocate(size_t nbytes) {
                                         " bytes failed (" + std::to_string(stats().bytes_in_use) +
                                         " bytes already in use)");
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  stats_.bytes_in_use += nbytes;
-  stats_.allocations += 1;
-  if (stats_.bytes_in_use > stats_.peak_bytes) stats_.peak_bytes = stats_.bytes_in_use;
+  counter_.Allocated(nbytes);
   return ptr;
 }
 
 void CpuAllocator::Deallocate(void* ptr, size_t nbytes) {
   if (ptr == nullptr) return;
   std::free(ptr);
-  std::lock_guard<std::mutex> lock(mu_);
-  stats_.bytes_in_use -= nbytes;
+  counter_.Freed(nbytes);
 }
 
 absl::Status CpuAllocator::FillZero(void* ptr, size_t nbytes) {
@@ -41,12 +37,24 @@ absl::Status CpuAllocator::FillZero(void* ptr, size_t nbytes) {
   return absl::OkStatus();
 }
 
-AllocatorStats CpuAllocator::stats() const {
+void AllocationCounter::Allocated(size_t nbytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.bytes_in_use += nbytes;
+  stats_.allocations += 1;
+  if (stats_.bytes_in_use > stats_.peak_bytes) stats_.peak_bytes = stats_.bytes_in_use;
+}
+
+void AllocationCounter::Freed(size_t nbytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.bytes_in_use -= nbytes;
+}
+
+AllocatorStats AllocationCounter::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   return stats_;
 }
 
-void CpuAllocator::ResetPeak() {
+void AllocationCounter::ResetPeak() {
   std::lock_guard<std::mutex> lock(mu_);
   stats_.peak_bytes = stats_.bytes_in_use;
 }

@@ -37,6 +37,20 @@ class Allocator {
   virtual void ResetPeak() = 0;
 };
 
+// The byte accounting every host allocator keeps, thread-safe: Allocated after a block is handed
+// out, Freed when it comes back.
+class AllocationCounter {
+ public:
+  void Allocated(size_t nbytes);
+  void Freed(size_t nbytes);
+  AllocatorStats stats() const;
+  void ResetPeak();
+
+ private:
+  mutable std::mutex mu_;
+  AllocatorStats stats_;  // guarded by mu_
+};
+
 // Host memory aligned to 64 bytes (a cache line, and the widest vector load), so that kernels and
 // OpenBLAS never straddle a line at the start of a tensor.
 class CpuAllocator final : public Allocator {
@@ -51,12 +65,11 @@ class CpuAllocator final : public Allocator {
   void Deallocate(void* ptr, size_t nbytes) override;
   absl::Status FillZero(void* ptr, size_t nbytes) override;
   Device device() const override { return Device::kCpu; }
-  AllocatorStats stats() const override;
-  void ResetPeak() override;
+  AllocatorStats stats() const override { return counter_.stats(); }
+  void ResetPeak() override { counter_.ResetPeak(); }
 
  private:
-  mutable std::mutex mu_;
-  AllocatorStats stats_;  // guarded by mu_
+  AllocationCounter counter_;
 };
 
 }  // namespace shardline::kernels

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <string>
 
 namespace shardline::comm {
@@ -60,10 +61,7 @@ absl::StatusOr<void*> SharedHostAllocator::Allocate(size_t nbytes) {
     std::lock_guard<std::mutex> lock(BlocksMutex());
     Blocks()[reinterpret_cast<uintptr_t>(base)] = Block{rounded, fd, next_id++};
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  stats_.bytes_in_use += nbytes;
-  stats_.allocations += 1;
-  if (stats_.bytes_in_use > stats_.peak_bytes) stats_.peak_bytes = stats_.bytes_in_use;
+  counter_.Allocated(nbytes);
   return base;
 }
 
@@ -79,23 +77,12 @@ void SharedHostAllocator::Deallocate(void* ptr, size_t nbytes) {
   }
   munmap(ptr, block.bytes);
   close(block.fd);
-  std::lock_guard<std::mutex> lock(mu_);
-  stats_.bytes_in_use -= nbytes;
+  counter_.Freed(nbytes);
 }
 
 absl::Status SharedHostAllocator::FillZero(void* ptr, size_t nbytes) {
   std::memset(ptr, 0, nbytes);
   return absl::OkStatus();
-}
-
-kernels::AllocatorStats SharedHostAllocator::stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return stats_;
-}
-
-void SharedHostAllocator::ResetPeak() {
-  std::lock_guard<std::mutex> lock(mu_);
-  stats_.peak_bytes = stats_.bytes_in_use;
 }
 
 std::optional<SharedBlockRef> FindSharedBlock(const void* data, size_t bytes) {

@@ -12,7 +12,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <mutex>
 #include <optional>
 
 #include "absl/status/statusor.h"
@@ -30,12 +29,11 @@ class SharedHostAllocator final : public kernels::Allocator {
   void Deallocate(void* ptr, size_t nbytes) override;
   absl::Status FillZero(void* ptr, size_t nbytes) override;
   kernels::Device device() const override { return kernels::Device::kCpu; }
-  kernels::AllocatorStats stats() const override;
-  void ResetPeak() override;
+  kernels::AllocatorStats stats() const override { return counter_.stats(); }
+  void ResetPeak() override { counter_.ResetPeak(); }
 
  private:
-  mutable std::mutex mu_;
-  kernels::AllocatorStats stats_;  // guarded by mu_
+  kernels::AllocationCounter counter_;
 };
 
 // Where a peer finds `bytes` bytes at `data` of this process: the block's descriptor in this
