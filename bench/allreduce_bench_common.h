@@ -119,7 +119,9 @@ inline int RunAllreduceBench(int rank, int ranks, const AllreduceBenchArgs& args
     }
   }
   // Small values that stay finite long enough not to matter (x86 adds inf at full speed anyway).
-  for (const AllreduceImpl& impl : impls) std::fill(buffer_of(impl), buffer_of(impl) + elements, 1e-3f);
+  for (const AllreduceImpl& impl : impls) {
+    std::fill(buffer_of(impl), buffer_of(impl) + elements, 1e-3f);
+  }
   for (size_t bytes : Sizes(args)) {
     const size_t count = bytes / sizeof(float);
     // Iterations from the first implementation's warm-up, averaged over the ranks by

@@ -621,7 +621,8 @@ TEST_P(ShmSingleCopyTest, AcrossProcessesTheResultsAreBitIdentical) {
       // Three calls: the first also finds out whether the ranks may read each other.
       for (int round = 0; round < 3; ++round) {
         for (size_t i = 0; i < kCount; ++i) data[i] = input(rank, i);
-        const absl::Status status = (*comm)->AllReduce(data, kCount, DType::kFloat32, ReduceOp::kSum);
+        const absl::Status status =
+            (*comm)->AllReduce(data, kCount, DType::kFloat32, ReduceOp::kSum);
         if (!status.ok()) {
           fprintf(stderr, "rank %d: %s\n", rank, status.ToString().c_str());
           _exit(4);

@@ -235,7 +235,8 @@ absl::Status ShardedGpt::Allocate() {
     shared_memory_ = std::make_unique<comm::SharedHostAllocator>();
   }
   if (zero_ < 2 && over_shm(groups_.dp)) grad_allocator = shared_memory_.get();
-  activation_allocator_ = over_shm(groups_.tp) ? shared_memory_.get() : &allocator_;
+  kernels::Allocator& activation_allocator =
+      over_shm(groups_.tp) ? *shared_memory_ : allocator_;  // the slots' and backward scratch's
   ASSIGN_OR_RETURN(grads_, kernels::Tensor::Zeros({zero_ >= 2 ? shard_total_ : whole},
                                                   DType::kFloat32, *grad_allocator));
   const int64_t moments = zero_ >= 1 ? shard_total_ : whole;
@@ -278,7 +279,7 @@ absl::Status ShardedGpt::Allocate() {
     Carver counter(nullptr);
     carve_slot(counter, *slot);
     ASSIGN_OR_RETURN(slot->buffer, kernels::Tensor::Zeros({counter.used()}, DType::kFloat32,
-                                                          *activation_allocator_));
+                                                          activation_allocator));
     Carver carver(slot->buffer.data<float>());
     carve_slot(carver, *slot);
     slots_.push_back(std::move(slot));
@@ -295,7 +296,7 @@ absl::Status ShardedGpt::Allocate() {
   Carver counter(nullptr);
   carve_backward(counter);
   ASSIGN_OR_RETURN(backward_buffer_, kernels::Tensor::Zeros({counter.used()}, DType::kFloat32,
-                                                            *activation_allocator_));
+                                                            activation_allocator));
   Carver carver(backward_buffer_.data<float>());
   carve_backward(carver);
   return absl::OkStatus();

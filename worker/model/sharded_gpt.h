@@ -198,7 +198,6 @@ class ShardedGpt {
   // group, the activations and backward scratch over a shared-memory tensor-parallel one. Null
   // when neither. Declared before the tensors it holds, so it outlives them.
   std::unique_ptr<comm::SharedHostAllocator> shared_memory_;
-  kernels::Allocator* activation_allocator_ = nullptr;  // the slots' and backward scratch's
   int zero_ = 0;
   int dp_size_ = 1, dp_index_ = 0;
   int micro_batches_ = 1;
