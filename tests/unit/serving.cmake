@@ -9,6 +9,9 @@ shardline_test(serving_http_server_test
 shardline_test(serving_local_engine_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/serving_local_engine_test.cc
   LIBS shardline_serving LABELS unit TIMEOUT 120)
+shardline_test(serving_batch_scheduler_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/serving_batch_scheduler_test.cc
+  LIBS shardline_serving_scheduler LABELS unit TIMEOUT 120)
 shardline_test(serving_cli_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/serving_cli_test.cc
   LIBS shardline_checkpoint shardline_common PkgConfig::HTTPLIB nlohmann_json::nlohmann_json
