@@ -1,5 +1,7 @@
-// KV-cache inference: the cached path's logits equal the full forward's at every position, and
-// generation with the cache equals generation without it.
+// KV-cache inference: generation with the cache equals generation without it. The paged forward of
+// a batched serving step (paged_inference.h) gives the full forward's logits too, for sequences
+// interleaved over steps in chunks, with scattered cache blocks; and it refuses a bad step naming
+// what is wrong.
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -11,6 +13,7 @@
 #include "kernels/allocator.h"
 #include "worker/model/gpt.h"
 #include "worker/model/inference.h"
+#include "worker/model/paged_inference.h"
 
 namespace shardline::model {
 namespace {
@@ -58,54 +61,6 @@ void ExpectRowClose(std::span<const float> got, const float* want, int V, const 
       ++misses;
     }
   }
-}
-
-TEST(InferenceTest, CachedLogitsEqualTheFullForwardAtEveryPosition) {
-  kernels::CpuAllocator allocator;
-  const GptConfig c = SmallConfig();
-  auto model = HotModel(c, allocator, 3);
-  const int T = c.max_seq_len;
-  const std::vector<int32_t> tokens = RandomTokens(T, c.vocab, 5);
-  ASSERT_TRUE(model->ForwardLogits(tokens, 1, T).ok());
-  const std::vector<float> full(model->Logits().begin(), model->Logits().end());
-
-  // Prefill lengths 1 (Step does everything), a middle one, and T (Prefill does everything).
-  for (int prefill : {1, 7, T}) {
-    SCOPED_TRACE("prefill " + std::to_string(prefill));
-    auto session = InferenceSession::Create(*model).value();
-    auto logits = session.Prefill(std::span(tokens).first(prefill));
-    ASSERT_TRUE(logits.ok()) << logits.status();
-    ExpectRowClose(*logits, full.data() + int64_t{prefill - 1} * c.vocab, c.vocab,
-                   "position " + std::to_string(prefill - 1));
-    for (int t = prefill; t < T; ++t) {
-      auto step = session.Step(tokens[t]);
-      ASSERT_TRUE(step.ok()) << step.status();
-      ExpectRowClose(*step, full.data() + int64_t{t} * c.vocab, c.vocab,
-                     "position " + std::to_string(t));
-    }
-    EXPECT_EQ(session.position(), T);
-    auto past = session.Step(0);
-    EXPECT_EQ(past.status().code(), absl::StatusCode::kOutOfRange);
-    EXPECT_THAT(std::string(past.status().message()), HasSubstr("max_seq_len 24"));
-  }
-}
-
-TEST(InferenceTest, PrefillAfterStepsStepsThroughTheCache) {
-  kernels::CpuAllocator allocator;
-  const GptConfig c = SmallConfig();
-  auto model = HotModel(c, allocator, 4);
-  const std::vector<int32_t> tokens = RandomTokens(10, c.vocab, 6);
-  ASSERT_TRUE(model->ForwardLogits(tokens, 1, 10).ok());
-  const std::vector<float> full(model->Logits().begin(), model->Logits().end());
-  auto session = InferenceSession::Create(*model).value();
-  ASSERT_TRUE(session.Prefill(std::span(tokens).first(4)).ok());
-  auto logits = session.Prefill(std::span(tokens).subspan(4));
-  ASSERT_TRUE(logits.ok());
-  ExpectRowClose(*logits, full.data() + 9 * c.vocab, c.vocab, "position 9");
-  session.Reset();
-  EXPECT_EQ(session.position(), 0);
-  EXPECT_EQ(session.Step(c.vocab).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(session.Prefill({}).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(InferenceTest, GreedyGenerationWithAndWithoutCacheAgree) {
@@ -181,7 +136,131 @@ TEST(InferenceTest, GenerateRejectsBadRequestsBeforeAnyWork) {
   EXPECT_THAT(std::string(Generate(*model, bad, options).status().message()),
               HasSubstr("token 99 at position 1"));
   options.sampling.top_k = -1;
-  EXPECT_THAT(std::string(Generate(*model, std::span(bad).first(1), options).status().message()), HasSubstr("top_k"));
+  EXPECT_THAT(std::string(Generate(*model, std::span(bad).first(1), options).status().message()),
+              HasSubstr("top_k"));
+}
+
+// Three sequences fed over four steps in chunks of different sizes (a chunked prefill, decodes,
+// a sequence joining late), with their cache blocks scattered through the pool: every row's
+// logits are the full forward's at that position of its sequence.
+TEST(PagedInferenceTest, StepsOfInterleavedChunksGiveTheFullForwardsLogits) {
+  kernels::CpuAllocator allocator;
+  const GptConfig c = SmallConfig();
+  auto model = HotModel(c, allocator, 8);
+  const std::vector<int> lengths = {24, 11, 5};
+  std::vector<std::vector<int32_t>> seqs;
+  std::vector<std::vector<float>> full;
+  for (size_t s = 0; s < lengths.size(); ++s) {
+    seqs.push_back(RandomTokens(lengths[s], c.vocab, 20 + s));
+    ASSERT_TRUE(model->ForwardLogits(seqs[s], 1, lengths[s]).ok());
+    full.emplace_back(model->Logits().begin(), model->Logits().end());
+  }
+  const int block_size = 4, max_blocks = 6;  // 24 positions
+  auto paged = PagedGptForward::Create(*model, {.num_blocks = 20,
+                                                .block_size = block_size,
+                                                .max_tokens_per_step = 16,
+                                                .max_seqs_per_step = 16})
+                   .value();
+  // Blocks handed out out of order and interleaved between the sequences.
+  const std::vector<int32_t> tables = {17, 3,  9, 0, 12, 5,   // sequence 0
+                                       2,  19, 8, 0, 0,  0,   // sequence 1 (3 blocks)
+                                       11, 6,  0, 0, 0,  0};  // sequence 2 (2 blocks)
+  // Each step: (sequence, first position, count).
+  struct Chunk {
+    int seq, start, count;
+  };
+  const std::vector<std::vector<Chunk>> steps = {
+      {{0, 0, 7}, {1, 0, 3}},
+      {{0, 7, 9}, {1, 3, 1}, {2, 0, 5}},
+      {{1, 4, 7}, {0, 16, 1}},
+      {{0, 17, 7}},
+  };
+  std::vector<int> done(lengths.size(), 0);
+  for (size_t k = 0; k < steps.size(); ++k) {
+    std::vector<int32_t> tokens, positions, token_seq, rows;
+    for (const Chunk& ch : steps[k]) {
+      for (int p = ch.start; p < ch.start + ch.count; ++p) {
+        rows.push_back(static_cast<int32_t>(tokens.size()));
+        tokens.push_back(seqs[ch.seq][p]);
+        positions.push_back(p);
+        token_seq.push_back(ch.seq);
+      }
+      done[ch.seq] += ch.count;
+    }
+    auto logits = paged->Forward({.tokens = tokens,
+                                  .positions = positions,
+                                  .token_seq = token_seq,
+                                  .block_tables = tables,
+                                  .num_seqs = 3,
+                                  .max_blocks_per_seq = max_blocks,
+                                  .logit_rows = rows});
+    ASSERT_TRUE(logits.ok()) << logits.status();
+    ASSERT_EQ(logits->size(), rows.size() * c.vocab);
+    for (size_t r = 0; r < rows.size(); ++r) {
+      const int seq = token_seq[r], pos = positions[r];
+      ExpectRowClose(logits->subspan(r * c.vocab, c.vocab),
+                     full[seq].data() + int64_t{pos} * c.vocab, c.vocab,
+                     "step " + std::to_string(k) + " sequence " + std::to_string(seq) +
+                         " position " + std::to_string(pos));
+    }
+  }
+  EXPECT_EQ(done, lengths);
+}
+
+TEST(PagedInferenceTest, RefusesABadStepNamingWhatIsWrong) {
+  kernels::CpuAllocator allocator;
+  const GptConfig c = SmallConfig();
+  auto model = HotModel(c, allocator, 9);
+  EXPECT_THAT(
+      std::string(PagedGptForward::Create(
+                      *model, {.num_blocks = 0, .max_tokens_per_step = 4, .max_seqs_per_step = 2})
+                      .status()
+                      .message()),
+      HasSubstr("num_blocks"));
+  auto paged =
+      PagedGptForward::Create(
+          *model,
+          {.num_blocks = 4, .block_size = 4, .max_tokens_per_step = 4, .max_seqs_per_step = 2})
+          .value();
+  std::vector<int32_t> tokens = {1, 2}, positions = {0, 1}, token_seq = {0, 0}, rows = {1};
+  std::vector<int32_t> tables = {3, 1};
+  auto step = [&] {
+    return paged->Forward({.tokens = tokens,
+                           .positions = positions,
+                           .token_seq = token_seq,
+                           .block_tables = tables,
+                           .num_seqs = 1,
+                           .max_blocks_per_seq = 2,
+                           .logit_rows = rows});
+  };
+  ASSERT_TRUE(step().ok()) << step().status();
+  auto refused = [&](const std::string& needle) {
+    auto result = step();
+    EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument) << needle;
+    EXPECT_THAT(std::string(result.status().message()), HasSubstr(needle));
+  };
+  tokens[1] = c.vocab;
+  refused("outside the vocabulary");
+  tokens[1] = 2;
+  positions[1] = c.max_seq_len;
+  refused("position 24");
+  positions[1] = 5;
+  tables[1] = 4;
+  refused("block 1 is 4");
+  tables[1] = 1;
+  positions[1] = 9;
+  refused("needs block 2");
+  positions[1] = 1;
+  rows = {2};
+  refused("logit row 2");
+  rows = {1};
+  token_seq[0] = 1;
+  refused("of sequence 1");
+  token_seq[0] = 0;
+  tokens = {1, 2, 3, 4, 5};
+  positions = {0, 1, 2, 3, 4};
+  token_seq = {0, 0, 0, 0, 0};
+  refused("5 tokens, more than the 4");
 }
 
 }  // namespace

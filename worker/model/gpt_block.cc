@@ -23,14 +23,19 @@ void Zero(float* p, int64_t n) { std::fill(p, p + n, 0.0f); }
 }  // namespace
 
 absl::Status BlockForward(const BlockDims& d, const BlockParams& p, const float* x, float* y,
-                          const BlockActivations& a, const AllReduceFn& all_reduce) {
+                          const BlockActivations& a, const AllReduceFn& all_reduce,
+                          const AttentionFn& attention) {
   const int N = static_cast<int>(d.N());
   const int64_t NC = d.N() * d.C;
   // Attention half. The row-parallel projection's bias is added after the reduction, so that it
   // counts once however many ranks contributed partial sums.
   cpu::LayerNormForward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1_w, p.ln1_b, N, d.C);
   cpu::MatmulForward(a.qkv, a.ln1, p.qkv_w, p.qkv_b, N, d.C, 3 * d.Attn());
-  cpu::AttentionForward(a.atty, a.att_lse, a.qkv, d.B, d.T, d.NH, d.HS);
+  if (attention) {
+    RETURN_IF_ERROR(attention(a.qkv, a.atty));
+  } else {
+    cpu::AttentionForward(a.atty, a.att_lse, a.qkv, d.B, d.T, d.NH, d.HS);
+  }
   if (all_reduce) {
     cpu::MatmulForward(a.resid_mid, a.atty, p.attn_proj_w, nullptr, N, d.Attn(), d.C);
     RETURN_IF_ERROR(Reduce(all_reduce, a.resid_mid, NC, "all-reduce of the attention output"));
@@ -81,8 +86,8 @@ absl::Status BlockBackward(const BlockDims& d, const BlockParams& p, const Block
 
   // Attention half: r = x + attn_proj(attention(qkv(ln1(x)))).
   cpu::ResidualBackward(dx, nullptr, s.dresid_mid, NC);
-  cpu::MatmulBackward(s.datty, g.attn_proj_w, g.attn_proj_b, s.dresid_mid, a.atty, p.attn_proj_w,
-                      N, d.Attn(), d.C);
+  cpu::MatmulBackward(s.datty, g.attn_proj_w, g.attn_proj_b, s.dresid_mid, a.atty, p.attn_proj_w, N,
+                      d.Attn(), d.C);
   cpu::AttentionBackward(s.dqkv, s.datty, a.qkv, a.atty, a.att_lse, d.B, d.T, d.NH, d.HS);
   Zero(s.dln, NC);
   cpu::MatmulBackward(s.dln, g.qkv_w, g.qkv_b, s.dqkv, a.ln1, p.qkv_w, N, d.C, 3 * d.Attn());

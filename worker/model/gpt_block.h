@@ -20,6 +20,12 @@ namespace shardline::model {
 // Sums `n` floats in place across the tensor-parallel group. Empty on a single device.
 using AllReduceFn = std::function<absl::Status(float* data, int64_t n)>;
 
+// The attention step of a block: atty (N,NH,HS) from qkv (N,3,NH,HS). Empty means causal
+// self-attention over each (B,T) row (training, and a whole-prompt forward); inference with a KV
+// cache passes one that writes the step's keys and values into the cache and attends over it, so
+// that training and serving share every other line of the block.
+using AttentionFn = std::function<absl::Status(const float* qkv, float* atty)>;
+
 struct BlockDims {
   int B = 0;
   int T = 0;
@@ -57,10 +63,12 @@ struct BlockGradScratch {
   float* dqkv = nullptr;        // (B,T,3,NH,HS)
 };
 
-// y (B,T,C) = block(x (B,T,C)), filling `acts`. y may not alias x (the backward needs x).
+// y (B,T,C) = block(x (B,T,C)), filling `acts`. y may not alias x (the backward needs x). With
+// an `attention` step, acts.att_lse is not written (and the backward is not available).
 absl::Status BlockForward(const BlockDims& dims, const BlockParams& params, const float* x,
                           float* y, const BlockActivations& acts,
-                          const AllReduceFn& all_reduce = nullptr);
+                          const AllReduceFn& all_reduce = nullptr,
+                          const AttentionFn& attention = nullptr);
 
 // dy (B,T,C) is the gradient of y. Accumulates into dx (B,T,C) and every tensor of `grads`.
 // x and `acts` are the forward's.

@@ -1,5 +1,6 @@
-// Autoregressive inference over a GptModel: a session with a KV cache, token sampling, and
-// Generate (greedy, or temperature with top-k).
+// Autoregressive inference over a GptModel: token sampling, and Generate (greedy, or temperature
+// with top-k) of one sequence, through the serving engine's paged KV-cache forward
+// (paged_inference.h) or, as the reference, the full forward for every token.
 #pragma once
 
 #include <cstdint>
@@ -13,63 +14,6 @@
 #include "worker/model/gpt.h"
 
 namespace shardline::model {
-
-// Decodes one sequence (batch 1) position by position, keeping every layer's keys and values so
-// that a step costs one token's worth of work plus attention over the cache.
-//
-// Prefill on an empty session runs the model's batched forward (the same kernels as training) and
-// copies each layer's keys and values out of its qkv activations. Step has its own attention loop:
-// the attention kernel computes T queries against the same T keys from position 0, while a decode
-// step is one query against pos+1 cached keys; feeding the kernel would mean re-packing the whole
-// cache into its (B,T,3,NH,HS) layout on every token. Everything else in Step is the same kernels
-// with one row. The logits of both paths equal the full forward's (tested within 1e-5).
-//
-// The model must outlive the session and its parameters must not change while it is used (the
-// cached keys and values were computed with them). Not thread-safe.
-class InferenceSession {
- public:
-  static absl::StatusOr<InferenceSession> Create(const GptModel& model);
-
-  // Move-only: the scratch pointers below point into buffers a copy would share.
-  InferenceSession(InferenceSession&&) = default;
-  InferenceSession& operator=(InferenceSession&&) = default;
-  InferenceSession(const InferenceSession&) = delete;
-  InferenceSession& operator=(const InferenceSession&) = delete;
-
-  // Feeds `tokens` and returns the logits (V) for the token after the last one. On an empty
-  // session this is one batched forward; otherwise it steps token by token. InvalidArgument for an
-  // empty list or a token outside the vocabulary, OutOfRange when the cache would pass max_seq_len;
-  // nothing is fed then.
-  absl::StatusOr<std::span<const float>> Prefill(std::span<const int32_t> tokens);
-  // Feeds one token at position(); returns the logits (V) for the next one. Same errors.
-  absl::StatusOr<std::span<const float>> Step(int32_t token);
-
-  // Tokens in the cache: the position the next token will take.
-  int position() const { return position_; }
-  // Empties the cache (the buffers stay allocated).
-  void Reset() { position_ = 0; }
-
- private:
-  explicit InferenceSession(const GptModel& model) : model_(&model) {}
-  absl::Status CheckRoom(int64_t count) const;
-  float* KCache(int layer, int pos);
-  float* VCache(int layer, int pos);
-
-  const GptModel* model_;
-  kernels::Tensor cache_;    // keys then values: 2 × (layers, max_seq_len, C), heads side by side
-  kernels::Tensor scratch_;  // one token's activations, carved below
-  float* x_ = nullptr;       // (C): the residual stream
-  float* ln_ = nullptr;      // (C)
-  float* stats_ = nullptr;   // (2): LayerNorm mean and rstd, unused afterwards
-  float* qkv_ = nullptr;     // (3C)
-  float* atty_ = nullptr;    // (C)
-  float* proj_ = nullptr;    // (C)
-  float* fch_ = nullptr;     // (F)
-  float* fch_gelu_ = nullptr;  // (F)
-  float* scores_ = nullptr;  // (max_seq_len)
-  float* logits_ = nullptr;  // (V)
-  int position_ = 0;
-};
 
 struct SamplingOptions {
   // <= 0 picks the most likely token (greedy, first on ties); otherwise logits are divided by it
@@ -90,7 +34,7 @@ struct GenerateOptions {
   int max_new_tokens = 16;
   SamplingOptions sampling;
   // false re-runs the full forward over the whole sequence for every token: slower, and the
-  // reference the KV-cache path is tested against.
+  // reference the KV-cache path (PagedGptForward) is tested against.
   bool use_kv_cache = true;
 };
 
