@@ -86,9 +86,12 @@ struct ServeOptions {
   std::string api_key;               // non-empty: /v1/* needs "Authorization: Bearer KEY"
   std::string api_key_file;          // the key from this file's first line
   std::string model_name;            // empty: the checkpoint's file or folder name
-  int max_queue = 64;                // requests waiting behind the running one; then 429
+  int max_queue = 64;                // requests waiting to join the batch; then 429
+  int max_running = 8;               // sequences in the running batch
+  int max_tokens_per_step = 256;     // prefill + decode tokens per step
+  int block_size = 16;               // KV-cache positions per block
+  int64_t kv_cache_mib = 0;          // 0: room for max_running whole contexts
   int hf_heads = 12;
-  bool no_kv_cache = false;
 };
 // Serves until SIGINT/SIGTERM; 0 after a clean stop, 1 when the model cannot be loaded or the
 // address bound, 2 for bad flags.

@@ -214,7 +214,7 @@ int Main(int argc, char** argv) {
 
   ServeOptions serve_options;
   auto* serve_cmd = app.add_subcommand(
-      "serve", "Serve a checkpoint over an OpenAI-compatible HTTP API (one process, no batching)");
+      "serve", "Serve a checkpoint over an OpenAI-compatible HTTP API (one process, continuous batching)");
   serve_cmd->add_option("--checkpoint", serve_options.checkpoint,
                         "A checkpoint file or a training run's checkpoint folder")
       ->required();
@@ -232,13 +232,23 @@ int Main(int argc, char** argv) {
   serve_cmd->add_option("--model-name", serve_options.model_name,
                         "The model name clients give (default: the checkpoint's name)");
   serve_cmd->add_option("--max-queue", serve_options.max_queue,
-                        "Requests that may wait behind the running one; more get 429")
+                        "Requests that may wait to join the running batch; more get 429")
       ->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  serve_cmd->add_option("--max-running", serve_options.max_running,
+                        "Sequences generated together in one batch")
+      ->check(CLI::Range(1, 4096))->capture_default_str();
+  serve_cmd->add_option("--max-tokens-per-step", serve_options.max_tokens_per_step,
+                        "Prompt and decode tokens one step computes (longer prompts are "
+                        "prefilled in chunks)")
+      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  serve_cmd->add_option("--block-size", serve_options.block_size, "KV-cache positions per block")
+      ->check(CLI::Range(1, 4096))->capture_default_str();
+  serve_cmd->add_option("--kv-cache-mib", serve_options.kv_cache_mib,
+                        "KV-cache size (0: room for --max-running whole contexts)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30))->capture_default_str();
   serve_cmd->add_option("--hf-heads", serve_options.hf_heads,
                         "Heads of a Hugging Face GPT-2 checkpoint")
       ->check(CLI::PositiveNumber)->capture_default_str();
-  serve_cmd->add_flag("--no-kv-cache", serve_options.no_kv_cache,
-                      "Recompute the whole sequence for every token (reference path)");
   serve_cmd->add_option("--log-level", log_level);
 
   CheckpointInspectOptions inspect_options;

@@ -1,5 +1,5 @@
 // `shardline serve`: one checkpoint behind the OpenAI-compatible HTTP API, generated in this
-// process by the single-process engine (batching off; see worker/serving/local_engine.h).
+// process with continuous batching (worker/serving/batching_engine.h).
 #include <charconv>
 #include <chrono>
 #include <filesystem>
@@ -11,8 +11,8 @@
 #include "cli/commands.h"
 #include "kernels/allocator.h"
 #include "worker/model/data/tokenizer.h"
+#include "worker/serving/batching_engine.h"
 #include "worker/serving/http_server.h"
-#include "worker/serving/local_engine.h"
 #include "worker/training/model_checkpoint.h"
 
 namespace shardline::cli {
@@ -100,21 +100,31 @@ int Serve(const ServeOptions& options) {
     return 1;
   }
 
-  serving::LocalEngine engine(**gpt, serving::LocalEngineOptions{
-                                         .max_queue = options.max_queue,
-                                         .use_kv_cache = !options.no_kv_cache});
+  auto engine = serving::BatchingEngine::Create(
+      **gpt, serving::BatchingEngineOptions{.max_running = options.max_running,
+                                            .max_tokens_per_step = options.max_tokens_per_step,
+                                            .block_size = options.block_size,
+                                            .kv_cache_bytes = options.kv_cache_mib << 20,
+                                            .max_queue = options.max_queue});
+  if (!engine.ok()) {
+    std::cerr << "error: " << engine.status().message() << "\n";
+    return engine.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  }
   InstallStopHandlers();
-  auto server = serving::HttpServer::Start(http, engine, **tokenizer);
+  auto server = serving::HttpServer::Start(http, **engine, **tokenizer);
   if (!server.ok()) {
     std::cerr << "error: --listen: " << server.status().message() << "\n";
     return 1;
   }
-  std::cout << "serving " << http.model_name << " at " << (*server)->url()
-            << "/v1 (batching off: one request at a time)" << std::endl;
+  const serving::BatchingStats batching = (*engine)->Batching();
+  std::cout << "serving " << http.model_name << " at " << (*server)->url() << "/v1 (batches of "
+            << options.max_running << ", " << options.max_tokens_per_step
+            << " tokens per step, KV cache of " << batching.kv_blocks << " blocks of "
+            << options.block_size << " positions)" << std::endl;
   while (!StopRequested().load()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   std::cout << "stopping" << std::endl;
   (*server)->Stop();
-  engine.Shutdown();
+  (*engine)->Shutdown();
   return 0;
 }
 

@@ -1,5 +1,5 @@
-// What the HTTP layer asks of a generation engine: tokens in, tokens out, no I/O. The local
-// single-process engine (local_engine.h) implements it now; the continuously batching, sharded
+// What the HTTP layer asks of a generation engine: tokens in, tokens out, no I/O. The
+// continuously batching engine of one process (batching_engine.h) implements it now; the sharded
 // engine of a serving job will implement the same interface.
 //
 // The engine works in token ids only. Text (the prompt's encoding, decoding, stop strings) is the

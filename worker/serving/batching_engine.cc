@@ -1,0 +1,304 @@
+#include "worker/serving/batching_engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "worker/model/inference.h"
+
+namespace shardline::serving {
+
+absl::StatusOr<std::unique_ptr<BatchingEngine>> BatchingEngine::Create(
+    const model::GptModel& model, BatchingEngineOptions options) {
+  const model::GptConfig& c = model.config();
+  if (options.max_running < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_running must be >= 1, got ", options.max_running));
+  }
+  if (options.block_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block_size must be >= 1, got ", options.block_size));
+  }
+  if (options.kv_cache_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv_cache_bytes must be >= 0, got ", options.kv_cache_bytes));
+  }
+  const int blocks_per_context = (c.max_seq_len + options.block_size - 1) / options.block_size;
+  const int64_t block_bytes = model::PagedGptForward::BytesPerBlock(c, options.block_size);
+  const int64_t blocks = options.kv_cache_bytes == 0
+                             ? int64_t{options.max_running} * blocks_per_context
+                             : options.kv_cache_bytes / block_bytes;
+  if (blocks < blocks_per_context) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kv_cache_bytes ", options.kv_cache_bytes, " holds ", blocks, " blocks of ", block_bytes,
+        " bytes; one whole context of ", c.max_seq_len, " positions needs ", blocks_per_context,
+        " (", blocks_per_context * block_bytes, " bytes)"));
+  }
+  if (blocks > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv_cache_bytes ", options.kv_cache_bytes, " is more blocks than an int"));
+  }
+  ASSIGN_OR_RETURN(BatchScheduler scheduler, BatchScheduler::Create(SchedulerLimits{
+                                                 .max_running = options.max_running,
+                                                 .max_tokens_per_step = options.max_tokens_per_step,
+                                                 .block_size = options.block_size,
+                                                 .num_blocks = static_cast<int>(blocks),
+                                                 .max_queue = options.max_queue,
+                                                 .max_context = c.max_seq_len,
+                                             }));
+  ASSIGN_OR_RETURN(auto forward, model::PagedGptForward::Create(
+                                     model, model::PagedCacheOptions{
+                                                .num_blocks = static_cast<int>(blocks),
+                                                .block_size = options.block_size,
+                                                .max_tokens_per_step = options.max_tokens_per_step,
+                                                .max_seqs_per_step = options.max_running,
+                                            }));
+  return std::unique_ptr<BatchingEngine>(
+      new BatchingEngine(model, options, std::move(forward), std::move(scheduler)));
+}
+
+BatchingEngine::BatchingEngine(const model::GptModel& model, BatchingEngineOptions options,
+                               std::unique_ptr<model::PagedGptForward> forward,
+                               BatchScheduler scheduler)
+    : model_(model),
+      options_(options),
+      forward_(std::move(forward)),
+      scheduler_(std::move(scheduler)) {
+  batching_.kv_blocks = batching_.kv_blocks_free = scheduler_.free_blocks();
+  worker_ = std::thread([this] { Run(); });
+}
+
+BatchingEngine::~BatchingEngine() { Shutdown(); }
+
+void BatchingEngine::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+absl::StatusOr<RequestId> BatchingEngine::Submit(GenerationRequest request,
+                                                 StreamCallbacks callbacks) {
+  const model::GptConfig& c = model_.config();
+  if (request.prompt.empty()) return absl::InvalidArgumentError("prompt: no tokens");
+  for (size_t i = 0; i < request.prompt.size(); ++i) {
+    if (request.prompt[i] < 0 || request.prompt[i] >= c.vocab) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt: token ", i, " (", request.prompt[i],
+                                                     ") is outside the vocabulary of ", c.vocab));
+    }
+  }
+  if (request.max_tokens < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_tokens must be >= 1, got ", request.max_tokens));
+  }
+  if (static_cast<int64_t>(request.prompt.size()) + request.max_tokens > c.max_seq_len) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_tokens: the prompt (", request.prompt.size(), " tokens) plus ",
+                     request.max_tokens, " new tokens is past the context of ", c.max_seq_len));
+  }
+  if (request.top_p != 1.0f) {
+    return absl::InvalidArgumentError("top_p: only 1 is supported by this engine");
+  }
+  if (request.top_k < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("top_k must be >= 0, got ", request.top_k));
+  }
+  Sequence seq;
+  seq.tokens = request.prompt;
+  seq.request = std::move(request);
+  seq.callbacks = std::move(callbacks);
+  RequestId id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return absl::UnavailableError("the engine is shutting down");
+    if (static_cast<int64_t>(arrivals_.size()) + in_scheduler_waiting_ >= options_.max_queue) {
+      return absl::ResourceExhaustedError(absl::StrCat("the queue is full (", options_.max_queue,
+                                                       " requests wait); try again later"));
+    }
+    id = seq.id = next_id_++;
+    arrivals_.push_back(std::move(seq));
+  }
+  cv_.notify_all();
+  return id;
+}
+
+void BatchingEngine::Cancel(RequestId id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancels_.push_back(id);
+  }
+  cv_.notify_all();
+}
+
+bool BatchingEngine::Ready() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !stopping_;
+}
+
+EngineStats BatchingEngine::Stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return EngineStats{.running = in_scheduler_running_,
+                     .waiting = in_scheduler_waiting_ + static_cast<int64_t>(arrivals_.size()),
+                     .tokens_generated = tokens_generated_.load()};
+}
+
+BatchingStats BatchingEngine::Batching() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return batching_;
+}
+
+void BatchingEngine::Finish(RequestId id, absl::Status status, FinishReason reason) {
+  auto it = sequences_.find(id);
+  if (it == sequences_.end()) return;
+  scheduler_.Finish(id);
+  StreamCallbacks callbacks = std::move(it->second.callbacks);
+  sequences_.erase(it);
+  callbacks.on_finish(std::move(status), reason);
+}
+
+void BatchingEngine::TakeArrivals() {
+  std::deque<Sequence> arrived;
+  std::vector<RequestId> cancels;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    arrived.swap(arrivals_);
+    cancels.swap(cancels_);
+  }
+  for (Sequence& seq : arrived) {
+    const RequestId id = seq.id;
+    const absl::Status added =
+        scheduler_.Add(id, static_cast<int>(seq.tokens.size()), seq.request.max_tokens);
+    if (!added.ok()) {
+      // Submit checked the same limits, so this is a request the pool can never hold.
+      seq.callbacks.on_finish(added, FinishReason::kStop);
+      continue;
+    }
+    sequences_.emplace(id, std::move(seq));
+  }
+  for (RequestId id : cancels) Finish(id, absl::CancelledError("cancelled"), FinishReason::kStop);
+}
+
+void BatchingEngine::RunStep(const StepPlan& plan) {
+  // The step's tokens, flattened; one block-table row per sequence.
+  int max_blocks = 1;
+  for (const StepEntry& e : plan.entries) {
+    max_blocks = std::max(max_blocks, static_cast<int>(scheduler_.BlockTable(e.id).size()));
+  }
+  step_tokens_.clear();
+  step_positions_.clear();
+  step_seq_.clear();
+  step_rows_.clear();
+  step_tables_.assign(plan.entries.size() * max_blocks, 0);
+  int64_t prompt_tokens = 0;  // positions of the prompts (recomputed ones too)
+  for (size_t s = 0; s < plan.entries.size(); ++s) {
+    const StepEntry& e = plan.entries[s];
+    const Sequence& seq = sequences_.at(e.id);
+    const std::span<const int32_t> table = scheduler_.BlockTable(e.id);
+    std::copy(table.begin(), table.end(), step_tables_.begin() + s * max_blocks);
+    for (int p = e.start; p < e.start + e.count; ++p) {
+      step_tokens_.push_back(seq.tokens[p]);
+      step_positions_.push_back(p);
+      step_seq_.push_back(static_cast<int32_t>(s));
+      if (p < static_cast<int>(seq.request.prompt.size())) ++prompt_tokens;
+    }
+    if (e.sample) step_rows_.push_back(static_cast<int32_t>(step_tokens_.size()) - 1);
+  }
+  const absl::StatusOr<std::span<const float>> logits = forward_->Forward(model::PagedStep{
+      .tokens = step_tokens_,
+      .positions = step_positions_,
+      .token_seq = step_seq_,
+      .block_tables = step_tables_,
+      .num_seqs = static_cast<int>(plan.entries.size()),
+      .max_blocks_per_seq = max_blocks,
+      .logit_rows = step_rows_,
+  });
+  scheduler_.Complete(plan);
+  if (!logits.ok()) {
+    // The scheduler planned a step the model refuses: a bug, not the requests' fault, but they
+    // cannot go on.
+    for (const StepEntry& e : plan.entries) {
+      Finish(e.id, absl::InternalError(absl::StrCat("serving step: ", logits.status().message())),
+             FinishReason::kStop);
+    }
+    return;
+  }
+  const int64_t V = model_.config().vocab;
+  int row = 0;
+  for (const StepEntry& e : plan.entries) {
+    if (!e.sample) continue;
+    Sequence& seq = sequences_.at(e.id);
+    const GenerationRequest& r = seq.request;
+    const std::span<const float> row_logits = logits->subspan(row++ * V, V);
+    const absl::StatusOr<int32_t> token = model::SampleToken(
+        row_logits, {.temperature = r.temperature, .top_k = r.top_k, .seed = r.seed},
+        static_cast<uint64_t>(seq.generated));
+    if (!token.ok()) {
+      Finish(e.id, token.status(), FinishReason::kStop);
+      continue;
+    }
+    ++seq.generated;
+    tokens_generated_.fetch_add(1);
+    if (std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), *token) !=
+        r.stop_token_ids.end()) {
+      Finish(e.id, absl::OkStatus(), FinishReason::kStop);
+      continue;
+    }
+    seq.callbacks.on_token(*token);
+    if (seq.generated >= r.max_tokens) {
+      Finish(e.id, absl::OkStatus(), FinishReason::kLength);
+      continue;
+    }
+    seq.tokens.push_back(*token);
+    scheduler_.AppendToken(e.id);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  ++batching_.steps;
+  batching_.prompt_tokens += prompt_tokens;
+  batching_.preemptions += static_cast<int64_t>(plan.preempted.size());
+  batching_.max_batch = std::max<int64_t>(batching_.max_batch, plan.entries.size());
+  batching_.kv_blocks_free = scheduler_.free_blocks();
+}
+
+void BatchingEngine::Run() {
+  bool stalled = false;  // the last plan was empty although sequences were there
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      // A bounded wait, so a missed notification costs at most this long. With work in hand the
+      // next step starts at once.
+      cv_.wait_for(lock, std::chrono::milliseconds(200), [this, stalled] {
+        return stopping_ || !arrivals_.empty() || !cancels_.empty() ||
+               (!sequences_.empty() && !stalled);
+      });
+      if (stopping_) break;
+    }
+    TakeArrivals();
+    const StepPlan plan = scheduler_.Schedule();
+    stalled = plan.empty() && !sequences_.empty();
+    if (!plan.empty()) RunStep(plan);
+    std::lock_guard<std::mutex> lock(mu_);
+    in_scheduler_running_ = scheduler_.running();
+    in_scheduler_waiting_ = scheduler_.waiting();
+  }
+  // Stopping: every request still here or still arriving ends now.
+  std::deque<Sequence> arrived;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    arrived.swap(arrivals_);
+  }
+  for (Sequence& seq : arrived) {
+    seq.callbacks.on_finish(absl::UnavailableError("the engine is shutting down"),
+                            FinishReason::kStop);
+  }
+  std::vector<RequestId> ids;
+  for (const auto& [id, seq] : sequences_) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  for (RequestId id : ids) {
+    Finish(id, absl::UnavailableError("the engine is shutting down"), FinishReason::kStop);
+  }
+}
+
+}  // namespace shardline::serving
