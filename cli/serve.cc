@@ -88,24 +88,40 @@ int Serve(const ServeOptions& options) {
     return 2;
   }
   kernels::CpuAllocator allocator;
-  auto gpt = training::LoadModel(*path, allocator, options.hf_heads);
-  if (!gpt.ok()) {
-    std::cerr << "error: " << gpt.status().message() << "\n";
+  // The parameters only (no gradients or optimizer state), read box by box: the same loading a
+  // tensor-parallel rank does for its part.
+  auto source = training::CheckpointSource::Open(*path, options.hf_heads);
+  if (!source.ok()) {
+    std::cerr << "error: " << source.status().message() << "\n";
     return 1;
   }
-  if ((*gpt)->config().vocab < (*tokenizer)->vocab_size()) {
-    std::cerr << "error: " << *path << " has a vocabulary of " << (*gpt)->config().vocab
+  auto weights = model::ShardWeights::Load(
+      source->config(), /*tp_size=*/1, /*tp_index=*/0,
+      [&](const std::string& name, const std::vector<int64_t>& offsets,
+          const std::vector<int64_t>& shape) {
+        return training::ReadCheckpointBox(*source, name, offsets, shape);
+      },
+      allocator);
+  if (!weights.ok()) {
+    std::cerr << "error: " << source->path() << ": " << weights.status().message() << "\n";
+    return 1;
+  }
+  const model::GptConfig& config = source->config();
+  if (config.vocab < (*tokenizer)->vocab_size()) {
+    std::cerr << "error: " << *path << " has a vocabulary of " << config.vocab
               << " tokens, fewer than the " << (*tokenizer)->vocab_size() << " of "
               << (*tokenizer)->Describe() << " (--tokenizer names another)\n";
     return 1;
   }
 
   auto engine = serving::BatchingEngine::Create(
-      **gpt, serving::BatchingEngineOptions{.max_running = options.max_running,
-                                            .max_tokens_per_step = options.max_tokens_per_step,
-                                            .block_size = options.block_size,
-                                            .kv_cache_bytes = options.kv_cache_mib << 20,
-                                            .max_queue = options.max_queue});
+      (*weights)->weights(),
+      serving::BatchingEngineOptions{.max_running = options.max_running,
+                                     .max_tokens_per_step = options.max_tokens_per_step,
+                                     .block_size = options.block_size,
+                                     .kv_cache_bytes = options.kv_cache_mib << 20,
+                                     .max_queue = options.max_queue},
+      allocator);
   if (!engine.ok()) {
     std::cerr << "error: " << engine.status().message() << "\n";
     return engine.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;

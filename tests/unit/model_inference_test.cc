@@ -156,10 +156,12 @@ TEST(PagedInferenceTest, StepsOfInterleavedChunksGiveTheFullForwardsLogits) {
     full.emplace_back(model->Logits().begin(), model->Logits().end());
   }
   const int block_size = 4, max_blocks = 6;  // 24 positions
-  auto paged = PagedGptForward::Create(*model, {.num_blocks = 20,
-                                                .block_size = block_size,
-                                                .max_tokens_per_step = 16,
-                                                .max_seqs_per_step = 16})
+  auto paged = PagedGptForward::Create(InferenceWeights::Of(*model),
+                                       {.num_blocks = 20,
+                                        .block_size = block_size,
+                                        .max_tokens_per_step = 16,
+                                        .max_seqs_per_step = 16},
+                                       allocator)
                    .value();
   // Blocks handed out out of order and interleaved between the sequences.
   const std::vector<int32_t> tables = {17, 3,  9, 0, 12, 5,   // sequence 0
@@ -211,16 +213,18 @@ TEST(PagedInferenceTest, RefusesABadStepNamingWhatIsWrong) {
   kernels::CpuAllocator allocator;
   const GptConfig c = SmallConfig();
   auto model = HotModel(c, allocator, 9);
-  EXPECT_THAT(
-      std::string(PagedGptForward::Create(
-                      *model, {.num_blocks = 0, .max_tokens_per_step = 4, .max_seqs_per_step = 2})
-                      .status()
-                      .message()),
-      HasSubstr("num_blocks"));
+  EXPECT_THAT(std::string(PagedGptForward::Create(
+                              InferenceWeights::Of(*model),
+                              {.num_blocks = 0, .max_tokens_per_step = 4, .max_seqs_per_step = 2},
+                              allocator)
+                              .status()
+                              .message()),
+              HasSubstr("num_blocks"));
   auto paged =
       PagedGptForward::Create(
-          *model,
-          {.num_blocks = 4, .block_size = 4, .max_tokens_per_step = 4, .max_seqs_per_step = 2})
+          InferenceWeights::Of(*model),
+          {.num_blocks = 4, .block_size = 4, .max_tokens_per_step = 4, .max_seqs_per_step = 2},
+          allocator)
           .value();
   std::vector<int32_t> tokens = {1, 2}, positions = {0, 1}, token_seq = {0, 0}, rows = {1};
   std::vector<int32_t> tables = {3, 1};

@@ -77,7 +77,7 @@ class ServingBatchingEngineTest : public ::testing::Test {
   }
 
   std::unique_ptr<BatchingEngine> Engine(BatchingEngineOptions options) {
-    auto engine = BatchingEngine::Create(*gpt_, options);
+    auto engine = BatchingEngine::Create(model::InferenceWeights::Of(*gpt_), options, allocator_);
     EXPECT_TRUE(engine.ok()) << engine.status();
     return engine.ok() ? std::move(*engine) : nullptr;
   }
@@ -279,16 +279,20 @@ TEST_F(ServingBatchingEngineTest, ABoundedQueueAndCancel) {
 }
 
 TEST_F(ServingBatchingEngineTest, RefusesWhatItCannotRunAndStopsCleanly) {
-  EXPECT_EQ(BatchingEngine::Create(*gpt_, {.max_running = 0}).status().code(),
-            absl::StatusCode::kInvalidArgument);
-  // Less than one whole context of 32 positions.
   EXPECT_EQ(
-      BatchingEngine::Create(
-          *gpt_, {.block_size = 4,
-                  .kv_cache_bytes = 7 * model::PagedGptForward::BytesPerBlock(gpt_->config(), 4)})
+      BatchingEngine::Create(model::InferenceWeights::Of(*gpt_), {.max_running = 0}, allocator_)
           .status()
           .code(),
       absl::StatusCode::kInvalidArgument);
+  // Less than one whole context of 32 positions.
+  EXPECT_EQ(BatchingEngine::Create(
+                model::InferenceWeights::Of(*gpt_),
+                {.block_size = 4,
+                 .kv_cache_bytes = 7 * model::PagedGptForward::BytesPerBlock(gpt_->config(), 4)},
+                allocator_)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
   auto engine = Engine({});
   ASSERT_NE(engine, nullptr);
   Outcome unused;

@@ -21,6 +21,10 @@ constexpr uint64_t kSamplingStream = NameHash("sampling");
 
 }  // namespace
 
+double SamplingUniform(uint64_t seed, uint64_t draw) {
+  return UniformOpen(Hash3(seed, kSamplingStream, draw));
+}
+
 absl::StatusOr<int32_t> SampleToken(std::span<const float> logits, const SamplingOptions& options,
                                     uint64_t draw) {
   if (logits.empty()) return absl::InvalidArgumentError("SampleToken: empty logits");
@@ -31,27 +35,52 @@ absl::StatusOr<int32_t> SampleToken(std::span<const float> logits, const Samplin
   if (!(options.temperature > 0.0f)) {
     return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   }
+  if (options.top_k == 0 || options.top_k >= V) {
+    // The whole vocabulary, in id order: no sort, and the order a vocab-parallel sampler can
+    // follow rank by rank.
+    const double max = *std::max_element(logits.begin(), logits.end());
+    std::vector<double> weights(V);
+    double sum = 0.0;
+    for (int v = 0; v < V; ++v) {
+      weights[v] = std::exp((logits[v] - max) / options.temperature);
+      sum += weights[v];
+    }
+    const double u = SamplingUniform(options.seed, draw) * sum;
+    double acc = 0.0;
+    for (int v = 0; v < V; ++v) {
+      acc += weights[v];
+      if (u < acc) return v;
+    }
+    return V - 1;  // u rounded past the last partial sum
+  }
   // Candidates by descending logit, ties by ascending id, so the order (and the draw) is fixed.
-  const int k = options.top_k == 0 ? V : std::min(options.top_k, V);
+  const int k = options.top_k;
   std::vector<int32_t> ids(V);
   std::iota(ids.begin(), ids.end(), 0);
   std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t b) {
     return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
   });
-  const double max = logits[ids[0]];
+  std::vector<float> values(k);
+  for (int i = 0; i < k; ++i) values[i] = logits[ids[i]];
+  return ids[DrawAmongCandidates(values, options.temperature, SamplingUniform(options.seed, draw))];
+}
+
+int DrawAmongCandidates(std::span<const float> values, float temperature, double uniform) {
+  const int k = static_cast<int>(values.size());
+  const double max = values[0];
   std::vector<double> weights(k);
   double sum = 0.0;
   for (int i = 0; i < k; ++i) {
-    weights[i] = std::exp((logits[ids[i]] - max) / options.temperature);
+    weights[i] = std::exp((values[i] - max) / temperature);
     sum += weights[i];
   }
-  const double u = UniformOpen(Hash3(options.seed, kSamplingStream, draw)) * sum;
+  const double u = uniform * sum;
   double acc = 0.0;
   for (int i = 0; i < k; ++i) {
     acc += weights[i];
-    if (u < acc) return ids[i];
+    if (u < acc) return i;
   }
-  return ids[k - 1];  // u rounded past the last partial sum
+  return k - 1;  // u rounded past the last partial sum
 }
 
 absl::StatusOr<int> GenerateStreaming(const GptModel& model, std::span<const int32_t> prompt,
@@ -82,11 +111,12 @@ absl::StatusOr<int> GenerateStreaming(const GptModel& model, std::span<const int
     // one token per step, the cache blocks in order.
     const int block_size = 16;
     const int blocks = (c.max_seq_len + block_size - 1) / block_size;
-    ASSIGN_OR_RETURN(auto paged,
-                     PagedGptForward::Create(model, {.num_blocks = blocks,
-                                                     .block_size = block_size,
-                                                     .max_tokens_per_step = c.max_seq_len,
-                                                     .max_seqs_per_step = 1}));
+    ASSIGN_OR_RETURN(auto paged, PagedGptForward::Create(InferenceWeights::Of(model),
+                                                         {.num_blocks = blocks,
+                                                          .block_size = block_size,
+                                                          .max_tokens_per_step = c.max_seq_len,
+                                                          .max_seqs_per_step = 1},
+                                                         model.allocator()));
     std::vector<int32_t> table(blocks);
     std::iota(table.begin(), table.end(), 0);
     std::vector<int32_t> tokens(prompt.begin(), prompt.end());

@@ -26,9 +26,17 @@ struct SamplingOptions {
 };
 
 // The token chosen from `logits` (V) for the `draw`-th generated token. InvalidArgument for a
-// negative top_k or empty logits.
+// negative top_k or empty logits. With temperature > 0 and top_k 0 (or >= V) the draw walks the
+// vocabulary in id order; with top_k it walks the k best, by descending logit, ties by id.
 absl::StatusOr<int32_t> SampleToken(std::span<const float> logits, const SamplingOptions& options,
                                     uint64_t draw);
+
+// The uniform number in (0, 1) that the `draw`-th token of a request with `seed` is drawn with.
+double SamplingUniform(uint64_t seed, uint64_t draw);
+
+// The index in `values` (candidate logits, best first, not empty) that `uniform` picks from
+// their softmax at `temperature` (> 0): SampleToken's top-k draw.
+int DrawAmongCandidates(std::span<const float> values, float temperature, double uniform);
 
 struct GenerateOptions {
   int max_new_tokens = 16;

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kernels/cpu/embedding.h"
 #include "kernels/cpu/layernorm.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/paged_attention.h"
@@ -11,14 +12,124 @@
 namespace shardline::model {
 namespace cpu = kernels::cpu;
 
-int64_t PagedGptForward::BytesPerBlock(const GptConfig& config, int block_size) {
-  return 2 * int64_t{config.layers} * block_size * config.d_model *
+InferenceWeights InferenceWeights::Of(const GptModel& model) {
+  const GptConfig& c = model.config();
+  InferenceWeights w;
+  w.config = c;
+  w.heads = c.heads;
+  w.ff = c.ff();
+  w.vocab_end = c.vocab;
+  for (int l = 0; l < c.layers; ++l) w.blocks.push_back(model.BlockParamsView(l));
+  const OuterParams outer = model.OuterParamsView();
+  w.wte = outer.wte;
+  w.wpe = outer.wpe;
+  w.lnf_w = outer.lnf_w;
+  w.lnf_b = outer.lnf_b;
+  w.lm_head = outer.lm_head;
+  return w;
+}
+
+absl::StatusOr<std::unique_ptr<ShardWeights>> ShardWeights::Load(const GptConfig& config,
+                                                                 int tp_size, int tp_index,
+                                                                 const BoxReader& read,
+                                                                 kernels::Allocator& allocator) {
+  ASSIGN_OR_RETURN(ShardLayout layout, ShardLayout::Create(config, ShardPlace{
+                                                                       .tp_size = tp_size,
+                                                                       .tp_index = tp_index,
+                                                                       .first_layer = 0,
+                                                                       .last_layer = config.layers,
+                                                                   }));
+  std::unique_ptr<ShardWeights> shard(new ShardWeights(std::move(layout)));
+  const ShardLayout& l = shard->layout_;
+  ASSIGN_OR_RETURN(shard->params_, kernels::Tensor::Zeros({l.total()}, DType::kFloat32, allocator));
+  float* base = shard->params_.data<float>();
+  for (const ShardTensor& t : l.tensors()) {
+    ASSIGN_OR_RETURN(std::vector<float> values, read(t.name, t.box_offsets, t.box_shape));
+    if (static_cast<int64_t>(values.size()) != t.numel) {
+      return absl::InvalidArgumentError(absl::StrCat("loading ", t.name, ": got ", values.size(),
+                                                     " values for a box of ", t.numel));
+    }
+    std::copy(values.begin(), values.end(), base + l.units()[t.unit].begin + t.offset);
+  }
+  auto unit = [&](int u) { return base + l.units()[u].begin; };
+  InferenceWeights& w = shard->weights_;
+  w.config = config;
+  w.tp_size = tp_size;
+  w.heads = l.heads();
+  w.ff = l.ff();
+  w.vocab_begin = l.vocab_begin();
+  w.vocab_end = l.vocab_end();
+  for (int layer = 0; layer < config.layers; ++layer) {
+    w.blocks.push_back(l.Block(unit(l.layer_unit(layer))));
+  }
+  w.wte = unit(l.wte_unit());
+  w.wpe = unit(l.wpe_unit());
+  w.lnf_w = unit(l.lnf_unit());
+  w.lnf_b = w.lnf_w + config.d_model;
+  w.lm_head = l.head_unit() >= 0 ? unit(l.head_unit()) : w.wte;
+  return shard;
+}
+
+BoxReader ModelBoxReader(const GptModel& model) {
+  return [&model](const std::string& name, const std::vector<int64_t>& offsets,
+                  const std::vector<int64_t>& shape) -> absl::StatusOr<std::vector<float>> {
+    // The global view of checkpoint boxes is the tensor's own row-major memory (qkv.w viewed as
+    // (3, C, C) is the (3C, C) matrix), so the shape of the whole tensor is that of a one-rank
+    // layout.
+    ASSIGN_OR_RETURN(
+        ShardLayout whole,
+        ShardLayout::Create(model.config(), ShardPlace{.last_layer = model.config().layers}));
+    const ShardTensor* tensor = nullptr;
+    for (const ShardTensor& t : whole.tensors()) {
+      if (t.name == name) tensor = &t;
+    }
+    if (tensor == nullptr) return absl::NotFoundError(absl::StrCat("no tensor ", name));
+    const std::vector<int64_t>& global = tensor->global_shape;
+    if (offsets.size() != global.size() || shape.size() != global.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, ": a box of ", shape.size(), " dimensions for a tensor of ", global.size()));
+    }
+    int64_t numel = 1;
+    for (size_t d = 0; d < global.size(); ++d) {
+      if (offsets[d] < 0 || shape[d] < 0 || offsets[d] + shape[d] > global[d]) {
+        return absl::InvalidArgumentError(absl::StrCat(name, ": the box leaves dimension ", d));
+      }
+      numel *= shape[d];
+    }
+    ASSIGN_OR_RETURN(std::span<const float> values, const_cast<GptModel&>(model).Param(name));
+    std::vector<float> out;
+    out.reserve(numel);
+    // Row by row of the innermost dimension: `index` walks the box's outer dimensions.
+    const size_t D = global.size();
+    std::vector<int64_t> index(D, 0);
+    const int64_t rows = shape[D - 1] == 0 ? 0 : numel / shape[D - 1];
+    for (int64_t row = 0; row < rows; ++row) {
+      int64_t flat = 0;
+      for (size_t d = 0; d < D; ++d) flat = flat * global[d] + offsets[d] + index[d];
+      out.insert(out.end(), values.begin() + flat, values.begin() + flat + shape[D - 1]);
+      for (size_t d = D - 1; d-- > 0;) {
+        if (++index[d] < shape[d]) break;
+        index[d] = 0;
+      }
+    }
+    return out;
+  };
+}
+
+int64_t PagedGptForward::BytesPerBlock(const GptConfig& config, int block_size, int tp_size) {
+  return 2 * int64_t{config.layers} * block_size * (config.d_model / tp_size) *
          static_cast<int64_t>(sizeof(float));
 }
 
 absl::StatusOr<std::unique_ptr<PagedGptForward>> PagedGptForward::Create(
-    const GptModel& model, const PagedCacheOptions& options) {
-  const GptConfig& c = model.config();
+    const InferenceWeights& weights, const PagedCacheOptions& options,
+    kernels::Allocator& allocator, comm::Communicator* tp) {
+  const GptConfig& c = weights.config;
+  const int tp_size = tp == nullptr ? 1 : tp->size();
+  if (tp_size != weights.tp_size) {
+    return absl::InvalidArgumentError(absl::StrCat("paged forward: weights cut for tp ",
+                                                   weights.tp_size, " on a group of ", tp_size));
+  }
   auto positive = [](const char* name, int value) -> absl::Status {
     if (value > 0) return absl::OkStatus();
     return absl::InvalidArgumentError(
@@ -28,16 +139,17 @@ absl::StatusOr<std::unique_ptr<PagedGptForward>> PagedGptForward::Create(
   RETURN_IF_ERROR(positive("block_size", options.block_size));
   RETURN_IF_ERROR(positive("max_tokens_per_step", options.max_tokens_per_step));
   RETURN_IF_ERROR(positive("max_seqs_per_step", options.max_seqs_per_step));
-  std::unique_ptr<PagedGptForward> f(new PagedGptForward(model, options));
-  const int64_t cache = 2 * int64_t{c.layers} * options.num_blocks * options.block_size * c.d_model;
-  ASSIGN_OR_RETURN(f->cache_, kernels::Tensor::Zeros({cache}, DType::kFloat32, model.allocator()));
+  std::unique_ptr<PagedGptForward> f(new PagedGptForward(weights, options, tp));
+  const int64_t A = int64_t{weights.heads} * c.head_size();  // attention width held here
+  const int64_t cache = 2 * int64_t{c.layers} * options.num_blocks * options.block_size * A;
+  ASSIGN_OR_RETURN(f->cache_, kernels::Tensor::Zeros({cache}, DType::kFloat32, allocator));
 
   const int64_t N = options.max_tokens_per_step, R = options.max_seqs_per_step;
-  const int64_t C = c.d_model, F = c.ff(), V = c.vocab;
-  const int64_t total = N * (2 * C                         // the two residuals
-                             + 4 * C + 4 + 3 * C + 2 * F)  // ln1, atty, resid_mid, ln2 + stats
+  const int64_t C = c.d_model, F = weights.ff, V = weights.vocab_end - weights.vocab_begin;
+  const int64_t total = N * (2 * C                             // the two residuals
+                             + 3 * C + 4 + 3 * A + A + 2 * F)  // ln1, resid_mid, ln2, stats, ...
                         + R * (2 * C + 2 + V);
-  ASSIGN_OR_RETURN(f->buffer_, kernels::Tensor::Zeros({total}, DType::kFloat32, model.allocator()));
+  ASSIGN_OR_RETURN(f->buffer_, kernels::Tensor::Zeros({total}, DType::kFloat32, allocator));
   float* p = f->buffer_.data<float>();
   auto take = [&p](int64_t n) {
     float* r = p;
@@ -50,8 +162,8 @@ absl::StatusOr<std::unique_ptr<PagedGptForward>> PagedGptForward::Create(
   a.ln1 = take(N * C);
   a.ln1_mean = take(N);
   a.ln1_rstd = take(N);
-  a.qkv = take(N * 3 * C);
-  a.atty = take(N * C);
+  a.qkv = take(N * 3 * A);
+  a.atty = take(N * A);
   a.resid_mid = take(N * C);
   a.ln2 = take(N * C);
   a.ln2_mean = take(N);
@@ -66,18 +178,23 @@ absl::StatusOr<std::unique_ptr<PagedGptForward>> PagedGptForward::Create(
 }
 
 float* PagedGptForward::KeyCache(int layer) {
-  const GptConfig& c = model_.config();
-  const int64_t per = int64_t{options_.num_blocks} * options_.block_size * c.d_model;
+  const int64_t A = int64_t{weights_.heads} * weights_.config.head_size();
+  const int64_t per = int64_t{options_.num_blocks} * options_.block_size * A;
   return cache_.data<float>() + 2 * int64_t{layer} * per;
 }
 
 float* PagedGptForward::ValueCache(int layer) {
-  const GptConfig& c = model_.config();
-  return KeyCache(layer) + int64_t{options_.num_blocks} * options_.block_size * c.d_model;
+  const int64_t A = int64_t{weights_.heads} * weights_.config.head_size();
+  return KeyCache(layer) + int64_t{options_.num_blocks} * options_.block_size * A;
+}
+
+absl::Status PagedGptForward::TpAllReduce(float* data, int64_t n, const char* what) {
+  if (tp_ == nullptr) return absl::OkStatus();
+  return Annotate(tp_->AllReduce(data, n, DType::kFloat32, comm::ReduceOp::kSum), what);
 }
 
 absl::Status PagedGptForward::Validate(const PagedStep& s) const {
-  const GptConfig& c = model_.config();
+  const GptConfig& c = weights_.config;
   const size_t n = s.tokens.size();
   if (n == 0) return absl::InvalidArgumentError("paged step: no tokens");
   if (n > static_cast<size_t>(options_.max_tokens_per_step)) {
@@ -142,18 +259,22 @@ absl::Status PagedGptForward::Validate(const PagedStep& s) const {
 
 absl::StatusOr<std::span<const float>> PagedGptForward::Forward(const PagedStep& s) {
   RETURN_IF_ERROR(Validate(s));
-  const GptConfig& c = model_.config();
+  const GptConfig& c = weights_.config;
+  const InferenceWeights& w = weights_;
   const int N = static_cast<int>(s.tokens.size());
   const int C = c.d_model;
-  const BlockDims dims{1, N, C, c.heads, c.head_size(), c.ff()};
-  const OuterParams outer = model_.OuterParamsView();
+  const BlockDims dims{1, N, C, w.heads, c.head_size(), w.ff};
 
-  // The embedding at each token's own position (the training kernel assumes positions 0..T-1).
+  // Vocab-parallel embedding (rows outside this rank's vocabulary embed to zero; the sum over the
+  // group is the whole embedding), then each token's own position (the training kernel assumes
+  // positions 0..T-1).
+  cpu::TokenEmbeddingForward(residual_[0], s.tokens.data(), w.wte, N, C, w.vocab_begin,
+                             w.vocab_end);
+  RETURN_IF_ERROR(TpAllReduce(residual_[0], int64_t{N} * C, "all-reduce of the embedding"));
   for (int i = 0; i < N; ++i) {
-    const float* te = outer.wte + int64_t{s.tokens[i]} * C;
-    const float* pe = outer.wpe + int64_t{s.positions[i]} * C;
+    const float* pe = w.wpe + int64_t{s.positions[i]} * C;
     float* x = residual_[0] + int64_t{i} * C;
-    for (int j = 0; j < C; ++j) x[j] = te[j] + pe[j];
+    for (int j = 0; j < C; ++j) x[j] += pe[j];
   }
 
   const cpu::PagedAttentionBatch batch{
@@ -166,6 +287,12 @@ absl::StatusOr<std::span<const float>> PagedGptForward::Forward(const PagedStep&
       .block_size = options_.block_size,
       .num_blocks = options_.num_blocks,
   };
+  AllReduceFn all_reduce;
+  if (tp_ != nullptr) {
+    all_reduce = [this](float* data, int64_t n) {
+      return tp_->AllReduce(data, n, DType::kFloat32, comm::ReduceOp::kSum);
+    };
+  }
   for (int l = 0; l < c.layers; ++l) {
     float* k = KeyCache(l);
     float* v = ValueCache(l);
@@ -174,20 +301,22 @@ absl::StatusOr<std::span<const float>> PagedGptForward::Forward(const PagedStep&
       cpu::PagedAttentionForward(atty, qkv, k, v, batch, dims.NH, dims.HS);
       return absl::OkStatus();
     };
-    RETURN_IF_ERROR(BlockForward(dims, model_.BlockParamsView(l), residual_[l % 2],
-                                 residual_[(l + 1) % 2], acts_, /*all_reduce=*/nullptr, attention));
+    RETURN_IF_ERROR(Annotate(BlockForward(dims, w.blocks[l], residual_[l % 2],
+                                          residual_[(l + 1) % 2], acts_, all_reduce, attention),
+                             absl::StrCat("layer ", l)));
   }
 
   // The head only for the rows whose logits are wanted: a prefill chunk needs its last row only.
   const float* out = residual_[c.layers % 2];
   const int R = static_cast<int>(s.logit_rows.size());
+  if (R == 0) return std::span<const float>();
   for (int r = 0; r < R; ++r) {
     std::copy_n(out + int64_t{s.logit_rows[r]} * C, C, head_in_ + int64_t{r} * C);
   }
-  if (R == 0) return std::span<const float>();
-  cpu::LayerNormForward(lnf_, lnf_stats_, lnf_stats_ + R, head_in_, outer.lnf_w, outer.lnf_b, R, C);
-  cpu::MatmulForward(logits_, lnf_, outer.lm_head, nullptr, R, C, c.vocab);
-  return std::span<const float>(logits_, static_cast<size_t>(R) * c.vocab);
+  const int Vs = w.vocab_end - w.vocab_begin;
+  cpu::LayerNormForward(lnf_, lnf_stats_, lnf_stats_ + R, head_in_, w.lnf_w, w.lnf_b, R, C);
+  cpu::MatmulForward(logits_, lnf_, w.lm_head, nullptr, R, C, Vs);
+  return std::span<const float>(logits_, static_cast<size_t>(R) * Vs);
 }
 
 }  // namespace shardline::model

@@ -5,9 +5,13 @@
 //
 // The blocks are the training blocks (gpt_block.h, BlockForward) with the attention step swapped
 // for one that writes the step's keys and values into the cache and attends over it; every
-// GEMM, LayerNorm and GELU is the training code's. Which sequences run, at which positions, and
-// which cache blocks they own is the serving scheduler's decision (worker/serving/
-// batch_scheduler.h); this class only computes.
+// GEMM, LayerNorm and GELU is the training code's, and so is the tensor-parallel cut (Megatron's,
+// shard_layout.h): a rank holds its heads (and caches only their keys and values), its MLP
+// columns and its vocabulary rows; the embedding and the two row-parallel outputs per block are
+// all-reduced over the tensor-parallel group, and the head gives the rank's vocabulary slice of
+// the logits only (sample them with SampleVocabParallel). Pipeline stages are not supported yet.
+// Which sequences run, at which positions, and which cache blocks they own is the serving
+// scheduler's decision (worker/serving/batch_scheduler.h); this class only computes.
 //
 // A token's result depends only on its own sequence (the attention is per token and head, in
 // position order), so greedy output does not depend on what else is in the batch — up to the
@@ -20,11 +24,57 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/allocator.h"
 #include "kernels/tensor.h"
+#include "worker/comm/communicator.h"
 #include "worker/model/gpt.h"
 #include "worker/model/gpt_block.h"
+#include "worker/model/shard_layout.h"
+#include "worker/model/sharded_gpt.h"
 
 namespace shardline::model {
+
+// The parameters one rank computes with, as pointers: into a GptModel (the whole model), or into
+// a ShardWeights' buffer (one tensor-parallel rank's part). They must outlive their users.
+struct InferenceWeights {
+  GptConfig config;
+  int tp_size = 1;
+  int heads = 0;                       // held here
+  int ff = 0;                          // MLP columns held here
+  int vocab_begin = 0, vocab_end = 0;  // rows of wte and of the head held here
+  std::vector<BlockParams> blocks;     // every layer
+  const float* wte = nullptr;          // (vocab_end - vocab_begin, C)
+  const float* wpe = nullptr;          // (max_seq_len, C)
+  const float* lnf_w = nullptr;        // (C)
+  const float* lnf_b = nullptr;        // (C)
+  const float* lm_head = nullptr;      // (vocab_end - vocab_begin, C): wte itself when tied
+
+  // The whole model (tp 1), sharing its parameters.
+  static InferenceWeights Of(const GptModel& model);
+};
+
+// One tensor-parallel rank's parameters for inference (no gradients, no optimizer state), read box
+// by box through `read` (e.g. training::ReadCheckpointBox), so a rank reads only its own part.
+class ShardWeights {
+ public:
+  // InvalidArgument when tp does not divide the heads and the MLP width; read's errors name the
+  // tensor.
+  static absl::StatusOr<std::unique_ptr<ShardWeights>> Load(const GptConfig& config, int tp_size,
+                                                            int tp_index, const BoxReader& read,
+                                                            kernels::Allocator& allocator);
+  const InferenceWeights& weights() const { return weights_; }
+  int64_t bytes() const { return layout_.total() * static_cast<int64_t>(sizeof(float)); }
+
+ private:
+  explicit ShardWeights(ShardLayout layout) : layout_(std::move(layout)) {}
+  ShardLayout layout_;
+  kernels::Tensor params_;
+  InferenceWeights weights_;
+};
+
+// A BoxReader over a whole model's parameters (the global view of checkpoint boxes), for loading
+// ShardWeights from a model in memory.
+BoxReader ModelBoxReader(const GptModel& model);
 
 struct PagedCacheOptions {
   int num_blocks = 0;           // cache blocks (each block_size positions of every layer)
@@ -49,32 +99,41 @@ struct PagedStep {
 
 class PagedGptForward {
  public:
-  // A cache and step buffers for `model`, from its allocator. InvalidArgument names a bad option;
-  // ResourceExhausted when the cache does not fit. The model must outlive this and its
-  // parameters must not change while it is used (the cache holds keys computed with them).
-  static absl::StatusOr<std::unique_ptr<PagedGptForward>> Create(const GptModel& model,
-                                                                 const PagedCacheOptions& options);
-  // The cache bytes one block takes for `config`: keys and values of every layer.
-  static int64_t BytesPerBlock(const GptConfig& config, int block_size);
+  // A cache and step buffers for `weights`, from `allocator`. `tp` is the tensor-parallel group
+  // (null for one rank; its size must be weights.tp_size). InvalidArgument names a bad option;
+  // ResourceExhausted when the cache does not fit. The weights must outlive this and not change
+  // while it is used (the cache holds keys computed with them).
+  static absl::StatusOr<std::unique_ptr<PagedGptForward>> Create(const InferenceWeights& weights,
+                                                                 const PagedCacheOptions& options,
+                                                                 kernels::Allocator& allocator,
+                                                                 comm::Communicator* tp = nullptr);
+  // The cache bytes one block takes on each of `tp_size` ranks: keys and values of every layer
+  // for the rank's heads.
+  static int64_t BytesPerBlock(const GptConfig& config, int block_size, int tp_size = 1);
 
-  // Writes the keys and values of every token of `step` into its cache slot, then returns the
-  // logits (R, V) of step.logit_rows (R rows, row-major), valid until the next Forward.
-  // InvalidArgument, before any work, for sizes past the options, a token outside the
-  // vocabulary, a position past max_seq_len, or a block or row index out of range.
+  // Writes the keys and values of every token of `step` into its cache slot, then returns this
+  // rank's logits (R, vocab_end - vocab_begin) of step.logit_rows (R rows, row-major), valid until
+  // the next Forward. Every rank of the group runs the same step together. InvalidArgument,
+  // before any work, for sizes past the options, a token outside the vocabulary, a position past
+  // max_seq_len, or a block or row index out of range; a communicator error names the layer.
   absl::StatusOr<std::span<const float>> Forward(const PagedStep& step);
 
   const PagedCacheOptions& options() const { return options_; }
-  const GptConfig& config() const { return model_.config(); }
+  const InferenceWeights& weights() const { return weights_; }
+  const GptConfig& config() const { return weights_.config; }
 
  private:
-  PagedGptForward(const GptModel& model, const PagedCacheOptions& options)
-      : model_(model), options_(options) {}
+  PagedGptForward(const InferenceWeights& weights, const PagedCacheOptions& options,
+                  comm::Communicator* tp)
+      : weights_(weights), options_(options), tp_(tp) {}
   absl::Status Validate(const PagedStep& step) const;
+  absl::Status TpAllReduce(float* data, int64_t n, const char* what);
   float* KeyCache(int layer);
   float* ValueCache(int layer);
 
-  const GptModel& model_;
+  const InferenceWeights weights_;
   const PagedCacheOptions options_;
+  comm::Communicator* const tp_;
   kernels::Tensor cache_;   // per layer: keys (num_blocks, block_size, NH, HS), then values
   kernels::Tensor buffer_;  // the step's activations, carved in Create
   float* residual_[2] = {nullptr, nullptr};  // (N, C) in and out of a block, alternating
@@ -82,7 +141,7 @@ class PagedGptForward {
   float* head_in_ = nullptr;                 // (R, C): the residual of the logit rows
   float* lnf_ = nullptr;                     // (R, C)
   float* lnf_stats_ = nullptr;               // (2R)
-  float* logits_ = nullptr;                  // (R, V)
+  float* logits_ = nullptr;                  // (R, vocab shard)
 };
 
 }  // namespace shardline::model

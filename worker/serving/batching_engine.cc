@@ -10,9 +10,9 @@
 
 namespace shardline::serving {
 
-absl::StatusOr<std::unique_ptr<BatchingEngine>> BatchingEngine::Create(
-    const model::GptModel& model, BatchingEngineOptions options) {
-  const model::GptConfig& c = model.config();
+absl::StatusOr<model::PagedCacheOptions> CacheOptionsFor(const model::GptConfig& c,
+                                                         const BatchingEngineOptions& options,
+                                                         int tp_size) {
   if (options.max_running < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_running must be >= 1, got ", options.max_running));
@@ -26,7 +26,7 @@ absl::StatusOr<std::unique_ptr<BatchingEngine>> BatchingEngine::Create(
         absl::StrCat("kv_cache_bytes must be >= 0, got ", options.kv_cache_bytes));
   }
   const int blocks_per_context = (c.max_seq_len + options.block_size - 1) / options.block_size;
-  const int64_t block_bytes = model::PagedGptForward::BytesPerBlock(c, options.block_size);
+  const int64_t block_bytes = model::PagedGptForward::BytesPerBlock(c, options.block_size, tp_size);
   const int64_t blocks = options.kv_cache_bytes == 0
                              ? int64_t{options.max_running} * blocks_per_context
                              : options.kv_cache_bytes / block_bytes;
@@ -40,31 +40,42 @@ absl::StatusOr<std::unique_ptr<BatchingEngine>> BatchingEngine::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("kv_cache_bytes ", options.kv_cache_bytes, " is more blocks than an int"));
   }
+  return model::PagedCacheOptions{.num_blocks = static_cast<int>(blocks),
+                                  .block_size = options.block_size,
+                                  .max_tokens_per_step = options.max_tokens_per_step,
+                                  .max_seqs_per_step = options.max_running};
+}
+
+absl::StatusOr<std::unique_ptr<BatchingEngine>> BatchingEngine::Create(
+    const model::InferenceWeights& weights, BatchingEngineOptions options,
+    kernels::Allocator& allocator, comm::Communicator* tp) {
+  const model::GptConfig& c = weights.config;
+  if (tp != nullptr && tp->rank() != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the serving engine runs on rank 0 of its group, not on rank ", tp->rank()));
+  }
+  ASSIGN_OR_RETURN(const model::PagedCacheOptions cache,
+                   CacheOptionsFor(c, options, tp == nullptr ? 1 : tp->size()));
   ASSIGN_OR_RETURN(BatchScheduler scheduler, BatchScheduler::Create(SchedulerLimits{
                                                  .max_running = options.max_running,
                                                  .max_tokens_per_step = options.max_tokens_per_step,
                                                  .block_size = options.block_size,
-                                                 .num_blocks = static_cast<int>(blocks),
+                                                 .num_blocks = cache.num_blocks,
                                                  .max_queue = options.max_queue,
                                                  .max_context = c.max_seq_len,
                                              }));
-  ASSIGN_OR_RETURN(auto forward, model::PagedGptForward::Create(
-                                     model, model::PagedCacheOptions{
-                                                .num_blocks = static_cast<int>(blocks),
-                                                .block_size = options.block_size,
-                                                .max_tokens_per_step = options.max_tokens_per_step,
-                                                .max_seqs_per_step = options.max_running,
-                                            }));
+  ASSIGN_OR_RETURN(auto forward, model::PagedGptForward::Create(weights, cache, allocator, tp));
   return std::unique_ptr<BatchingEngine>(
-      new BatchingEngine(model, options, std::move(forward), std::move(scheduler)));
+      new BatchingEngine(options, std::move(forward), std::move(scheduler), tp));
 }
 
-BatchingEngine::BatchingEngine(const model::GptModel& model, BatchingEngineOptions options,
+BatchingEngine::BatchingEngine(BatchingEngineOptions options,
                                std::unique_ptr<model::PagedGptForward> forward,
-                               BatchScheduler scheduler)
-    : model_(model),
-      options_(options),
+                               BatchScheduler scheduler, comm::Communicator* tp)
+    : options_(options),
+      config_(forward->config()),
       forward_(std::move(forward)),
+      tp_(tp),
       scheduler_(std::move(scheduler)) {
   batching_.kv_blocks = batching_.kv_blocks_free = scheduler_.free_blocks();
   worker_ = std::thread([this] { Run(); });
@@ -83,7 +94,7 @@ void BatchingEngine::Shutdown() {
 
 absl::StatusOr<RequestId> BatchingEngine::Submit(GenerationRequest request,
                                                  StreamCallbacks callbacks) {
-  const model::GptConfig& c = model_.config();
+  const model::GptConfig& c = config_;
   if (request.prompt.empty()) return absl::InvalidArgumentError("prompt: no tokens");
   for (size_t i = 0; i < request.prompt.size(); ++i) {
     if (request.prompt[i] < 0 || request.prompt[i] >= c.vocab) {
@@ -191,6 +202,7 @@ void BatchingEngine::RunStep(const StepPlan& plan) {
   step_positions_.clear();
   step_seq_.clear();
   step_rows_.clear();
+  step_sampling_.clear();
   step_tables_.assign(plan.entries.size() * max_blocks, 0);
   int64_t prompt_tokens = 0;  // positions of the prompts (recomputed ones too)
   for (size_t s = 0; s < plan.entries.size(); ++s) {
@@ -204,9 +216,15 @@ void BatchingEngine::RunStep(const StepPlan& plan) {
       step_seq_.push_back(static_cast<int32_t>(s));
       if (p < static_cast<int>(seq.request.prompt.size())) ++prompt_tokens;
     }
-    if (e.sample) step_rows_.push_back(static_cast<int32_t>(step_tokens_.size()) - 1);
+    if (e.sample) {
+      step_rows_.push_back(static_cast<int32_t>(step_tokens_.size()) - 1);
+      const GenerationRequest& r = seq.request;
+      step_sampling_.push_back(model::RowSampling{
+          .options = {.temperature = r.temperature, .top_k = r.top_k, .seed = r.seed},
+          .draw = static_cast<uint64_t>(seq.generated)});
+    }
   }
-  const absl::StatusOr<std::span<const float>> logits = forward_->Forward(model::PagedStep{
+  const model::PagedStep step{
       .tokens = step_tokens_,
       .positions = step_positions_,
       .token_seq = step_seq_,
@@ -214,44 +232,54 @@ void BatchingEngine::RunStep(const StepPlan& plan) {
       .num_seqs = static_cast<int>(plan.entries.size()),
       .max_blocks_per_seq = max_blocks,
       .logit_rows = step_rows_,
-  });
+  };
+  if (tp_ != nullptr) {
+    if (absl::Status sent = Broadcast(StepKind::kStep, EncodeStep(step, step_sampling_));
+        !sent.ok()) {
+      scheduler_.Complete(plan);
+      Fail(sent);
+      return;
+    }
+  }
+  const absl::StatusOr<std::span<const float>> logits = forward_->Forward(step);
   scheduler_.Complete(plan);
-  if (!logits.ok()) {
-    // The scheduler planned a step the model refuses: a bug, not the requests' fault, but they
-    // cannot go on.
+  absl::StatusOr<std::vector<int32_t>> tokens =
+      logits.ok() ? model::SampleVocabParallel(*logits, forward_->weights().vocab_begin,
+                                               forward_->weights().vocab_end, config_.vocab,
+                                               step_sampling_, tp_)
+                  : logits.status();
+  if (!tokens.ok()) {
+    // A collective failed (the group is gone), or the scheduler planned a step the model refuses
+    // (a bug): either way these requests cannot go on, and with a group neither can the others.
+    if (tp_ != nullptr) {
+      Fail(tokens.status());
+      return;
+    }
     for (const StepEntry& e : plan.entries) {
-      Finish(e.id, absl::InternalError(absl::StrCat("serving step: ", logits.status().message())),
+      Finish(e.id, absl::InternalError(absl::StrCat("serving step: ", tokens.status().message())),
              FinishReason::kStop);
     }
     return;
   }
-  const int64_t V = model_.config().vocab;
   int row = 0;
   for (const StepEntry& e : plan.entries) {
     if (!e.sample) continue;
     Sequence& seq = sequences_.at(e.id);
     const GenerationRequest& r = seq.request;
-    const std::span<const float> row_logits = logits->subspan(row++ * V, V);
-    const absl::StatusOr<int32_t> token = model::SampleToken(
-        row_logits, {.temperature = r.temperature, .top_k = r.top_k, .seed = r.seed},
-        static_cast<uint64_t>(seq.generated));
-    if (!token.ok()) {
-      Finish(e.id, token.status(), FinishReason::kStop);
-      continue;
-    }
+    const int32_t token = (*tokens)[row++];
     ++seq.generated;
     tokens_generated_.fetch_add(1);
-    if (std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), *token) !=
+    if (std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), token) !=
         r.stop_token_ids.end()) {
       Finish(e.id, absl::OkStatus(), FinishReason::kStop);
       continue;
     }
-    seq.callbacks.on_token(*token);
+    seq.callbacks.on_token(token);
     if (seq.generated >= r.max_tokens) {
       Finish(e.id, absl::OkStatus(), FinishReason::kLength);
       continue;
     }
-    seq.tokens.push_back(*token);
+    seq.tokens.push_back(token);
     scheduler_.AppendToken(e.id);
   }
   std::lock_guard<std::mutex> lock(mu_);
@@ -262,7 +290,33 @@ void BatchingEngine::RunStep(const StepPlan& plan) {
   batching_.kv_blocks_free = scheduler_.free_blocks();
 }
 
+absl::Status BatchingEngine::Broadcast(StepKind kind, std::vector<int32_t> payload) {
+  int32_t header[kHeaderInts] = {static_cast<int32_t>(kind), static_cast<int32_t>(payload.size())};
+  RETURN_IF_ERROR(Annotate(tp_->Broadcast(header, kHeaderInts, DType::kInt32, 0),
+                           "serving group: broadcast of a step header"));
+  if (payload.empty()) return absl::OkStatus();
+  return Annotate(tp_->Broadcast(payload.data(), payload.size(), DType::kInt32, 0),
+                  "serving group: broadcast of a step");
+}
+
+void BatchingEngine::Fail(const absl::Status& status) {
+  group_failed_ = true;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  std::vector<RequestId> ids;
+  for (const auto& [id, seq] : sequences_) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  for (RequestId id : ids) Finish(id, status, FinishReason::kStop);
+}
+
 void BatchingEngine::Run() {
+  using Clock = std::chrono::steady_clock;
+  // A follower waits for the next message with the communicator's deadline; an idle leader
+  // speaks well inside it.
+  constexpr auto kHeartbeat = std::chrono::seconds(1);
+  auto last_broadcast = Clock::now();
   bool stalled = false;  // the last plan was empty although sequences were there
   for (;;) {
     {
@@ -278,12 +332,18 @@ void BatchingEngine::Run() {
     TakeArrivals();
     const StepPlan plan = scheduler_.Schedule();
     stalled = plan.empty() && !sequences_.empty();
-    if (!plan.empty()) RunStep(plan);
+    if (!plan.empty()) {
+      RunStep(plan);
+      last_broadcast = Clock::now();
+    } else if (tp_ != nullptr && Clock::now() - last_broadcast >= kHeartbeat) {
+      if (absl::Status sent = Broadcast(StepKind::kIdle); !sent.ok()) Fail(sent);
+      last_broadcast = Clock::now();
+    }
     std::lock_guard<std::mutex> lock(mu_);
     in_scheduler_running_ = scheduler_.running();
     in_scheduler_waiting_ = scheduler_.waiting();
   }
-  // Stopping: every request still here or still arriving ends now.
+  // Stopping: every request still here or still arriving ends now, then the followers stop.
   std::deque<Sequence> arrived;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -298,6 +358,43 @@ void BatchingEngine::Run() {
   std::sort(ids.begin(), ids.end());
   for (RequestId id : ids) {
     Finish(id, absl::UnavailableError("the engine is shutting down"), FinishReason::kStop);
+  }
+  if (tp_ != nullptr && !group_failed_) Broadcast(StepKind::kStop).IgnoreError();
+}
+
+absl::Status RunServingFollower(const model::InferenceWeights& weights,
+                                const BatchingEngineOptions& options, kernels::Allocator& allocator,
+                                comm::Communicator& tp) {
+  if (tp.rank() == 0) {
+    return absl::InvalidArgumentError("rank 0 of a serving group runs the engine, not a follower");
+  }
+  ASSIGN_OR_RETURN(const model::PagedCacheOptions cache,
+                   CacheOptionsFor(weights.config, options, tp.size()));
+  ASSIGN_OR_RETURN(auto forward, model::PagedGptForward::Create(weights, cache, allocator, &tp));
+  std::vector<int32_t> payload;
+  for (;;) {
+    int32_t header[kHeaderInts] = {0, 0};
+    RETURN_IF_ERROR(Annotate(tp.Broadcast(header, kHeaderInts, DType::kInt32, 0),
+                             "serving follower: waiting for the next step"));
+    const StepKind kind = static_cast<StepKind>(header[0]);
+    if (kind == StepKind::kStop) return absl::OkStatus();
+    if (kind == StepKind::kIdle) continue;
+    // The largest step the cache options allow bounds what a header may announce.
+    const int64_t most = 4 + 3 * int64_t{cache.max_tokens_per_step} +
+                         int64_t{cache.max_seqs_per_step} * cache.num_blocks +
+                         7 * int64_t{cache.max_seqs_per_step};
+    if (kind != StepKind::kStep || header[1] < 1 || header[1] > most) {
+      return absl::InvalidArgumentError(absl::StrCat("serving follower: a header of kind ",
+                                                     header[0], " and length ", header[1]));
+    }
+    payload.resize(header[1]);
+    RETURN_IF_ERROR(Annotate(tp.Broadcast(payload.data(), payload.size(), DType::kInt32, 0),
+                             "serving follower: receiving a step"));
+    ASSIGN_OR_RETURN(const StepMessage step, DecodeStep(payload, cache));
+    ASSIGN_OR_RETURN(std::span<const float> logits, forward->Forward(step.View()));
+    RETURN_IF_ERROR(model::SampleVocabParallel(logits, weights.vocab_begin, weights.vocab_end,
+                                               weights.config.vocab, step.sampling, &tp)
+                        .status());
   }
 }
 

@@ -7,8 +7,13 @@
 // computes it in one batch. Each sampled token is a pure function of the request's seed, its
 // index and the logits, so a request's output does not depend on what else is in the batch.
 //
-// This engine runs the model in this process (tp = pp = 1). The sharded engine of a serve job
-// is the same scheduler driving the ranks of a tp × pp group (not built yet).
+// Tensor parallelism: the engine runs on rank 0 of the group and, before each step, broadcasts
+// it (step_message.h) to the other ranks, which run RunServingFollower: every rank computes the
+// step on its own shard (its heads, MLP columns and vocabulary rows) and the ranks sample
+// together from their vocabulary slices (SampleVocabParallel), so no rank holds the whole model
+// or the whole logits. While idle the leader broadcasts a heartbeat each second, so the
+// followers' waits keep a deadline; a failed collective ends every request with the error and
+// the engine stops being Ready. Pipeline stages are not supported yet.
 #pragma once
 
 #include <atomic>
@@ -22,10 +27,13 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "worker/model/gpt.h"
+#include "kernels/allocator.h"
+#include "worker/comm/communicator.h"
 #include "worker/model/paged_inference.h"
+#include "worker/model/vocab_parallel_sampling.h"
 #include "worker/serving/batch_scheduler.h"
 #include "worker/serving/engine.h"
+#include "worker/serving/step_message.h"
 
 namespace shardline::serving {
 
@@ -49,13 +57,21 @@ struct BatchingStats {
   int kv_blocks_free = 0;  // after the last step
 };
 
+// The cache options every rank of a group derives from the same engine options (the followers
+// size theirs the same way). InvalidArgument names a bad option, or a cache too small for one
+// whole context.
+absl::StatusOr<model::PagedCacheOptions> CacheOptionsFor(const model::GptConfig& config,
+                                                         const BatchingEngineOptions& options,
+                                                         int tp_size);
+
 class BatchingEngine final : public CompletionEngine {
  public:
-  // InvalidArgument names a bad option (or a cache too small for one whole context);
-  // ResourceExhausted when the cache does not fit in memory. `model` must outlive the engine and
-  // not change while it runs. Starts the engine thread.
-  static absl::StatusOr<std::unique_ptr<BatchingEngine>> Create(const model::GptModel& model,
-                                                                BatchingEngineOptions options);
+  // The leader of `tp` (its rank 0; null: one rank). InvalidArgument names a bad option;
+  // ResourceExhausted when the cache does not fit in memory. `weights`, `allocator` and `tp` must
+  // outlive the engine. Starts the engine thread.
+  static absl::StatusOr<std::unique_ptr<BatchingEngine>> Create(
+      const model::InferenceWeights& weights, BatchingEngineOptions options,
+      kernels::Allocator& allocator, comm::Communicator* tp = nullptr);
   // Shutdown().
   ~BatchingEngine() override;
 
@@ -68,7 +84,7 @@ class BatchingEngine final : public CompletionEngine {
   bool Ready() const override;
   EngineStats Stats() const override;
   BatchingStats Batching() const;
-  int32_t max_context() const override { return model_.config().max_seq_len; }
+  int32_t max_context() const override { return config_.max_seq_len; }
 
  private:
   struct Sequence {
@@ -79,9 +95,13 @@ class BatchingEngine final : public CompletionEngine {
     int generated = 0;
   };
 
-  BatchingEngine(const model::GptModel& model, BatchingEngineOptions options,
-                 std::unique_ptr<model::PagedGptForward> forward, BatchScheduler scheduler);
+  BatchingEngine(BatchingEngineOptions options, std::unique_ptr<model::PagedGptForward> forward,
+                 BatchScheduler scheduler, comm::Communicator* tp);
   void Run();
+  // Sends the followers a header (and payload). Engine thread.
+  absl::Status Broadcast(StepKind kind, std::vector<int32_t> payload = {});
+  // The group failed: every request ends with `status`, and the engine stops. Engine thread.
+  void Fail(const absl::Status& status);
   // Moves submitted requests into the scheduler and drops cancelled ones. Engine thread.
   void TakeArrivals();
   // Runs one planned step and delivers its tokens. Engine thread.
@@ -89,11 +109,13 @@ class BatchingEngine final : public CompletionEngine {
   // Ends a request: on_finish and out of the scheduler. Engine thread.
   void Finish(RequestId id, absl::Status status, FinishReason reason);
 
-  const model::GptModel& model_;
   const BatchingEngineOptions options_;
+  const model::GptConfig config_;
   std::unique_ptr<model::PagedGptForward> forward_;    // engine thread only
+  comm::Communicator* const tp_;                       // engine thread only; null: one rank
   BatchScheduler scheduler_;                           // engine thread only
   std::unordered_map<RequestId, Sequence> sequences_;  // engine thread only: in the scheduler
+  bool group_failed_ = false;                          // engine thread only
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -108,7 +130,15 @@ class BatchingEngine final : public CompletionEngine {
 
   // Step buffers, reused (engine thread only).
   std::vector<int32_t> step_tokens_, step_positions_, step_seq_, step_tables_, step_rows_;
+  std::vector<model::RowSampling> step_sampling_;
   std::thread worker_;
 };
+
+// A rank other than 0 of a serving group: runs every step rank 0's engine broadcasts, on this
+// rank's `weights`, until the engine stops. OK after the leader's stop; the error of a failed
+// collective (a dead leader: within the communicator's timeout) or a malformed message otherwise.
+absl::Status RunServingFollower(const model::InferenceWeights& weights,
+                                const BatchingEngineOptions& options, kernels::Allocator& allocator,
+                                comm::Communicator& tp);
 
 }  // namespace shardline::serving

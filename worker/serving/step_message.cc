@@ -1,0 +1,125 @@
+#include "worker/serving/step_message.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace shardline::serving {
+namespace {
+
+constexpr int kCounts = 4;        // N, sequences, blocks per sequence, logit rows
+constexpr int kSamplingInts = 6;  // temperature, top_k, seed (2), draw (2)
+
+int32_t FloatBits(float f) {
+  int32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  return bits;
+}
+
+float BitsFloat(int32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+void PutU64(std::vector<int32_t>& out, uint64_t v) {
+  out.push_back(static_cast<int32_t>(static_cast<uint32_t>(v)));
+  out.push_back(static_cast<int32_t>(static_cast<uint32_t>(v >> 32)));
+}
+
+uint64_t GetU64(const int32_t* p) {
+  return uint64_t{static_cast<uint32_t>(p[0])} | (uint64_t{static_cast<uint32_t>(p[1])} << 32);
+}
+
+}  // namespace
+
+model::PagedStep StepMessage::View() const {
+  return model::PagedStep{.tokens = tokens,
+                          .positions = positions,
+                          .token_seq = token_seq,
+                          .block_tables = block_tables,
+                          .num_seqs = num_seqs,
+                          .max_blocks_per_seq = max_blocks_per_seq,
+                          .logit_rows = logit_rows};
+}
+
+std::vector<int32_t> EncodeStep(const model::PagedStep& step,
+                                std::span<const model::RowSampling> sampling) {
+  std::vector<int32_t> out;
+  out.reserve(kCounts + 3 * step.tokens.size() + step.block_tables.size() +
+              step.logit_rows.size() * (1 + kSamplingInts));
+  out.push_back(static_cast<int32_t>(step.tokens.size()));
+  out.push_back(step.num_seqs);
+  out.push_back(step.max_blocks_per_seq);
+  out.push_back(static_cast<int32_t>(step.logit_rows.size()));
+  out.insert(out.end(), step.tokens.begin(), step.tokens.end());
+  out.insert(out.end(), step.positions.begin(), step.positions.end());
+  out.insert(out.end(), step.token_seq.begin(), step.token_seq.end());
+  out.insert(out.end(), step.block_tables.begin(), step.block_tables.end());
+  out.insert(out.end(), step.logit_rows.begin(), step.logit_rows.end());
+  for (const model::RowSampling& row : sampling) {
+    out.push_back(FloatBits(row.options.temperature));
+    out.push_back(row.options.top_k);
+    PutU64(out, row.options.seed);
+    PutU64(out, row.draw);
+  }
+  return out;
+}
+
+absl::StatusOr<StepMessage> DecodeStep(std::span<const int32_t> payload,
+                                       const model::PagedCacheOptions& limits) {
+  if (payload.size() < kCounts) {
+    return absl::InvalidArgumentError(absl::StrCat("step message: ", payload.size(),
+                                                   " ints, fewer than its ", kCounts, " counts"));
+  }
+  const int64_t n = payload[0], seqs = payload[1], blocks = payload[2], rows = payload[3];
+  if (n < 1 || n > limits.max_tokens_per_step) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step message: ", n, " tokens, outside 1..", limits.max_tokens_per_step));
+  }
+  if (seqs < 1 || seqs > limits.max_seqs_per_step) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step message: ", seqs, " sequences, outside 1..", limits.max_seqs_per_step));
+  }
+  if (blocks < 1 || blocks > limits.num_blocks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step message: ", blocks, " blocks per sequence, outside 1..", limits.num_blocks));
+  }
+  if (rows < 0 || rows > seqs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step message: ", rows, " logit rows for ", seqs, " sequences"));
+  }
+  const int64_t expected = kCounts + 3 * n + seqs * blocks + rows * (1 + kSamplingInts);
+  if (static_cast<int64_t>(payload.size()) != expected) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step message: ", payload.size(), " ints where its counts make ", expected));
+  }
+  StepMessage m;
+  m.num_seqs = static_cast<int>(seqs);
+  m.max_blocks_per_seq = static_cast<int>(blocks);
+  const int32_t* p = payload.data() + kCounts;
+  auto take = [&p](std::vector<int32_t>& out, int64_t count) {
+    out.assign(p, p + count);
+    p += count;
+  };
+  take(m.tokens, n);
+  take(m.positions, n);
+  take(m.token_seq, n);
+  take(m.block_tables, seqs * blocks);
+  take(m.logit_rows, rows);
+  for (int64_t r = 0; r < rows; ++r, p += kSamplingInts) {
+    model::RowSampling row;
+    row.options.temperature = BitsFloat(p[0]);
+    row.options.top_k = p[1];
+    row.options.seed = GetU64(p + 2);
+    row.draw = GetU64(p + 4);
+    if (row.options.top_k < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step message: logit row ", r, " has top_k ", row.options.top_k));
+    }
+    m.sampling.push_back(row);
+  }
+  return m;
+}
+
+}  // namespace shardline::serving
