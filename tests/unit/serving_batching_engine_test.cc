@@ -171,6 +171,8 @@ TEST_F(ServingBatchingEngineTest, ConcurrentRequestsGetWhatEachGetsAlone) {
   EXPECT_EQ(stats.preemptions, 0);
   EXPECT_EQ(stats.kv_blocks_free, stats.kv_blocks);  // every block back in the pool
   EXPECT_EQ(engine->Stats().tokens_generated, generated);
+  EXPECT_EQ(engine->Stats().kv_blocks, stats.kv_blocks);
+  EXPECT_EQ(engine->Stats().kv_blocks_used, 0);
 }
 
 // A cache too small for every running sequence's whole context: the scheduler preempts, the
@@ -203,6 +205,7 @@ TEST_F(ServingBatchingEngineTest, PreemptedRequestsRecomputeAndGiveTheSameTokens
   }
   const BatchingStats stats = engine->Batching();
   EXPECT_GT(stats.preemptions, 0);
+  EXPECT_EQ(engine->Stats().preemptions, stats.preemptions);
   EXPECT_EQ(stats.kv_blocks_free, 10);
 }
 

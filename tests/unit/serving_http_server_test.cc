@@ -1,15 +1,13 @@
 // worker/serving/http_server.h over real loopback sockets (an ephemeral port), driven with
 // httplib's client, in front of a scripted engine: the engine is the test double, the HTTP layer
 // is the thing under test.
-#include "worker/serving/http_server.h"
-
 #include <arpa/inet.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
 #include <httplib.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
@@ -20,6 +18,7 @@
 
 #include "nlohmann/json.hpp"
 #include "worker/model/data/tokenizer.h"
+#include "worker/serving/http_server.h"
 
 namespace shardline::serving {
 namespace {
@@ -64,7 +63,10 @@ class ScriptedEngine final : public CompletionEngine {
     cancelled_.insert(id);
   }
   bool Ready() const override { return ready; }
-  EngineStats Stats() const override { return EngineStats{.running = 1, .waiting = 2}; }
+  EngineStats Stats() const override {
+    return EngineStats{
+        .running = 1, .waiting = 2, .kv_blocks = 40, .kv_blocks_used = 7, .preemptions = 3};
+  }
   int32_t max_context() const override { return 64; }
 
   bool Cancelled(RequestId id) {
@@ -159,8 +161,11 @@ class ServingHttpServerTest : public ::testing::Test {
 
 TEST_F(ServingHttpServerTest, CompletesWhole) {
   StartServer();
-  auto res = Post("/v1/completions", {{"model", "tiny"}, {"prompt", "Say hi"}, {"max_tokens", 20},
-                                      {"temperature", 0}, {"seed", 5}});
+  auto res = Post("/v1/completions", {{"model", "tiny"},
+                                      {"prompt", "Say hi"},
+                                      {"max_tokens", 20},
+                                      {"temperature", 0},
+                                      {"seed", 5}});
   ASSERT_TRUE(res) << httplib::to_string(res.error());
   ASSERT_EQ(res->status, 200) << res->body;
   EXPECT_THAT(res->get_header_value("Content-Type"), HasSubstr("application/json"));
@@ -210,7 +215,8 @@ TEST_F(ServingHttpServerTest, ChatCompletesWithTheAssistantsMessage) {
   EXPECT_EQ(j["object"], "chat.completion");
   EXPECT_EQ(j["id"].get<std::string>().rfind("chatcmpl-", 0), 0u);
   EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
-  EXPECT_EQ(j["choices"][0]["message"]["content"], "Hi there") << "the template's user turn stops it";
+  EXPECT_EQ(j["choices"][0]["message"]["content"], "Hi there")
+      << "the template's user turn stops it";
   EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
   const std::string prompt = "User: Hello\nAssistant:";
   EXPECT_EQ(engine_.last_request().prompt.size(), prompt.size());
@@ -424,12 +430,13 @@ TEST_F(ServingHttpServerTest, MetricsInPrometheusText) {
   auto res = Client().Get("/metrics");
   ASSERT_TRUE(res);
   ASSERT_EQ(res->status, 200);
-  for (const char* line : {"shardline_serving_requests_running 1",
-                           "shardline_serving_requests_waiting 2",
-                           "shardline_serving_generated_tokens_total 11",
-                           "shardline_serving_time_to_first_token_seconds_count 1",
-                           "shardline_serving_time_per_output_token_seconds_count 10",
-                           "shardline_serving_http_requests_total{code=\"200\"}"}) {
+  for (const char* line :
+       {"shardline_serving_requests_running 1", "shardline_serving_requests_waiting 2",
+        "shardline_serving_kv_cache_blocks 40", "shardline_serving_kv_cache_blocks_used 7",
+        "shardline_serving_preemptions 3", "shardline_serving_generated_tokens_total 11",
+        "shardline_serving_time_to_first_token_seconds_count 1",
+        "shardline_serving_time_per_output_token_seconds_count 10",
+        "shardline_serving_http_requests_total{code=\"200\"}"}) {
     EXPECT_THAT(res->body, HasSubstr(line));
   }
 }

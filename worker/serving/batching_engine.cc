@@ -153,7 +153,10 @@ EngineStats BatchingEngine::Stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   return EngineStats{.running = in_scheduler_running_,
                      .waiting = in_scheduler_waiting_ + static_cast<int64_t>(arrivals_.size()),
-                     .tokens_generated = tokens_generated_.load()};
+                     .tokens_generated = tokens_generated_.load(),
+                     .kv_blocks = batching_.kv_blocks,
+                     .kv_blocks_used = batching_.kv_blocks - batching_.kv_blocks_free,
+                     .preemptions = batching_.preemptions};
 }
 
 BatchingStats BatchingEngine::Batching() const {

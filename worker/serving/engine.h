@@ -45,6 +45,9 @@ struct EngineStats {
   int64_t running = 0;           // requests being generated now
   int64_t waiting = 0;           // requests queued behind them
   int64_t tokens_generated = 0;  // since the engine started
+  int64_t kv_blocks = 0;         // blocks in the KV cache (0: the engine has no block cache)
+  int64_t kv_blocks_used = 0;    // held by running sequences, after the last step
+  int64_t preemptions = 0;       // sequences whose cache was dropped, to be recomputed
 };
 
 // Thread-safe: every method may be called from any thread.

@@ -52,6 +52,23 @@ struct Metrics {
                                    .Help("Requests queued in the engine")
                                    .Register(*registry)
                                    .Add({});
+  prometheus::Gauge& kv_blocks = prometheus::BuildGauge()
+                                     .Name("shardline_serving_kv_cache_blocks")
+                                     .Help("Blocks of the KV cache")
+                                     .Register(*registry)
+                                     .Add({});
+  prometheus::Gauge& kv_blocks_used = prometheus::BuildGauge()
+                                          .Name("shardline_serving_kv_cache_blocks_used")
+                                          .Help("KV-cache blocks held by running sequences")
+                                          .Register(*registry)
+                                          .Add({});
+  prometheus::Gauge& preemptions = prometheus::BuildGauge()
+                                       .Name("shardline_serving_preemptions")
+                                       .Help(
+                                           "Sequences preempted (cache dropped, recomputed) "
+                                           "since the engine started")
+                                       .Register(*registry)
+                                       .Add({});
   prometheus::Counter& tokens = prometheus::BuildCounter()
                                     .Name("shardline_serving_generated_tokens_total")
                                     .Help("Tokens generated for clients")
@@ -262,6 +279,9 @@ void HttpServer::Impl::HandleMetrics(httplib::Response& res) {
   const EngineStats stats = engine_.Stats();
   metrics_->running.Set(static_cast<double>(stats.running));
   metrics_->waiting.Set(static_cast<double>(stats.waiting));
+  metrics_->kv_blocks.Set(static_cast<double>(stats.kv_blocks));
+  metrics_->kv_blocks_used.Set(static_cast<double>(stats.kv_blocks_used));
+  metrics_->preemptions.Set(static_cast<double>(stats.preemptions));
   res.set_content(prometheus::TextSerializer().Serialize(metrics_->registry->Collect()),
                   "text/plain; version=0.0.4");
 }
