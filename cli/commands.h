@@ -78,7 +78,8 @@ int Generate(const GenerateCommandOptions& options);
 // answer): `flag` when given, else a Hugging Face folder's own tokenizer files, else "bytes".
 std::string DefaultTokenizerSpec(const std::string& flag, const std::string& resolved);
 
-// `shardline serve`: the OpenAI-compatible API over one checkpoint, in this process.
+// `shardline serve`: the OpenAI-compatible API over one checkpoint, in this process (or, with
+// --tp, over tensor-parallel processes of this host that it starts).
 struct ServeOptions {
   std::string checkpoint;            // anything `generate` takes
   std::string tokenizer;             // as `generate`'s --tokenizer
@@ -90,12 +91,33 @@ struct ServeOptions {
   int max_running = 8;               // sequences in the running batch
   int max_tokens_per_step = 256;     // prefill + decode tokens per step
   int block_size = 16;               // KV-cache positions per block
-  int64_t kv_cache_mib = 0;          // 0: room for max_running whole contexts
+  int64_t kv_cache_mib = 0;          // per rank; 0: room for max_running whole contexts
   int hf_heads = 12;
+  // Tensor-parallel ranks: this process is rank 0 and starts the others as `serve-rank`
+  // processes of this binary; each loads only its part of the model.
+  int tp = 1;
+  std::string log_level = "info";  // passed on to the other ranks
 };
-// Serves until SIGINT/SIGTERM; 0 after a clean stop, 1 when the model cannot be loaded or the
-// address bound, 2 for bad flags.
+// Serves until SIGINT/SIGTERM; 0 after a clean stop, 1 when the model cannot be loaded, the
+// address bound or a rank fails (at start or while serving), 2 for bad flags.
 int Serve(const ServeOptions& options);
+
+// `shardline serve-rank` (hidden): tensor-parallel rank `rank` of a `serve --tp` group, started
+// by rank 0 with its engine-sizing flags so that every rank sizes the same cache.
+struct ServeRankOptions {
+  std::string checkpoint;  // as rank 0 resolved it (checkpoint::ResolveCheckpoint)
+  int hf_heads = 12;
+  int rank = 1;
+  int tp = 2;
+  std::string store_dir;  // the group's store (comm::LocalRankGroup)
+  int max_running = 8;
+  int max_tokens_per_step = 256;
+  int block_size = 16;
+  int64_t kv_cache_mib = 0;
+  std::string log_level = "info";
+};
+// Runs the steps rank 0 sends until it says stop: 0 then, 1 (the error printed) otherwise.
+int ServeRank(const ServeRankOptions& options);
 
 // `shardline checkpoint inspect DIR`: the steps of a run's checkpoint folder (or one step of it).
 struct CheckpointInspectOptions {

@@ -214,7 +214,9 @@ int Main(int argc, char** argv) {
 
   ServeOptions serve_options;
   auto* serve_cmd = app.add_subcommand(
-      "serve", "Serve a checkpoint over an OpenAI-compatible HTTP API (one process, continuous batching)");
+      "serve",
+      "Serve a checkpoint over an OpenAI-compatible HTTP API (continuous batching; --tp N: N "
+      "processes)");
   serve_cmd->add_option("--checkpoint", serve_options.checkpoint,
                         "A checkpoint file or a training run's checkpoint folder")
       ->required();
@@ -243,13 +245,38 @@ int Main(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 20))->capture_default_str();
   serve_cmd->add_option("--block-size", serve_options.block_size, "KV-cache positions per block")
       ->check(CLI::Range(1, 4096))->capture_default_str();
-  serve_cmd->add_option("--kv-cache-mib", serve_options.kv_cache_mib,
-                        "KV-cache size (0: room for --max-running whole contexts)")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30))->capture_default_str();
+  serve_cmd
+      ->add_option("--kv-cache-mib", serve_options.kv_cache_mib,
+                   "KV-cache size, of each rank with --tp (0: room for --max-running whole "
+                   "contexts)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30))
+      ->capture_default_str();
   serve_cmd->add_option("--hf-heads", serve_options.hf_heads,
                         "Heads of a Hugging Face GPT-2 checkpoint")
       ->check(CLI::PositiveNumber)->capture_default_str();
+  serve_cmd
+      ->add_option("--tp", serve_options.tp,
+                   "Tensor-parallel ranks: processes of this host, each holding 1/N of the "
+                   "heads, MLP columns and vocabulary (N must divide the heads and d_ff)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
   serve_cmd->add_option("--log-level", log_level);
+
+  // The options `serve --tp` starts each other rank with (cli/serve.cc's ServeRankCommand).
+  ServeRankOptions serve_rank_options;
+  auto* serve_rank_cmd = app.add_subcommand("serve-rank", "One rank of `serve --tp` (internal)");
+  serve_rank_cmd->group("");  // internal: not listed in --help
+  serve_rank_cmd->add_option("--checkpoint", serve_rank_options.checkpoint)->required();
+  serve_rank_cmd->add_option("--hf-heads", serve_rank_options.hf_heads)->required();
+  serve_rank_cmd->add_option("--rank", serve_rank_options.rank)->required();
+  serve_rank_cmd->add_option("--tp", serve_rank_options.tp)->required();
+  serve_rank_cmd->add_option("--store", serve_rank_options.store_dir)->required();
+  serve_rank_cmd->add_option("--max-running", serve_rank_options.max_running)->required();
+  serve_rank_cmd->add_option("--max-tokens-per-step", serve_rank_options.max_tokens_per_step)
+      ->required();
+  serve_rank_cmd->add_option("--block-size", serve_rank_options.block_size)->required();
+  serve_rank_cmd->add_option("--kv-cache-mib", serve_rank_options.kv_cache_mib)->required();
+  serve_rank_cmd->add_option("--log-level", log_level);
 
   CheckpointInspectOptions inspect_options;
   CheckpointExportOptions export_options;
@@ -321,7 +348,14 @@ int Main(int argc, char** argv) {
   }
   if (*train_cmd) return Train(train_options);
   if (*generate_cmd) return Generate(generate_options);
-  if (*serve_cmd) return Serve(serve_options);
+  if (*serve_cmd) {
+    serve_options.log_level = log_level;
+    return Serve(serve_options);
+  }
+  if (*serve_rank_cmd) {
+    serve_rank_options.log_level = log_level;
+    return ServeRank(serve_rank_options);
+  }
   if (*checkpoint_cmd) {
     return *inspect_cmd ? CheckpointInspect(inspect_options) : CheckpointExport(export_options);
   }

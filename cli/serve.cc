@@ -1,7 +1,13 @@
-// `shardline serve`: one checkpoint behind the OpenAI-compatible HTTP API, generated in this
-// process with continuous batching (worker/serving/batching_engine.h).
+// `shardline serve`: one checkpoint behind the OpenAI-compatible HTTP API, generated with
+// continuous batching (worker/serving/batching_engine.h) in this process, or with --tp N over N
+// tensor-parallel processes of this host: this one (rank 0: the engine and the HTTP server) and
+// N-1 `serve-rank` followers it starts (comm::LocalRankGroup), each loading only its shard.
+#include <signal.h>
+
+#include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -9,8 +15,12 @@
 
 #include "checkpoint/layout.h"
 #include "cli/commands.h"
+#include "common/process.h"
+#include "common/status_macros.h"
 #include "kernels/allocator.h"
+#include "worker/comm/local_rank_group.h"
 #include "worker/model/data/tokenizer.h"
+#include "worker/model/shard_layout.h"
 #include "worker/serving/batching_engine.h"
 #include "worker/serving/http_server.h"
 #include "worker/training/model_checkpoint.h"
@@ -60,6 +70,128 @@ std::string DefaultModelName(const std::string& checkpoint) {
   return name.empty() ? "shardline" : name;
 }
 
+// What every rank of a group is started with, from rank 0's flags: one description, so that
+// every rank sizes the same cache.
+ServeRankOptions RankOptionsOf(const ServeOptions& options, const std::string& resolved, int rank,
+                               const std::string& store_dir) {
+  return ServeRankOptions{.checkpoint = resolved,
+                          .hf_heads = options.hf_heads,
+                          .rank = rank,
+                          .tp = options.tp,
+                          .store_dir = store_dir,
+                          .max_running = options.max_running,
+                          .max_tokens_per_step = options.max_tokens_per_step,
+                          .block_size = options.block_size,
+                          .kv_cache_mib = options.kv_cache_mib,
+                          .log_level = options.log_level};
+}
+
+serving::BatchingEngineOptions EngineOptionsOf(const ServeRankOptions& rank, int max_queue) {
+  return serving::BatchingEngineOptions{.max_running = rank.max_running,
+                                        .max_tokens_per_step = rank.max_tokens_per_step,
+                                        .block_size = rank.block_size,
+                                        .kv_cache_bytes = rank.kv_cache_mib << 20,
+                                        .max_queue = max_queue};
+}
+
+// The `serve-rank` command line of a follower; main.cc parses it back into ServeRankOptions.
+std::vector<std::string> ServeRankCommand(const ServeRankOptions& o) {
+  return {SelfExecutable(),
+          "serve-rank",
+          "--log-level",
+          o.log_level,
+          "--checkpoint",
+          o.checkpoint,
+          "--hf-heads",
+          std::to_string(o.hf_heads),
+          "--rank",
+          std::to_string(o.rank),
+          "--tp",
+          std::to_string(o.tp),
+          "--store",
+          o.store_dir,
+          "--max-running",
+          std::to_string(o.max_running),
+          "--max-tokens-per-step",
+          std::to_string(o.max_tokens_per_step),
+          "--block-size",
+          std::to_string(o.block_size),
+          "--kv-cache-mib",
+          std::to_string(o.kv_cache_mib)};
+}
+
+// The followers' share of this host's cores for OpenMP and OpenBLAS, as the agent gives its
+// actors (unshared, N ranks run N pools on the same cores and every collective waits for a
+// descheduled peer); a value serve was started with wins. Rank 0's own pool was sized when it
+// started: OMP_NUM_THREADS set for serve sizes every rank's.
+std::vector<std::pair<std::string, std::string>> FollowerThreadsEnv(int tp) {
+  const std::string threads = std::to_string(std::max(1, UsableCpus() / tp));
+  std::vector<std::pair<std::string, std::string>> env;
+  for (const char* name : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"}) {
+    if (std::getenv(name) == nullptr) env.emplace_back(name, threads);
+  }
+  return env;
+}
+
+// The group's bootstrap and per-operation timeouts, the same on every rank. A follower waits this
+// long for the next step; an idle leader sends a heartbeat every second.
+comm::CpuCommOptions GroupCommOptions() { return comm::CpuCommOptions{}; }
+
+// Ranks 1..tp-1 of `serve --tp`, loading `resolved` (comm::LocalRankGroup::Start).
+absl::StatusOr<std::unique_ptr<comm::LocalRankGroup>> StartFollowers(const ServeOptions& options,
+                                                                     const std::string& resolved) {
+  return comm::LocalRankGroup::Start(comm::LocalRankGroupOptions{
+      .size = options.tp,
+      .command =
+          [&](int rank, const std::string& dir) {
+            return ServeRankCommand(RankOptionsOf(options, resolved, rank, dir));
+          },
+      .extra_env = FollowerThreadsEnv(options.tp),
+      .comm = GroupCommOptions()});
+}
+
+// Whether `tp` ranks can split the model and each size its cache: InvalidArgument naming the
+// numbers (ShardLayout's and CacheOptionsFor's checks) before any process is started.
+absl::Status CheckGroup(const model::GptConfig& config, int tp,
+                        const serving::BatchingEngineOptions& engine) {
+  auto layout = model::ShardLayout::Create(
+      config, {.tp_size = tp, .tp_index = 0, .first_layer = 0, .last_layer = config.layers});
+  if (!layout.ok()) return Annotate(layout.status(), "--tp " + std::to_string(tp));
+  return serving::CacheOptionsFor(config, engine, tp).status();
+}
+
+// This rank's part of the parameters only (no gradients or optimizer state), read box by box.
+absl::StatusOr<std::unique_ptr<model::ShardWeights>> LoadShard(
+    const training::CheckpointSource& source, int tp, int rank, kernels::Allocator& allocator) {
+  auto weights = model::ShardWeights::Load(
+      source.config(), tp, rank,
+      [&](const std::string& name, const std::vector<int64_t>& offsets,
+          const std::vector<int64_t>& shape) {
+        return training::ReadCheckpointBox(source, name, offsets, shape);
+      },
+      allocator);
+  if (!weights.ok()) return Annotate(weights.status(), source.path());
+  return weights;
+}
+
+// Serves until a stop is requested (OK) or the engine or a rank of its group fails (the error).
+absl::Status ServeUntilStopped(const serving::BatchingEngine& engine, comm::LocalRankGroup* group) {
+  while (!StopRequested().load()) {
+    // A dead follower fails the engine's next collective (within the heartbeat); its exit says
+    // more than the engine's stop, so it is looked for first.
+    if (group != nullptr) {
+      if (absl::Status followers = group->CheckFollowers(); !followers.ok()) {
+        return Annotate(followers, "the tensor-parallel group failed");
+      }
+    }
+    if (!engine.Ready()) {
+      return absl::UnavailableError("the engine stopped after a failed step");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int Serve(const ServeOptions& options) {
@@ -87,23 +219,9 @@ int Serve(const ServeOptions& options) {
     std::cerr << "error: --tokenizer: " << tokenizer.status().message() << "\n";
     return 2;
   }
-  kernels::CpuAllocator allocator;
-  // The parameters only (no gradients or optimizer state), read box by box: the same loading a
-  // tensor-parallel rank does for its part.
   auto source = training::CheckpointSource::Open(*path, options.hf_heads);
   if (!source.ok()) {
     std::cerr << "error: " << source.status().message() << "\n";
-    return 1;
-  }
-  auto weights = model::ShardWeights::Load(
-      source->config(), /*tp_size=*/1, /*tp_index=*/0,
-      [&](const std::string& name, const std::vector<int64_t>& offsets,
-          const std::vector<int64_t>& shape) {
-        return training::ReadCheckpointBox(*source, name, offsets, shape);
-      },
-      allocator);
-  if (!weights.ok()) {
-    std::cerr << "error: " << source->path() << ": " << weights.status().message() << "\n";
     return 1;
   }
   const model::GptConfig& config = source->config();
@@ -113,34 +231,112 @@ int Serve(const ServeOptions& options) {
               << (*tokenizer)->Describe() << " (--tokenizer names another)\n";
     return 1;
   }
+  const serving::BatchingEngineOptions engine_options =
+      EngineOptionsOf(RankOptionsOf(options, *path, 0, ""), options.max_queue);
+  if (absl::Status fits = CheckGroup(config, options.tp, engine_options); !fits.ok()) {
+    std::cerr << "error: " << fits.message() << "\n";
+    return 2;
+  }
 
-  auto engine = serving::BatchingEngine::Create(
-      (*weights)->weights(),
-      serving::BatchingEngineOptions{.max_running = options.max_running,
-                                     .max_tokens_per_step = options.max_tokens_per_step,
-                                     .block_size = options.block_size,
-                                     .kv_cache_bytes = options.kv_cache_mib << 20,
-                                     .max_queue = options.max_queue},
-      allocator);
+  // From here a stop request ends the start-up too, so the followers and the store go with it.
+  InstallStopHandlers();
+  // Declared before the engine, so the engine (whose communicator it owns) goes first.
+  std::unique_ptr<comm::LocalRankGroup> group;
+  if (options.tp > 1) {
+    auto started = StartFollowers(options, *path);
+    if (!started.ok()) {
+      std::cerr << "error: tensor-parallel group: " << started.status().message() << "\n";
+      return 1;
+    }
+    group = std::move(*started);
+  }
+  // The followers load their shards while this rank loads its own.
+  kernels::CpuAllocator allocator;
+  auto weights = LoadShard(*source, options.tp, 0, allocator);
+  if (!weights.ok()) {
+    std::cerr << "error: " << weights.status().message() << "\n";
+    return 1;
+  }
+  comm::Communicator* tp = nullptr;
+  if (group != nullptr) {
+    auto joined = group->Join(StopRequested());
+    if (absl::IsCancelled(joined.status())) {
+      std::cout << "stopping" << std::endl;
+      return 0;
+    }
+    if (!joined.ok()) {
+      std::cerr << "error: tensor-parallel group of " << options.tp << ": "
+                << joined.status().message() << "\n";
+      return 1;
+    }
+    tp = *joined;
+  }
+
+  auto engine =
+      serving::BatchingEngine::Create((*weights)->weights(), engine_options, allocator, tp);
   if (!engine.ok()) {
     std::cerr << "error: " << engine.status().message() << "\n";
     return engine.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
-  InstallStopHandlers();
   auto server = serving::HttpServer::Start(http, **engine, **tokenizer);
   if (!server.ok()) {
     std::cerr << "error: --listen: " << server.status().message() << "\n";
     return 1;
   }
   const serving::BatchingStats batching = (*engine)->Batching();
-  std::cout << "serving " << http.model_name << " at " << (*server)->url() << "/v1 (batches of "
-            << options.max_running << ", " << options.max_tokens_per_step
-            << " tokens per step, KV cache of " << batching.kv_blocks << " blocks of "
-            << options.block_size << " positions)" << std::endl;
-  while (!StopRequested().load()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  std::cout << "serving " << http.model_name << " at " << (*server)->url() << "/v1 (tp "
+            << options.tp << ", batches of " << options.max_running << ", "
+            << options.max_tokens_per_step << " tokens per step, KV cache of " << batching.kv_blocks
+            << " blocks of " << options.block_size << " positions"
+            << (options.tp > 1 ? " on each rank" : "") << ")" << std::endl;
+  const absl::Status served = ServeUntilStopped(**engine, group.get());
   std::cout << "stopping" << std::endl;
   (*server)->Stop();
-  (*engine)->Shutdown();
+  (*engine)->Shutdown();  // tells the followers to stop
+  if (!served.ok()) {
+    std::cerr << "error: " << served.message() << "\n";
+    return 1;
+  }
+  if (group != nullptr) {
+    if (absl::Status stopped = group->Finish(std::chrono::seconds(10)); !stopped.ok()) {
+      std::cerr << "error: tensor-parallel group: " << stopped.message() << "\n";
+      return 1;
+    }
+  }
+  return 0;
+}
+
+int ServeRank(const ServeRankOptions& options) {
+  // The leader stops the group. A signal sent to the whole process group (Ctrl-C in a terminal, a
+  // service manager's stop) must not end a follower before its leader says so; a follower still
+  // dies with its leader (the parent-death signal).
+  ::signal(SIGINT, SIG_IGN);
+  ::signal(SIGTERM, SIG_IGN);
+  const std::string who = "tensor-parallel rank " + std::to_string(options.rank) + " of " +
+                          std::to_string(options.tp) + ": ";
+  auto source = training::CheckpointSource::Open(options.checkpoint, options.hf_heads);
+  if (!source.ok()) {
+    std::cerr << "error: " << who << source.status().message() << "\n";
+    return 1;
+  }
+  kernels::CpuAllocator allocator;
+  auto weights = LoadShard(*source, options.tp, options.rank, allocator);
+  if (!weights.ok()) {
+    std::cerr << "error: " << who << weights.status().message() << "\n";
+    return 1;
+  }
+  auto tp =
+      comm::JoinLocalRankGroup(options.store_dir, options.rank, options.tp, GroupCommOptions());
+  if (!tp.ok()) {
+    std::cerr << "error: " << who << tp.status().message() << "\n";
+    return 1;
+  }
+  const absl::Status served = serving::RunServingFollower(
+      (*weights)->weights(), EngineOptionsOf(options, /*max_queue=*/1), allocator, **tp);
+  if (!served.ok()) {
+    std::cerr << "error: " << who << served.message() << "\n";
+    return 1;
+  }
   return 0;
 }
 

@@ -19,3 +19,6 @@ shardline_test(comm_all_reduce_tuner_test
 shardline_test(comm_shared_host_memory_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/comm_shared_host_memory_test.cc
   LIBS shardline_comm LABELS unit)
+shardline_test(comm_local_rank_group_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/comm_local_rank_group_test.cc
+  LIBS shardline_comm LABELS unit TIMEOUT 60)

@@ -1,15 +1,18 @@
 // `shardline serve` as the process a user runs, on a small checkpoint made here: its greedy
-// completion says what `shardline generate` prints for the same prompt, and it stops cleanly on
-// SIGTERM.
+// completion says what `shardline generate` prints for the same prompt, on one rank and on two
+// tensor-parallel processes (`--tp 2`), and it stops cleanly on SIGTERM, leaving no rank and no
+// store directory behind.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <signal.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -93,6 +96,47 @@ std::string GenerateText(const std::string& model, const std::string& prompt, in
   return ReadAll(log);
 }
 
+// What `shardline generate` prints after `prompt` (one byte a token); "" after a failure.
+std::string GeneratedCompletion(const std::string& model, const std::string& prompt, int tokens) {
+  const std::string printed = GenerateText(model, prompt, tokens);
+  EXPECT_EQ(printed.rfind(prompt, 0), 0u) << printed;
+  if (printed.size() < prompt.size() + 1 || printed.back() != '\n') {
+    ADD_FAILURE() << "not the prompt and a line: " << printed;
+    return "";
+  }
+  const std::string completion = printed.substr(prompt.size(), printed.size() - prompt.size() - 1);
+  EXPECT_EQ(completion.size(), static_cast<size_t>(tokens)) << "one byte a token: " << printed;
+  return completion;
+}
+
+// The processes whose parent is `parent` (from /proc/<pid>/stat's fourth field).
+std::vector<pid_t> ChildrenOf(pid_t parent) {
+  std::vector<pid_t> children;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::string stat = ReadAll(entry.path().string() + "/stat");
+    // "pid (comm) state ppid ...": the command may hold spaces and parentheses.
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close + 1));
+    std::string state;
+    pid_t ppid = 0;
+    if (rest >> state >> ppid && ppid == parent) children.push_back(std::stoi(name));
+  }
+  return children;
+}
+
+// A process's command line, one argument an element.
+std::vector<std::string> CommandLineOf(pid_t pid) {
+  const std::string raw = ReadAll("/proc/" + std::to_string(pid) + "/cmdline");
+  std::vector<std::string> args;
+  std::string arg;
+  std::istringstream in(raw);
+  while (std::getline(in, arg, '\0')) args.push_back(arg);
+  return args;
+}
+
 class ServingCliTest : public ::testing::Test {
  protected:
   void TearDown() override {
@@ -138,11 +182,8 @@ TEST_F(ServingCliTest, GreedyCompletionSaysWhatGeneratePrints) {
   const std::string model = ExportModel(TempDir() + "/tiny");
   const std::string prompt = "hello world";
   const int tokens = 12;
-  const std::string printed = GenerateText(model, prompt, tokens);
-  ASSERT_EQ(printed.rfind(prompt, 0), 0u) << printed;
-  ASSERT_EQ(printed.back(), '\n');
-  const std::string expected = printed.substr(prompt.size(), printed.size() - prompt.size() - 1);
-  ASSERT_EQ(expected.size(), static_cast<size_t>(tokens)) << "one byte a token: " << printed;
+  const std::string expected = GeneratedCompletion(model, prompt, tokens);
+  ASSERT_EQ(expected.size(), static_cast<size_t>(tokens));
 
   const int port = StartServe(
       {"--checkpoint", model, "--listen", "127.0.0.1:0", "--model-name", "tiny", "--api-key", "k"});
@@ -196,6 +237,74 @@ TEST_F(ServingCliTest, GreedyCompletionSaysWhatGeneratePrints) {
   ASSERT_TRUE(exit.ok() && exit->has_value()) << "serve did not stop on SIGTERM";
   pid_ = -1;
   EXPECT_TRUE((*exit)->success()) << (*exit)->Describe() << ": " << ReadAll(log_);
+}
+
+// Two tensor-parallel processes give the one-process text; on SIGTERM the leader stops its
+// follower and removes the group's store directory.
+TEST_F(ServingCliTest, TensorParallelServeSaysWhatGeneratePrints) {
+  const std::string model = ExportModel(TempDir() + "/tiny");
+  const std::string prompt = "the quick brown fox";
+  const int tokens = 16;
+  const std::string expected = GeneratedCompletion(model, prompt, tokens);
+  ASSERT_EQ(expected.size(), static_cast<size_t>(tokens));
+
+  const int port = StartServe({"--checkpoint", model, "--listen", "127.0.0.1:0", "--tp", "2"});
+  ASSERT_GT(port, 0);
+  EXPECT_THAT(ReadAll(log_), ::testing::HasSubstr("(tp 2,"));
+  const std::vector<pid_t> followers = ChildrenOf(pid_);
+  ASSERT_EQ(followers.size(), 1u) << "one follower for --tp 2";
+  const std::vector<std::string> args = CommandLineOf(followers[0]);
+  ASSERT_GE(args.size(), 2u);
+  EXPECT_EQ(args[1], "serve-rank");
+  const auto store_flag = std::find(args.begin(), args.end(), "--store");
+  ASSERT_TRUE(store_flag != args.end() && store_flag + 1 != args.end());
+  const std::string store_dir = *(store_flag + 1);
+  EXPECT_TRUE(std::filesystem::is_directory(store_dir)) << store_dir;
+
+  httplib::Client client("127.0.0.1", port);
+  client.set_connection_timeout(5);
+  client.set_read_timeout(60);
+  // Two requests at once: they share the batch, and each gets its own greedy text.
+  const json body = {
+      {"model", "tiny"}, {"prompt", prompt}, {"max_tokens", tokens}, {"temperature", 0}};
+  const json other = {
+      {"model", "tiny"}, {"prompt", "hello world"}, {"max_tokens", 12}, {"temperature", 0}};
+  std::string other_text;
+  std::thread concurrent([&] {
+    httplib::Client second("127.0.0.1", port);
+    second.set_read_timeout(60);
+    auto res = second.Post("/v1/completions", other.dump(), "application/json");
+    if (res && res->status == 200) other_text = json::parse(res->body)["choices"][0]["text"];
+  });
+  auto res = client.Post("/v1/completions", body.dump(), "application/json");
+  concurrent.join();
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  ASSERT_EQ(res->status, 200) << res->body;
+  EXPECT_EQ(json::parse(res->body)["choices"][0]["text"], expected);
+  EXPECT_EQ(other_text, GeneratedCompletion(model, "hello world", 12));
+
+  ASSERT_EQ(::kill(pid_, SIGTERM), 0);
+  auto exit = WaitFor(pid_, std::chrono::seconds(15));
+  ASSERT_TRUE(exit.ok() && exit->has_value()) << "serve did not stop on SIGTERM";
+  pid_ = -1;
+  EXPECT_TRUE((*exit)->success()) << (*exit)->Describe() << ": " << ReadAll(log_);
+  EXPECT_FALSE(std::filesystem::exists("/proc/" + std::to_string(followers[0])))
+      << "the follower outlived serve";
+  EXPECT_FALSE(std::filesystem::exists(store_dir)) << store_dir;
+}
+
+TEST_F(ServingCliTest, TensorParallelSizeMustDivideTheModel) {
+  const std::string model = ExportModel(TempDir() + "/tiny");  // 2 heads, d_ff 32
+  const std::string log = TempDir() + "/bad_tp.log";
+  SpawnOptions spawn;
+  spawn.argv = {Binary(), "serve", "--checkpoint", model, "--listen", "127.0.0.1:0", "--tp", "3"};
+  spawn.log_path = log;
+  absl::StatusOr<pid_t> pid = Spawn(spawn);
+  ASSERT_TRUE(pid.ok());
+  auto exit = WaitFor(*pid, std::chrono::seconds(30));
+  ASSERT_TRUE(exit.ok() && exit->has_value()) << "serve ran on with --tp 3";
+  EXPECT_EQ((*exit)->code, 2) << (*exit)->Describe() << ": " << ReadAll(log);
+  EXPECT_THAT(ReadAll(log), ::testing::HasSubstr("--tp 3: tp 3 must divide heads 2 and d_ff 32"));
 }
 
 TEST_F(ServingCliTest, BadFlagsSayWhatIsWrong) {
