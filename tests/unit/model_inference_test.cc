@@ -140,6 +140,38 @@ TEST(InferenceTest, GenerateRejectsBadRequestsBeforeAnyWork) {
               HasSubstr("top_k"));
 }
 
+// Nucleus sampling on a known distribution (0.5, 0.3, 0.15, 0.05): top_p 0.75 keeps the first
+// two (0.8 >= 0.75) in the ratio 5:3; a tiny top_p keeps the best only; top_p after top_k
+// renormalises over the k kept.
+TEST(InferenceTest, TopPKeepsTheNucleus) {
+  const std::vector<float> logits = {std::log(0.15f), std::log(0.5f), std::log(0.05f),
+                                     std::log(0.3f)};
+  std::vector<int> counts(4, 0);
+  const int draws = 20000;
+  for (int d = 0; d < draws; ++d) {
+    auto t = SampleToken(logits, {.temperature = 1.0f, .top_p = 0.75f, .seed = 4}, d);
+    ASSERT_TRUE(t.ok()) << t.status();
+    ++counts[*t];
+  }
+  EXPECT_EQ(counts[0] + counts[2], 0);
+  EXPECT_NEAR(double(counts[1]) / draws, 0.625, 0.015);
+  for (int d = 0; d < 200; ++d) {
+    EXPECT_EQ(*SampleToken(logits, {.temperature = 1.0f, .top_p = 1e-6f, .seed = 4}, d), 1);
+  }
+  // top_k 3 keeps (0.5, 0.3, 0.15), renormalised to (0.526, 0.316, 0.158): top_p 0.9 needs all
+  // three (the first two make 0.842), so token 0 appears; token 2 never.
+  counts.assign(4, 0);
+  for (int d = 0; d < draws; ++d) {
+    ++counts[*SampleToken(logits, {.temperature = 1.0f, .top_k = 3, .top_p = 0.9f, .seed = 4}, d)];
+  }
+  EXPECT_EQ(counts[2], 0);
+  EXPECT_NEAR(double(counts[0]) / draws, 0.15 / 0.95, 0.015);
+  EXPECT_EQ(SampleToken(logits, {.temperature = 1.0f, .top_p = 0.0f}, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SampleToken(logits, {.temperature = 1.0f, .top_p = 1.5f}, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 // Three sequences fed over four steps in chunks of different sizes (a chunked prefill, decodes,
 // a sequence joining late), with their cache blocks scattered through the pool: every row's
 // logits are the full forward's at that position of its sequence.

@@ -70,7 +70,8 @@ class ServingBatchingEngineTest : public ::testing::Test {
   std::vector<int32_t> Reference(const GenerationRequest& r) {
     model::GenerateOptions options;
     options.max_new_tokens = r.max_tokens;
-    options.sampling = {.temperature = r.temperature, .top_k = r.top_k, .seed = r.seed};
+    options.sampling = {
+        .temperature = r.temperature, .top_k = r.top_k, .top_p = r.top_p, .seed = r.seed};
     auto tokens = model::Generate(*gpt_, r.prompt, options);
     EXPECT_TRUE(tokens.ok()) << tokens.status();
     return tokens.value_or(std::vector<int32_t>{});
@@ -147,6 +148,7 @@ TEST_F(ServingBatchingEngineTest, ConcurrentRequestsGetWhatEachGetsAlone) {
     r.max_tokens = 1 + static_cast<int>(rng() % (32 - prompt_len));
     r.temperature = i % 3 == 0 ? 0.0f : 0.8f;
     r.top_k = i % 2 == 0 ? 0 : 7;
+    r.top_p = i % 4 == 1 ? 0.8f : (i % 4 == 2 ? 0.5f : 1.0f);
     r.seed = 100 + i;
     requests.push_back(r);
   }
@@ -300,7 +302,8 @@ TEST_F(ServingBatchingEngineTest, RefusesWhatItCannotRunAndStopsCleanly) {
   ASSERT_NE(engine, nullptr);
   Outcome unused;
   for (const GenerationRequest& bad : {
-           GenerationRequest{.prompt = {1}, .max_tokens = 2, .top_p = 0.5f, .stop_token_ids = {}},
+           GenerationRequest{.prompt = {1}, .max_tokens = 2, .top_p = 0.0f, .stop_token_ids = {}},
+           GenerationRequest{.prompt = {1}, .max_tokens = 2, .top_p = 1.5f, .stop_token_ids = {}},
            GenerationRequest{.prompt = {1, 2}, .max_tokens = 31, .stop_token_ids = {}},
            GenerationRequest{.prompt = {99}, .max_tokens = 1, .stop_token_ids = {}},
            GenerationRequest{.prompt = {}, .max_tokens = 1, .stop_token_ids = {}},

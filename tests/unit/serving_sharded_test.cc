@@ -81,17 +81,24 @@ TEST_P(ServingShardedTest, VocabParallelSamplingGivesSampleTokensTokens) {
         CHILD_CHECK(layout.ok(), 2);
         const int v0 = layout->vocab_begin(), v1 = layout->vocab_end(), V = c.vocab;
         // Rows of every kind: greedy (with ties across ranks), the whole vocabulary, top-k
-        // smaller and larger than a rank's slice.
+        // smaller and larger than a rank's slice, top-p alone and after top-k.
         std::mt19937 rng(17);
         std::normal_distribution<float> logit(0.0f, 2.0f);
         std::vector<model::RowSampling> rows;
         std::vector<float> full, local;
-        for (int r = 0; r < 60; ++r) {
+        for (int r = 0; r < 120; ++r) {
           model::RowSampling row{.options = {.temperature = 0.0f, .top_k = 0, .seed = 7u + r},
                                  .draw = uint64_t(r * 3)};
-          if (r % 4 == 1) row.options.temperature = 0.7f;
-          if (r % 4 == 2) row.options = {.temperature = 1.3f, .top_k = 3, .seed = 9u + r};
-          if (r % 4 == 3) row.options = {.temperature = 0.9f, .top_k = 20, .seed = 11u + r};
+          if (r % 6 == 1) row.options.temperature = 0.7f;
+          if (r % 6 == 2) row.options = {.temperature = 1.3f, .top_k = 3, .seed = 9u + r};
+          if (r % 6 == 3) row.options = {.temperature = 0.9f, .top_k = 20, .seed = 11u + r};
+          // Nucleus sampling over the whole vocabulary (narrow and wide), and after a top-k.
+          if (r % 6 == 4) {
+            row.options = {.temperature = 1.0f, .top_p = r % 12 == 4 ? 0.3f : 0.9f, .seed = 5u + r};
+          }
+          if (r % 6 == 5) {
+            row.options = {.temperature = 0.8f, .top_k = 12, .top_p = 0.6f, .seed = 3u + r};
+          }
           rows.push_back(row);
           std::vector<float> l(V);
           for (float& x : l) x = logit(rng);
@@ -232,6 +239,7 @@ TEST_P(ServingShardedTest, AnEngineOverTheGroupGivesTheSingleDeviceTokens) {
           r.max_tokens = 1 + static_cast<int>(rng() % (32 - prompt_len));
           r.temperature = i % 3 == 0 ? 0.0f : 0.8f;
           r.top_k = i % 2 == 0 ? 0 : 5;
+          r.top_p = i % 4 == 1 ? 0.7f : 1.0f;
           r.seed = 40 + i;
           requests.push_back(r);
         }
@@ -251,6 +259,7 @@ TEST_P(ServingShardedTest, AnEngineOverTheGroupGivesTheSingleDeviceTokens) {
           reference.max_new_tokens = requests[i].max_tokens;
           reference.sampling = {.temperature = requests[i].temperature,
                                 .top_k = requests[i].top_k,
+                                .top_p = requests[i].top_p,
                                 .seed = requests[i].seed};
           auto want = model::Generate(*gpt, requests[i].prompt, reference);
           CHILD_CHECK(want.ok(), 10);
@@ -302,7 +311,8 @@ TEST(StepMessageTest, RoundTripsAndRefusesWhatDoesNotAddUp) {
   const std::vector<int32_t> tokens = {3, 4, 5}, positions = {0, 1, 7}, seq = {0, 0, 1};
   const std::vector<int32_t> tables = {2, 0, 1, 3}, rows = {1, 2};
   const std::vector<model::RowSampling> sampling = {
-      {.options = {.temperature = 0.75f, .top_k = 3, .seed = 0x123456789abcdefULL}, .draw = 9},
+      {.options = {.temperature = 0.75f, .top_k = 3, .top_p = 0.5f, .seed = 0x123456789abcdefULL},
+       .draw = 9},
       {.options = {.temperature = 0.0f, .top_k = 0, .seed = 1}, .draw = uint64_t{1} << 40}};
   const model::PagedStep step{.tokens = tokens,
                               .positions = positions,
@@ -326,6 +336,7 @@ TEST(StepMessageTest, RoundTripsAndRefusesWhatDoesNotAddUp) {
   ASSERT_EQ(decoded->sampling.size(), 2u);
   EXPECT_EQ(decoded->sampling[0].options.temperature, 0.75f);
   EXPECT_EQ(decoded->sampling[0].options.top_k, 3);
+  EXPECT_EQ(decoded->sampling[0].options.top_p, 0.5f);
   EXPECT_EQ(decoded->sampling[0].options.seed, 0x123456789abcdefULL);
   EXPECT_EQ(decoded->sampling[1].draw, uint64_t{1} << 40);
 
@@ -350,8 +361,11 @@ TEST(StepMessageTest, RoundTripsAndRefusesWhatDoesNotAddUp) {
   bad[3] = 3;
   refused(bad, "3 logit rows for 2 sequences");
   bad = payload;
-  bad[payload.size() - 11] = -1;  // the first row's top_k
+  bad[payload.size() - 13] = -1;  // the first row's top_k
   refused(bad, "top_k -1");
+  bad = payload;
+  bad[payload.size() - 12] = 0;  // the first row's top_p: 0.0f
+  refused(bad, "top_p 0");
 }
 
 INSTANTIATE_TEST_SUITE_P(Tp, ServingShardedTest, ::testing::Values(2, 3),

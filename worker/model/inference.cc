@@ -25,24 +25,32 @@ double SamplingUniform(uint64_t seed, uint64_t draw) {
   return UniformOpen(Hash3(seed, kSamplingStream, draw));
 }
 
+double SamplingWeight(float logit, float max, float temperature) {
+  return std::exp((double{logit} - double{max}) / temperature);
+}
+
 absl::StatusOr<int32_t> SampleToken(std::span<const float> logits, const SamplingOptions& options,
                                     uint64_t draw) {
   if (logits.empty()) return absl::InvalidArgumentError("SampleToken: empty logits");
   if (options.top_k < 0) {
     return absl::InvalidArgumentError(absl::StrCat("top_k must be >= 0, got ", options.top_k));
   }
+  if (!(options.top_p > 0.0f && options.top_p <= 1.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat("top_p must be in (0, 1], got ", options.top_p));
+  }
   const int V = static_cast<int>(logits.size());
   if (!(options.temperature > 0.0f)) {
     return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   }
-  if (options.top_k == 0 || options.top_k >= V) {
+  const bool whole = options.top_k == 0 || options.top_k >= V;
+  const float max = *std::max_element(logits.begin(), logits.end());
+  if (whole && options.top_p == 1.0f) {
     // The whole vocabulary, in id order: no sort, and the order a vocab-parallel sampler can
     // follow rank by rank.
-    const double max = *std::max_element(logits.begin(), logits.end());
     std::vector<double> weights(V);
     double sum = 0.0;
     for (int v = 0; v < V; ++v) {
-      weights[v] = std::exp((logits[v] - max) / options.temperature);
+      weights[v] = SamplingWeight(logits[v], max, options.temperature);
       sum += weights[v];
     }
     const double u = SamplingUniform(options.seed, draw) * sum;
@@ -54,7 +62,7 @@ absl::StatusOr<int32_t> SampleToken(std::span<const float> logits, const Samplin
     return V - 1;  // u rounded past the last partial sum
   }
   // Candidates by descending logit, ties by ascending id, so the order (and the draw) is fixed.
-  const int k = options.top_k;
+  const int k = whole ? V : options.top_k;
   std::vector<int32_t> ids(V);
   std::iota(ids.begin(), ids.end(), 0);
   std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t b) {
@@ -62,17 +70,38 @@ absl::StatusOr<int32_t> SampleToken(std::span<const float> logits, const Samplin
   });
   std::vector<float> values(k);
   for (int i = 0; i < k; ++i) values[i] = logits[ids[i]];
-  return ids[DrawAmongCandidates(values, options.temperature, SamplingUniform(options.seed, draw))];
+  // The nucleus of the whole vocabulary is cut against its total in id order (what the
+  // vocab-parallel sampler adds up); among the top k, against theirs.
+  double total = -1.0;
+  if (whole) {
+    total = 0.0;
+    for (int v = 0; v < V; ++v) total += SamplingWeight(logits[v], max, options.temperature);
+  }
+  return ids[DrawAmongCandidates(values, options.temperature, options.top_p, total,
+                                 SamplingUniform(options.seed, draw))];
 }
 
-int DrawAmongCandidates(std::span<const float> values, float temperature, double uniform) {
-  const int k = static_cast<int>(values.size());
-  const double max = values[0];
+int DrawAmongCandidates(std::span<const float> values, float temperature, float top_p, double total,
+                        double uniform) {
+  int k = static_cast<int>(values.size());
+  const float max = values[0];
   std::vector<double> weights(k);
   double sum = 0.0;
   for (int i = 0; i < k; ++i) {
-    weights[i] = std::exp((values[i] - max) / temperature);
+    weights[i] = SamplingWeight(values[i], max, temperature);
     sum += weights[i];
+  }
+  if (top_p < 1.0f) {
+    const double target = double{top_p} * (total < 0.0 ? sum : total);
+    double acc = 0.0;
+    for (int i = 0; i < k; ++i) {
+      acc += weights[i];
+      if (acc >= target) {
+        k = i + 1;
+        sum = acc;
+        break;
+      }
+    }
   }
   const double u = uniform * sum;
   double acc = 0.0;
@@ -94,6 +123,10 @@ absl::StatusOr<int> GenerateStreaming(const GptModel& model, std::span<const int
   if (options.sampling.top_k < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("Generate: top_k must be >= 0, got ", options.sampling.top_k));
+  }
+  if (!(options.sampling.top_p > 0.0f && options.sampling.top_p <= 1.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Generate: top_p must be in (0, 1], got ", options.sampling.top_p));
   }
   RETURN_IF_ERROR(
       Annotate(cpu::ValidateTokens(prompt.data(), prompt.size(), c.vocab), "Generate: prompt"));

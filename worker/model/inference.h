@@ -21,13 +21,18 @@ struct SamplingOptions {
   float temperature = 0.0f;
   // With temperature > 0: draw only among the k most likely tokens; 0 means all.
   int top_k = 0;
+  // With temperature > 0: then only among the most likely of those whose probabilities (at the
+  // temperature, renormalised over the top k) add up to at least top_p (nucleus sampling; the
+  // most likely token always stays). In (0, 1]; 1 keeps them all.
+  float top_p = 1.0f;
   // The draws are a pure function of (seed, index of the generated token).
   uint64_t seed = 0;
 };
 
 // The token chosen from `logits` (V) for the `draw`-th generated token. InvalidArgument for a
-// negative top_k or empty logits. With temperature > 0 and top_k 0 (or >= V) the draw walks the
-// vocabulary in id order; with top_k it walks the k best, by descending logit, ties by id.
+// negative top_k, a top_p outside (0, 1], or empty logits. With temperature > 0, top_k 0 (or
+// >= V) and top_p 1 the draw walks the vocabulary in id order; otherwise it walks the candidates
+// by descending logit, ties by id.
 absl::StatusOr<int32_t> SampleToken(std::span<const float> logits, const SamplingOptions& options,
                                     uint64_t draw);
 
@@ -35,8 +40,14 @@ absl::StatusOr<int32_t> SampleToken(std::span<const float> logits, const Samplin
 double SamplingUniform(uint64_t seed, uint64_t draw);
 
 // The index in `values` (candidate logits, best first, not empty) that `uniform` picks from
-// their softmax at `temperature` (> 0): SampleToken's top-k draw.
-int DrawAmongCandidates(std::span<const float> values, float temperature, double uniform);
+// their softmax at `temperature` (> 0), after keeping only the nucleus of `top_p`: the shortest
+// prefix whose weights reach top_p of `total` (the weights' sum over every candidate the
+// distribution had, each weighed against values[0]; a negative total means the sum of `values`'
+// own weights). SampleToken's draw among sorted candidates.
+int DrawAmongCandidates(std::span<const float> values, float temperature, float top_p, double total,
+                        double uniform);
+// The weight SampleToken gives a logit: exp((logit - max) / temperature), in double.
+double SamplingWeight(float logit, float max, float temperature);
 
 struct GenerateOptions {
   int max_new_tokens = 16;

@@ -11,12 +11,25 @@
 namespace shardline::model {
 namespace {
 
-enum class Mode { kGreedy, kWhole, kTopK };
+// kWhole draws over the whole vocabulary in id order; kNucleus over the nucleus of the whole
+// vocabulary (top_p < 1); kTopK among the k best (then, with top_p < 1, their nucleus).
+enum class Mode { kGreedy, kWhole, kNucleus, kTopK };
 
 Mode ModeOf(const SamplingOptions& o, int vocab) {
   if (!(o.temperature > 0.0f)) return Mode::kGreedy;
-  if (o.top_k == 0 || o.top_k >= vocab) return Mode::kWhole;
-  return Mode::kTopK;
+  if (o.top_k > 0 && o.top_k < vocab) return Mode::kTopK;
+  return o.top_p < 1.0f ? Mode::kNucleus : Mode::kWhole;
+}
+
+// This rank's candidates in SampleToken's order (by descending logit, ties by id), as local
+// indices: the first `count` of them.
+std::vector<int32_t> LocalBest(std::span<const float> l, int count) {
+  std::vector<int32_t> ids(l.size());
+  std::iota(ids.begin(), ids.end(), 0);
+  std::partial_sort(ids.begin(), ids.begin() + count, ids.end(),
+                    [&](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+  ids.resize(count);
+  return ids;
 }
 
 // a before b in SampleToken's candidate order: higher logit, then lower id.
@@ -42,6 +55,10 @@ absl::StatusOr<std::vector<int32_t>> SampleVocabParallel(std::span<const float> 
     if (row.options.top_k < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("top_k must be >= 0, got ", row.options.top_k));
+    }
+    if (!(row.options.top_p > 0.0f && row.options.top_p <= 1.0f)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("top_p must be in (0, 1], got ", row.options.top_p));
     }
   }
   std::vector<int32_t> tokens(R, 0);
@@ -92,21 +109,17 @@ absl::StatusOr<std::vector<int32_t>> SampleVocabParallel(std::span<const float> 
     switch (ModeOf(o, vocab)) {
       case Mode::kGreedy:
         break;
-      case Mode::kWhole: {
+      case Mode::kWhole:
+      case Mode::kNucleus: {
         double sum = 0.0;
-        for (int v = 0; v < Vs; ++v)
-          sum += std::exp((l[v] - double{global_max[r]}) / o.temperature);
+        for (int v = 0; v < Vs; ++v) sum += SamplingWeight(l[v], global_max[r], o.temperature);
         mine.push_back(sum);
         break;
       }
       case Mode::kTopK: {
         const int k = o.top_k;
         const int here = std::min(k, Vs);
-        std::vector<int32_t> ids(Vs);
-        std::iota(ids.begin(), ids.end(), 0);
-        std::partial_sort(ids.begin(), ids.begin() + here, ids.end(), [&](int32_t a, int32_t b) {
-          return l[a] > l[b] || (l[a] == l[b] && a < b);
-        });
+        const std::vector<int32_t> ids = LocalBest(l, here);
         for (int i = 0; i < k; ++i) {
           if (i < here) {
             mine.push_back(l[ids[i]]);
@@ -149,9 +162,10 @@ absl::StatusOr<std::vector<int32_t>> SampleVocabParallel(std::span<const float> 
       std::vector<float> values(k);
       for (int i = 0; i < k; ++i) values[i] = static_cast<float>(candidates[i].first);
       tokens[r] = static_cast<int32_t>(
-          candidates[DrawAmongCandidates(values, o.temperature, uniform)].second);
+          candidates[DrawAmongCandidates(values, o.temperature, o.top_p, -1.0, uniform)].second);
       continue;
     }
+    if (mode == Mode::kNucleus) continue;  // step 4
     any_whole = true;
     double total = 0.0;
     for (int p = 0; p < P; ++p) total += all[per_rank * p + at[r]];
@@ -170,19 +184,91 @@ absl::StatusOr<std::vector<int32_t>> SampleVocabParallel(std::span<const float> 
     const std::span<const float> l = row_logits(r);
     found[r] = vocab_end - 1;
     for (int v = 0; v < Vs; ++v) {
-      acc += std::exp((l[v] - double{global_max[r]}) / o.temperature);
+      acc += SamplingWeight(l[v], global_max[r], o.temperature);
       if (u < acc) {
         found[r] = vocab_begin + v;
         break;
       }
     }
   }
-  if (!any_whole) return tokens;
-  RETURN_IF_ERROR(
-      Annotate(tp->AllReduce(found.data(), found.size(), DType::kInt32, comm::ReduceOp::kMax),
-               "vocab-parallel sampling: all-reduce of the drawn tokens"));
+  if (any_whole) {
+    RETURN_IF_ERROR(
+        Annotate(tp->AllReduce(found.data(), found.size(), DType::kInt32, comm::ReduceOp::kMax),
+                 "vocab-parallel sampling: all-reduce of the drawn tokens"));
+    for (int r = 0; r < R; ++r) {
+      if (ModeOf(rows[r].options, vocab) == Mode::kWhole) tokens[r] = found[r];
+    }
+  }
+
+  // 4. Nucleus rows. The nucleus is a prefix of the tokens by descending logit; its part on a
+  // rank is a prefix of the rank's own order, and never longer than the rank's shortest prefix
+  // that alone reaches top_p of the total (were it longer, the nucleus without its last token
+  // would already reach top_p). So each rank offers that prefix, and every rank merges the offers
+  // in the same order and draws as SampleToken does.
+  std::vector<int> nucleus;
   for (int r = 0; r < R; ++r) {
-    if (ModeOf(rows[r].options, vocab) == Mode::kWhole) tokens[r] = found[r];
+    if (ModeOf(rows[r].options, vocab) == Mode::kNucleus) nucleus.push_back(r);
+  }
+  if (nucleus.empty()) return tokens;
+  const size_t J = nucleus.size();
+  std::vector<double> totals(J, 0.0);
+  std::vector<std::vector<int32_t>> offers(J);
+  std::vector<int32_t> lengths(J);
+  for (size_t j = 0; j < J; ++j) {
+    const int r = nucleus[j];
+    const SamplingOptions& o = rows[r].options;
+    for (int p = 0; p < P; ++p) totals[j] += all[per_rank * p + at[r]];
+    const std::span<const float> l = row_logits(r);
+    const std::vector<int32_t> order = LocalBest(l, Vs);
+    const double target = double{o.top_p} * totals[j];
+    double acc = 0.0;
+    int count = 0;
+    while (count < Vs && acc < target) {
+      acc += SamplingWeight(l[order[count++]], global_max[r], o.temperature);
+    }
+    offers[j].assign(order.begin(), order.begin() + count);
+    lengths[j] = count;
+  }
+  std::vector<int32_t> all_lengths(J * P);
+  RETURN_IF_ERROR(Annotate(tp->AllGather(lengths.data(), all_lengths.data(), J, DType::kInt32),
+                           "vocab-parallel sampling: all-gather of the nucleus offers' lengths"));
+  std::vector<int64_t> start(J, 0);
+  int64_t offer_floats = 0;
+  for (size_t j = 0; j < J; ++j) {
+    int64_t width = 0;
+    for (int p = 0; p < P; ++p) width = std::max<int64_t>(width, all_lengths[J * p + j]);
+    start[j] = offer_floats;
+    offer_floats += 2 * width;
+  }
+  std::vector<float> offered(offer_floats, 0.0f), all_offered(offer_floats * P);
+  for (size_t j = 0; j < J; ++j) {
+    const std::span<const float> l = row_logits(nucleus[j]);
+    for (size_t i = 0; i < offers[j].size(); ++i) {
+      offered[start[j] + 2 * i] = l[offers[j][i]];
+      offered[start[j] + 2 * i + 1] = static_cast<float>(vocab_begin + offers[j][i]);
+    }
+  }
+  RETURN_IF_ERROR(
+      Annotate(tp->AllGather(offered.data(), all_offered.data(), offered.size(), DType::kFloat32),
+               "vocab-parallel sampling: all-gather of the nucleus offers"));
+  for (size_t j = 0; j < J; ++j) {
+    const int r = nucleus[j];
+    const SamplingOptions& o = rows[r].options;
+    std::vector<std::pair<float, float>> candidates;  // (value, id)
+    for (int p = 0; p < P; ++p) {
+      const float* c = &all_offered[offer_floats * p + start[j]];
+      for (int32_t i = 0; i < all_lengths[J * p + j]; ++i) {
+        candidates.emplace_back(c[2 * i], c[2 * i + 1]);
+      }
+    }
+    std::sort(candidates.begin(), candidates.end(), [](const auto& a, const auto& b) {
+      return Before(a.first, a.second, b.first, b.second);
+    });
+    std::vector<float> values(candidates.size());
+    for (size_t i = 0; i < candidates.size(); ++i) values[i] = candidates[i].first;
+    const int pick = DrawAmongCandidates(values, o.temperature, o.top_p, totals[j],
+                                         SamplingUniform(o.seed, rows[r].draw));
+    tokens[r] = static_cast<int32_t>(candidates[pick].second);
   }
   return tokens;
 }

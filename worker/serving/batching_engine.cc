@@ -111,8 +111,8 @@ absl::StatusOr<RequestId> BatchingEngine::Submit(GenerationRequest request,
         absl::StrCat("max_tokens: the prompt (", request.prompt.size(), " tokens) plus ",
                      request.max_tokens, " new tokens is past the context of ", c.max_seq_len));
   }
-  if (request.top_p != 1.0f) {
-    return absl::InvalidArgumentError("top_p: only 1 is supported by this engine");
+  if (!(request.top_p > 0.0f && request.top_p <= 1.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat("top_p must be in (0, 1], got ", request.top_p));
   }
   if (request.top_k < 0) {
     return absl::InvalidArgumentError(absl::StrCat("top_k must be >= 0, got ", request.top_k));
@@ -222,9 +222,11 @@ void BatchingEngine::RunStep(const StepPlan& plan) {
     if (e.sample) {
       step_rows_.push_back(static_cast<int32_t>(step_tokens_.size()) - 1);
       const GenerationRequest& r = seq.request;
-      step_sampling_.push_back(model::RowSampling{
-          .options = {.temperature = r.temperature, .top_k = r.top_k, .seed = r.seed},
-          .draw = static_cast<uint64_t>(seq.generated)});
+      step_sampling_.push_back(model::RowSampling{.options = {.temperature = r.temperature,
+                                                              .top_k = r.top_k,
+                                                              .top_p = r.top_p,
+                                                              .seed = r.seed},
+                                                  .draw = static_cast<uint64_t>(seq.generated)});
     }
   }
   const model::PagedStep step{

@@ -8,7 +8,7 @@ namespace shardline::serving {
 namespace {
 
 constexpr int kCounts = 4;        // N, sequences, blocks per sequence, logit rows
-constexpr int kSamplingInts = 6;  // temperature, top_k, seed (2), draw (2)
+constexpr int kSamplingInts = 7;  // temperature, top_k, top_p, seed (2), draw (2)
 
 int32_t FloatBits(float f) {
   int32_t bits;
@@ -60,6 +60,7 @@ std::vector<int32_t> EncodeStep(const model::PagedStep& step,
   for (const model::RowSampling& row : sampling) {
     out.push_back(FloatBits(row.options.temperature));
     out.push_back(row.options.top_k);
+    out.push_back(FloatBits(row.options.top_p));
     PutU64(out, row.options.seed);
     PutU64(out, row.draw);
   }
@@ -111,11 +112,16 @@ absl::StatusOr<StepMessage> DecodeStep(std::span<const int32_t> payload,
     model::RowSampling row;
     row.options.temperature = BitsFloat(p[0]);
     row.options.top_k = p[1];
-    row.options.seed = GetU64(p + 2);
-    row.draw = GetU64(p + 4);
+    row.options.top_p = BitsFloat(p[2]);
+    row.options.seed = GetU64(p + 3);
+    row.draw = GetU64(p + 5);
     if (row.options.top_k < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("step message: logit row ", r, " has top_k ", row.options.top_k));
+    }
+    if (!(row.options.top_p > 0.0f && row.options.top_p <= 1.0f)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step message: logit row ", r, " has top_p ", row.options.top_p));
     }
     m.sampling.push_back(row);
   }

@@ -6,7 +6,7 @@
 //
 // On the wire: a header of kHeaderInts int32 (kind, payload length in int32), then for a step the
 // payload — counts (N, sequences, blocks per sequence, logit rows), the arrays, and per logit row
-// its temperature (float bits), top_k and the seed and draw (two int32 each).
+// its temperature and top_p (float bits), top_k, and the seed and draw (two int32 each).
 #pragma once
 
 #include <cstdint>
