@@ -272,8 +272,8 @@ int Serve(const ServeOptions& options) {
     tp = *joined;
   }
 
-  auto engine =
-      serving::BatchingEngine::Create((*weights)->weights(), engine_options, allocator, tp);
+  auto engine = serving::BatchingEngine::Create((*weights)->weights(), engine_options, allocator,
+                                                serving::ServingGroups::TensorParallel(tp));
   if (!engine.ok()) {
     std::cerr << "error: " << engine.status().message() << "\n";
     return engine.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
@@ -331,8 +331,9 @@ int ServeRank(const ServeRankOptions& options) {
     std::cerr << "error: " << who << tp.status().message() << "\n";
     return 1;
   }
-  const absl::Status served = serving::RunServingFollower(
-      (*weights)->weights(), EngineOptionsOf(options, /*max_queue=*/1), allocator, **tp);
+  const absl::Status served =
+      serving::RunServingFollower((*weights)->weights(), EngineOptionsOf(options, /*max_queue=*/1),
+                                  allocator, serving::ServingGroups::TensorParallel(tp->get()));
   if (!served.ok()) {
     std::cerr << "error: " << who << served.message() << "\n";
     return 1;

@@ -19,6 +19,7 @@ InferenceWeights InferenceWeights::Of(const GptModel& model) {
   w.heads = c.heads;
   w.ff = c.ff();
   w.vocab_end = c.vocab;
+  w.last_layer = c.layers;
   for (int l = 0; l < c.layers; ++l) w.blocks.push_back(model.BlockParamsView(l));
   const OuterParams outer = model.OuterParamsView();
   w.wte = outer.wte;
@@ -29,16 +30,31 @@ InferenceWeights InferenceWeights::Of(const GptModel& model) {
   return w;
 }
 
+std::pair<int, int> InferenceStageLayers(int layers, int pp, int stage) {
+  const int base = layers / pp, extra = layers % pp;
+  const int first = stage * base + std::min(stage, extra);
+  return {first, first + base + (stage < extra ? 1 : 0)};
+}
+
 absl::StatusOr<std::unique_ptr<ShardWeights>> ShardWeights::Load(const GptConfig& config,
                                                                  int tp_size, int tp_index,
                                                                  const BoxReader& read,
-                                                                 kernels::Allocator& allocator) {
-  ASSIGN_OR_RETURN(ShardLayout layout, ShardLayout::Create(config, ShardPlace{
-                                                                       .tp_size = tp_size,
-                                                                       .tp_index = tp_index,
-                                                                       .first_layer = 0,
-                                                                       .last_layer = config.layers,
-                                                                   }));
+                                                                 kernels::Allocator& allocator,
+                                                                 int pp_size, int stage) {
+  if (pp_size < 1 || stage < 0 || stage >= pp_size || pp_size > config.layers) {
+    return absl::InvalidArgumentError(absl::StrCat("pipeline stage ", stage, " of ", pp_size,
+                                                   " for a model of ", config.layers, " layers"));
+  }
+  const auto [first_layer, last_layer] = InferenceStageLayers(config.layers, pp_size, stage);
+  ASSIGN_OR_RETURN(ShardLayout layout,
+                   ShardLayout::Create(config, ShardPlace{
+                                                   .tp_size = tp_size,
+                                                   .tp_index = tp_index,
+                                                   .first_layer = first_layer,
+                                                   .last_layer = last_layer,
+                                                   .first_stage = stage == 0,
+                                                   .last_stage = stage == pp_size - 1,
+                                               }));
   std::unique_ptr<ShardWeights> shard(new ShardWeights(std::move(layout)));
   const ShardLayout& l = shard->layout_;
   ASSIGN_OR_RETURN(shard->params_, kernels::Tensor::Zeros({l.total()}, DType::kFloat32, allocator));
@@ -59,14 +75,23 @@ absl::StatusOr<std::unique_ptr<ShardWeights>> ShardWeights::Load(const GptConfig
   w.ff = l.ff();
   w.vocab_begin = l.vocab_begin();
   w.vocab_end = l.vocab_end();
-  for (int layer = 0; layer < config.layers; ++layer) {
+  w.pp_size = pp_size;
+  w.stage = stage;
+  w.first_layer = first_layer;
+  w.last_layer = last_layer;
+  for (int layer = first_layer; layer < last_layer; ++layer) {
     w.blocks.push_back(l.Block(unit(l.layer_unit(layer))));
   }
-  w.wte = unit(l.wte_unit());
-  w.wpe = unit(l.wpe_unit());
-  w.lnf_w = unit(l.lnf_unit());
-  w.lnf_b = w.lnf_w + config.d_model;
-  w.lm_head = l.head_unit() >= 0 ? unit(l.head_unit()) : w.wte;
+  if (w.first_stage()) {
+    w.wte = unit(l.wte_unit());
+    w.wpe = unit(l.wpe_unit());
+  }
+  if (w.last_stage()) {
+    w.lnf_w = unit(l.lnf_unit());
+    w.lnf_b = w.lnf_w + config.d_model;
+    // Tied on one stage the head reads wte; tied on several, the last stage's copy of its rows.
+    w.lm_head = l.head_unit() >= 0 ? unit(l.head_unit()) : w.wte;
+  }
   return shard;
 }
 
@@ -116,19 +141,27 @@ BoxReader ModelBoxReader(const GptModel& model) {
   };
 }
 
-int64_t PagedGptForward::BytesPerBlock(const GptConfig& config, int block_size, int tp_size) {
-  return 2 * int64_t{config.layers} * block_size * (config.d_model / tp_size) *
+int64_t PagedGptForward::BytesPerBlock(const GptConfig& config, int block_size, int tp_size,
+                                       int pp_size) {
+  const auto [first, last] = InferenceStageLayers(config.layers, pp_size, 0);  // the most layers
+  return 2 * int64_t{last - first} * block_size * (config.d_model / tp_size) *
          static_cast<int64_t>(sizeof(float));
 }
 
 absl::StatusOr<std::unique_ptr<PagedGptForward>> PagedGptForward::Create(
     const InferenceWeights& weights, const PagedCacheOptions& options,
-    kernels::Allocator& allocator, comm::Communicator* tp) {
+    kernels::Allocator& allocator, comm::Communicator* tp, comm::Communicator* pp) {
   const GptConfig& c = weights.config;
   const int tp_size = tp == nullptr ? 1 : tp->size();
   if (tp_size != weights.tp_size) {
     return absl::InvalidArgumentError(absl::StrCat("paged forward: weights cut for tp ",
                                                    weights.tp_size, " on a group of ", tp_size));
+  }
+  const int pp_size = pp == nullptr ? 1 : pp->size();
+  if (pp_size != weights.pp_size || (pp != nullptr && pp->rank() != weights.stage)) {
+    return absl::InvalidArgumentError(absl::StrCat("paged forward: weights of stage ",
+                                                   weights.stage, " of ", weights.pp_size,
+                                                   " on a pipeline group of ", pp_size));
   }
   auto positive = [](const char* name, int value) -> absl::Status {
     if (value > 0) return absl::OkStatus();
@@ -139,9 +172,10 @@ absl::StatusOr<std::unique_ptr<PagedGptForward>> PagedGptForward::Create(
   RETURN_IF_ERROR(positive("block_size", options.block_size));
   RETURN_IF_ERROR(positive("max_tokens_per_step", options.max_tokens_per_step));
   RETURN_IF_ERROR(positive("max_seqs_per_step", options.max_seqs_per_step));
-  std::unique_ptr<PagedGptForward> f(new PagedGptForward(weights, options, tp));
+  std::unique_ptr<PagedGptForward> f(new PagedGptForward(weights, options, tp, pp));
   const int64_t A = int64_t{weights.heads} * c.head_size();  // attention width held here
-  const int64_t cache = 2 * int64_t{c.layers} * options.num_blocks * options.block_size * A;
+  const int64_t layers = weights.last_layer - weights.first_layer;
+  const int64_t cache = 2 * layers * options.num_blocks * options.block_size * A;
   ASSIGN_OR_RETURN(f->cache_, kernels::Tensor::Zeros({cache}, DType::kFloat32, allocator));
 
   const int64_t N = options.max_tokens_per_step, R = options.max_seqs_per_step;
@@ -265,16 +299,21 @@ absl::StatusOr<std::span<const float>> PagedGptForward::Forward(const PagedStep&
   const int C = c.d_model;
   const BlockDims dims{1, N, C, w.heads, c.head_size(), w.ff};
 
-  // Vocab-parallel embedding (rows outside this rank's vocabulary embed to zero; the sum over the
-  // group is the whole embedding), then each token's own position (the training kernel assumes
-  // positions 0..T-1).
-  cpu::TokenEmbeddingForward(residual_[0], s.tokens.data(), w.wte, N, C, w.vocab_begin,
-                             w.vocab_end);
-  RETURN_IF_ERROR(TpAllReduce(residual_[0], int64_t{N} * C, "all-reduce of the embedding"));
-  for (int i = 0; i < N; ++i) {
-    const float* pe = w.wpe + int64_t{s.positions[i]} * C;
-    float* x = residual_[0] + int64_t{i} * C;
-    for (int j = 0; j < C; ++j) x[j] += pe[j];
+  if (w.first_stage()) {
+    // Vocab-parallel embedding (rows outside this rank's vocabulary embed to zero; the sum over
+    // the group is the whole embedding), then each token's own position (the training kernel
+    // assumes positions 0..T-1).
+    cpu::TokenEmbeddingForward(residual_[0], s.tokens.data(), w.wte, N, C, w.vocab_begin,
+                               w.vocab_end);
+    RETURN_IF_ERROR(TpAllReduce(residual_[0], int64_t{N} * C, "all-reduce of the embedding"));
+    for (int i = 0; i < N; ++i) {
+      const float* pe = w.wpe + int64_t{s.positions[i]} * C;
+      float* x = residual_[0] + int64_t{i} * C;
+      for (int j = 0; j < C; ++j) x[j] += pe[j];
+    }
+  } else {
+    RETURN_IF_ERROR(Annotate(pp_->Recv(residual_[0], int64_t{N} * C, DType::kFloat32, w.stage - 1),
+                             absl::StrCat("receiving the residual from stage ", w.stage - 1)));
   }
 
   const cpu::PagedAttentionBatch batch{
@@ -293,7 +332,8 @@ absl::StatusOr<std::span<const float>> PagedGptForward::Forward(const PagedStep&
       return tp_->AllReduce(data, n, DType::kFloat32, comm::ReduceOp::kSum);
     };
   }
-  for (int l = 0; l < c.layers; ++l) {
+  const int layers = w.last_layer - w.first_layer;
+  for (int l = 0; l < layers; ++l) {
     float* k = KeyCache(l);
     float* v = ValueCache(l);
     const AttentionFn attention = [&](const float* qkv, float* atty) {
@@ -303,11 +343,16 @@ absl::StatusOr<std::span<const float>> PagedGptForward::Forward(const PagedStep&
     };
     RETURN_IF_ERROR(Annotate(BlockForward(dims, w.blocks[l], residual_[l % 2],
                                           residual_[(l + 1) % 2], acts_, all_reduce, attention),
-                             absl::StrCat("layer ", l)));
+                             absl::StrCat("layer ", w.first_layer + l)));
+  }
+  const float* out = residual_[layers % 2];
+  if (!w.last_stage()) {
+    RETURN_IF_ERROR(Annotate(pp_->Send(out, int64_t{N} * C, DType::kFloat32, w.stage + 1),
+                             absl::StrCat("sending the residual to stage ", w.stage + 1)));
+    return std::span<const float>();
   }
 
   // The head only for the rows whose logits are wanted: a prefill chunk needs its last row only.
-  const float* out = residual_[c.layers % 2];
   const int R = static_cast<int>(s.logit_rows.size());
   if (R == 0) return std::span<const float>();
   for (int r = 0; r < R; ++r) {

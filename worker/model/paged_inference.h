@@ -9,7 +9,10 @@
 // shard_layout.h): a rank holds its heads (and caches only their keys and values), its MLP
 // columns and its vocabulary rows; the embedding and the two row-parallel outputs per block are
 // all-reduced over the tensor-parallel group, and the head gives the rank's vocabulary slice of
-// the logits only (sample them with SampleVocabParallel). Pipeline stages are not supported yet.
+// the logits only (sample them with SampleVocabParallel). Pipeline parallel: a stage holds a
+// range of layers; the first also embeds, the last also runs the head, and the residual stream
+// of the step's tokens goes from stage to stage point to point over the pipeline group (one step
+// in flight: the stages take turns).
 // Which sequences run, at which positions, and which cache blocks they own is the serving
 // scheduler's decision (worker/serving/batch_scheduler.h); this class only computes.
 //
@@ -39,29 +42,41 @@ namespace shardline::model {
 struct InferenceWeights {
   GptConfig config;
   int tp_size = 1;
-  int heads = 0;                       // held here
-  int ff = 0;                          // MLP columns held here
-  int vocab_begin = 0, vocab_end = 0;  // rows of wte and of the head held here
-  std::vector<BlockParams> blocks;     // every layer
-  const float* wte = nullptr;          // (vocab_end - vocab_begin, C)
-  const float* wpe = nullptr;          // (max_seq_len, C)
-  const float* lnf_w = nullptr;        // (C)
-  const float* lnf_b = nullptr;        // (C)
-  const float* lm_head = nullptr;      // (vocab_end - vocab_begin, C): wte itself when tied
+  int heads = 0;                        // held here
+  int ff = 0;                           // MLP columns held here
+  int vocab_begin = 0, vocab_end = 0;   // rows of wte and of the head held here
+  int pp_size = 1, stage = 0;           // this rank's pipeline stage
+  int first_layer = 0, last_layer = 0;  // the stage's layers [first_layer, last_layer)
+  std::vector<BlockParams> blocks;      // the stage's layers, from first_layer
+  // The first stage's embeddings, the last stage's final LayerNorm and head (null elsewhere).
+  const float* wte = nullptr;      // (vocab_end - vocab_begin, C)
+  const float* wpe = nullptr;      // (max_seq_len, C)
+  const float* lnf_w = nullptr;    // (C)
+  const float* lnf_b = nullptr;    // (C)
+  const float* lm_head = nullptr;  // (vocab_end - vocab_begin, C): wte's rows when tied
+
+  bool first_stage() const { return stage == 0; }
+  bool last_stage() const { return stage == pp_size - 1; }
 
   // The whole model (tp 1), sharing its parameters.
   static InferenceWeights Of(const GptModel& model);
 };
 
-// One tensor-parallel rank's parameters for inference (no gradients, no optimizer state), read box
-// by box through `read` (e.g. training::ReadCheckpointBox), so a rank reads only its own part.
+// The layers [first, last) of pipeline stage `stage` of `pp` for inference: as even as they go,
+// the earlier stages taking one more when pp does not divide the layers.
+std::pair<int, int> InferenceStageLayers(int layers, int pp, int stage);
+
+// One rank's parameters for inference (no gradients, no optimizer state): its tensor-parallel part
+// of its pipeline stage, read box by box through `read` (e.g. training::ReadCheckpointBox), so a
+// rank reads only its own part.
 class ShardWeights {
  public:
-  // InvalidArgument when tp does not divide the heads and the MLP width; read's errors name the
-  // tensor.
+  // InvalidArgument when tp does not divide the heads and the MLP width, or there are more stages
+  // than layers; read's errors name the tensor.
   static absl::StatusOr<std::unique_ptr<ShardWeights>> Load(const GptConfig& config, int tp_size,
                                                             int tp_index, const BoxReader& read,
-                                                            kernels::Allocator& allocator);
+                                                            kernels::Allocator& allocator,
+                                                            int pp_size = 1, int stage = 0);
   const InferenceWeights& weights() const { return weights_; }
   int64_t bytes() const { return layout_.total() * static_cast<int64_t>(sizeof(float)); }
 
@@ -100,22 +115,27 @@ struct PagedStep {
 class PagedGptForward {
  public:
   // A cache and step buffers for `weights`, from `allocator`. `tp` is the tensor-parallel group
-  // (null for one rank; its size must be weights.tp_size). InvalidArgument names a bad option;
-  // ResourceExhausted when the cache does not fit. The weights must outlive this and not change
-  // while it is used (the cache holds keys computed with them).
+  // and `pp` the pipeline group (null for one rank; sizes weights.tp_size and weights.pp_size).
+  // InvalidArgument names a bad option; ResourceExhausted when the cache does not fit. The
+  // weights must outlive this and not change while it is used (the cache holds keys computed
+  // with them).
   static absl::StatusOr<std::unique_ptr<PagedGptForward>> Create(const InferenceWeights& weights,
                                                                  const PagedCacheOptions& options,
                                                                  kernels::Allocator& allocator,
-                                                                 comm::Communicator* tp = nullptr);
-  // The cache bytes one block takes on each of `tp_size` ranks: keys and values of every layer
-  // for the rank's heads.
-  static int64_t BytesPerBlock(const GptConfig& config, int block_size, int tp_size = 1);
+                                                                 comm::Communicator* tp = nullptr,
+                                                                 comm::Communicator* pp = nullptr);
+  // The cache bytes one block takes on each rank of a tp × pp cut: keys and values of the most
+  // layers a stage holds, for the rank's heads.
+  static int64_t BytesPerBlock(const GptConfig& config, int block_size, int tp_size = 1,
+                               int pp_size = 1);
 
-  // Writes the keys and values of every token of `step` into its cache slot, then returns this
-  // rank's logits (R, vocab_end - vocab_begin) of step.logit_rows (R rows, row-major), valid until
-  // the next Forward. Every rank of the group runs the same step together. InvalidArgument,
-  // before any work, for sizes past the options, a token outside the vocabulary, a position past
-  // max_seq_len, or a block or row index out of range; a communicator error names the layer.
+  // Writes the keys and values of every token of `step` into its cache slot (the stage's layers),
+  // then returns this rank's logits (R, vocab_end - vocab_begin) of step.logit_rows (R rows,
+  // row-major), valid until the next Forward; a stage other than the last sends the residual on
+  // to the next stage and returns no logits. Every rank of the tp × pp group runs the same step
+  // together. InvalidArgument, before any work, for sizes past the options, a token outside the
+  // vocabulary, a position past max_seq_len, or a block or row index out of range; a
+  // communicator error names the layer or the transfer.
   absl::StatusOr<std::span<const float>> Forward(const PagedStep& step);
 
   const PagedCacheOptions& options() const { return options_; }
@@ -124,8 +144,8 @@ class PagedGptForward {
 
  private:
   PagedGptForward(const InferenceWeights& weights, const PagedCacheOptions& options,
-                  comm::Communicator* tp)
-      : weights_(weights), options_(options), tp_(tp) {}
+                  comm::Communicator* tp, comm::Communicator* pp)
+      : weights_(weights), options_(options), tp_(tp), pp_(pp) {}
   absl::Status Validate(const PagedStep& step) const;
   absl::Status TpAllReduce(float* data, int64_t n, const char* what);
   float* KeyCache(int layer);
@@ -134,6 +154,7 @@ class PagedGptForward {
   const InferenceWeights weights_;
   const PagedCacheOptions options_;
   comm::Communicator* const tp_;
+  comm::Communicator* const pp_;
   kernels::Tensor cache_;   // per layer: keys (num_blocks, block_size, NH, HS), then values
   kernels::Tensor buffer_;  // the step's activations, carved in Create
   float* residual_[2] = {nullptr, nullptr};  // (N, C) in and out of a block, alternating

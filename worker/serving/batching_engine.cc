@@ -9,10 +9,40 @@
 #include "worker/model/inference.h"
 
 namespace shardline::serving {
+namespace {
+
+// One step on this rank: the stage's forward, then, on the last stage, the sampling over its
+// tensor-parallel group; with pipeline stages the last stage's first rank sends the tokens to the
+// leader. Returns the tokens where they are known (the last stage, and the leader), else none.
+absl::StatusOr<std::vector<int32_t>> ForwardAndSample(model::PagedGptForward& forward,
+                                                      const model::PagedStep& step,
+                                                      std::span<const model::RowSampling> sampling,
+                                                      const ServingGroups& groups, bool leader) {
+  const model::InferenceWeights& w = forward.weights();
+  ASSIGN_OR_RETURN(const std::span<const float> logits, forward.Forward(step));
+  std::vector<int32_t> tokens(sampling.size(), 0);
+  if (w.last_stage()) {
+    ASSIGN_OR_RETURN(tokens, model::SampleVocabParallel(logits, w.vocab_begin, w.vocab_end,
+                                                        w.config.vocab, sampling, groups.tp));
+  }
+  if (w.pp_size == 1 || tokens.empty()) return tokens;
+  const bool first_of_stage = groups.tp == nullptr || groups.tp->rank() == 0;
+  if (w.last_stage() && first_of_stage) {
+    RETURN_IF_ERROR(Annotate(groups.pp->Send(tokens.data(), tokens.size(), DType::kInt32, 0),
+                             "serving: sending the sampled tokens to the leader"));
+  } else if (leader) {
+    RETURN_IF_ERROR(
+        Annotate(groups.pp->Recv(tokens.data(), tokens.size(), DType::kInt32, w.pp_size - 1),
+                 "serving: receiving the sampled tokens from the last stage"));
+  }
+  return tokens;
+}
+
+}  // namespace
 
 absl::StatusOr<model::PagedCacheOptions> CacheOptionsFor(const model::GptConfig& c,
                                                          const BatchingEngineOptions& options,
-                                                         int tp_size) {
+                                                         int tp_size, int pp_size) {
   if (options.max_running < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_running must be >= 1, got ", options.max_running));
@@ -26,7 +56,8 @@ absl::StatusOr<model::PagedCacheOptions> CacheOptionsFor(const model::GptConfig&
         absl::StrCat("kv_cache_bytes must be >= 0, got ", options.kv_cache_bytes));
   }
   const int blocks_per_context = (c.max_seq_len + options.block_size - 1) / options.block_size;
-  const int64_t block_bytes = model::PagedGptForward::BytesPerBlock(c, options.block_size, tp_size);
+  const int64_t block_bytes =
+      model::PagedGptForward::BytesPerBlock(c, options.block_size, tp_size, pp_size);
   const int64_t blocks = options.kv_cache_bytes == 0
                              ? int64_t{options.max_running} * blocks_per_context
                              : options.kv_cache_bytes / block_bytes;
@@ -48,14 +79,17 @@ absl::StatusOr<model::PagedCacheOptions> CacheOptionsFor(const model::GptConfig&
 
 absl::StatusOr<std::unique_ptr<BatchingEngine>> BatchingEngine::Create(
     const model::InferenceWeights& weights, BatchingEngineOptions options,
-    kernels::Allocator& allocator, comm::Communicator* tp) {
+    kernels::Allocator& allocator, ServingGroups groups) {
   const model::GptConfig& c = weights.config;
-  if (tp != nullptr && tp->rank() != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the serving engine runs on rank 0 of its group, not on rank ", tp->rank()));
+  if (groups.world != nullptr && groups.world->rank() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the serving engine runs on rank 0 of its group, not on rank ", groups.world->rank()));
+  }
+  if ((groups.tp != nullptr || groups.pp != nullptr) && groups.world == nullptr) {
+    return absl::InvalidArgumentError("a serving group needs its world communicator");
   }
   ASSIGN_OR_RETURN(const model::PagedCacheOptions cache,
-                   CacheOptionsFor(c, options, tp == nullptr ? 1 : tp->size()));
+                   CacheOptionsFor(c, options, weights.tp_size, weights.pp_size));
   ASSIGN_OR_RETURN(BatchScheduler scheduler, BatchScheduler::Create(SchedulerLimits{
                                                  .max_running = options.max_running,
                                                  .max_tokens_per_step = options.max_tokens_per_step,
@@ -64,18 +98,19 @@ absl::StatusOr<std::unique_ptr<BatchingEngine>> BatchingEngine::Create(
                                                  .max_queue = options.max_queue,
                                                  .max_context = c.max_seq_len,
                                              }));
-  ASSIGN_OR_RETURN(auto forward, model::PagedGptForward::Create(weights, cache, allocator, tp));
+  ASSIGN_OR_RETURN(auto forward,
+                   model::PagedGptForward::Create(weights, cache, allocator, groups.tp, groups.pp));
   return std::unique_ptr<BatchingEngine>(
-      new BatchingEngine(options, std::move(forward), std::move(scheduler), tp));
+      new BatchingEngine(options, std::move(forward), std::move(scheduler), groups));
 }
 
 BatchingEngine::BatchingEngine(BatchingEngineOptions options,
                                std::unique_ptr<model::PagedGptForward> forward,
-                               BatchScheduler scheduler, comm::Communicator* tp)
+                               BatchScheduler scheduler, ServingGroups groups)
     : options_(options),
       config_(forward->config()),
       forward_(std::move(forward)),
-      tp_(tp),
+      groups_(groups),
       scheduler_(std::move(scheduler)) {
   batching_.kv_blocks = batching_.kv_blocks_free = scheduler_.free_blocks();
   worker_ = std::thread([this] { Run(); });
@@ -238,7 +273,7 @@ void BatchingEngine::RunStep(const StepPlan& plan) {
       .max_blocks_per_seq = max_blocks,
       .logit_rows = step_rows_,
   };
-  if (tp_ != nullptr) {
+  if (groups_.world != nullptr) {
     if (absl::Status sent = Broadcast(StepKind::kStep, EncodeStep(step, step_sampling_));
         !sent.ok()) {
       scheduler_.Complete(plan);
@@ -246,17 +281,13 @@ void BatchingEngine::RunStep(const StepPlan& plan) {
       return;
     }
   }
-  const absl::StatusOr<std::span<const float>> logits = forward_->Forward(step);
-  scheduler_.Complete(plan);
   absl::StatusOr<std::vector<int32_t>> tokens =
-      logits.ok() ? model::SampleVocabParallel(*logits, forward_->weights().vocab_begin,
-                                               forward_->weights().vocab_end, config_.vocab,
-                                               step_sampling_, tp_)
-                  : logits.status();
+      ForwardAndSample(*forward_, step, step_sampling_, groups_, /*leader=*/true);
+  scheduler_.Complete(plan);
   if (!tokens.ok()) {
     // A collective failed (the group is gone), or the scheduler planned a step the model refuses
     // (a bug): either way these requests cannot go on, and with a group neither can the others.
-    if (tp_ != nullptr) {
+    if (groups_.world != nullptr) {
       Fail(tokens.status());
       return;
     }
@@ -297,10 +328,10 @@ void BatchingEngine::RunStep(const StepPlan& plan) {
 
 absl::Status BatchingEngine::Broadcast(StepKind kind, std::vector<int32_t> payload) {
   int32_t header[kHeaderInts] = {static_cast<int32_t>(kind), static_cast<int32_t>(payload.size())};
-  RETURN_IF_ERROR(Annotate(tp_->Broadcast(header, kHeaderInts, DType::kInt32, 0),
+  RETURN_IF_ERROR(Annotate(groups_.world->Broadcast(header, kHeaderInts, DType::kInt32, 0),
                            "serving group: broadcast of a step header"));
   if (payload.empty()) return absl::OkStatus();
-  return Annotate(tp_->Broadcast(payload.data(), payload.size(), DType::kInt32, 0),
+  return Annotate(groups_.world->Broadcast(payload.data(), payload.size(), DType::kInt32, 0),
                   "serving group: broadcast of a step");
 }
 
@@ -340,7 +371,7 @@ void BatchingEngine::Run() {
     if (!plan.empty()) {
       RunStep(plan);
       last_broadcast = Clock::now();
-    } else if (tp_ != nullptr && Clock::now() - last_broadcast >= kHeartbeat) {
+    } else if (groups_.world != nullptr && Clock::now() - last_broadcast >= kHeartbeat) {
       if (absl::Status sent = Broadcast(StepKind::kIdle); !sent.ok()) Fail(sent);
       last_broadcast = Clock::now();
     }
@@ -364,22 +395,25 @@ void BatchingEngine::Run() {
   for (RequestId id : ids) {
     Finish(id, absl::UnavailableError("the engine is shutting down"), FinishReason::kStop);
   }
-  if (tp_ != nullptr && !group_failed_) Broadcast(StepKind::kStop).IgnoreError();
+  if (groups_.world != nullptr && !group_failed_) Broadcast(StepKind::kStop).IgnoreError();
 }
 
 absl::Status RunServingFollower(const model::InferenceWeights& weights,
                                 const BatchingEngineOptions& options, kernels::Allocator& allocator,
-                                comm::Communicator& tp) {
-  if (tp.rank() == 0) {
-    return absl::InvalidArgumentError("rank 0 of a serving group runs the engine, not a follower");
+                                ServingGroups groups) {
+  if (groups.world == nullptr || groups.world->rank() == 0) {
+    return absl::InvalidArgumentError(
+        "a serving follower is a rank other than 0 of a group; rank 0 runs the engine");
   }
   ASSIGN_OR_RETURN(const model::PagedCacheOptions cache,
-                   CacheOptionsFor(weights.config, options, tp.size()));
-  ASSIGN_OR_RETURN(auto forward, model::PagedGptForward::Create(weights, cache, allocator, &tp));
+                   CacheOptionsFor(weights.config, options, weights.tp_size, weights.pp_size));
+  ASSIGN_OR_RETURN(auto forward,
+                   model::PagedGptForward::Create(weights, cache, allocator, groups.tp, groups.pp));
+  comm::Communicator& world = *groups.world;
   std::vector<int32_t> payload;
   for (;;) {
     int32_t header[kHeaderInts] = {0, 0};
-    RETURN_IF_ERROR(Annotate(tp.Broadcast(header, kHeaderInts, DType::kInt32, 0),
+    RETURN_IF_ERROR(Annotate(world.Broadcast(header, kHeaderInts, DType::kInt32, 0),
                              "serving follower: waiting for the next step"));
     const StepKind kind = static_cast<StepKind>(header[0]);
     if (kind == StepKind::kStop) return absl::OkStatus();
@@ -387,19 +421,17 @@ absl::Status RunServingFollower(const model::InferenceWeights& weights,
     // The largest step the cache options allow bounds what a header may announce.
     const int64_t most = 4 + 3 * int64_t{cache.max_tokens_per_step} +
                          int64_t{cache.max_seqs_per_step} * cache.num_blocks +
-                         7 * int64_t{cache.max_seqs_per_step};
+                         8 * int64_t{cache.max_seqs_per_step};
     if (kind != StepKind::kStep || header[1] < 1 || header[1] > most) {
       return absl::InvalidArgumentError(absl::StrCat("serving follower: a header of kind ",
                                                      header[0], " and length ", header[1]));
     }
     payload.resize(header[1]);
-    RETURN_IF_ERROR(Annotate(tp.Broadcast(payload.data(), payload.size(), DType::kInt32, 0),
+    RETURN_IF_ERROR(Annotate(world.Broadcast(payload.data(), payload.size(), DType::kInt32, 0),
                              "serving follower: receiving a step"));
     ASSIGN_OR_RETURN(const StepMessage step, DecodeStep(payload, cache));
-    ASSIGN_OR_RETURN(std::span<const float> logits, forward->Forward(step.View()));
-    RETURN_IF_ERROR(model::SampleVocabParallel(logits, weights.vocab_begin, weights.vocab_end,
-                                               weights.config.vocab, step.sampling, &tp)
-                        .status());
+    RETURN_IF_ERROR(
+        ForwardAndSample(*forward, step.View(), step.sampling, groups, /*leader=*/false).status());
   }
 }
 

@@ -7,13 +7,16 @@
 // computes it in one batch. Each sampled token is a pure function of the request's seed, its
 // index and the logits, so a request's output does not depend on what else is in the batch.
 //
-// Tensor parallelism: the engine runs on rank 0 of the group and, before each step, broadcasts
-// it (step_message.h) to the other ranks, which run RunServingFollower: every rank computes the
-// step on its own shard (its heads, MLP columns and vocabulary rows) and the ranks sample
-// together from their vocabulary slices (SampleVocabParallel), so no rank holds the whole model
-// or the whole logits. While idle the leader broadcasts a heartbeat each second, so the
-// followers' waits keep a deadline; a failed collective ends every request with the error and
-// the engine stops being Ready. Pipeline stages are not supported yet.
+// Tensor and pipeline parallelism: the engine runs on rank 0 of a tp × pp group and, before each
+// step, broadcasts it (step_message.h) to the other ranks, which run RunServingFollower: every
+// rank computes the step on its own shard (its stage's layers; its heads, MLP columns and
+// vocabulary rows), the residual goes from stage to stage, the last stage's ranks sample
+// together from their vocabulary slices (SampleVocabParallel) and its first rank sends the
+// tokens back to rank 0; no rank holds the whole model or the whole logits. One step is in
+// flight at a time, so with pp > 1 the stages take turns (several micro-batches in flight, to
+// keep every stage busy, is not built). While idle the leader broadcasts a heartbeat each second,
+// so the followers' waits keep a deadline; a failed collective ends every request with the error
+// and the engine stops being Ready.
 #pragma once
 
 #include <atomic>
@@ -57,21 +60,33 @@ struct BatchingStats {
   int kv_blocks_free = 0;  // after the last step
 };
 
+// The communicators of a serving group (null: a group of one). `world` holds every rank (tp × pp,
+// rank 0 the leader); `tp` the ranks of this rank's stage; `pp` the ranks of this rank's
+// tensor-parallel index, one per stage, in stage order.
+struct ServingGroups {
+  comm::Communicator* world = nullptr;
+  comm::Communicator* tp = nullptr;
+  comm::Communicator* pp = nullptr;
+  // Tensor parallelism only: the world is the tensor-parallel group.
+  static ServingGroups TensorParallel(comm::Communicator* tp) { return {tp, tp, nullptr}; }
+};
+
 // The cache options every rank of a group derives from the same engine options (the followers
-// size theirs the same way). InvalidArgument names a bad option, or a cache too small for one
-// whole context.
+// size theirs the same way: the same number of blocks on every rank, each `kv_cache_bytes`
+// holding the most layers a stage has). InvalidArgument names a bad option, or a cache too small
+// for one whole context.
 absl::StatusOr<model::PagedCacheOptions> CacheOptionsFor(const model::GptConfig& config,
                                                          const BatchingEngineOptions& options,
-                                                         int tp_size);
+                                                         int tp_size, int pp_size = 1);
 
 class BatchingEngine final : public CompletionEngine {
  public:
-  // The leader of `tp` (its rank 0; null: one rank). InvalidArgument names a bad option;
-  // ResourceExhausted when the cache does not fit in memory. `weights`, `allocator` and `tp` must
-  // outlive the engine. Starts the engine thread.
+  // The leader of `groups` (rank 0 of its world; no groups: one rank). InvalidArgument names a
+  // bad option; ResourceExhausted when the cache does not fit in memory. `weights`, `allocator`
+  // and the communicators must outlive the engine. Starts the engine thread.
   static absl::StatusOr<std::unique_ptr<BatchingEngine>> Create(
       const model::InferenceWeights& weights, BatchingEngineOptions options,
-      kernels::Allocator& allocator, comm::Communicator* tp = nullptr);
+      kernels::Allocator& allocator, ServingGroups groups = {});
   // Shutdown().
   ~BatchingEngine() override;
 
@@ -96,7 +111,7 @@ class BatchingEngine final : public CompletionEngine {
   };
 
   BatchingEngine(BatchingEngineOptions options, std::unique_ptr<model::PagedGptForward> forward,
-                 BatchScheduler scheduler, comm::Communicator* tp);
+                 BatchScheduler scheduler, ServingGroups groups);
   void Run();
   // Sends the followers a header (and payload). Engine thread.
   absl::Status Broadcast(StepKind kind, std::vector<int32_t> payload = {});
@@ -112,7 +127,7 @@ class BatchingEngine final : public CompletionEngine {
   const BatchingEngineOptions options_;
   const model::GptConfig config_;
   std::unique_ptr<model::PagedGptForward> forward_;    // engine thread only
-  comm::Communicator* const tp_;                       // engine thread only; null: one rank
+  const ServingGroups groups_;                         // engine thread only
   BatchScheduler scheduler_;                           // engine thread only
   std::unordered_map<RequestId, Sequence> sequences_;  // engine thread only: in the scheduler
   bool group_failed_ = false;                          // engine thread only
@@ -134,11 +149,12 @@ class BatchingEngine final : public CompletionEngine {
   std::thread worker_;
 };
 
-// A rank other than 0 of a serving group: runs every step rank 0's engine broadcasts, on this
-// rank's `weights`, until the engine stops. OK after the leader's stop; the error of a failed
-// collective (a dead leader: within the communicator's timeout) or a malformed message otherwise.
+// A rank other than 0 of a serving group (groups.world not null): runs every step rank 0's engine
+// broadcasts, on this rank's `weights`, until the engine stops. OK after the leader's stop; the
+// error of a failed collective (a dead leader: within the communicator's timeout) or a malformed
+// message otherwise.
 absl::Status RunServingFollower(const model::InferenceWeights& weights,
                                 const BatchingEngineOptions& options, kernels::Allocator& allocator,
-                                comm::Communicator& tp);
+                                ServingGroups groups);
 
 }  // namespace shardline::serving
