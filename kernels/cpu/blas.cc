@@ -10,6 +10,7 @@
 #include <mutex>
 #include <string>
 
+#include "common/status_macros.h"
 #include "spdlog/spdlog.h"
 
 #ifndef SHARDLINE_MKL_DIR
@@ -22,7 +23,17 @@ namespace {
 struct Loaded {
   SgemmFn sgemm = nullptr;
   std::string description;
+  // MKL's packed GEMM (null with OpenBLAS, which has none).
+  size_t (*pack_get_size)(int identifier, int m, int n, int k) = nullptr;
+  void (*pack)(int layout, int identifier, int trans, int m, int n, int k, float alpha,
+               const float* src, int ld, float* dest) = nullptr;
+  void (*compute)(int layout, int transa, int transb, int m, int n, int k, const float* a, int lda,
+                  const float* b, int ldb, float beta, float* c, int ldc) = nullptr;
 };
+
+// CBLAS_IDENTIFIER and the packed "transpose" of mkl_cblas.h (part of its ABI).
+constexpr int kMklBMatrix = 162;
+constexpr int kMklPacked = 151;
 
 void Note(std::string& tried, const std::string& what) {
   tried += (tried.empty() ? "" : "; ") + what;
@@ -58,9 +69,9 @@ SgemmFn mkl_sgemm = nullptr;
 int (*mkl_set_num_threads_local)(int) = nullptr;
 
 void MklSgemm(const enum CBLAS_ORDER order, const enum CBLAS_TRANSPOSE trans_a,
-              const enum CBLAS_TRANSPOSE trans_b, const blasint m, const blasint n,
-              const blasint k, const float alpha, const float* a, const blasint lda,
-              const float* b, const blasint ldb, const float beta, float* c, const blasint ldc) {
+              const enum CBLAS_TRANSPOSE trans_b, const blasint m, const blasint n, const blasint k,
+              const float alpha, const float* a, const blasint lda, const float* b,
+              const blasint ldb, const float beta, float* c, const blasint ldc) {
   // omp_get_level, not omp_in_parallel: a region its `if` made a team of one is inactive, and
   // MKL's region inside it is still a nested team of fresh threads.
   if (omp_get_level() == 0) {
@@ -125,6 +136,15 @@ bool LoadMkl(Loaded& out, std::string& tried) {
     mkl_sgemm = sgemm;
     mkl_set_num_threads_local = set_local;
     out.sgemm = &MklSgemm;
+    out.pack_get_size =
+        reinterpret_cast<decltype(out.pack_get_size)>(dlsym(library, "cblas_sgemm_pack_get_size"));
+    out.pack = reinterpret_cast<decltype(out.pack)>(dlsym(library, "cblas_sgemm_pack"));
+    out.compute = reinterpret_cast<decltype(out.compute)>(dlsym(library, "cblas_sgemm_compute"));
+    if (out.pack_get_size == nullptr || out.pack == nullptr || out.compute == nullptr) {
+      out.pack_get_size = nullptr;
+      out.pack = nullptr;
+      out.compute = nullptr;
+    }
     // oneMKL numbers its releases YEAR.UPDATE ("2026.2"); the minor field stays 0.
     out.description = "Intel oneMKL " + std::to_string(v.major) + "." + std::to_string(v.update) +
                       (v.build != nullptr ? std::string(" build ") + v.build : "") + " (" + path +
@@ -211,6 +231,29 @@ const Loaded& Load() {
 SgemmFn Sgemm() { return Load().sgemm; }
 
 std::string BlasDescription() { return Load().description; }
+
+absl::StatusOr<std::unique_ptr<PackedWeight>> PackedWeight::Pack(const float* weight, int C, int OC,
+                                                                 int max_rows,
+                                                                 Allocator& allocator) {
+  const Loaded& blas = Load();
+  if (blas.pack == nullptr || C < 1 || OC < 1 || max_rows < 1) return nullptr;
+  const size_t bytes = blas.pack_get_size(kMklBMatrix, max_rows, OC, C);
+  std::unique_ptr<PackedWeight> packed(new PackedWeight(C, OC, max_rows));
+  ASSIGN_OR_RETURN(
+      packed->buffer_,
+      Tensor::Zeros({static_cast<int64_t>((bytes + sizeof(float) - 1) / sizeof(float))},
+                    DType::kFloat32, allocator));
+  // B = weightᵀ (C by OC) of out = inp · B, the weight row-major (OC, C).
+  blas.pack(CblasRowMajor, kMklBMatrix, CblasTrans, max_rows, OC, C, 1.0f, weight, C,
+            packed->buffer_.data<float>());
+  return packed;
+}
+
+void PackedWeight::Multiply(float* out, const float* inp, int N, float beta) const {
+  const Loaded& blas = Load();
+  blas.compute(CblasRowMajor, CblasNoTrans, kMklPacked, N, OC_, C_, inp, C_, buffer_.data<float>(),
+               C_, beta, out, OC_);
+}
 
 int CpuThreads() { return omp_get_max_threads(); }
 

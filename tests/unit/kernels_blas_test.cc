@@ -51,8 +51,10 @@ std::vector<double> GemmReference(bool trans_a, bool trans_b, int M, int N, int 
     for (int j = 0; j < N; ++j) {
       double s = 0.0;
       for (int k = 0; k < K; ++k) {
-        const double a = trans_a ? A[static_cast<size_t>(k) * lda + i] : A[static_cast<size_t>(i) * lda + k];
-        const double b = trans_b ? B[static_cast<size_t>(j) * ldb + k] : B[static_cast<size_t>(k) * ldb + j];
+        const double a =
+            trans_a ? A[static_cast<size_t>(k) * lda + i] : A[static_cast<size_t>(i) * lda + k];
+        const double b =
+            trans_b ? B[static_cast<size_t>(j) * ldb + k] : B[static_cast<size_t>(k) * ldb + j];
         s += a * b;
       }
       const size_t at = static_cast<size_t>(i) * ldc + j;
@@ -76,8 +78,8 @@ void CheckGemm(const GemmCase& g, uint32_t seed) {
   const auto A = RandomVector(static_cast<size_t>(a_rows) * lda, seed);
   const auto B = RandomVector(static_cast<size_t>(b_rows) * ldb, seed + 1);
   auto C = RandomVector(static_cast<size_t>(g.M) * ldc, seed + 2);
-  const auto want = GemmReference(g.trans_a, g.trans_b, g.M, g.N, g.K, g.alpha, A, lda, B, ldb,
-                                  g.beta, C, ldc);
+  const auto want =
+      GemmReference(g.trans_a, g.trans_b, g.M, g.N, g.K, g.alpha, A, lda, B, ldb, g.beta, C, ldc);
   Sgemm()(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans,
           g.trans_b ? CblasTrans : CblasNoTrans, g.M, g.N, g.K, g.alpha, A.data(), lda, B.data(),
           ldb, g.beta, C.data(), ldc);
@@ -125,6 +127,31 @@ TEST(BlasTest, EveryTransposeAlphaBetaAndStrideMatchesTheReference) {
         }
       }
     }
+  }
+}
+
+// MKL's packed weights give MatmulForward's product (within rounding) for every row count up to
+// the one packed for, with beta 0 and 1; OpenBLAS has no packed GEMM, and Pack says so with null.
+TEST(BlasTest, PackedWeightsGiveTheSameProduct) {
+  CpuAllocator allocator;
+  const int C = 77, OC = 130, max_rows = 16;
+  const std::vector<float> weight = RandomVector(OC * C, 3);
+  auto packed = PackedWeight::Pack(weight.data(), C, OC, max_rows, allocator);
+  ASSERT_TRUE(packed.ok()) << packed.status();
+  const bool mkl = BlasDescription().rfind("Intel oneMKL", 0) == 0;
+  ASSERT_EQ(*packed != nullptr, mkl) << BlasDescription();
+  if (!mkl) return;  // the OpenBLAS run of this test: null is what it must give
+  EXPECT_EQ((*packed)->max_rows(), max_rows);
+  for (int N : {1, 2, 7, 16}) {
+    const std::vector<float> inp = RandomVector(N * C, 10 + N);
+    std::vector<float> want(N * OC), got(N * OC, 5.0f);
+    MatmulForward(want.data(), inp.data(), weight.data(), nullptr, N, C, OC);
+    (*packed)->Multiply(got.data(), inp.data(), N, 0.0f);  // overwrites the 5s
+    for (int i = 0; i < N * OC; ++i)
+      ASSERT_NEAR(got[i], want[i], 1e-4f) << "N " << N << " at " << i;
+    std::vector<float> acc(N * OC, 1.0f);
+    (*packed)->Multiply(acc.data(), inp.data(), N, 1.0f);  // adds to the 1s
+    for (int i = 0; i < N * OC; ++i) ASSERT_NEAR(acc[i], want[i] + 1.0f, 1e-4f) << "beta 1";
   }
 }
 

@@ -208,6 +208,25 @@ absl::StatusOr<std::unique_ptr<PagedGptForward>> PagedGptForward::Create(
   f->lnf_ = take(R * C);
   f->lnf_stats_ = take(2 * R);
   f->logits_ = take(R * V);
+
+  // MKL-packed copies for the products of few rows (none with OpenBLAS: Pack gives null).
+  const int rows = std::min(options.max_tokens_per_step, kPackedRows);
+  auto pack = [&](const float* w, int C_in, int C_out) -> absl::StatusOr<const cpu::PackedWeight*> {
+    ASSIGN_OR_RETURN(auto packed, cpu::PackedWeight::Pack(w, C_in, C_out, rows, allocator));
+    if (packed == nullptr) return nullptr;
+    f->packed_.push_back(std::move(packed));
+    return f->packed_.back().get();
+  };
+  f->blocks_ = weights.blocks;
+  for (BlockParams& b : f->blocks_) {
+    ASSIGN_OR_RETURN(b.qkv_w_packed, pack(b.qkv_w, C, 3 * A));
+    ASSIGN_OR_RETURN(b.attn_proj_w_packed, pack(b.attn_proj_w, A, C));
+    ASSIGN_OR_RETURN(b.fc_w_packed, pack(b.fc_w, C, F));
+    ASSIGN_OR_RETURN(b.fc_proj_w_packed, pack(b.fc_proj_w, F, C));
+  }
+  if (weights.last_stage()) {
+    ASSIGN_OR_RETURN(f->head_packed_, pack(weights.lm_head, C, V));
+  }
   return f;
 }
 
@@ -341,7 +360,7 @@ absl::StatusOr<std::span<const float>> PagedGptForward::Forward(const PagedStep&
       cpu::PagedAttentionForward(atty, qkv, k, v, batch, dims.NH, dims.HS);
       return absl::OkStatus();
     };
-    RETURN_IF_ERROR(Annotate(BlockForward(dims, w.blocks[l], residual_[l % 2],
+    RETURN_IF_ERROR(Annotate(BlockForward(dims, blocks_[l], residual_[l % 2],
                                           residual_[(l + 1) % 2], acts_, all_reduce, attention),
                              absl::StrCat("layer ", w.first_layer + l)));
   }
@@ -360,7 +379,11 @@ absl::StatusOr<std::span<const float>> PagedGptForward::Forward(const PagedStep&
   }
   const int Vs = w.vocab_end - w.vocab_begin;
   cpu::LayerNormForward(lnf_, lnf_stats_, lnf_stats_ + R, head_in_, w.lnf_w, w.lnf_b, R, C);
-  cpu::MatmulForward(logits_, lnf_, w.lm_head, nullptr, R, C, Vs);
+  if (head_packed_ != nullptr && R >= 2 && R <= head_packed_->max_rows()) {
+    head_packed_->Multiply(logits_, lnf_, R, 0.0f);
+  } else {
+    cpu::MatmulForward(logits_, lnf_, w.lm_head, nullptr, R, C, Vs);
+  }
   return std::span<const float>(logits_, static_cast<size_t>(R) * Vs);
 }
 

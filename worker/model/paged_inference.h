@@ -19,6 +19,10 @@
 // A token's result depends only on its own sequence (the attention is per token and head, in
 // position order), so greedy output does not depend on what else is in the batch — up to the
 // GEMMs, whose rounding may depend on how many rows they multiply.
+//
+// With MKL, the matrices of the blocks and the head are also packed once into MKL's layout
+// (kernels::cpu::PackedWeight) for products of up to kPackedRows rows — a decode step's — which
+// then run ~1.6x faster; that copy doubles the memory of those matrices on the rank.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +32,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/allocator.h"
+#include "kernels/cpu/blas.h"
 #include "kernels/tensor.h"
 #include "worker/comm/communicator.h"
 #include "worker/model/gpt.h"
@@ -114,6 +119,9 @@ struct PagedStep {
 
 class PagedGptForward {
  public:
+  // Products of up to this many rows (decode steps, short prompt chunks) use packed weights.
+  static constexpr int kPackedRows = 64;
+
   // A cache and step buffers for `weights`, from `allocator`. `tp` is the tensor-parallel group
   // and `pp` the pipeline group (null for one rank; sizes weights.tp_size and weights.pp_size).
   // InvalidArgument names a bad option; ResourceExhausted when the cache does not fit. The
@@ -153,6 +161,10 @@ class PagedGptForward {
 
   const InferenceWeights weights_;
   const PagedCacheOptions options_;
+  // The stage's blocks as the forward uses them: weights_.blocks with their packed copies.
+  std::vector<BlockParams> blocks_;
+  std::vector<std::unique_ptr<kernels::cpu::PackedWeight>> packed_;
+  const kernels::cpu::PackedWeight* head_packed_ = nullptr;
   comm::Communicator* const tp_;
   comm::Communicator* const pp_;
   kernels::Tensor cache_;   // per layer: keys (num_blocks, block_size, NH, HS), then values

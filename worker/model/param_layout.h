@@ -15,6 +15,10 @@
 
 #include "worker/model/gpt_config.h"
 
+namespace shardline::kernels::cpu {
+class PackedWeight;
+}  // namespace shardline::kernels::cpu
+
 namespace shardline::model {
 
 struct ParamTensorInfo {
@@ -39,6 +43,12 @@ struct BlockParams {
   float* fc_b = nullptr;         // (F)
   float* fc_proj_w = nullptr;    // (C, F)
   float* fc_proj_b = nullptr;    // (C)
+  // Optional MKL-packed copies of the four matrices, which products of few rows use (inference:
+  // PagedGptForward packs them; null everywhere else).
+  const kernels::cpu::PackedWeight* qkv_w_packed = nullptr;
+  const kernels::cpu::PackedWeight* attn_proj_w_packed = nullptr;
+  const kernels::cpu::PackedWeight* fc_w_packed = nullptr;
+  const kernels::cpu::PackedWeight* fc_proj_w_packed = nullptr;
 };
 
 // The non-block tensors: embeddings, the final LayerNorm and the output head.
