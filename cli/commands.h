@@ -79,7 +79,7 @@ int Generate(const GenerateCommandOptions& options);
 std::string DefaultTokenizerSpec(const std::string& flag, const std::string& resolved);
 
 // `shardline serve`: the OpenAI-compatible API over one checkpoint, in this process (or, with
-// --tp, over tensor-parallel processes of this host that it starts).
+// --tp/--pp, over tensor-parallel and pipeline processes of this host that it starts).
 struct ServeOptions {
   std::string checkpoint;            // anything `generate` takes
   std::string tokenizer;             // as `generate`'s --tokenizer
@@ -93,22 +93,27 @@ struct ServeOptions {
   int block_size = 16;               // KV-cache positions per block
   int64_t kv_cache_mib = 0;          // per rank; 0: room for max_running whole contexts
   int hf_heads = 12;
-  // Tensor-parallel ranks: this process is rank 0 and starts the others as `serve-rank`
-  // processes of this binary; each loads only its part of the model.
+  // Tensor-parallel ranks and pipeline stages: tp · pp ranks of this host (placement::RankGrid's
+  // numbering); this process is rank 0 and starts the others as `serve-rank` processes of this
+  // binary; each loads only its part of the model (its heads, MLP columns and vocabulary rows of
+  // its stage's layers).
   int tp = 1;
+  int pp = 1;                      // 1..the model's layers
   std::string log_level = "info";  // passed on to the other ranks
 };
 // Serves until SIGINT/SIGTERM; 0 after a clean stop, 1 when the model cannot be loaded, the
 // address bound or a rank fails (at start or while serving), 2 for bad flags.
 int Serve(const ServeOptions& options);
 
-// `shardline serve-rank` (hidden): tensor-parallel rank `rank` of a `serve --tp` group, started
-// by rank 0 with its engine-sizing flags so that every rank sizes the same cache.
+// `shardline serve-rank` (hidden): rank `rank` of a `serve --tp T --pp P` group (its
+// tensor-parallel index and stage are placement::RankGrid(T, P, 1)'s coordinates), started by
+// rank 0 with its engine-sizing flags so that every rank sizes the same cache.
 struct ServeRankOptions {
   std::string checkpoint;  // as rank 0 resolved it (checkpoint::ResolveCheckpoint)
   int hf_heads = 12;
   int rank = 1;
   int tp = 2;
+  int pp = 1;
   std::string store_dir;  // the group's store (comm::LocalRankGroup)
   int max_running = 8;
   int max_tokens_per_step = 256;

@@ -260,16 +260,24 @@ int Main(int argc, char** argv) {
                    "heads, MLP columns and vocabulary (N must divide the heads and d_ff)")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
+  // No range check here: serve names the model's layers when --pp is out of range (exit 2).
+  serve_cmd
+      ->add_option("--pp", serve_options.pp,
+                   "Pipeline stages: tp x pp processes of this host, each stage holding its share "
+                   "of the layers (1 to the model's layers)")
+      ->capture_default_str();
   serve_cmd->add_option("--log-level", log_level);
 
-  // The options `serve --tp` starts each other rank with (cli/serve.cc's ServeRankCommand).
+  // The options `serve --tp/--pp` starts each other rank with (cli/serve.cc's ServeRankCommand).
   ServeRankOptions serve_rank_options;
-  auto* serve_rank_cmd = app.add_subcommand("serve-rank", "One rank of `serve --tp` (internal)");
+  auto* serve_rank_cmd =
+      app.add_subcommand("serve-rank", "One rank of `serve --tp/--pp` (internal)");
   serve_rank_cmd->group("");  // internal: not listed in --help
   serve_rank_cmd->add_option("--checkpoint", serve_rank_options.checkpoint)->required();
   serve_rank_cmd->add_option("--hf-heads", serve_rank_options.hf_heads)->required();
   serve_rank_cmd->add_option("--rank", serve_rank_options.rank)->required();
   serve_rank_cmd->add_option("--tp", serve_rank_options.tp)->required();
+  serve_rank_cmd->add_option("--pp", serve_rank_options.pp)->required();
   serve_rank_cmd->add_option("--store", serve_rank_options.store_dir)->required();
   serve_rank_cmd->add_option("--max-running", serve_rank_options.max_running)->required();
   serve_rank_cmd->add_option("--max-tokens-per-step", serve_rank_options.max_tokens_per_step)

@@ -1,7 +1,8 @@
 // `shardline serve`: one checkpoint behind the OpenAI-compatible HTTP API, generated with
-// continuous batching (worker/serving/batching_engine.h) in this process, or with --tp N over N
-// tensor-parallel processes of this host: this one (rank 0: the engine and the HTTP server) and
-// N-1 `serve-rank` followers it starts (comm::LocalRankGroup), each loading only its shard.
+// continuous batching (worker/serving/batching_engine.h) in this process, or with --tp T --pp P
+// over T·P processes of this host (T tensor-parallel ranks in each of P pipeline stages, numbered
+// by placement::RankGrid): this one (rank 0: the engine and the HTTP server) and T·P-1
+// `serve-rank` followers it starts (comm::LocalRankGroup), each loading only its shard.
 #include <signal.h>
 
 #include <algorithm>
@@ -13,11 +14,13 @@
 #include <iostream>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "checkpoint/layout.h"
 #include "cli/commands.h"
 #include "common/process.h"
 #include "common/status_macros.h"
 #include "kernels/allocator.h"
+#include "placement/parallel_layout.h"
 #include "worker/comm/local_rank_group.h"
 #include "worker/model/data/tokenizer.h"
 #include "worker/model/shard_layout.h"
@@ -78,6 +81,7 @@ ServeRankOptions RankOptionsOf(const ServeOptions& options, const std::string& r
                           .hf_heads = options.hf_heads,
                           .rank = rank,
                           .tp = options.tp,
+                          .pp = options.pp,
                           .store_dir = store_dir,
                           .max_running = options.max_running,
                           .max_tokens_per_step = options.max_tokens_per_step,
@@ -108,6 +112,8 @@ std::vector<std::string> ServeRankCommand(const ServeRankOptions& o) {
           std::to_string(o.rank),
           "--tp",
           std::to_string(o.tp),
+          "--pp",
+          std::to_string(o.pp),
           "--store",
           o.store_dir,
           "--max-running",
@@ -124,8 +130,8 @@ std::vector<std::string> ServeRankCommand(const ServeRankOptions& o) {
 // actors (unshared, N ranks run N pools on the same cores and every collective waits for a
 // descheduled peer); a value serve was started with wins. Rank 0's own pool was sized when it
 // started: OMP_NUM_THREADS set for serve sizes every rank's.
-std::vector<std::pair<std::string, std::string>> FollowerThreadsEnv(int tp) {
-  const std::string threads = std::to_string(std::max(1, UsableCpus() / tp));
+std::vector<std::pair<std::string, std::string>> FollowerThreadsEnv(int ranks) {
+  const std::string threads = std::to_string(std::max(1, UsableCpus() / ranks));
   std::vector<std::pair<std::string, std::string>> env;
   for (const char* name : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"}) {
     if (std::getenv(name) == nullptr) env.emplace_back(name, threads);
@@ -137,41 +143,59 @@ std::vector<std::pair<std::string, std::string>> FollowerThreadsEnv(int tp) {
 // long for the next step; an idle leader sends a heartbeat every second.
 comm::CpuCommOptions GroupCommOptions() { return comm::CpuCommOptions{}; }
 
-// Ranks 1..tp-1 of `serve --tp`, loading `resolved` (comm::LocalRankGroup::Start).
+// "tp 2, pp 2": the group in messages.
+std::string GroupName(int tp, int pp) { return absl::StrCat("tp ", tp, ", pp ", pp); }
+
+// Ranks 1..tp·pp-1 of `serve --tp --pp`, loading `resolved` (comm::LocalRankGroup::Start).
 absl::StatusOr<std::unique_ptr<comm::LocalRankGroup>> StartFollowers(const ServeOptions& options,
                                                                      const std::string& resolved) {
   return comm::LocalRankGroup::Start(comm::LocalRankGroupOptions{
-      .size = options.tp,
+      .tp = options.tp,
+      .pp = options.pp,
       .command =
           [&](int rank, const std::string& dir) {
             return ServeRankCommand(RankOptionsOf(options, resolved, rank, dir));
           },
-      .extra_env = FollowerThreadsEnv(options.tp),
+      .extra_env = FollowerThreadsEnv(options.tp * options.pp),
       .comm = GroupCommOptions()});
 }
 
-// Whether `tp` ranks can split the model and each size its cache: InvalidArgument naming the
-// numbers (ShardLayout's and CacheOptionsFor's checks) before any process is started.
-absl::Status CheckGroup(const model::GptConfig& config, int tp,
+// Whether tp ranks in each of pp stages can split the model and each size its cache:
+// InvalidArgument naming the numbers (the stages, ShardLayout's and CacheOptionsFor's checks)
+// before any process is started.
+absl::Status CheckGroup(const model::GptConfig& config, int tp, int pp,
                         const serving::BatchingEngineOptions& engine) {
+  if (pp < 1 || pp > config.layers) {
+    return absl::InvalidArgumentError(absl::StrCat("--pp ", pp, ": a model of ", config.layers,
+                                                   " layers has 1 to ", config.layers,
+                                                   " pipeline stages"));
+  }
   auto layout = model::ShardLayout::Create(
       config, {.tp_size = tp, .tp_index = 0, .first_layer = 0, .last_layer = config.layers});
   if (!layout.ok()) return Annotate(layout.status(), "--tp " + std::to_string(tp));
-  return serving::CacheOptionsFor(config, engine, tp).status();
+  return serving::CacheOptionsFor(config, engine, tp, pp).status();
 }
 
-// This rank's part of the parameters only (no gradients or optimizer state), read box by box.
+// This rank's part of the parameters only (no gradients or optimizer state), read box by box: its
+// tensor-parallel index of its stage's layers (`coords` in a RankGrid(tp, pp, 1)).
 absl::StatusOr<std::unique_ptr<model::ShardWeights>> LoadShard(
-    const training::CheckpointSource& source, int tp, int rank, kernels::Allocator& allocator) {
+    const training::CheckpointSource& source, int tp, int pp, const placement::RankCoords& coords,
+    kernels::Allocator& allocator) {
   auto weights = model::ShardWeights::Load(
-      source.config(), tp, rank,
+      source.config(), tp, coords.tp,
       [&](const std::string& name, const std::vector<int64_t>& offsets,
           const std::vector<int64_t>& shape) {
         return training::ReadCheckpointBox(source, name, offsets, shape);
       },
-      allocator);
+      allocator, pp, coords.pp);
   if (!weights.ok()) return Annotate(weights.status(), source.path());
   return weights;
+}
+
+serving::ServingGroups ServingGroupsOf(const comm::RankCommunicators& communicators) {
+  return serving::ServingGroups{.world = communicators.world.get(),
+                                .tp = communicators.tp.get(),
+                                .pp = communicators.pp.get()};
 }
 
 // Serves until a stop is requested (OK) or the engine or a rank of its group fails (the error).
@@ -181,7 +205,7 @@ absl::Status ServeUntilStopped(const serving::BatchingEngine& engine, comm::Loca
     // more than the engine's stop, so it is looked for first.
     if (group != nullptr) {
       if (absl::Status followers = group->CheckFollowers(); !followers.ok()) {
-        return Annotate(followers, "the tensor-parallel group failed");
+        return Annotate(followers, "the serving group failed");
       }
     }
     if (!engine.Ready()) {
@@ -233,31 +257,35 @@ int Serve(const ServeOptions& options) {
   }
   const serving::BatchingEngineOptions engine_options =
       EngineOptionsOf(RankOptionsOf(options, *path, 0, ""), options.max_queue);
-  if (absl::Status fits = CheckGroup(config, options.tp, engine_options); !fits.ok()) {
+  if (absl::Status fits = CheckGroup(config, options.tp, options.pp, engine_options); !fits.ok()) {
     std::cerr << "error: " << fits.message() << "\n";
     return 2;
   }
+  // tp and pp are >= 1 here (--tp's range, CheckGroup).
+  const placement::RankGrid grid = *placement::RankGrid::Create(options.tp, options.pp, 1);
+  const std::string group_name = GroupName(options.tp, options.pp);
 
   // From here a stop request ends the start-up too, so the followers and the store go with it.
   InstallStopHandlers();
   // Declared before the engine, so the engine (whose communicator it owns) goes first.
   std::unique_ptr<comm::LocalRankGroup> group;
-  if (options.tp > 1) {
+  if (grid.world() > 1) {
     auto started = StartFollowers(options, *path);
     if (!started.ok()) {
-      std::cerr << "error: tensor-parallel group: " << started.status().message() << "\n";
+      std::cerr << "error: serving group (" << group_name << "): " << started.status().message()
+                << "\n";
       return 1;
     }
     group = std::move(*started);
   }
   // The followers load their shards while this rank loads its own.
   kernels::CpuAllocator allocator;
-  auto weights = LoadShard(*source, options.tp, 0, allocator);
+  auto weights = LoadShard(*source, options.tp, options.pp, grid.Coords(0), allocator);
   if (!weights.ok()) {
     std::cerr << "error: " << weights.status().message() << "\n";
     return 1;
   }
-  comm::Communicator* tp = nullptr;
+  serving::ServingGroups groups;  // all null: one rank
   if (group != nullptr) {
     auto joined = group->Join(StopRequested());
     if (absl::IsCancelled(joined.status())) {
@@ -265,15 +293,15 @@ int Serve(const ServeOptions& options) {
       return 0;
     }
     if (!joined.ok()) {
-      std::cerr << "error: tensor-parallel group of " << options.tp << ": "
-                << joined.status().message() << "\n";
+      std::cerr << "error: serving group (" << group_name << "): " << joined.status().message()
+                << "\n";
       return 1;
     }
-    tp = *joined;
+    groups = ServingGroupsOf(**joined);
   }
 
-  auto engine = serving::BatchingEngine::Create((*weights)->weights(), engine_options, allocator,
-                                                serving::ServingGroups::TensorParallel(tp));
+  auto engine =
+      serving::BatchingEngine::Create((*weights)->weights(), engine_options, allocator, groups);
   if (!engine.ok()) {
     std::cerr << "error: " << engine.status().message() << "\n";
     return engine.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
@@ -285,10 +313,10 @@ int Serve(const ServeOptions& options) {
   }
   const serving::BatchingStats batching = (*engine)->Batching();
   std::cout << "serving " << http.model_name << " at " << (*server)->url() << "/v1 (tp "
-            << options.tp << ", batches of " << options.max_running << ", "
+            << options.tp << ", pp " << options.pp << ", batches of " << options.max_running << ", "
             << options.max_tokens_per_step << " tokens per step, KV cache of " << batching.kv_blocks
             << " blocks of " << options.block_size << " positions"
-            << (options.tp > 1 ? " on each rank" : "") << ")" << std::endl;
+            << (grid.world() > 1 ? " on each rank" : "") << ")" << std::endl;
   const absl::Status served = ServeUntilStopped(**engine, group.get());
   std::cout << "stopping" << std::endl;
   (*server)->Stop();
@@ -299,7 +327,7 @@ int Serve(const ServeOptions& options) {
   }
   if (group != nullptr) {
     if (absl::Status stopped = group->Finish(std::chrono::seconds(10)); !stopped.ok()) {
-      std::cerr << "error: tensor-parallel group: " << stopped.message() << "\n";
+      std::cerr << "error: serving group (" << group_name << "): " << stopped.message() << "\n";
       return 1;
     }
   }
@@ -312,28 +340,36 @@ int ServeRank(const ServeRankOptions& options) {
   // dies with its leader (the parent-death signal).
   ::signal(SIGINT, SIG_IGN);
   ::signal(SIGTERM, SIG_IGN);
-  const std::string who = "tensor-parallel rank " + std::to_string(options.rank) + " of " +
-                          std::to_string(options.tp) + ": ";
+  auto grid = placement::RankGrid::Create(options.tp, options.pp, 1);
+  if (!grid.ok() || options.rank < 1 || options.rank >= grid->world()) {
+    std::cerr << "error: rank " << options.rank << " is not a follower of a group of "
+              << GroupName(options.tp, options.pp) << "\n";
+    return 2;
+  }
+  const placement::RankCoords coords = grid->Coords(options.rank);
+  const std::string who =
+      absl::StrCat("rank ", options.rank, " of ", GroupName(options.tp, options.pp),
+                   " (tensor-parallel index ", coords.tp, ", stage ", coords.pp, "): ");
   auto source = training::CheckpointSource::Open(options.checkpoint, options.hf_heads);
   if (!source.ok()) {
     std::cerr << "error: " << who << source.status().message() << "\n";
     return 1;
   }
   kernels::CpuAllocator allocator;
-  auto weights = LoadShard(*source, options.tp, options.rank, allocator);
+  auto weights = LoadShard(*source, options.tp, options.pp, coords, allocator);
   if (!weights.ok()) {
     std::cerr << "error: " << who << weights.status().message() << "\n";
     return 1;
   }
-  auto tp =
-      comm::JoinLocalRankGroup(options.store_dir, options.rank, options.tp, GroupCommOptions());
-  if (!tp.ok()) {
-    std::cerr << "error: " << who << tp.status().message() << "\n";
+  auto communicators =
+      comm::JoinLocalRankGroup(options.store_dir, options.rank, *grid, GroupCommOptions());
+  if (!communicators.ok()) {
+    std::cerr << "error: " << who << communicators.status().message() << "\n";
     return 1;
   }
   const absl::Status served =
       serving::RunServingFollower((*weights)->weights(), EngineOptionsOf(options, /*max_queue=*/1),
-                                  allocator, serving::ServingGroups::TensorParallel(tp->get()));
+                                  allocator, ServingGroupsOf(*communicators));
   if (!served.ok()) {
     std::cerr << "error: " << who << served.message() << "\n";
     return 1;

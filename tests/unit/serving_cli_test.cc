@@ -1,7 +1,7 @@
 // `shardline serve` as the process a user runs, on a small checkpoint made here: its greedy
-// completion says what `shardline generate` prints for the same prompt, on one rank and on two
-// tensor-parallel processes (`--tp 2`), and it stops cleanly on SIGTERM, leaving no rank and no
-// store directory behind.
+// completion says what `shardline generate` prints for the same prompt, on one rank, on two
+// tensor-parallel processes (`--tp 2`), two pipeline stages (`--pp 2`) and both (`--tp 2 --pp 2`),
+// and it stops cleanly on SIGTERM, leaving no rank and no store directory behind.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -174,6 +175,10 @@ class ServingCliTest : public ::testing::Test {
     return 0;
   }
 
+  // The sharded serve tests' body (defined below).
+  void ServeShardedSaysWhatGeneratePrints(const std::vector<std::string>& flags, int ranks,
+                                          const std::string& banner);
+
   pid_t pid_ = -1;
   std::string log_;
 };
@@ -239,26 +244,45 @@ TEST_F(ServingCliTest, GreedyCompletionSaysWhatGeneratePrints) {
   EXPECT_TRUE((*exit)->success()) << (*exit)->Describe() << ": " << ReadAll(log_);
 }
 
-// Two tensor-parallel processes give the one-process text; on SIGTERM the leader stops its
-// follower and removes the group's store directory.
-TEST_F(ServingCliTest, TensorParallelServeSaysWhatGeneratePrints) {
+// `serve` with `flags` (--tp/--pp) on `ranks` processes: the followers are `serve-rank` children
+// of serve, ranks 1..ranks-1 on one store directory; two requests at once each get the
+// one-process text; on SIGTERM the leader stops every follower and removes the store directory.
+void ServingCliTest::ServeShardedSaysWhatGeneratePrints(const std::vector<std::string>& flags,
+                                                        int ranks, const std::string& banner) {
   const std::string model = ExportModel(TempDir() + "/tiny");
   const std::string prompt = "the quick brown fox";
   const int tokens = 16;
   const std::string expected = GeneratedCompletion(model, prompt, tokens);
   ASSERT_EQ(expected.size(), static_cast<size_t>(tokens));
+  const std::string other_expected = GeneratedCompletion(model, "hello world", 12);
 
-  const int port = StartServe({"--checkpoint", model, "--listen", "127.0.0.1:0", "--tp", "2"});
+  std::vector<std::string> args = {"--checkpoint", model, "--listen", "127.0.0.1:0"};
+  args.insert(args.end(), flags.begin(), flags.end());
+  const int port = StartServe(args);
   ASSERT_GT(port, 0);
-  EXPECT_THAT(ReadAll(log_), ::testing::HasSubstr("(tp 2,"));
+  EXPECT_THAT(ReadAll(log_), ::testing::HasSubstr(banner));
   const std::vector<pid_t> followers = ChildrenOf(pid_);
-  ASSERT_EQ(followers.size(), 1u) << "one follower for --tp 2";
-  const std::vector<std::string> args = CommandLineOf(followers[0]);
-  ASSERT_GE(args.size(), 2u);
-  EXPECT_EQ(args[1], "serve-rank");
-  const auto store_flag = std::find(args.begin(), args.end(), "--store");
-  ASSERT_TRUE(store_flag != args.end() && store_flag + 1 != args.end());
-  const std::string store_dir = *(store_flag + 1);
+  ASSERT_EQ(followers.size(), static_cast<size_t>(ranks - 1)) << "followers of " << banner;
+  std::string store_dir;
+  std::vector<int> follower_ranks;
+  for (pid_t follower : followers) {
+    const std::vector<std::string> argv = CommandLineOf(follower);
+    ASSERT_GE(argv.size(), 2u);
+    EXPECT_EQ(argv[1], "serve-rank");
+    auto value_of = [&argv](const std::string& flag) {
+      const auto it = std::find(argv.begin(), argv.end(), flag);
+      return it != argv.end() && it + 1 != argv.end() ? *(it + 1) : std::string();
+    };
+    const std::string store = value_of("--store");
+    ASSERT_FALSE(store.empty());
+    if (store_dir.empty()) store_dir = store;
+    EXPECT_EQ(store, store_dir) << "every rank on one store";
+    follower_ranks.push_back(std::stoi(value_of("--rank")));
+  }
+  std::sort(follower_ranks.begin(), follower_ranks.end());
+  std::vector<int> want_ranks(ranks - 1);
+  std::iota(want_ranks.begin(), want_ranks.end(), 1);
+  EXPECT_EQ(follower_ranks, want_ranks);
   EXPECT_TRUE(std::filesystem::is_directory(store_dir)) << store_dir;
 
   httplib::Client client("127.0.0.1", port);
@@ -281,16 +305,33 @@ TEST_F(ServingCliTest, TensorParallelServeSaysWhatGeneratePrints) {
   ASSERT_TRUE(res) << httplib::to_string(res.error());
   ASSERT_EQ(res->status, 200) << res->body;
   EXPECT_EQ(json::parse(res->body)["choices"][0]["text"], expected);
-  EXPECT_EQ(other_text, GeneratedCompletion(model, "hello world", 12));
+  EXPECT_EQ(other_text, other_expected);
 
   ASSERT_EQ(::kill(pid_, SIGTERM), 0);
   auto exit = WaitFor(pid_, std::chrono::seconds(15));
   ASSERT_TRUE(exit.ok() && exit->has_value()) << "serve did not stop on SIGTERM";
   pid_ = -1;
   EXPECT_TRUE((*exit)->success()) << (*exit)->Describe() << ": " << ReadAll(log_);
-  EXPECT_FALSE(std::filesystem::exists("/proc/" + std::to_string(followers[0])))
-      << "the follower outlived serve";
+  for (pid_t follower : followers) {
+    EXPECT_FALSE(std::filesystem::exists("/proc/" + std::to_string(follower)))
+        << "follower " << follower << " outlived serve";
+  }
   EXPECT_FALSE(std::filesystem::exists(store_dir)) << store_dir;
+}
+
+// Two tensor-parallel processes give the one-process text.
+TEST_F(ServingCliTest, TensorParallelServeSaysWhatGeneratePrints) {
+  ServeShardedSaysWhatGeneratePrints({"--tp", "2"}, 2, "(tp 2, pp 1,");
+}
+
+// Two pipeline stages of one layer each.
+TEST_F(ServingCliTest, PipelineServeSaysWhatGeneratePrints) {
+  ServeShardedSaysWhatGeneratePrints({"--pp", "2"}, 2, "(tp 1, pp 2,");
+}
+
+// Two stages of two tensor-parallel ranks: four processes.
+TEST_F(ServingCliTest, TensorAndPipelineServeSaysWhatGeneratePrints) {
+  ServeShardedSaysWhatGeneratePrints({"--tp", "2", "--pp", "2"}, 4, "(tp 2, pp 2,");
 }
 
 TEST_F(ServingCliTest, TensorParallelSizeMustDivideTheModel) {
@@ -305,6 +346,27 @@ TEST_F(ServingCliTest, TensorParallelSizeMustDivideTheModel) {
   ASSERT_TRUE(exit.ok() && exit->has_value()) << "serve ran on with --tp 3";
   EXPECT_EQ((*exit)->code, 2) << (*exit)->Describe() << ": " << ReadAll(log);
   EXPECT_THAT(ReadAll(log), ::testing::HasSubstr("--tp 3: tp 3 must divide heads 2 and d_ff 32"));
+}
+
+// More stages than layers (or none) is exit 2 naming --pp and the layers, before any rank starts.
+TEST_F(ServingCliTest, PipelineStagesMustBeAtMostTheLayers) {
+  const std::string model = ExportModel(TempDir() + "/tiny");  // 2 layers
+  for (const std::string pp : {"3", "0"}) {
+    const std::string log = TempDir() + "/bad_pp.log";
+    SpawnOptions spawn;
+    spawn.argv = {Binary(), "serve", "--checkpoint", model, "--listen", "127.0.0.1:0",
+                  "--tp",   "2",     "--pp",         pp};
+    spawn.log_path = log;
+    absl::StatusOr<pid_t> pid = Spawn(spawn);
+    ASSERT_TRUE(pid.ok());
+    auto exit = WaitFor(*pid, std::chrono::seconds(30));
+    ASSERT_TRUE(exit.ok() && exit->has_value()) << "serve ran on with --pp " << pp;
+    EXPECT_EQ((*exit)->code, 2) << (*exit)->Describe() << ": " << ReadAll(log);
+    EXPECT_THAT(ReadAll(log), ::testing::HasSubstr("--pp " + pp +
+                                                   ": a model of 2 layers has 1 to 2 pipeline "
+                                                   "stages"));
+    EXPECT_THAT(ReadAll(log), ::testing::Not(::testing::HasSubstr("serving ")));
+  }
 }
 
 TEST_F(ServingCliTest, BadFlagsSayWhatIsWrong) {

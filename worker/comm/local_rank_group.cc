@@ -21,25 +21,46 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Keys of the group's store: a follower's readiness, and the communicator's bootstrap under its
-// own prefix.
+// Keys of the group's store: a follower's readiness, and each communicator's bootstrap under the
+// prefix of its group id ("world", "tp-d0-p1", "pp-t1-d0").
 std::string ReadyKey(int rank) { return "ready/" + std::to_string(rank); }
-constexpr const char* kGroupPrefix = "group";
+
+// Joins `rank`'s groups of `grid` through `store`, in GroupsOf's order (world, tp, pp), which is
+// the same on every rank, so no two ranks wait on each other's later group.
+absl::StatusOr<RankCommunicators> JoinGroups(Store& store, const placement::RankGrid& grid,
+                                             int rank, const CpuCommOptions& options) {
+  RankCommunicators communicators;
+  for (const placement::CommGroup& group : grid.GroupsOf(rank)) {
+    // A group of one has no communicator; dp is always one here (RankGrid(tp, pp, 1)).
+    if (group.ranks.size() == 1) continue;
+    const int index = static_cast<int>(std::find(group.ranks.begin(), group.ranks.end(), rank) -
+                                       group.ranks.begin());
+    PrefixStore prefixed(group.id, store);
+    absl::StatusOr<std::unique_ptr<Communicator>> communicator =
+        CreateCpuCommunicator(prefixed, index, static_cast<int>(group.ranks.size()), options);
+    if (!communicator.ok()) {
+      return Annotate(communicator.status(), absl::StrCat("group ", group.id));
+    }
+    if (group.kind == "world") communicators.world = std::move(*communicator);
+    if (group.kind == "tp") communicators.tp = std::move(*communicator);
+    if (group.kind == "pp") communicators.pp = std::move(*communicator);
+  }
+  return communicators;
+}
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<LocalRankGroup>> LocalRankGroup::Start(
     LocalRankGroupOptions options) {
-  if (options.size < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("a group of ", options.size, " ranks"));
-  }
+  absl::StatusOr<placement::RankGrid> grid = placement::RankGrid::Create(options.tp, options.pp, 1);
+  if (!grid.ok()) return grid.status();
   std::string dir = options.temp_root + "/shardline-group-XXXXXX";
   if (::mkdtemp(dir.data()) == nullptr) {
     return absl::InternalError(absl::StrCat("making a store directory in ", options.temp_root, ": ",
                                             std::strerror(errno)));
   }
-  const int size = options.size;
-  std::unique_ptr<LocalRankGroup> group(new LocalRankGroup(size, dir, std::move(options)));
+  const int size = grid->world();
+  std::unique_ptr<LocalRankGroup> group(new LocalRankGroup(*grid, dir, std::move(options)));
   ASSIGN_OR_RETURN(group->store_, FileStore::Open(dir));
   for (int rank = 1; rank < size; ++rank) {
     SpawnOptions spawn;
@@ -56,7 +77,7 @@ absl::StatusOr<std::unique_ptr<LocalRankGroup>> LocalRankGroup::Start(
 
 LocalRankGroup::~LocalRankGroup() {
   KillAll();
-  communicator_.reset();
+  communicators_ = {};
   std::error_code ignored;
   std::filesystem::remove_all(store_dir_, ignored);
 }
@@ -93,10 +114,11 @@ absl::Status LocalRankGroup::CheckFollowers() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<Communicator*> LocalRankGroup::Join(const std::atomic<bool>& cancel) {
-  if (size_ == 1) return nullptr;
+absl::StatusOr<const RankCommunicators*> LocalRankGroup::Join(const std::atomic<bool>& cancel) {
+  const int size = grid_.world();
+  if (size == 1) return &communicators_;
   const auto deadline = Clock::now() + options_.ready_timeout;
-  std::vector<bool> ready(size_, false);
+  std::vector<bool> ready(size, false);
   ready[0] = true;
   for (;;) {
     if (const Follower* f = ReapExited()) {
@@ -104,7 +126,7 @@ absl::StatusOr<Communicator*> LocalRankGroup::Join(const std::atomic<bool>& canc
           absl::StrCat("rank ", f->rank, " exited before it was ready (", f->exit.Describe(), ")"));
     }
     std::vector<int> waiting;
-    for (int rank = 1; rank < size_; ++rank) {
+    for (int rank = 1; rank < size; ++rank) {
       // A zero timeout only looks: the loop's own pace polls the followers' lives as well.
       if (!ready[rank])
         ready[rank] = store_->Get(ReadyKey(rank), std::chrono::milliseconds(0)).ok();
@@ -119,9 +141,8 @@ absl::StatusOr<Communicator*> LocalRankGroup::Join(const std::atomic<bool>& canc
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  PrefixStore group_store(kGroupPrefix, *store_);
-  ASSIGN_OR_RETURN(communicator_, CreateCpuCommunicator(group_store, 0, size_, options_.comm));
-  return communicator_.get();
+  ASSIGN_OR_RETURN(communicators_, JoinGroups(*store_, grid_, 0, options_.comm));
+  return &communicators_;
 }
 
 absl::Status LocalRankGroup::Finish(std::chrono::milliseconds grace) {
@@ -150,21 +171,20 @@ absl::Status LocalRankGroup::Finish(std::chrono::milliseconds grace) {
   return absl::UnavailableError(absl::StrJoin(failed, "; "));
 }
 
-absl::StatusOr<std::unique_ptr<Communicator>> JoinLocalRankGroup(const std::string& store_dir,
-                                                                 int rank, int size,
-                                                                 const CpuCommOptions& options) {
-  const std::string what = absl::StrCat("rank ", rank, " of ", size, " joining ", store_dir);
-  if (rank < 1 || rank >= size) {
+absl::StatusOr<RankCommunicators> JoinLocalRankGroup(const std::string& store_dir, int rank,
+                                                     const placement::RankGrid& grid,
+                                                     const CpuCommOptions& options) {
+  const std::string what =
+      absl::StrCat("rank ", rank, " of ", grid.world(), " joining ", store_dir);
+  if (rank < 1 || rank >= grid.world()) {
     return absl::InvalidArgumentError(what + ": a follower's rank is in [1, size)");
   }
   absl::StatusOr<std::unique_ptr<FileStore>> store = FileStore::Open(store_dir);
   if (!store.ok()) return Annotate(store.status(), what);
   RETURN_IF_ERROR(Annotate((*store)->Set(ReadyKey(rank), "1"), what));
-  PrefixStore group_store(kGroupPrefix, **store);
-  absl::StatusOr<std::unique_ptr<Communicator>> communicator =
-      CreateCpuCommunicator(group_store, rank, size, options);
-  if (!communicator.ok()) return Annotate(communicator.status(), what);
-  return communicator;
+  absl::StatusOr<RankCommunicators> communicators = JoinGroups(**store, grid, rank, options);
+  if (!communicators.ok()) return Annotate(communicators.status(), what);
+  return communicators;
 }
 
 }  // namespace shardline::comm
