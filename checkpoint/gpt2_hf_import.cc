@@ -81,17 +81,20 @@ class Importer {
     weights_.config.n_head = n_head;
   }
 
-  absl::StatusOr<Gpt2Weights> Run() {
+  // The config, from the tensors' shapes in the header and the config.json: no tensor is read.
+  absl::StatusOr<Gpt2Config> ReadConfig() {
     RETURN_IF_ERROR(IndexNames());
-    ASSIGN_OR_RETURN(HostTensor wte, Take("wte.weight"));
-    ASSIGN_OR_RETURN(HostTensor wpe, Take("wpe.weight"));
-    RETURN_IF_ERROR(ExpectRank("wte.weight", wte, 2));
-    RETURN_IF_ERROR(ExpectRank("wpe.weight", wpe, 2));
+    ASSIGN_OR_RETURN(const std::vector<int64_t> wte, HeaderShape("wte.weight", 2));
+    ASSIGN_OR_RETURN(const std::vector<int64_t> wpe, HeaderShape("wpe.weight", 2));
     Gpt2Config& config = weights_.config;
-    config.vocab_size = wte.shape[0];
-    config.n_embd = wte.shape[1];
-    config.n_positions = wpe.shape[0];
-    RETURN_IF_ERROR(ExpectShape("wpe.weight", wpe, {config.n_positions, config.n_embd}));
+    config.vocab_size = wte[0];
+    config.n_embd = wte[1];
+    config.n_positions = wpe[0];
+    if (wpe[1] != config.n_embd) {
+      const std::vector<int64_t> expected = {config.n_positions, config.n_embd};
+      return Error("wpe.weight", absl::StrCat("has shape ", ShapeString(wpe), ", expected ",
+                                              ShapeString(expected), " from wte/wpe/h.0.mlp.c_fc"));
+    }
     config.n_layer = CountLayers();
     if (config.n_layer == 0) return Error("h.0.ln_1.weight", "is missing (no layers found)");
     // d_ff is read off layer 0's MLP; every layer is then checked against it.
@@ -103,6 +106,23 @@ class Importer {
     }
     if (hf_config_) RETURN_IF_ERROR(ApplyHfConfig());
     RETURN_IF_ERROR(Annotate(ValidateGpt2Config(config), where_));
+    return config;
+  }
+
+  // ReadConfig with the head's tie guessed without reading it: a lm_head.weight is a head of its
+  // own unless the config.json says tie_word_embeddings (Run compares the values instead).
+  absl::StatusOr<Gpt2Config> HeaderConfig() {
+    ASSIGN_OR_RETURN(Gpt2Config config, ReadConfig());
+    if (Lookup("lm_head.weight") != nullptr && ConfigTie() != true) config.tied_embeddings = false;
+    return config;
+  }
+
+  absl::StatusOr<Gpt2Weights> Run() {
+    ASSIGN_OR_RETURN(const Gpt2Config config, ReadConfig());
+    ASSIGN_OR_RETURN(HostTensor wte, Take("wte.weight"));
+    ASSIGN_OR_RETURN(HostTensor wpe, Take("wpe.weight"));
+    RETURN_IF_ERROR(ExpectShape("wte.weight", wte, {config.vocab_size, config.n_embd}));
+    RETURN_IF_ERROR(ExpectShape("wpe.weight", wpe, {config.n_positions, config.n_embd}));
     weights_.tensors.emplace("wte", std::move(wte));
     weights_.tensors.emplace("wpe", std::move(wpe));
     for (int64_t l = 0; l < config.n_layer; ++l) RETURN_IF_ERROR(ImportLayer(l));
@@ -153,10 +173,14 @@ class Importer {
     return tensor;
   }
 
-  absl::Status ExpectRank(const std::string& bare, const HostTensor& tensor, size_t rank) const {
-    if (tensor.shape.size() == rank) return absl::OkStatus();
-    return Error(bare, absl::StrCat("has shape ", ShapeString(tensor.shape), ", expected ", rank,
-                                    " dimensions"));
+  // A tensor's shape from the header, which must have `rank` dimensions.
+  absl::StatusOr<std::vector<int64_t>> HeaderShape(const std::string& bare, size_t rank) const {
+    const std::string* name = Lookup(bare);
+    if (name == nullptr) return Error(bare, "is missing");
+    const std::vector<int64_t>& shape = reader_.Find(*name)->shape;
+    if (shape.size() == rank) return shape;
+    return Error(bare,
+                 absl::StrCat("has shape ", ShapeString(shape), ", expected ", rank, " dimensions"));
   }
 
   absl::Status ExpectShape(const std::string& bare, const HostTensor& tensor,
@@ -368,6 +392,16 @@ absl::StatusOr<Gpt2Weights> ImportHfGpt2(const std::string& path, int64_t n_head
   ASSIGN_OR_RETURN(SafetensorsReader reader, SafetensorsReader::Open(path));
   ASSIGN_OR_RETURN(std::optional<HfConfigFile> hf_config, ReadHfConfigBeside(path));
   return Importer(reader, n_head, std::move(hf_config)).Run();
+}
+
+absl::StatusOr<Gpt2Config> ReadHfGpt2Config(const std::string& path, int64_t n_head) {
+  ASSIGN_OR_RETURN(SafetensorsReader reader, SafetensorsReader::Open(path));
+  ASSIGN_OR_RETURN(std::optional<HfConfigFile> hf_config, ReadHfConfigBeside(path));
+  return Importer(reader, n_head, std::move(hf_config)).HeaderConfig();
+}
+
+bool IsHuggingFaceGpt2File(const SafetensorsReader& reader) {
+  return reader.Find("wte.weight") != nullptr || reader.Find("transformer.wte.weight") != nullptr;
 }
 
 std::span<const HfGpt2LayerTensor> HfGpt2LayerTensors() { return kLayerTensors; }

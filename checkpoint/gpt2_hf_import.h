@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "checkpoint/gpt2_checkpoint.h"
+#include "checkpoint/safetensors_reader.h"
 
 namespace shardline::checkpoint {
 
@@ -37,6 +38,15 @@ inline constexpr std::string_view kHfConfigFileName = "config.json";
 // disagrees with the others, a non-float dtype or an unexpected tensor; naming the config.json
 // and its key for a config that disagrees with the tensors or that is malformed.
 absl::StatusOr<Gpt2Weights> ImportHfGpt2(const std::string& path, int64_t n_head = 12);
+
+// The config ImportHfGpt2 would give, from the file's header (the tensors' shapes) and the
+// config.json beside it, with the same checks of those; no tensor is read, so a lm_head.weight
+// counts as a head of its own unless the config.json says tie_word_embeddings.
+absl::StatusOr<Gpt2Config> ReadHfGpt2Config(const std::string& path, int64_t n_head = 12);
+
+// Whether a safetensors file is a Hugging Face GPT-2 (its tensors are named after the PyTorch
+// modules, "wte.weight"; ours are not).
+bool IsHuggingFaceGpt2File(const SafetensorsReader& reader);
 
 // One layer tensor: its Hugging Face suffix ("attn.c_attn.weight"), ours ("qkv.w"), and whether
 // it is a Conv1D weight, (in, out) there and (out, in) here. The one mapping the importer and the

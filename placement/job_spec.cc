@@ -51,8 +51,26 @@ constexpr std::string_view kRestartWindow = "restart_window_s";
 constexpr std::string_view kWaitTimeout = "wait_timeout_s";
 constexpr std::string_view kProgressTimeout = "progress_timeout_s";
 
+// Serve jobs: `checkpoint` (a train job's section key, here a path), `parallel`, `elastic` and
+// these.
+constexpr std::string_view kCheckpoint = "checkpoint";
+constexpr std::string_view kTokenizer = "tokenizer";
+constexpr std::string_view kHfHeads = "hf_heads";
+constexpr std::string_view kModelName = "model_name";
+constexpr std::string_view kListen = "listen";
+constexpr std::string_view kApiKey = "api_key";
+constexpr std::string_view kApiKeyFile = "api_key_file";
+constexpr std::string_view kLimits = "limits";
+
+constexpr std::string_view kMaxRunning = "max_running";
+constexpr std::string_view kMaxTokensPerStep = "max_tokens_per_step";
+constexpr std::string_view kMaxQueue = "max_queue";
+constexpr std::string_view kBlockSize = "block_size";
+constexpr std::string_view kKvCache = "kv_cache";
+
 constexpr EnumName<JobKind> kJobKinds[] = {{"comm-check", JobKind::kCommCheck},
-                                           {"train", JobKind::kTrain}};
+                                           {"train", JobKind::kTrain},
+                                           {"serve", JobKind::kServe}};
 constexpr EnumName<DeviceKind> kDeviceKinds[] = {{"cpu", DeviceKind::kCpu},
                                                  {"cuda", DeviceKind::kCuda}};
 constexpr EnumName<Backend> kBackends[] = {
@@ -75,11 +93,18 @@ std::vector<std::string_view> TrainOnlyKeys() {
   return keys;
 }
 
+// The keys only a serve job may have.
+std::vector<std::string_view> ServeOnlyKeys() {
+  return {kTokenizer, kHfHeads, kModelName, kListen, kApiKey, kApiKeyFile, kLimits};
+}
+
 std::vector<std::string_view> TopLevelKeys() {
   std::vector<std::string_view> keys = {
       kName, kKind, kActors, kDevices, kBackend, kBootstrapTimeout, kRunTimeout, kCommCheck};
   const std::vector<std::string_view> train = TrainOnlyKeys();
   keys.insert(keys.end(), train.begin(), train.end());
+  const std::vector<std::string_view> serve = ServeOnlyKeys();
+  keys.insert(keys.end(), serve.begin(), serve.end());
   return keys;
 }
 
@@ -373,6 +398,122 @@ absl::Status ParseTrainJob(const YamlMap& map, const PathBase& base, JobSpec& sp
   return ParseElastic(map, spec);
 }
 
+// `limits: {max_running, max_tokens_per_step, max_queue, block_size, kv_cache}` of a serve job.
+// The checks that need the model (a cache too small for one context) are the engine's.
+absl::StatusOr<ServeLimits> ParseServeLimits(const YamlMap& parent) {
+  ASSIGN_OR_RETURN(const YamlMap map,
+                   parent.OptionalMap(kLimits, {kMaxRunning, kMaxTokensPerStep, kMaxQueue,
+                                                kBlockSize, kKvCache}));
+  ServeLimits limits;
+  ASSIGN_OR_RETURN(const int64_t running,
+                   map.OptionalInt64(kMaxRunning, limits.max_running, {.min = 1, .max = 4096}));
+  ASSIGN_OR_RETURN(const int64_t tokens,
+                   map.OptionalInt64(kMaxTokensPerStep, limits.max_tokens_per_step,
+                                     {.min = 1, .max = 1 << 20}));
+  ASSIGN_OR_RETURN(const int64_t queue,
+                   map.OptionalInt64(kMaxQueue, limits.max_queue, {.min = 0, .max = 1 << 20}));
+  ASSIGN_OR_RETURN(const int64_t block,
+                   map.OptionalInt64(kBlockSize, limits.block_size, {.min = 1, .max = 1 << 16}));
+  ASSIGN_OR_RETURN(limits.kv_cache_bytes,
+                   map.OptionalBytes(kKvCache, 0, {.min = 0, .max = int64_t{1} << 50}));
+  limits.max_running = static_cast<int>(running);
+  limits.max_tokens_per_step = static_cast<int>(tokens);
+  limits.max_queue = static_cast<int>(queue);
+  limits.block_size = static_cast<int>(block);
+  if (limits.max_tokens_per_step < limits.max_running) {
+    // Every running sequence decodes one token a step.
+    return map.ErrorAt(map.Has(kMaxTokensPerStep) ? kMaxTokensPerStep : kMaxRunning,
+                       absl::StrCat("max_tokens_per_step ", limits.max_tokens_per_step,
+                                    " is less than max_running ", limits.max_running,
+                                    ": each running sequence needs a token of every step"));
+  }
+  return limits;
+}
+
+// `elastic:` of a serve job: the service restarts on the same tp × pp, so only the restart
+// policy may be given.
+absl::Status ParseServeElastic(const YamlMap& parent, JobSpec& spec) {
+  if (!parent.Has(kElastic)) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const YamlMap map, parent.OptionalMap(kElastic, {kMaxRestarts, kRestartWindow,
+                                                                    kWaitTimeout}));
+  ElasticSpec& elastic = spec.elastic;
+  elastic.enabled = true;
+  // The restart runs the same layout (auto: the one planned then, on the devices there are).
+  elastic.min_actors = spec.parallel_auto ? 1 : spec.parallel.world();
+  elastic.max_actors = spec.parallel_auto ? spec.actors : spec.parallel.world();
+  ASSIGN_OR_RETURN(const int64_t restarts,
+                   map.OptionalInt64(kMaxRestarts, elastic.max_restarts, {.min = 0, .max = 1000000}));
+  elastic.max_restarts = static_cast<int>(restarts);
+  ASSIGN_OR_RETURN(elastic.restart_window, ReadTimeout(map, kRestartWindow, elastic.restart_window));
+  ASSIGN_OR_RETURN(elastic.wait_timeout, ReadTimeout(map, kWaitTimeout, elastic.wait_timeout));
+  return absl::OkStatus();
+}
+
+// A serve job's paths, as a train job's: what is read by name from the submitter's folder, what
+// ships with the spec from the spec's.
+void ResolveServePaths(const PathBase& base, ServeSpec& serve) {
+  serve.checkpoint = ResolveAgainst(serve.checkpoint, base.work_dir);
+  if (!serve.tokenizer.empty() && serve.tokenizer != "bytes") {
+    serve.tokenizer = ResolveAgainst(serve.tokenizer, base.spec_dir);
+  }
+  serve.api_key_file = ResolveAgainst(serve.api_key_file, base.spec_dir);
+}
+
+// The serve-only part of a serve job: the checkpoint and tokenizer, `parallel: {tp, pp}`, the
+// HTTP side and the limits. Whether tp and pp cut the model is known only once it is read (the
+// ranks check it before they load anything).
+absl::Status ParseServeJob(const YamlMap& map, const PathBase& base, JobSpec& spec) {
+  ServeSpec& serve = spec.serve;
+  ASSIGN_OR_RETURN(serve.checkpoint, map.RequiredString(kCheckpoint));
+  if (serve.checkpoint.empty()) return map.ErrorAt(kCheckpoint, "must name a checkpoint");
+  ASSIGN_OR_RETURN(serve.tokenizer, map.OptionalString(kTokenizer, ""));
+  ASSIGN_OR_RETURN(const int64_t heads, map.OptionalInt64(kHfHeads, serve.hf_heads,
+                                                          {.min = 1, .max = 1 << 16}));
+  serve.hf_heads = static_cast<int>(heads);
+  ASSIGN_OR_RETURN(serve.model_name, map.OptionalString(kModelName, ""));
+  ASSIGN_OR_RETURN(serve.listen, map.OptionalString(kListen, serve.listen));
+  std::string host;
+  int port = 0;
+  if (absl::Status listen = ParseHostPort(serve.listen, &host, &port); !listen.ok()) {
+    return map.ErrorAt(kListen, ToString(listen.message()));
+  }
+  ASSIGN_OR_RETURN(serve.api_key, map.OptionalString(kApiKey, ""));
+  ASSIGN_OR_RETURN(serve.api_key_file, map.OptionalString(kApiKeyFile, ""));
+  if (!serve.api_key.empty() && !serve.api_key_file.empty()) {
+    return map.ErrorAt(kApiKeyFile, "give api_key or api_key_file, not both");
+  }
+  ASSIGN_OR_RETURN(serve.limits, ParseServeLimits(map));
+
+  if (IsAutoParallel(map)) {
+    // The coordinator plans tp × pp when the job starts, from the checkpoint's shape and the
+    // devices' memory (serve_memory.h), on at most `actors` devices (0: any).
+    spec.parallel_auto = true;
+    spec.parallel = ParallelSpec{};
+    ResolveServePaths(base, serve);
+    return ParseServeElastic(map, spec);
+  }
+  ASSIGN_OR_RETURN(const YamlMap parallel, map.OptionalMap(kParallel, {kTp, kPp}));
+  const IntRange degree{.min = 1, .max = kMaxActors};
+  ASSIGN_OR_RETURN(const int64_t tp, parallel.OptionalInt64(kTp, 1, degree));
+  ASSIGN_OR_RETURN(const int64_t pp, parallel.OptionalInt64(kPp, 1, degree));
+  if (tp * pp > kMaxActors) {
+    return map.ErrorAt(kParallel, absl::StrCat("tp·pp = ", tp, "·", pp, " = ", tp * pp,
+                                               " is more than the ", kMaxActors,
+                                               " actors a job may have"));
+  }
+  spec.parallel = ParallelSpec{};
+  spec.parallel.tp = static_cast<int>(tp);
+  spec.parallel.pp = static_cast<int>(pp);
+  const int world = spec.parallel.world();
+  if (spec.actors == 0) spec.actors = world;
+  if (spec.actors != world) {
+    return map.ErrorAt(kActors, absl::StrCat("must equal tp·pp = ", world, " (or be left out), got ",
+                                             spec.actors));
+  }
+  ResolveServePaths(base, serve);
+  return ParseServeElastic(map, spec);
+}
+
 // "KEY: only allowed with kind: K, not '...'" for the first of `keys` present in `map`.
 absl::Status RefuseKeys(const YamlMap& map, const std::vector<std::string_view>& keys,
                         JobKind allowed_kind, JobKind kind) {
@@ -394,7 +535,7 @@ absl::StatusOr<JobSpec> ParseJobSpecMap(const YamlMap& map, const PathBase& base
 
   // A train job's layout decides its actors (ParseTrainJob fills them in when absent).
   const IntRange actor_range{.min = 1, .max = kMaxActors};
-  ASSIGN_OR_RETURN(const int64_t actors, spec.kind == JobKind::kTrain
+  ASSIGN_OR_RETURN(const int64_t actors, spec.kind != JobKind::kCommCheck
                                              ? map.OptionalInt64(kActors, 0, actor_range)
                                              : map.RequiredInt64(kActors, actor_range));
   spec.actors = static_cast<int>(actors);
@@ -418,14 +559,36 @@ absl::StatusOr<JobSpec> ParseJobSpecMap(const YamlMap& map, const PathBase& base
 
   ASSIGN_OR_RETURN(spec.bootstrap_timeout,
                    ReadTimeout(map, kBootstrapTimeout, spec.bootstrap_timeout));
-  ASSIGN_OR_RETURN(spec.run_timeout, ReadTimeout(map, kRunTimeout, spec.run_timeout));
+  // A service runs until it is cancelled: without run_timeout_s, a year.
+  const std::chrono::milliseconds run_timeout =
+      spec.kind == JobKind::kServe
+          ? std::chrono::milliseconds(std::llround(kMaxTimeoutSeconds * 1000))
+          : spec.run_timeout;
+  ASSIGN_OR_RETURN(spec.run_timeout, ReadTimeout(map, kRunTimeout, run_timeout));
 
-  if (spec.kind == JobKind::kCommCheck) {
-    RETURN_IF_ERROR(RefuseKeys(map, TrainOnlyKeys(), JobKind::kTrain, spec.kind));
-    ASSIGN_OR_RETURN(spec.comm_check, ParseCommCheck(map));
-  } else {
-    RETURN_IF_ERROR(RefuseKeys(map, {kCommCheck}, JobKind::kCommCheck, spec.kind));
-    RETURN_IF_ERROR(ParseTrainJob(map, base, spec));
+  switch (spec.kind) {
+    case JobKind::kCommCheck: {
+      RETURN_IF_ERROR(RefuseKeys(map, TrainOnlyKeys(), JobKind::kTrain, spec.kind));
+      RETURN_IF_ERROR(RefuseKeys(map, ServeOnlyKeys(), JobKind::kServe, spec.kind));
+      ASSIGN_OR_RETURN(spec.comm_check, ParseCommCheck(map));
+      break;
+    }
+    case JobKind::kTrain: {
+      RETURN_IF_ERROR(RefuseKeys(map, {kCommCheck}, JobKind::kCommCheck, spec.kind));
+      RETURN_IF_ERROR(RefuseKeys(map, ServeOnlyKeys(), JobKind::kServe, spec.kind));
+      RETURN_IF_ERROR(ParseTrainJob(map, base, spec));
+      break;
+    }
+    case JobKind::kServe: {
+      RETURN_IF_ERROR(RefuseKeys(map, {kCommCheck}, JobKind::kCommCheck, spec.kind));
+      std::vector<std::string_view> train_only;
+      for (const std::string_view key : TrainOnlyKeys()) {
+        if (key != kCheckpoint && key != kParallel && key != kElastic) train_only.push_back(key);
+      }
+      RETURN_IF_ERROR(RefuseKeys(map, train_only, JobKind::kTrain, spec.kind));
+      RETURN_IF_ERROR(ParseServeJob(map, base, spec));
+      break;
+    }
   }
   return spec;
 }
@@ -514,6 +677,25 @@ absl::StatusOr<ParallelSpec> ElasticLayout(const JobSpec& spec, int devices) {
   return absl::FailedPreconditionError(absl::StrCat(
       devices, " devices give no layout of tp·pp = ", layout.tp * layout.pp, " with ",
       spec.elastic.min_actors, " to ", spec.elastic.max_actors, " actors that divides the batch"));
+}
+
+absl::Status ParseHostPort(const std::string& address, std::string* host, int* port) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("'", address, "' is not HOST:PORT"));
+  }
+  const std::string digits = address.substr(colon + 1);
+  int64_t value = -1;
+  const bool number = std::all_of(digits.begin(), digits.end(),
+                                  [](char c) { return c >= '0' && c <= '9'; }) &&
+                      digits.size() <= 5 && absl::SimpleAtoi(digits, &value);
+  if (!number || value > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("'", address, "': the port '", digits,
+                                                   "' is not a number in 0..65535"));
+  }
+  *host = address.substr(0, colon);
+  *port = static_cast<int>(value);
+  return absl::OkStatus();
 }
 
 std::string_view JobKindName(JobKind kind) { return NameOf(kJobKinds, kind); }

@@ -1,8 +1,10 @@
 // JobSpec: what a user submits (`shardline submit job.yaml`), parsed and validated from YAML.
-// Two kinds: the communication check, which runs every collective over a range of message sizes
-// between N actors and compares results with a reference, and a sharded training job, whose model,
+// Three kinds: the communication check, which runs every collective over a range of message sizes
+// between N actors and compares results with a reference; a sharded training job, whose model,
 // data, optimizer and schedule are those of `shardline train` (train_spec.h) plus a parallel layout
-// (parallel_layout.h) that is checked against the model, the batch and the actors at parse time.
+// (parallel_layout.h) that is checked against the model, the batch and the actors at parse time;
+// and a serving job: a checkpoint cut over tp × pp actors behind the OpenAI-compatible HTTP API
+// that `shardline serve` runs on one host (ServeSpec).
 #pragma once
 
 #include <array>
@@ -18,7 +20,7 @@
 
 namespace shardline::placement {
 
-enum class JobKind { kCommCheck, kTrain };
+enum class JobKind { kCommCheck, kTrain, kServe };
 enum class DeviceKind { kCpu, kCuda };
 // kAuto picks by device: NCCL on CUDA, kShm on CPU (see ResolveBackend). kShm is shared memory
 // between the ranks of a group on one host, a hierarchical shm + Gloo all-reduce for a group over
@@ -69,6 +71,31 @@ struct ElasticSpec {
   std::chrono::milliseconds progress_timeout{std::chrono::seconds(10)};
 };
 
+// A serve job's `limits:`: the engine's sizing on every rank (serving::BatchingEngineOptions) and
+// the leader's queue, as `shardline serve`'s flags of the same names.
+struct ServeLimits {
+  int max_running = 8;            // sequences in the running batch
+  int max_tokens_per_step = 256;  // prefill + decode tokens per step
+  int max_queue = 64;             // requests waiting to join the batch; past it 429
+  int block_size = 16;            // KV-cache positions per block
+  int64_t kv_cache_bytes = 0;     // per rank; 0: room for max_running whole contexts
+};
+
+// Only meaningful for kServe. Paths are resolved like a train job's: the checkpoint against the
+// submitter's working directory, the tokenizer and the key file against the spec's folder.
+struct ServeSpec {
+  std::string checkpoint;  // required: anything `shardline generate --checkpoint` takes
+  // "bytes", a folder or the files of a GPT-2 tokenizer; empty: the files next to a Hugging Face
+  // checkpoint, else bytes (as `generate`).
+  std::string tokenizer;
+  int hf_heads = 12;              // the heads of a Hugging Face checkpoint without config.json
+  std::string model_name;         // what /v1/models lists; empty: the checkpoint's name
+  std::string listen = "127.0.0.1:8000";  // the leader's HTTP address, HOST:PORT (port 0: any)
+  std::string api_key;            // non-empty: /v1/* needs "Authorization: Bearer KEY"
+  std::string api_key_file;       // the key from this file's first line (read by the leader)
+  ServeLimits limits;
+};
+
 struct JobSpec {
   std::string name;  // [a-z0-9-_]{1,63}: it becomes part of metric labels and file names
   JobKind kind = JobKind::kCommCheck;
@@ -94,7 +121,14 @@ struct JobSpec {
   // is the one-rank default (but for a top-level micro_batch, which the plan must keep) and
   // ValidateParallel has not run.
   bool parallel_auto = false;
-  ElasticSpec elastic;  // only meaningful for kTrain: YAML `elastic`
+  // kTrain: YAML `elastic`. kServe: the same section, restarting the service on the same tp × pp
+  // after a fault (min_actors = max_actors = tp·pp; only max_restarts, restart_window_s and
+  // wait_timeout_s may be given).
+  ElasticSpec elastic;
+  // kServe only: `parallel: {tp, pp}` sits in `parallel` (dp 1, zero 0), or `parallel: auto`
+  // sets parallel_auto (the coordinator plans tp × pp on at most `actors` devices, 0: any, from
+  // the checkpoint's shape and the devices' memory: serve_memory.h); every other key here.
+  ServeSpec serve;
 };
 
 // Where a job spec's relative paths point. Both empty (the default) leave paths as written. (The
@@ -129,7 +163,11 @@ absl::Status ApplyPlannedLayout(JobSpec& spec, const ParallelSpec& layout);
 // dp fits (fewer devices than min_actors). Expects a validated elastic spec with a fixed layout.
 absl::StatusOr<ParallelSpec> ElasticLayout(const JobSpec& spec, int devices);
 
-// The YAML spellings: "comm-check", "train"; "cpu", "cuda"; "auto", "gloo", "nccl", "shm".
+// "HOST:PORT" split, the port in 0..65535; InvalidArgument saying what is wrong with `address`.
+absl::Status ParseHostPort(const std::string& address, std::string* host, int* port);
+
+// The YAML spellings: "comm-check", "train", "serve"; "cpu", "cuda"; "auto", "gloo", "nccl",
+// "shm".
 std::string_view JobKindName(JobKind kind);
 std::string_view DeviceKindName(DeviceKind kind);
 std::string_view BackendName(Backend backend);

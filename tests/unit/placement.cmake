@@ -37,3 +37,8 @@ shardline_test(placement_cost_model_test
   LABELS unit)
 target_compile_definitions(placement_cost_model_test
   PRIVATE SHARDLINE_SOURCE_DIR_DEFAULT="${shardline_placement_source_dir}")
+
+shardline_test(placement_serve_memory_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/placement_serve_memory_test.cc
+  LIBS shardline_placement
+  LABELS unit)

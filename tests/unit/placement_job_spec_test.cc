@@ -138,8 +138,8 @@ TEST(JobSpecTest, RequiredKeysAndEnums) {
               HasSubstr("job.yaml:1:1: name: required key 'name' is missing"));
   EXPECT_THAT(ErrorOf("name: check\nactors: 2\n"), HasSubstr("kind: required key 'kind'"));
   EXPECT_THAT(ErrorOf("name: check\nkind: trains\nactors: 2\n"),
-              HasSubstr("job.yaml:2:7: kind: expected one of 'comm-check', 'train', got "
-                        "'trains'; did you mean 'train'?"));
+              HasSubstr("job.yaml:2:7: kind: expected one of 'comm-check', 'train', 'serve', "
+                        "got 'trains'; did you mean 'train'?"));
   EXPECT_THAT(ErrorOf(std::string(kMinimal) + "devices: gpu\n"),
               HasSubstr("devices: expected one of 'cpu', 'cuda', got 'gpu'"));
   EXPECT_THAT(ErrorOf(std::string(kMinimal) + "backend: ncl\n"),
@@ -879,6 +879,124 @@ TEST(ElasticJobSpecTest, TheLayoutTakesTheLargestDpTheDevicesHoldThatDividesTheB
   ParallelSpec other = fixed->parallel;
   other.dp = 1;
   EXPECT_FALSE(ApplyPlannedLayout(*fixed, other).ok());
+}
+
+}  // namespace
+}  // namespace shardline::placement
+
+namespace shardline::placement {
+namespace {
+
+// A valid serve spec that each test changes in one place.
+constexpr char kServe[] =
+    "name: svc\n"
+    "kind: serve\n"
+    "checkpoint: models/gpt2\n"
+    "parallel: {tp: 2, pp: 2}\n";
+
+TEST(ServeJobSpecTest, ExampleParsesAndEveryKeyIsRead) {
+  absl::StatusOr<JobSpec> example = LoadJobSpecFile(SourceDir() + "/examples/serve.yaml");
+  ASSERT_TRUE(example.ok()) << example.status();
+  EXPECT_EQ(example->kind, JobKind::kServe);
+  EXPECT_EQ(example->actors, 2);
+  EXPECT_TRUE(example->elastic.enabled);
+
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(
+      std::string(kServe) +
+          "tokenizer: gpt2-files\nhf_heads: 4\nmodel_name: gpt2\nlisten: 0.0.0.0:9000\n"
+          "api_key_file: serve.key\n"
+          "limits: {max_running: 16, max_tokens_per_step: 512, max_queue: 3, block_size: 32, "
+          "kv_cache: 64MiB}\n"
+          "elastic: {max_restarts: 2, restart_window_s: 60, wait_timeout_s: 5}\n",
+      "job.yaml", PathBase{.spec_dir = "/specs", .work_dir = "/work"});
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const ServeSpec& serve = spec->serve;
+  EXPECT_EQ(spec->actors, 4);
+  EXPECT_EQ(spec->parallel.tp, 2);
+  EXPECT_EQ(spec->parallel.pp, 2);
+  EXPECT_EQ(spec->parallel.dp, 1);
+  // What is read by name from the submitter's folder, and what ships with the spec.
+  EXPECT_EQ(serve.checkpoint, "/work/models/gpt2");
+  EXPECT_EQ(serve.tokenizer, "/specs/gpt2-files");
+  EXPECT_EQ(serve.api_key_file, "/specs/serve.key");
+  EXPECT_EQ(serve.hf_heads, 4);
+  EXPECT_EQ(serve.model_name, "gpt2");
+  EXPECT_EQ(serve.listen, "0.0.0.0:9000");
+  EXPECT_EQ(serve.limits.max_running, 16);
+  EXPECT_EQ(serve.limits.max_tokens_per_step, 512);
+  EXPECT_EQ(serve.limits.max_queue, 3);
+  EXPECT_EQ(serve.limits.block_size, 32);
+  EXPECT_EQ(serve.limits.kv_cache_bytes, int64_t{64} << 20);
+  EXPECT_TRUE(spec->elastic.enabled);
+  EXPECT_EQ(spec->elastic.min_actors, 4);
+  EXPECT_EQ(spec->elastic.max_actors, 4);
+  EXPECT_EQ(spec->elastic.max_restarts, 2);
+  EXPECT_EQ(spec->elastic.wait_timeout, std::chrono::seconds(5));
+}
+
+TEST(ServeJobSpecTest, DefaultsServeOnOneActorUntilCancelled) {
+  absl::StatusOr<JobSpec> spec = Parse("name: svc\nkind: serve\ncheckpoint: m\ntokenizer: bytes\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->actors, 1);
+  EXPECT_EQ(spec->serve.tokenizer, "bytes");  // a name, not a path
+  EXPECT_EQ(spec->serve.listen, "127.0.0.1:8000");
+  EXPECT_EQ(spec->serve.limits.max_running, 8);
+  EXPECT_EQ(spec->serve.limits.kv_cache_bytes, 0);
+  EXPECT_FALSE(spec->elastic.enabled);
+  // No run_timeout_s: a service has no end of its own (a year).
+  EXPECT_GE(spec->run_timeout, std::chrono::hours(24 * 365));
+  spec = Parse("name: svc\nkind: serve\ncheckpoint: m\nrun_timeout_s: 60\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->run_timeout, std::chrono::seconds(60));
+}
+
+TEST(ServeJobSpecTest, BadSpecsNameTheKeyAndTheValue) {
+  const std::string base = kServe;
+  EXPECT_THAT(ErrorOf("name: svc\nkind: serve\n"), HasSubstr("checkpoint"));
+  EXPECT_THAT(ErrorOf(base + "listen: nowhere\n"),
+              HasSubstr("job.yaml:5:9: listen: 'nowhere' is not HOST:PORT"));
+  EXPECT_THAT(ErrorOf(base + "listen: 'h:70000'\n"),
+              HasSubstr("the port '70000' is not a number in 0..65535"));
+  EXPECT_THAT(ErrorOf(base + "actors: 3\n"), HasSubstr("actors: must equal tp·pp = 4"));
+  EXPECT_THAT(ErrorOf("name: svc\nkind: serve\ncheckpoint: m\nparallel: {tp: 2, dp: 2}\n"),
+              HasSubstr("unknown key 'dp'"));
+  EXPECT_THAT(ErrorOf(base + "limits: {max_running: 8, max_tokens_per_step: 4}\n"),
+              HasSubstr("max_tokens_per_step 4 is less than max_running 8"));
+  EXPECT_THAT(ErrorOf(base + "limits: {kv_cache: lots}\n"), HasSubstr("limits.kv_cache"));
+  EXPECT_THAT(ErrorOf(base + "api_key: a\napi_key_file: k\n"),
+              HasSubstr("give api_key or api_key_file, not both"));
+  EXPECT_THAT(ErrorOf(base + "elastic: {min_actors: 2}\n"), HasSubstr("unknown key 'min_actors'"));
+  // The other kinds' keys, each way.
+  EXPECT_THAT(ErrorOf(base + "steps: 10\n"),
+              HasSubstr("steps: only allowed with kind: train, not 'serve'"));
+  EXPECT_THAT(ErrorOf(base + "comm_check: {}\n"),
+              HasSubstr("comm_check: only allowed with kind: comm-check, not 'serve'"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "listen: 'h:1'\n"),
+              HasSubstr("listen: only allowed with kind: serve, not 'comm-check'"));
+}
+
+TEST(ServeJobSpecTest, AutoLeavesTheLayoutToTheCoordinator) {
+  absl::StatusOr<JobSpec> spec =
+      Parse("name: svc\nkind: serve\ncheckpoint: m\nparallel: auto\nactors: 4\nelastic: {}\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(spec->parallel_auto);
+  EXPECT_EQ(spec->actors, 4);  // the most devices the plan may take
+  EXPECT_EQ(spec->parallel.world(), 1);
+  EXPECT_EQ(spec->elastic.max_actors, 4);
+}
+
+TEST(ServeJobSpecTest, HostPortSplits) {
+  std::string host;
+  int port = -1;
+  ASSERT_TRUE(ParseHostPort("127.0.0.1:0", &host, &port).ok());
+  EXPECT_EQ(host, "127.0.0.1");
+  EXPECT_EQ(port, 0);
+  ASSERT_TRUE(ParseHostPort("[::1]:8000", &host, &port).ok());
+  EXPECT_EQ(host, "[::1]");
+  EXPECT_EQ(port, 8000);
+  for (const char* bad : {"", ":80", "host:", "host", "h:+1", "h:-1", "h:65536", "h:123456"}) {
+    EXPECT_FALSE(ParseHostPort(bad, &host, &port).ok()) << bad;
+  }
 }
 
 }  // namespace
