@@ -322,6 +322,41 @@ TEST_F(ServingHttpServerTest, ApiKeyGuardsTheApiButNotHealth) {
   EXPECT_EQ(health->status, 200);
 }
 
+// A request refused before its body was read (a wrong key, an unknown path, a wrong method) must
+// not leave that body on a kept-alive connection, where it would be read as the next request
+// (which then got a 400): the OpenAI client keeps its connections.
+TEST_F(ServingHttpServerTest, ARefusedRequestsBodyDoesNotSpoilItsConnection) {
+  StartServer("sekret");
+  httplib::Client client = Client();
+  client.set_keep_alive(true);
+  const std::string body =
+      json{{"model", "tiny"}, {"prompt", std::string(3000, 'x')}, {"max_tokens", 2}}.dump();
+  const httplib::Headers right = {{"Authorization", "Bearer sekret"}};
+  const httplib::Headers wrong = {{"Authorization", "Bearer nope"}};
+  const std::vector<std::pair<std::string, httplib::Headers>> refusals = {
+      {"/v1/completions", wrong}, {"/v2/nothing", right}, {"/v1/models", right}};
+  for (const auto& [path, headers] : refusals) {
+    auto refused = client.Post(path.c_str(), headers, body, "application/json");
+    ASSERT_TRUE(refused) << path;
+    EXPECT_THAT(refused->status, ::testing::AnyOf(401, 404, 405)) << path << ": " << refused->body;
+    ErrorBody(refused);
+    auto next = client.Get("/v1/models", right);
+    ASSERT_TRUE(next) << "after " << path;
+    EXPECT_EQ(next->status, 200) << "after " << path << ": " << next->body;
+  }
+  // A body on a GET does not get it past the key. (httplib never reads a GET's body, so on a
+  // kept-alive connection it would spoil the next request as above: a fresh client sends it.)
+  httplib::Request get;
+  get.method = "GET";
+  get.path = "/v1/models";
+  get.headers = wrong;
+  get.body = body;
+  get.set_header("Content-Type", "application/json");
+  auto sneaky = Client().send(get);
+  ASSERT_TRUE(sneaky);
+  EXPECT_EQ(sneaky->status, 401) << sneaky->body;
+}
+
 TEST_F(ServingHttpServerTest, AFullQueueIs429) {
   engine_.reject = absl::ResourceExhaustedError("the queue is full");
   StartServer();

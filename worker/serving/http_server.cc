@@ -125,6 +125,9 @@ class HttpServer::Impl {
   const HttpServerOptions& options() const { return options_; }
 
  private:
+  // Refuses a request the API does not take (a missing or wrong key, an unknown path, a wrong
+  // method) with its error; false when it goes on to its handler.
+  bool Refused(const httplib::Request& req, httplib::Response& res) const;
   httplib::Server::HandlerResponse PreRoute(const httplib::Request& req, httplib::Response& res);
   void HandleCompletion(const httplib::Request& req, httplib::Response& res, Endpoint endpoint);
   void HandleMetrics(httplib::Response& res);
@@ -173,21 +176,34 @@ absl::Status HttpServer::Impl::Start() {
   server_.set_pre_routing_handler(
       [this](const httplib::Request& req, httplib::Response& res) { return PreRoute(req, res); });
   server_.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    HandleCompletion(req, res, Endpoint::kCompletions);
+    if (!Refused(req, res)) HandleCompletion(req, res, Endpoint::kCompletions);
   });
   server_.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    HandleCompletion(req, res, Endpoint::kChatCompletions);
+    if (!Refused(req, res)) HandleCompletion(req, res, Endpoint::kChatCompletions);
   });
-  server_.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+  server_.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
+    if (Refused(req, res)) return;
     res.set_content(ModelsJson(options_.model_name, created_), "application/json");
   });
-  server_.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+  server_.Get("/health", [this](const httplib::Request& req, httplib::Response& res) {
+    if (Refused(req, res)) return;
     const bool ready = engine_.Ready() && !stopping_;
     res.status = ready ? 200 : 503;
     res.set_content(ready ? "ok\n" : "not ready\n", "text/plain");
   });
-  server_.Get("/metrics",
-              [this](const httplib::Request&, httplib::Response& res) { HandleMetrics(res); });
+  server_.Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
+    if (!Refused(req, res)) HandleMetrics(res);
+  });
+  // Requests with a body on any other path or method (see PreRoute), after the routes above.
+  const auto refuse = [this](const httplib::Request& req, httplib::Response& res) {
+    if (!Refused(req, res)) SendError(res, MakeApiError(405, req.method + " " + req.path));
+  };
+  server_.Get(".*", refuse);
+  server_.Post(".*", refuse);
+  server_.Put(".*", refuse);
+  server_.Patch(".*", refuse);
+  server_.Delete(".*", refuse);
+  server_.Options(".*", refuse);
   // Errors httplib answers itself (a malformed request line, 413) get OpenAI's shape too.
   server_.set_error_handler(
       httplib::Server::HandlerWithResponse([](const httplib::Request&, httplib::Response& res) {
@@ -243,8 +259,7 @@ void HttpServer::Impl::Stop() {
   }
 }
 
-httplib::Server::HandlerResponse HttpServer::Impl::PreRoute(const httplib::Request& req,
-                                                            httplib::Response& res) {
+bool HttpServer::Impl::Refused(const httplib::Request& req, httplib::Response& res) const {
   static const std::map<std::string, std::string> kRoutes = {{"/v1/completions", "POST"},
                                                              {"/v1/chat/completions", "POST"},
                                                              {"/v1/models", "GET"},
@@ -260,22 +275,36 @@ httplib::Server::HandlerResponse HttpServer::Impl::PreRoute(const httplib::Reque
                                   auth.empty() ? "missing 'Authorization: Bearer' API key"
                                                : "incorrect API key",
                                   "invalid_request_error", "", "invalid_api_key"));
-      return httplib::Server::HandlerResponse::Handled;
+      return true;
     }
   }
   auto route = kRoutes.find(req.path);
   if (route == kRoutes.end()) {
     SendError(res, MakeApiError(404, absl::StrCat("no route ", req.path), "invalid_request_error",
                                 "", "not_found"));
-    return httplib::Server::HandlerResponse::Handled;
+    return true;
   }
   if (req.method != route->second && !(req.method == "HEAD" && route->second == "GET")) {
     res.set_header("Allow", route->second);
     SendError(res, MakeApiError(405, absl::StrCat(req.path, " takes ", route->second, ", not ",
                                                   req.method)));
-    return httplib::Server::HandlerResponse::Handled;
+    return true;
   }
-  return httplib::Server::HandlerResponse::Unhandled;
+  return false;
+}
+
+// httplib runs the pre-routing handler before it reads a request's body, and a request it
+// answers there leaves the body on a kept-alive connection, to be parsed as the next request. So
+// a request with a body is refused by its handler, after httplib read it: every handler checks
+// first, and catch-all handlers take every other path and method.
+httplib::Server::HandlerResponse HttpServer::Impl::PreRoute(const httplib::Request& req,
+                                                            httplib::Response& res) {
+  const bool has_body = req.has_header("Transfer-Encoding") ||
+                        (req.has_header("Content-Length") &&
+                         req.get_header_value("Content-Length") != "0");
+  if (has_body) return httplib::Server::HandlerResponse::Unhandled;
+  return Refused(req, res) ? httplib::Server::HandlerResponse::Handled
+                           : httplib::Server::HandlerResponse::Unhandled;
 }
 
 void HttpServer::Impl::HandleMetrics(httplib::Response& res) {
