@@ -74,10 +74,6 @@ struct GenerateCommandOptions {
 };
 int Generate(const GenerateCommandOptions& options);
 
-// The tokenizer `generate` and `serve` use for the checkpoint at `resolved` (ResolveCheckpoint's
-// answer): `flag` when given, else a Hugging Face folder's own tokenizer files, else "bytes".
-std::string DefaultTokenizerSpec(const std::string& flag, const std::string& resolved);
-
 // `shardline serve`: the OpenAI-compatible API over one checkpoint, in this process (or, with
 // --tp/--pp, over tensor-parallel and pipeline processes of this host that it starts).
 struct ServeOptions {

@@ -20,12 +20,14 @@
 #include "common/process.h"
 #include "common/status_macros.h"
 #include "kernels/allocator.h"
+#include "placement/job_spec.h"
 #include "placement/parallel_layout.h"
 #include "worker/comm/local_rank_group.h"
 #include "worker/model/data/tokenizer.h"
 #include "worker/model/shard_layout.h"
 #include "worker/serving/batching_engine.h"
 #include "worker/serving/http_server.h"
+#include "worker/serving/serving_rank.h"
 #include "worker/training/model_checkpoint.h"
 
 namespace shardline::cli {
@@ -33,44 +35,9 @@ namespace {
 
 // "HOST:PORT" (port 0: any free port); false with `error` set when it is not that.
 bool ParseListen(const std::string& listen, std::string* host, int* port, std::string* error) {
-  const size_t colon = listen.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == listen.size()) {
-    *error = "--listen '" + listen + "' is not HOST:PORT";
-    return false;
-  }
-  *host = listen.substr(0, colon);
-  const std::string digits = listen.substr(colon + 1);
-  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), *port);
-  if (ec != std::errc() || end != digits.data() + digits.size() || *port < 0 || *port > 65535) {
-    *error = "--listen '" + listen + "': the port '" + digits + "' is not a number in 0..65535";
-    return false;
-  }
-  return true;
-}
-
-// The key of --api-key-file: its first line without surrounding white space.
-bool ReadKeyFile(const std::string& path, std::string* key, std::string* error) {
-  std::ifstream in(path);
-  if (!in) {
-    *error = "--api-key-file " + path + ": cannot be read";
-    return false;
-  }
-  std::getline(in, *key);
-  const auto first = key->find_first_not_of(" \t\r\n");
-  const auto last = key->find_last_not_of(" \t\r\n");
-  *key = first == std::string::npos ? "" : key->substr(first, last - first + 1);
-  if (key->empty()) {
-    *error = "--api-key-file " + path + ": the first line is empty";
-    return false;
-  }
-  return true;
-}
-
-std::string DefaultModelName(const std::string& checkpoint) {
-  std::filesystem::path p(checkpoint);
-  if (!p.has_filename()) p = p.parent_path();  // "dir/" names dir
-  const std::string name = p.filename().string();
-  return name.empty() ? "shardline" : name;
+  const absl::Status parsed = placement::ParseHostPort(listen, host, port);
+  if (!parsed.ok()) *error = absl::StrCat("--listen ", parsed.message());
+  return parsed.ok();
 }
 
 // What every rank of a group is started with, from rank 0's flags: one description, so that
@@ -160,38 +127,6 @@ absl::StatusOr<std::unique_ptr<comm::LocalRankGroup>> StartFollowers(const Serve
       .comm = GroupCommOptions()});
 }
 
-// Whether tp ranks in each of pp stages can split the model and each size its cache:
-// InvalidArgument naming the numbers (the stages, ShardLayout's and CacheOptionsFor's checks)
-// before any process is started.
-absl::Status CheckGroup(const model::GptConfig& config, int tp, int pp,
-                        const serving::BatchingEngineOptions& engine) {
-  if (pp < 1 || pp > config.layers) {
-    return absl::InvalidArgumentError(absl::StrCat("--pp ", pp, ": a model of ", config.layers,
-                                                   " layers has 1 to ", config.layers,
-                                                   " pipeline stages"));
-  }
-  auto layout = model::ShardLayout::Create(
-      config, {.tp_size = tp, .tp_index = 0, .first_layer = 0, .last_layer = config.layers});
-  if (!layout.ok()) return Annotate(layout.status(), "--tp " + std::to_string(tp));
-  return serving::CacheOptionsFor(config, engine, tp, pp).status();
-}
-
-// This rank's part of the parameters only (no gradients or optimizer state), read box by box: its
-// tensor-parallel index of its stage's layers (`coords` in a RankGrid(tp, pp, 1)).
-absl::StatusOr<std::unique_ptr<model::ShardWeights>> LoadShard(
-    const training::CheckpointSource& source, int tp, int pp, const placement::RankCoords& coords,
-    kernels::Allocator& allocator) {
-  auto weights = model::ShardWeights::Load(
-      source.config(), tp, coords.tp,
-      [&](const std::string& name, const std::vector<int64_t>& offsets,
-          const std::vector<int64_t>& shape) {
-        return training::ReadCheckpointBox(source, name, offsets, shape);
-      },
-      allocator, pp, coords.pp);
-  if (!weights.ok()) return Annotate(weights.status(), source.path());
-  return weights;
-}
-
 serving::ServingGroups ServingGroupsOf(const comm::RankCommunicators& communicators) {
   return serving::ServingGroups{.world = communicators.world.get(),
                                 .tp = communicators.tp.get(),
@@ -226,19 +161,23 @@ int Serve(const ServeOptions& options) {
     return 2;
   }
   http.api_key = options.api_key;
-  if (!options.api_key_file.empty() && !ReadKeyFile(options.api_key_file, &http.api_key, &error)) {
-    std::cerr << "error: " << error << "\n";
-    return 2;
+  if (!options.api_key_file.empty()) {
+    auto key = serving::ReadApiKeyFile(options.api_key_file);
+    if (!key.ok()) {
+      std::cerr << "error: --api-key-file " << key.status().message() << "\n";
+      return 2;
+    }
+    http.api_key = *key;
   }
-  http.model_name =
-      options.model_name.empty() ? DefaultModelName(options.checkpoint) : options.model_name;
+  http.model_name = options.model_name.empty() ? serving::DefaultModelName(options.checkpoint)
+                                               : options.model_name;
 
   auto path = checkpoint::ResolveCheckpoint(options.checkpoint);
   if (!path.ok()) {
     std::cerr << "error: --checkpoint: " << path.status().message() << "\n";
     return 2;
   }
-  auto tokenizer = data::LoadTokenizer(DefaultTokenizerSpec(options.tokenizer, *path));
+  auto tokenizer = data::LoadTokenizer(training::TokenizerSpecFor(options.tokenizer, *path));
   if (!tokenizer.ok()) {
     std::cerr << "error: --tokenizer: " << tokenizer.status().message() << "\n";
     return 2;
@@ -257,11 +196,13 @@ int Serve(const ServeOptions& options) {
   }
   const serving::BatchingEngineOptions engine_options =
       EngineOptionsOf(RankOptionsOf(options, *path, 0, ""), options.max_queue);
-  if (absl::Status fits = CheckGroup(config, options.tp, options.pp, engine_options); !fits.ok()) {
+  if (absl::Status fits =
+          serving::CheckServingLayout(config, options.tp, options.pp, engine_options);
+      !fits.ok()) {
     std::cerr << "error: " << fits.message() << "\n";
     return 2;
   }
-  // tp and pp are >= 1 here (--tp's range, CheckGroup).
+  // tp and pp are >= 1 here (--tp's range, CheckServingLayout).
   const placement::RankGrid grid = *placement::RankGrid::Create(options.tp, options.pp, 1);
   const std::string group_name = GroupName(options.tp, options.pp);
 
@@ -280,7 +221,8 @@ int Serve(const ServeOptions& options) {
   }
   // The followers load their shards while this rank loads its own.
   kernels::CpuAllocator allocator;
-  auto weights = LoadShard(*source, options.tp, options.pp, grid.Coords(0), allocator);
+  auto weights =
+      serving::LoadServingShard(*source, options.tp, options.pp, grid.Coords(0), allocator);
   if (!weights.ok()) {
     std::cerr << "error: " << weights.status().message() << "\n";
     return 1;
@@ -356,7 +298,7 @@ int ServeRank(const ServeRankOptions& options) {
     return 1;
   }
   kernels::CpuAllocator allocator;
-  auto weights = LoadShard(*source, options.tp, options.pp, coords, allocator);
+  auto weights = serving::LoadServingShard(*source, options.tp, options.pp, coords, allocator);
   if (!weights.ok()) {
     std::cerr << "error: " << who << weights.status().message() << "\n";
     return 1;

@@ -200,21 +200,36 @@ std::string ClockTime(int64_t unix_ms) {
 
 }  // namespace
 
+namespace {
+
+// The generations of a train or serve job (none for a comm-check).
+capnp::List<wire::GenerationStatus>::Reader GenerationsOf(wire::JobStatus::Reader job) {
+  if (job.hasTrain()) return job.getTrain().getGenerations();
+  if (job.hasServing()) return job.getServing().getGenerations();
+  return {};
+}
+
+}  // namespace
+
 std::vector<std::string> FormatGenerations(wire::JobStatus::Reader job) {
   std::vector<std::string> lines;
-  if (!job.hasTrain()) return lines;
-  const auto t = job.getTrain();
+  if (!job.hasTrain() && !job.hasServing()) return lines;
+  const bool serving = job.hasServing();
+  const bool elastic = serving ? job.getServing().getElastic() : job.getTrain().getElastic();
+  const auto generations = GenerationsOf(job);
   // One generation that runs or ran to its end has nothing to tell beyond the job's own lines.
-  if (t.getGenerations().size() < 2 && !t.getElastic()) return lines;
-  for (auto g : t.getGenerations()) {
+  if (generations.size() < 2 && !elastic) return lines;
+  for (auto g : generations) {
     std::string line = "generation " + std::to_string(g.getGeneration()) + "  " +
                        (g.getStartedUnixMs() ? ClockTime(g.getStartedUnixMs()) : "?") + "-" +
                        (g.getEndedUnixMs() ? ClockTime(g.getEndedUnixMs()) : "") + "  " +
-                       Str(g.getPlan()) + "  " +
-                       (g.getResumedStep() > 0 ? "resumed after step " +
-                                                     std::to_string(g.getResumedStep())
-                                               : std::string("from the start")) +
-                       ", reached step " + std::to_string(g.getLastStep());
+                       Str(g.getPlan());
+    if (!serving) {
+      line += "  " +
+              (g.getResumedStep() > 0 ? "resumed after step " + std::to_string(g.getResumedStep())
+                                      : std::string("from the start")) +
+              ", reached step " + std::to_string(g.getLastStep());
+    }
     const std::string ending = Str(g.getEnding());
     if (ending == "fault") {
       line += "  ended by " + Str(g.getCause());
@@ -228,11 +243,16 @@ std::vector<std::string> FormatGenerations(wire::JobStatus::Reader job) {
       line += "  " + ending;
     }
     if (ending == "fault" || ending == "grow") {
-      line += "; " + std::to_string(g.getStepsLost()) + " steps lost";
-      if (g.getAbortSeconds() >= 0) line += ", aborted in " + Fixed(g.getAbortSeconds(), 2) + " s";
-      if (g.getRecoverySeconds() >= 0) {
-        line += ", next step " + Fixed(g.getRecoverySeconds(), 2) + " s after the fault";
+      std::vector<std::string> parts;
+      if (!serving) parts.push_back(std::to_string(g.getStepsLost()) + " steps lost");
+      if (g.getAbortSeconds() >= 0) {
+        parts.push_back("aborted in " + Fixed(g.getAbortSeconds(), 2) + " s");
       }
+      if (g.getRecoverySeconds() >= 0) {
+        parts.push_back((serving ? "serving again " : "next step ") +
+                        Fixed(g.getRecoverySeconds(), 2) + " s after the fault");
+      }
+      for (size_t i = 0; i < parts.size(); ++i) line += (i == 0 ? "; " : ", ") + parts[i];
     }
     lines.push_back(line);
   }
@@ -243,13 +263,33 @@ std::vector<std::string> NewlyEndedGenerations(wire::JobStatus::Reader job, size
   const std::vector<std::string> lines = FormatGenerations(job);
   std::vector<std::string> ended;
   for (; *shown < lines.size(); ++*shown) {
-    if (Str(job.getTrain().getGenerations()[static_cast<unsigned>(*shown)].getEnding()) ==
-        "running") {
+    if (Str(GenerationsOf(job)[static_cast<unsigned>(*shown)].getEnding()) == "running") {
       break;
     }
     ended.push_back(lines[*shown]);
   }
   return ended;
+}
+
+std::string FormatServingNote(wire::ServingStatus::Reader serving) {
+  if (serving.getUrl().size() == 0) return "loading shards";
+  return Str(serving.getUrl()) + (serving.getReady() ? "" : " (not ready)");
+}
+
+std::string FormatServing(wire::ServingStatus::Reader serving) {
+  std::ostringstream out;
+  out << "serving tp " << serving.getTp() << " x pp " << serving.getPp() << ": ";
+  if (serving.getUrl().size() == 0) {
+    out << "loading shards";
+    return out.str();
+  }
+  out << Str(serving.getModel()) << " at " << Str(serving.getUrl()) << "/v1"
+      << (serving.getReady() ? "" : " (not ready)") << "; " << serving.getRunning()
+      << " running (of " << serving.getMaxRunning() << "), " << serving.getWaiting()
+      << " waiting, " << serving.getTokensGenerated() << " tokens generated, KV cache "
+      << serving.getKvBlocksUsed() << "/" << serving.getKvBlocks() << " blocks of "
+      << serving.getBlockSize() << ", " << serving.getPreemptions() << " preemptions";
+  return out.str();
 }
 
 std::string FormatBytes(uint64_t bytes) {
@@ -262,6 +302,33 @@ std::string FormatBytes(uint64_t bytes) {
   }
   return std::to_string(v) + " " + units[u];
 }
+
+namespace {
+
+nlohmann::json GenerationsToJson(capnp::List<wire::GenerationStatus>::Reader list) {
+  nlohmann::json generations = nlohmann::json::array();
+  for (auto g : list) {
+    nlohmann::json consequences = nlohmann::json::array();
+    for (auto c : g.getConsequences()) consequences.push_back(Str(c));
+    generations.push_back({{"generation", g.getGeneration()},
+                           {"started_unix_ms", g.getStartedUnixMs()},
+                           {"ended_unix_ms", g.getEndedUnixMs()},
+                           {"plan", Str(g.getPlan())},
+                           {"resumed_step", g.getResumedStep()},
+                           {"last_step", g.getLastStep()},
+                           {"ending", Str(g.getEnding())},
+                           {"cause", Str(g.getCause())},
+                           {"cause_kind", Str(g.getCauseKind())},
+                           {"consequences", consequences},
+                           {"steps_lost", g.getStepsLost()},
+                           {"recovery_seconds", g.getRecoverySeconds()},
+                           {"detection_seconds", g.getDetectionSeconds()},
+                           {"abort_seconds", g.getAbortSeconds()}});
+  }
+  return generations;
+}
+
+}  // namespace
 
 nlohmann::json StatusToJson(wire::ClusterStatus::Reader status) {
   nlohmann::json out;
@@ -352,25 +419,7 @@ nlohmann::json StatusToJson(wire::ClusterStatus::Reader status) {
       for (auto step : t.getSkippedCheckpoints()) {
         skipped.push_back({{"step", step.getStep()}, {"reason", Str(step.getReason())}});
       }
-      nlohmann::json generations = nlohmann::json::array();
-      for (auto g : t.getGenerations()) {
-        nlohmann::json consequences = nlohmann::json::array();
-        for (auto c : g.getConsequences()) consequences.push_back(Str(c));
-        generations.push_back({{"generation", g.getGeneration()},
-                               {"started_unix_ms", g.getStartedUnixMs()},
-                               {"ended_unix_ms", g.getEndedUnixMs()},
-                               {"plan", Str(g.getPlan())},
-                               {"resumed_step", g.getResumedStep()},
-                               {"last_step", g.getLastStep()},
-                               {"ending", Str(g.getEnding())},
-                               {"cause", Str(g.getCause())},
-                               {"cause_kind", Str(g.getCauseKind())},
-                               {"consequences", consequences},
-                               {"steps_lost", g.getStepsLost()},
-                               {"recovery_seconds", g.getRecoverySeconds()},
-                               {"detection_seconds", g.getDetectionSeconds()},
-                               {"abort_seconds", g.getAbortSeconds()}});
-      }
+      const nlohmann::json generations = GenerationsToJson(t.getGenerations());
       j["train"] = {{"step", t.getStep()},
                     {"steps", t.getSteps()},
                     {"loss", loss},
@@ -403,6 +452,26 @@ nlohmann::json StatusToJson(wire::ClusterStatus::Reader status) {
                       {"prediction_calibrated", t.getPredictionCalibrated()},
                       {"predicted_memory_bytes", t.getPredictedMemoryBytes()},
                       {"summary", Str(t.getPlanSummary())}}}};
+    }
+    if (job.hasServing()) {
+      const auto v = job.getServing();
+      j["serving"] = {{"url", Str(v.getUrl())},
+                      {"model", Str(v.getModel())},
+                      {"ready", v.getReady()},
+                      {"tp", v.getTp()},
+                      {"pp", v.getPp()},
+                      {"running", v.getRunning()},
+                      {"waiting", v.getWaiting()},
+                      {"tokens_generated", v.getTokensGenerated()},
+                      {"kv_blocks", v.getKvBlocks()},
+                      {"kv_blocks_used", v.getKvBlocksUsed()},
+                      {"preemptions", v.getPreemptions()},
+                      {"max_running", v.getMaxRunning()},
+                      {"max_tokens_per_step", v.getMaxTokensPerStep()},
+                      {"block_size", v.getBlockSize()},
+                      {"elastic", v.getElastic()},
+                      {"plan_summary", Str(v.getPlanSummary())},
+                      {"generations", GenerationsToJson(v.getGenerations())}};
     }
     out["jobs"].push_back(j);
   }
@@ -450,6 +519,7 @@ std::string FormatCluster(wire::ClusterStatus::Reader status, const std::string&
       note = "step " + std::to_string(t.getStep()) + "/" + std::to_string(t.getSteps());
       if (t.getStep() > 0 && !std::isnan(t.getLoss())) note += ", loss " + Fixed(t.getLoss(), 4);
     }
+    if (note.empty() && job.hasServing()) note = FormatServingNote(job.getServing());
     jobs.Add({Str(job.getJobId()), Str(job.getKind()), Str(job.getState()), Str(job.getPhase()),
               std::to_string(job.getGeneration()), actors, Str(job.getBackend()), note});
   }
@@ -467,6 +537,13 @@ std::string FormatJob(wire::JobStatus::Reader job) {
   if (job.hasTrain()) {
     out << "  " << FormatTrainProgress(job) << "\n";
     for (const std::string& line : FormatTrainStart(job)) out << "  " << line << "\n";
+    for (const std::string& line : FormatGenerations(job)) out << "  " << line << "\n";
+  }
+  if (job.hasServing()) {
+    out << "  " << FormatServing(job.getServing()) << "\n";
+    if (job.getServing().getPlanSummary().size()) {
+      out << "  planned " << Str(job.getServing().getPlanSummary()) << "\n";
+    }
     for (const std::string& line : FormatGenerations(job)) out << "  " << line << "\n";
   }
   if (job.hasTrain() && job.getTrain().getPlanSummary().size()) {

@@ -14,6 +14,10 @@ std::string FormatCluster(wire::ClusterStatus::Reader status, const std::string&
 // One job: its actors and its results.
 std::string FormatJob(wire::JobStatus::Reader job);
 std::string FormatResults(wire::JobStatus::Reader job);
+// A serve job's service in one line: its URL, batch, KV cache and counters.
+std::string FormatServing(wire::ServingStatus::Reader serving);
+// The same for the cluster table's note: the URL, or that the shards are loading.
+std::string FormatServingNote(wire::ServingStatus::Reader serving);
 std::string FormatBytes(uint64_t bytes);  // "64 MiB", "4 B", "262148 B"
 
 }  // namespace shardline::cli

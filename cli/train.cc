@@ -119,15 +119,6 @@ int Train(const TrainOptions& options) {
   return StopRequested().load() ? 130 : 0;
 }
 
-std::string DefaultTokenizerSpec(const std::string& flag, const std::string& resolved) {
-  if (!flag.empty()) return flag;
-  // A Hugging Face model folder (ResolveCheckpoint gave its model.safetensors) usually carries
-  // the tokenizer its ids mean; our own checkpoints are trained on bytes.
-  const std::string dir = std::filesystem::path(resolved).parent_path().string();
-  const bool hf_folder = !checkpoint::IsManifestPath(resolved) && data::HoldsTokenizerFiles(dir);
-  return hf_folder ? dir : "bytes";
-}
-
 int Generate(const GenerateCommandOptions& options) {
   auto path = checkpoint::ResolveCheckpoint(options.checkpoint);
   if (!path.ok()) {
@@ -135,7 +126,7 @@ int Generate(const GenerateCommandOptions& options) {
     return 2;
   }
   // Before the model: a wrong --tokenizer fails before a large checkpoint is read.
-  auto tokenizer = data::LoadTokenizer(DefaultTokenizerSpec(options.tokenizer, *path));
+  auto tokenizer = data::LoadTokenizer(training::TokenizerSpecFor(options.tokenizer, *path));
   if (!tokenizer.ok()) {
     const char* which =
         options.tokenizer.empty() ? "the checkpoint folder's tokenizer" : "--tokenizer";

@@ -111,7 +111,11 @@ struct Shown {
   uint64_t train_step = 0;
   int64_t committed_step = -1;
   bool start = false;  // where a train job started from
-  size_t generations_ended = 0;  // of a train job: the ended generations already shown
+  size_t generations_ended = 0;  // of a train or serve job: the ended generations already shown
+  // A serve job: its service as last shown (URL and readiness), and its counters' last line.
+  std::string serving;
+  uint64_t tokens_generated = 0;
+  std::chrono::steady_clock::time_point counters_shown;
 };
 
 void PrintProgress(wire::JobStatus::Reader job, Shown* shown,
@@ -142,6 +146,33 @@ void PrintProgress(wire::JobStatus::Reader job, Shown* shown,
       shown->train_step = train.getLoggedStep();
       shown->committed_step = train.getLastCommittedStep();
       std::cout << stamp << FormatTrainProgress(job) << std::endl;
+    }
+  }
+  // A serve job: a line when its service changes (loading, listening, ready, restarted), and its
+  // counters at most every 10 s while it generates.
+  if (job.hasServing() && Str(job.getState()) == "running") {
+    const auto serving = job.getServing();
+    for (const std::string& line : NewlyEndedGenerations(job, &shown->generations_ended)) {
+      std::cout << stamp << line << std::endl;
+    }
+    const std::string state = serving.getUrl().size() == 0 ? "loading"
+                              : serving.getReady()         ? "ready " + Str(serving.getUrl())
+                                                           : "not ready";
+    const auto now = std::chrono::steady_clock::now();
+    if (state != shown->serving ||
+        (serving.getTokensGenerated() != shown->tokens_generated &&
+         now - shown->counters_shown >= 10s)) {
+      std::cout << stamp << FormatServing(serving) << std::endl;
+      if (state != shown->serving && serving.getReady()) {
+        std::cout << stamp << "try: curl " << Str(serving.getUrl())
+                  << "/v1/completions -H 'Content-Type: application/json' -d '{\"model\": \""
+                  << Str(serving.getModel())
+                  << "\", \"prompt\": \"the cat \", \"max_tokens\": 16}'   (Ctrl-C stops it)"
+                  << std::endl;
+      }
+      shown->serving = state;
+      shown->tokens_generated = serving.getTokensGenerated();
+      shown->counters_shown = now;
     }
   }
   auto results = job.getResults();
@@ -298,7 +329,8 @@ int Up(const UpOptions& given) {
         auto cancel = (*client)->NewMessage();
         cancel->payload().initCancelJob().setJobId(job_id);
         (void)(*client)->Call(*cancel, 2s);
-        return 130;
+        // A service runs until it is stopped: Ctrl-C is its normal end.
+        return spec->kind == placement::JobKind::kServe ? 0 : 130;
       }
       auto status = FetchStatus(**client, job_id, 5s);
       if (!status.ok()) {

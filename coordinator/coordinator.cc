@@ -13,6 +13,7 @@
 #include <kj/exception.h>
 
 #include "absl/strings/str_split.h"
+#include "checkpoint/model_config.h"
 #include "common/status_macros.h"
 #include "coordinator/bootstrap_tracker.h"
 #include "coordinator/checkpoint_tracker.h"
@@ -24,6 +25,21 @@
 
 namespace shardline::coordinator {
 namespace {
+
+// The shape of a serve job's checkpoint as the memory model reads it, from its headers.
+absl::StatusOr<placement::ModelSpec> ReadServeModel(const placement::ServeSpec& serve) {
+  auto config = checkpoint::ReadCheckpointConfig(serve.checkpoint, serve.hf_heads);
+  if (!config.ok()) return Annotate(config.status(), "the serve job's checkpoint");
+  placement::ModelSpec model;
+  model.layers = config->n_layer;
+  model.heads = config->n_head;
+  model.d_model = config->n_embd;
+  model.d_ff = config->d_ff;
+  model.vocab = config->vocab_size;
+  model.max_seq_len = config->n_positions;
+  model.tied_embeddings = config->tied_embeddings;
+  return model;
+}
 
 using protocol::Str;
 using Payload = wire::Envelope::Payload;
@@ -381,6 +397,14 @@ absl::Status Coordinator::OnSubmitJob(const std::string& peer, uint64_t request_
     job.train.saving_dir = ResolveUnder(work_dir, spec.train.checkpoint.dir);
   }
   if (spec.parallel_auto) job.auto_max_actors = AutoMaxActors(spec);
+  if (spec.kind == placement::JobKind::kServe) {
+    // The checkpoint's shape (headers only), for the memory each rank needs: a model that cannot
+    // be cut or held is refused here, not by a rank that ran out.
+    ASSIGN_OR_RETURN(job.serve_model, ReadServeModel(spec.serve));
+    if (absl::Status fits = scheduler_.CheckServeFits(job); !fits.ok()) {
+      return Annotate(fits, source);
+    }
+  }
   job.backend = std::string(placement::BackendName(placement::ResolveBackend(spec)));
   job.submitted_unix_ms = UnixMillis();
   job.waiting_reason = "waiting for devices";
@@ -393,7 +417,8 @@ absl::Status Coordinator::OnSubmitJob(const std::string& peer, uint64_t request_
     spdlog::info("job {} submitted: {} on {} {} actors{}", job.id,
                  placement::JobKindName(spec.kind), job.World(),
                  placement::DeviceKindName(spec.devices),
-                 spec.kind == placement::JobKind::kTrain ? " (" + PlanSummary(spec) + ")" : "");
+                 spec.kind != placement::JobKind::kCommCheck ? " (" + PlanSummary(spec) + ")"
+                                                              : "");
   }
   const std::string id = job.id;
   jobs_[id] = std::move(job);
@@ -521,7 +546,8 @@ void Coordinator::TryStartPendingJobs() {
 void Coordinator::StartGeneration(Job& job, const Placement& placement) {
   // The communicator groups first: nothing is spawned for a layout that cannot be cut.
   std::vector<GroupRecord> groups;
-  if (job.spec.kind == placement::JobKind::kTrain) {
+  if (job.spec.kind != placement::JobKind::kCommCheck) {
+    // A serve job's layout is tp × pp with dp 1: the same groups as training's.
     const auto& parallel = job.spec.parallel;
     auto grid = placement::RankGrid::Create(parallel.tp, parallel.pp, parallel.dp);
     if (grid.ok() && static_cast<size_t>(grid->world()) != placement.size()) {
@@ -569,7 +595,7 @@ void Coordinator::StartGeneration(Job& job, const Placement& placement) {
   record.generation = job.generation;
   record.started_unix_ms = UnixMillis();
   record.world = static_cast<int>(placement.size());
-  record.plan = job.spec.kind == placement::JobKind::kTrain
+  record.plan = job.spec.kind != placement::JobKind::kCommCheck
                     ? PlanSummary(job.spec) + " on " + std::to_string(placement.size()) + " actors"
                     : std::to_string(placement.size()) + " actors";
   record.resumed_step = job.train.resumed_step;
@@ -579,6 +605,7 @@ void Coordinator::StartGeneration(Job& job, const Placement& placement) {
   job.train.first_step = -1;
   job.train.recent.clear();
   job.train.saving.clear();
+  job.serving = ServingRecord{};
   HoldDevices(membership_, job.id, placement);
   std::map<std::string, std::vector<int>> ranks_by_node;
   for (size_t rank = 0; rank < placement.size(); ++rank) {
@@ -671,7 +698,7 @@ absl::Status Coordinator::OnRegisterActor(const std::string& peer, uint64_t requ
   assignment.setStorePrefix(CapText(job.StorePrefix()));
   assignment.setSpecDir(CapText(job.spec_dir));
   assignment.setWorkDir(CapText(job.work_dir));
-  if (job.spec.kind == placement::JobKind::kTrain) {
+  if (job.spec.kind != placement::JobKind::kCommCheck) {
     // The layout the ranks run: for `parallel: auto` the planner's, which the spec does not say.
     const placement::ParallelSpec& parallel = job.spec.parallel;
     auto layout = assignment.initParallel();
@@ -684,8 +711,14 @@ absl::Status Coordinator::OnRegisterActor(const std::string& peer, uint64_t requ
     for (size_t i = 0; i < parallel.stage_layers.size(); ++i) {
       stages.set(static_cast<unsigned>(i), static_cast<uint32_t>(parallel.stage_layers[i]));
     }
-    assignment.setResumeManifest(CapText(job.train.resume_manifest));
-    assignment.setCalibrate(job.generations.size() <= 1);
+    if (job.spec.kind == placement::JobKind::kTrain) {
+      assignment.setResumeManifest(CapText(job.train.resume_manifest));
+      assignment.setCalibrate(job.generations.size() <= 1);
+    }
+    if (job.spec.kind == placement::JobKind::kServe && actor->rank == 0) {
+      assignment.setServeListen(
+          CapText(job.serve_listen.empty() ? job.spec.serve.listen : job.serve_listen));
+    }
   }
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(job.bootstrap_deadline -
                                                                           clock_->Now());
@@ -839,6 +872,35 @@ absl::Status Coordinator::OnStepReport(const std::string& peer, uint64_t request
       metrics_.OnRecovered(recovery->cause, recovery->seconds, recovery->steps_lost);
       spdlog::info("job {} generation {}: first step {} {:.3f} s after the fault ({} steps lost)",
                    job.id, job.generation, sample.step, recovery->seconds, recovery->steps_lost);
+      Persist(job);
+    }
+  }
+  if (job.spec.kind == placement::JobKind::kServe && actor->rank == 0 && report.hasServing()) {
+    const auto serving = report.getServing();
+    // Counters from the wire, clamped so that none reads negative.
+    const auto count = [](uint64_t v) {
+      return static_cast<int64_t>(std::min<uint64_t>(v, uint64_t{1} << 62));
+    };
+    ServingRecord record;
+    record.reported = true;
+    record.url = Str(serving.getUrl());
+    record.model = Str(serving.getModel());
+    record.ready = serving.getReady();
+    record.running = count(serving.getRunning());
+    record.waiting = count(serving.getWaiting());
+    record.tokens_generated = count(serving.getTokensGenerated());
+    record.kv_blocks = count(serving.getKvBlocks());
+    record.kv_blocks_used = count(serving.getKvBlocksUsed());
+    record.preemptions = count(serving.getPreemptions());
+    const bool became_ready = record.ready && !job.serving.ready;
+    if (became_ready) {
+      spdlog::info("job {} generation {}: serving {} at {}", job.id, job.generation, record.model,
+                   record.url);
+    }
+    if (auto recovery = RecordServing(job, record, clock_->Now())) {
+      metrics_.OnRecovered(recovery->cause, recovery->seconds, recovery->steps_lost);
+      spdlog::info("job {} generation {}: serving again {:.3f} s after the fault", job.id,
+                   job.generation, recovery->seconds);
       Persist(job);
     }
   }

@@ -135,6 +135,22 @@ struct PlanRecord {
   std::set<int> calibrated_ranks;
 };
 
+// A serve job's service as its leader last reported it (protocol ServingStatus), for status.
+// Cleared when a generation starts: a restarted service is ready again only once its new leader
+// says so.
+struct ServingRecord {
+  bool reported = false;  // the current generation's leader has reported
+  std::string url;        // empty until it listens
+  std::string model;
+  bool ready = false;
+  int64_t running = 0;
+  int64_t waiting = 0;
+  int64_t tokens_generated = 0;
+  int64_t kv_blocks = 0;
+  int64_t kv_blocks_used = 0;
+  int64_t preemptions = 0;
+};
+
 struct Job {
   std::string id;
   placement::JobSpec spec;
@@ -157,6 +173,14 @@ struct Job {
   std::vector<GroupRecord> groups;
   std::vector<CollectiveResultRecord> results;
   TrainRecord train;  // kind train only
+  ServingRecord serving;  // kind serve only
+  // kind serve: the checkpoint's shape, read at submit (ModelSpec of its config), for the memory
+  // each rank needs (placement/serve_memory.h); layers 0 when unknown (a job the coordinator took
+  // over after a restart), and then only the ranks check what fits.
+  placement::ModelSpec serve_model;
+  // kind serve: the address its leader listens on, HOST:PORT — the spec's `listen`, and once a
+  // generation has listened on port 0, the port it got (a restart keeps the address).
+  std::string serve_listen;
   // `parallel: auto` only: the spec's `actors` (the most devices the plan may use; 0: any), kept
   // because applying the plan sets spec.actors to the plan's world.
   int auto_max_actors = 0;
@@ -175,7 +199,12 @@ struct Job {
   // generation's first step (the recovery time).
   std::optional<TimePoint> recovering_since;
 
-  bool Elastic() const { return spec.kind == placement::JobKind::kTrain && spec.elastic.enabled; }
+  // Restarts after a fault: a train job with `elastic` (on a layout for the devices there are), or
+  // a serve job with `elastic` (on its own tp × pp).
+  bool Elastic() const {
+    return (spec.kind == placement::JobKind::kTrain || spec.kind == placement::JobKind::kServe) &&
+           spec.elastic.enabled;
+  }
   // Running its actors: the phases in which its generation's messages are acted on.
   bool GenerationLive() const {
     return state == JobState::kRunning && phase != Phase::kAborting && phase != Phase::kRestarting;
@@ -192,7 +221,7 @@ struct Job {
     return plan.calibrated_ranks.size() == static_cast<size_t>(World());
   }
   int World() const {
-    if (spec.kind != placement::JobKind::kTrain) return spec.actors;
+    if (spec.kind == placement::JobKind::kCommCheck) return spec.actors;
     // Until planned, a `parallel: auto` job wants at most its `actors` (0: as many as are free).
     if (spec.parallel_auto && !plan.planned) return auto_max_actors;
     return spec.parallel.world();

@@ -70,6 +70,23 @@ std::optional<Recovery> RecordStep(Job& job, int rank, const StepSample& sample,
   return recovery;
 }
 
+std::optional<Recovery> RecordServing(Job& job, const ServingRecord& report, TimePoint now) {
+  const bool became_ready = report.ready && !job.serving.ready;
+  job.serving = report;
+  // "http://HOST:PORT": a restart listens there again.
+  constexpr std::string_view kScheme = "http://";
+  if (report.ready && report.url.rfind(kScheme, 0) == 0) {
+    job.serve_listen = report.url.substr(kScheme.size());
+  }
+  if (!became_ready || !job.recovering_since || job.generations.size() < 2) return std::nullopt;
+  GenerationRecord& ended = job.generations[job.generations.size() - 2];
+  ended.recovery_seconds = Seconds(now - *job.recovering_since);
+  job.recovering_since.reset();
+  return Recovery{ended.generation,
+                  ended.cause ? std::string(FaultKindName(ended.cause->kind)) : "other",
+                  ended.recovery_seconds, 0};
+}
+
 double EtaSeconds(const Job& job) {
   const TrainRecord& progress = job.train;
   const placement::TrainSpec& spec = job.spec.train;

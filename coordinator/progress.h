@@ -1,7 +1,8 @@
-// A train job's progress as its ranks report it: each StepReport folded into the step it belongs
-// to (the loss of the last pipeline stage, the split of the slowest rank), the job's current and
-// logged step, the watchdog fed, the generation's newest step, and the end of a recovery (the
-// restarted job's first new step). No I/O, no clock of its own.
+// A job's progress as its ranks report it. A train job's: each StepReport folded into the step it
+// belongs to (the loss of the last pipeline stage, the split of the slowest rank), the job's
+// current and logged step, the watchdog fed, the generation's newest step, and the end of a
+// recovery (the restarted job's first new step). A serve job's: its leader's last report of the
+// service, and the end of a recovery (its first ready report). No I/O, no clock of its own.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +36,11 @@ struct Recovery {
 
 // Folds `sample` from `rank` into the job's progress at `now`.
 std::optional<Recovery> RecordStep(Job& job, int rank, const StepSample& sample, TimePoint now);
+
+// A serve job's leader reported its service (`report.reported` set): it replaces the last report;
+// the first ready report after a restart ends the recovery (steps_lost 0: a service loses the
+// requests in flight, which failed with 503, not steps).
+std::optional<Recovery> RecordServing(Job& job, const ServingRecord& report, TimePoint now);
 
 // Seconds to the job's last step at this generation's pace so far (data, checkpoints and
 // reports included), or from its throughput before a second step is seen; 0 when unknown.

@@ -10,6 +10,7 @@
 #include "placement/byte_size.h"
 #include "placement/plan_request.h"
 #include "placement/planner.h"
+#include "placement/serve_memory.h"
 #include "spdlog/spdlog.h"
 
 namespace shardline::coordinator {
@@ -53,6 +54,9 @@ DeviceCount CountDevices(const Membership& membership, DeviceInfo::Kind kind) {
 
 std::string PlanSummary(const placement::JobSpec& spec) {
   const auto& p = spec.parallel;
+  if (spec.kind == placement::JobKind::kServe) {
+    return "tp " + std::to_string(p.tp) + " x pp " + std::to_string(p.pp);
+  }
   return "tp " + std::to_string(p.tp) + " x pp " + std::to_string(p.pp) + " x dp " +
          std::to_string(p.dp) + ", zero " + std::to_string(p.zero);
 }
@@ -71,6 +75,7 @@ void ForgetAutoPlan(Job& job) {
 }
 
 StartChoice Scheduler::Choose(Job& job) const {
+  if (job.spec.kind == placement::JobKind::kServe) return ChooseServe(job);
   if (job.spec.kind == placement::JobKind::kTrain && job.spec.parallel_auto) {
     StartChoice choice = ChooseAuto(job, true, true);
     const DeviceCount devices = CountDevices(membership_, DeviceKindOf(job.spec));
@@ -82,7 +87,7 @@ StartChoice Scheduler::Choose(Job& job) const {
   return ChooseFixed(job);
 }
 
-StartChoice Scheduler::ChooseFixed(Job& job) const {
+StartChoice Scheduler::ChooseFixed(Job& job, int64_t min_memory) const {
   const DeviceInfo::Kind wanted = DeviceKindOf(job.spec);
   const std::string kind(placement::DeviceKindName(job.spec.devices));
   // The free devices, those no fault pointed at first, each kind in node order.
@@ -93,13 +98,14 @@ StartChoice Scheduler::ChooseFixed(Job& job) const {
     for (size_t d = 0; d < node.devices.size(); ++d) {
       const DeviceInfo& device = node.devices[d];
       if (device.kind != wanted) continue;
+      if (static_cast<int64_t>(device.memory_bytes) < min_memory) continue;
       ++alive_total;
       if (!device.busy_job.empty()) continue;
       (device.avoided.empty() ? trusted : avoided).emplace_back(node_id, static_cast<int>(d));
     }
   }
   const int free = static_cast<int>(trusted.size() + avoided.size());
-  if (job.Elastic()) {
+  if (job.Elastic() && job.spec.kind == placement::JobKind::kTrain) {
     // dp follows the devices: the largest layout within min..max that the trusted devices hold,
     // or when they hold none, the smallest that takes as few avoided ones as it can.
     auto layout = placement::ElasticLayout(job.spec, static_cast<int>(trusted.size()));
@@ -246,9 +252,101 @@ StartChoice Scheduler::ChooseAuto(Job& job, bool avoid, bool announce) const {
   return Start(std::move(placement));
 }
 
+namespace {
+
+// The memory of the devices of `kind` that are alive: the largest one's, the smallest one's, and
+// the most on one node.
+struct DeviceMemory {
+  int devices = 0;
+  int64_t largest = 0;
+  int64_t smallest = 0;
+  int most_on_a_node = 0;
+};
+DeviceMemory AliveDeviceMemory(const Membership& membership, DeviceInfo::Kind kind) {
+  DeviceMemory memory;
+  for (const auto& [node_id, node] : membership.nodes()) {
+    if (!node.alive) continue;
+    int here = 0;
+    for (const DeviceInfo& device : node.devices) {
+      if (device.kind != kind) continue;
+      const auto bytes = static_cast<int64_t>(device.memory_bytes);
+      memory.largest = std::max(memory.largest, bytes);
+      memory.smallest = memory.devices == 0 ? bytes : std::min(memory.smallest, bytes);
+      ++memory.devices;
+      ++here;
+    }
+    memory.most_on_a_node = std::max(memory.most_on_a_node, here);
+  }
+  return memory;
+}
+
+// Why no device can hold a rank of the layout: "each rank of tp 2 x pp 1 needs ... per device;
+// the largest cpu device has 1 GiB: 200 MiB short".
+std::string TooSmall(const placement::JobSpec& spec, const placement::ServeMemory& need,
+                     int64_t largest) {
+  return "each rank of " + PlanSummary(spec) + " needs " + need.Describe() + "; the largest " +
+         std::string(placement::DeviceKindName(spec.devices)) + " device has " +
+         placement::FormatApproxByteSize(static_cast<double>(largest)) + ": " +
+         placement::FormatApproxByteSize(static_cast<double>(need.total() - largest)) + " short";
+}
+
+}  // namespace
+
+absl::Status Scheduler::CheckServeFits(const Job& job) const {
+  if (job.serve_model.layers == 0 || job.spec.parallel_auto) return absl::OkStatus();
+  const placement::ParallelSpec& layout = job.spec.parallel;
+  auto need = placement::EstimateServeMemory(job.serve_model, layout.tp, layout.pp,
+                                             job.spec.serve.limits);
+  if (!need.ok()) return need.status();
+  const DeviceMemory memory = AliveDeviceMemory(membership_, DeviceKindOf(job.spec));
+  if (memory.devices > 0 && memory.largest < need->total()) {
+    return absl::FailedPreconditionError(TooSmall(job.spec, *need, memory.largest));
+  }
+  return absl::OkStatus();
+}
+
+StartChoice Scheduler::ChooseServe(Job& job) const {
+  const DeviceInfo::Kind wanted = DeviceKindOf(job.spec);
+  const placement::ServeLimits& limits = job.spec.serve.limits;
+  if (job.serve_model.layers == 0) {
+    // Not known here (a job taken over after a restart): the ranks check what fits.
+    if (job.spec.parallel_auto && !job.plan.planned) {
+      return Fail("parallel: auto needs the checkpoint's shape, which the coordinator could not "
+                  "read again after its restart; submit the job again");
+    }
+    return ChooseFixed(job);
+  }
+  const DeviceMemory memory = AliveDeviceMemory(membership_, wanted);
+  if (memory.devices == 0) {
+    return Wait("waiting for " + std::string(placement::DeviceKindName(job.spec.devices)) +
+                " devices");
+  }
+  if (job.spec.parallel_auto && !job.plan.planned) {
+    // On the devices that are alive, free or not: a plan that needs busy ones waits for them.
+    const int most = job.auto_max_actors > 0 ? std::min(job.auto_max_actors, memory.devices)
+                                             : memory.devices;
+    auto layout = placement::PlanServeLayout(job.serve_model, limits, memory.smallest, most,
+                                             memory.most_on_a_node);
+    if (!layout.ok()) return Fail(std::string(layout.status().message()));
+    job.spec.parallel = *layout;
+    job.spec.actors = layout->world();
+    job.plan.planned = true;
+  }
+  const placement::ParallelSpec& layout = job.spec.parallel;
+  auto need = placement::EstimateServeMemory(job.serve_model, layout.tp, layout.pp, limits);
+  if (!need.ok()) return Fail(std::string(need.status().message()));
+  if (job.spec.parallel_auto) {
+    job.plan.summary = "parallel: auto: " + PlanSummary(job.spec) + ", " + need->Describe() +
+                       " per device";
+  }
+  if (memory.largest < need->total()) return Fail(TooSmall(job.spec, *need, memory.largest));
+  return ChooseFixed(job, need->total());
+}
+
 std::optional<int> Scheduler::GrowTarget(const Job& job) const {
   const int max_actors = job.spec.elastic.max_actors;  // 0 (`parallel: auto` only): any
-  if (!job.Elastic() || job.phase != Phase::kRunning ||
+  if (!job.Elastic() || job.spec.kind != placement::JobKind::kTrain ||
+      job.phase != Phase::kRunning ||
       job.train.last_committed_step >= job.spec.train.steps ||
       (max_actors > 0 && job.World() >= max_actors)) {
     return std::nullopt;

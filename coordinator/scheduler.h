@@ -71,13 +71,23 @@ class Scheduler {
   // on those devices and the job's own.
   std::optional<int> GrowTarget(const Job& job) const;
 
+  // At submit, a serve job whose model is known: InvalidArgument when its layout cannot cut the
+  // model or its cache holds no whole context, FailedPrecondition when every registered device
+  // of its kind is too small for its fullest rank (saying by how much); OK when none is
+  // registered yet (the start checks again).
+  absl::Status CheckServeFits(const Job& job) const;
+
   // The planner's price of the layout the job runs on the devices its actors hold — step time
   // and memory — with what calibration has measured so far, into job.plan (0 when the planner
   // cannot price it: the layout is the user's and the trainer is the judge of whether it runs).
   void PredictLayout(Job& job) const;
 
  private:
-  StartChoice ChooseFixed(Job& job) const;
+  // Devices with less memory than `min_memory` (0: any) are not placed on.
+  StartChoice ChooseFixed(Job& job, int64_t min_memory = 0) const;
+  // A serve job: for `parallel: auto` the layout first (PlanServeLayout), then the devices that
+  // hold its fullest rank.
+  StartChoice ChooseServe(Job& job) const;
   // `announce`: log the plan (not when only pricing a grow).
   StartChoice ChooseAuto(Job& job, bool avoid, bool announce) const;
 

@@ -129,8 +129,39 @@ void FillStatus(wire::ClusterStatus::Builder status, const StatusSource& source,
       results[r].setDetail(CapText(result.detail));
     }
     if (job.spec.kind == placement::JobKind::kTrain) FillTrainProgress(out.initTrain(), job);
+    if (job.spec.kind == placement::JobKind::kServe) FillServing(out.initServing(), job);
   }
 }
+
+namespace {
+
+void FillGenerations(capnp::List<wire::GenerationStatus>::Builder generations, const Job& job) {
+  for (size_t i = 0; i < job.generations.size(); ++i) {
+    const GenerationRecord& record = job.generations[i];
+    auto g = generations[static_cast<unsigned>(i)];
+    g.setGeneration(record.generation);
+    g.setStartedUnixMs(record.started_unix_ms);
+    g.setEndedUnixMs(record.ended_unix_ms);
+    g.setPlan(CapText(record.plan));
+    g.setResumedStep(record.resumed_step);
+    g.setLastStep(record.last_step);
+    g.setEnding(CapText(std::string(EndingName(record.ending))));
+    if (record.cause) {
+      g.setCause(CapText(DescribeFault(*record.cause)));
+      g.setCauseKind(CapText(std::string(FaultKindName(record.cause->kind))));
+    }
+    auto consequences = g.initConsequences(static_cast<unsigned>(record.consequences.size()));
+    for (size_t c = 0; c < record.consequences.size(); ++c) {
+      consequences.set(static_cast<unsigned>(c), CapText(record.consequences[c]));
+    }
+    g.setStepsLost(record.steps_lost);
+    g.setRecoverySeconds(record.recovery_seconds);
+    g.setDetectionSeconds(record.detection_seconds);
+    g.setAbortSeconds(record.abort_seconds);
+  }
+}
+
+}  // namespace
 
 void FillTrainProgress(wire::TrainProgress::Builder out, const Job& job) {
   const TrainRecord& progress = job.train;
@@ -176,32 +207,30 @@ void FillTrainProgress(wire::TrainProgress::Builder out, const Job& job) {
   out.setElastic(job.Elastic());
   out.setMinActors(static_cast<uint32_t>(std::max(job.spec.elastic.min_actors, 0)));
   out.setMaxActors(static_cast<uint32_t>(std::max(job.spec.elastic.max_actors, 0)));
-  auto generations = out.initGenerations(static_cast<unsigned>(job.generations.size()));
-  for (size_t i = 0; i < job.generations.size(); ++i) {
-    const GenerationRecord& record = job.generations[i];
-    auto g = generations[static_cast<unsigned>(i)];
-    g.setGeneration(record.generation);
-    g.setStartedUnixMs(record.started_unix_ms);
-    g.setEndedUnixMs(record.ended_unix_ms);
-    g.setPlan(CapText(record.plan));
-    g.setResumedStep(record.resumed_step);
-    g.setLastStep(record.last_step);
-    g.setEnding(CapText(std::string(EndingName(record.ending))));
-    if (record.cause) {
-      g.setCause(CapText(DescribeFault(*record.cause)));
-      g.setCauseKind(CapText(std::string(FaultKindName(record.cause->kind))));
-    }
-    auto consequences = g.initConsequences(static_cast<unsigned>(record.consequences.size()));
-    for (size_t c = 0; c < record.consequences.size(); ++c) {
-      consequences.set(static_cast<unsigned>(c), CapText(record.consequences[c]));
-    }
-    g.setStepsLost(record.steps_lost);
-    g.setRecoverySeconds(record.recovery_seconds);
-    g.setDetectionSeconds(record.detection_seconds);
-    g.setAbortSeconds(record.abort_seconds);
-  }
+  FillGenerations(out.initGenerations(static_cast<unsigned>(job.generations.size())), job);
 }
 
+void FillServing(wire::ServingStatus::Builder out, const Job& job) {
+  const ServingRecord& serving = job.serving;
+  out.setUrl(CapText(serving.url));
+  out.setModel(CapText(serving.model));
+  out.setReady(serving.ready);
+  out.setTp(static_cast<uint32_t>(job.spec.parallel.tp));
+  out.setPp(static_cast<uint32_t>(job.spec.parallel.pp));
+  out.setRunning(static_cast<uint64_t>(serving.running));
+  out.setWaiting(static_cast<uint64_t>(serving.waiting));
+  out.setTokensGenerated(static_cast<uint64_t>(serving.tokens_generated));
+  out.setKvBlocks(static_cast<uint64_t>(serving.kv_blocks));
+  out.setKvBlocksUsed(static_cast<uint64_t>(serving.kv_blocks_used));
+  out.setPreemptions(static_cast<uint64_t>(serving.preemptions));
+  const placement::ServeLimits& limits = job.spec.serve.limits;
+  out.setMaxRunning(static_cast<uint32_t>(limits.max_running));
+  out.setMaxTokensPerStep(static_cast<uint32_t>(limits.max_tokens_per_step));
+  out.setBlockSize(static_cast<uint32_t>(limits.block_size));
+  out.setElastic(job.Elastic());
+  out.setPlanSummary(CapText(job.plan.summary));
+  FillGenerations(out.initGenerations(static_cast<unsigned>(job.generations.size())), job);
+}
 
 ClusterGauges CountGauges(const Membership& membership, const std::map<std::string, Job>& jobs) {
   ClusterGauges gauges;

@@ -1,5 +1,5 @@
 // What `shardline status` and the metrics show of the cluster: the status reply (nodes, their
-// calibration, jobs, their actors, a train job's progress and generations) and the gauges, built
+// calibration, jobs, their actors, a train job's progress and generations, a serve job's service) and the gauges, built
 // from the coordinator's bookkeeping. No I/O: the coordinator sends the reply and sets the gauges.
 #pragma once
 
@@ -35,6 +35,8 @@ struct StatusSource {
 void FillStatus(wire::ClusterStatus::Builder status, const StatusSource& source,
                 const std::string& job_id, TimePoint now);
 void FillTrainProgress(wire::TrainProgress::Builder out, const Job& job);
+// A serve job's service: its leader's last report, its limits and its generations.
+void FillServing(wire::ServingStatus::Builder out, const Job& job);
 
 // The coordinator's gauges: nodes, devices, actors and jobs by state, and each running train
 // job's progress.

@@ -185,6 +185,29 @@ struct JobStatus {
   results @11 :List(CollectiveResult);
   backend @12 :Text;
   train @13 :TrainProgress; # kind train only
+  serving @14 :ServingStatus;  # kind serve only: the leader's last report
+}
+
+# A serve job's service as its leader (rank 0) reports it: once it listens, then every second.
+struct ServingStatus {
+  url @0 :Text;             # "http://HOST:PORT"; empty until the leader listens
+  model @1 :Text;           # the name /v1/models lists
+  ready @2 :Bool;           # every rank has loaded its shard and the engine runs
+  tp @3 :UInt32;
+  pp @4 :UInt32;
+  running @5 :UInt64;       # sequences in the running batch
+  waiting @6 :UInt64;       # requests queued behind them
+  tokensGenerated @7 :UInt64;  # by this generation's engine, since it started
+  kvBlocks @8 :UInt64;      # blocks of the KV cache on each rank
+  kvBlocksUsed @9 :UInt64;
+  preemptions @10 :UInt64;
+  # Status only (the coordinator's, not the leader's report):
+  maxRunning @11 :UInt32;   # the spec's limits
+  maxTokensPerStep @12 :UInt32;
+  blockSize @13 :UInt32;
+  generations @14 :List(GenerationStatus);  # every generation of the service, oldest first
+  elastic @15 :Bool;                        # it restarts after a fault (its spec has `elastic`)
+  planSummary @16 :Text;    # `parallel: auto`: the layout planned and what a rank holds
 }
 
 # A train job's progress as the coordinator aggregates it from every rank's StepReports: the loss
@@ -331,13 +354,17 @@ struct Assignment {
   bootstrapTimeoutMs @10 :UInt32;
   specDir @11 :Text;        # as in SubmitJob: where the spec's relative paths resolve
   workDir @12 :Text;
-  parallel @13 :ParallelLayout;  # kind train: the layout to run (`parallel: auto`: the plan)
+  parallel @13 :ParallelLayout;  # kind train and serve: the layout to run (auto: the plan)
   resumeManifest @14 :Text; # kind train: the manifest of the step every rank resumes from (the
                             # coordinator verified it); empty: start fresh
   # kind train: measure the device and the groups before the first step (calibration.h). A
   # restarted generation skips it: the coordinator has its nodes' numbers, and a restart should
   # be back to training as soon as it can.
   calibrate @15 :Bool = true;
+  # kind serve, rank 0: the HTTP address to listen on. The spec's `listen`, but for port 0 after
+  # an earlier generation listened: that generation's port, so that a restarted service keeps
+  # its address.
+  serveListen @16 :Text;
 }
 
 # A train job's layout as the coordinator resolved it (placement::ParallelSpec).
@@ -416,6 +443,8 @@ struct StepReport {
   # A step of log_interval (or the last), which progress lines show. Train ranks also report at
   # least once a second in between, for the coordinator's hang watchdog.
   logged @10 :Bool;
+  # A serve job's leader: its service (set: `step` counts the reports).
+  serving @11 :ServingStatus;
 }
 
 struct ActorDone {

@@ -90,3 +90,11 @@ shardline_test(cluster_chaos_test
   LIBS shardline_test_cluster shardline_monitoring_testing shardline_training
   LABELS integration TIMEOUT 900)
 add_dependencies(cluster_chaos_test shardline)
+
+# `kind: serve` on a real cluster, reached over HTTP (cpp-httplib's client), against `shardline
+# generate`'s text; a killed actor and the supervisor's restart.
+shardline_test(cluster_serve_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/cluster_serve_test.cc
+  LIBS shardline_test_cluster shardline_monitoring_testing shardline_checkpoint PkgConfig::HTTPLIB
+  LABELS integration TIMEOUT 600)
+add_dependencies(cluster_serve_test shardline)

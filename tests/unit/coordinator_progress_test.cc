@@ -91,5 +91,51 @@ TEST(ProgressTest, TheFirstStepOfARestartedJobEndsItsRecovery) {
   EXPECT_FALSE(RecordStep(job, 0, Sample(12, 3.0, 0.1), clock.Now()));  // only once
 }
 
+// A serve job's leader replaces its last report; once a restarted service reports ready, its
+// recovery ends (no steps lost), and the port it listens on is kept for the next restart.
+TEST(ProgressTest, TheFirstReadyReportOfARestartedServiceEndsItsRecovery) {
+  ManualClock clock;
+  Job job;
+  job.id = "svc-1";
+  auto spec = placement::ParseJobSpec(
+      "name: svc\nkind: serve\ncheckpoint: m\nparallel: {tp: 2}\nlisten: 127.0.0.1:0\n"
+      "elastic: {}\n",
+      "test spec");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  job.spec = *spec;
+  LayOut(job, {{"a", 0}, {"a", 1}}, clock.Now());
+  ServingRecord loading;
+  loading.reported = true;
+  EXPECT_FALSE(RecordServing(job, loading, clock.Now()));
+  EXPECT_TRUE(job.serve_listen.empty());
+  ServingRecord ready = loading;
+  ready.ready = true;
+  ready.url = "http://127.0.0.1:40123";
+  ready.tokens_generated = 7;
+  EXPECT_FALSE(RecordServing(job, ready, clock.Now()));  // no restart to recover from
+  EXPECT_EQ(job.serving.tokens_generated, 7);
+  EXPECT_EQ(job.serve_listen, "127.0.0.1:40123");
+
+  GenerationRecord& first = job.generations.back();
+  first.ending = Ending::kFault;
+  Fault cause;
+  cause.kind = FaultKind::kActorExit;
+  first.cause = cause;
+  job.recovering_since = clock.Now();
+  clock.Advance(300ms);
+  LayOut(job, {{"a", 0}, {"a", 1}}, clock.Now(), 2);
+  job.serving = ServingRecord{};  // as StartGeneration leaves it
+  EXPECT_FALSE(RecordServing(job, loading, clock.Now()));  // loading: not back yet
+  clock.Advance(200ms);
+  const std::optional<Recovery> recovery = RecordServing(job, ready, clock.Now());
+  ASSERT_TRUE(recovery);
+  EXPECT_EQ(recovery->ended_generation, 1u);
+  EXPECT_EQ(recovery->cause, "actor_exit");
+  EXPECT_DOUBLE_EQ(recovery->seconds, 0.5);
+  EXPECT_EQ(recovery->steps_lost, 0);
+  EXPECT_DOUBLE_EQ(job.generations[0].recovery_seconds, 0.5);
+  EXPECT_FALSE(RecordServing(job, ready, clock.Now()));  // only once
+}
+
 }  // namespace
 }  // namespace shardline::coordinator

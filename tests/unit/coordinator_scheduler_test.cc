@@ -198,5 +198,71 @@ TEST_F(SchedulerTest, AnAutoJobWaitsWhenNothingIsFree) {
   EXPECT_EQ(choice.reason, "waiting for free cpu devices to plan on (0 free of 1 alive)");
 }
 
+// A serve job of a GPT-2-small shape whose model the coordinator read at submit.
+Job ServeJob(const std::string& parallel, const std::string& limits = "") {
+  Job job;
+  job.id = "svc-1";
+  auto spec = placement::ParseJobSpec(
+      "name: svc\nkind: serve\ncheckpoint: m\nparallel: " + parallel + "\n" + limits,
+      "test spec");
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  if (spec.ok()) job.spec = *spec;
+  if (job.spec.parallel_auto) job.auto_max_actors = AutoMaxActors(job.spec);
+  job.serve_model.layers = 12;
+  job.serve_model.heads = 12;
+  job.serve_model.d_model = 768;
+  job.serve_model.d_ff = 3072;
+  job.serve_model.vocab = 50257;
+  job.serve_model.max_seq_len = 1024;
+  return job;
+}
+
+TEST_F(SchedulerTest, AServeJobIsPlacedOnlyOnDevicesThatHoldItsFullestRank) {
+  AddNode("a", 2);
+  AddNode("b", 2);
+  for (auto& device : membership_.Find("a")->devices) device.memory_bytes = 64 << 20;
+  Job job = ServeJob("{tp: 2}");
+  const StartChoice choice = scheduler_.Choose(job);
+  ASSERT_EQ(choice.verdict, StartChoice::Verdict::kStart) << choice.reason;
+  EXPECT_THAT(choice.placement, ElementsAre(Pair("b", 0), Pair("b", 1)));
+  // Every device too small: refused, saying by how much, at submit and at the start.
+  for (auto& device : membership_.Find("b")->devices) device.memory_bytes = 64 << 20;
+  const absl::Status fits = scheduler_.CheckServeFits(job);
+  EXPECT_EQ(fits.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(fits.message(), HasSubstr("each rank of tp 2 x pp 1 needs"));
+  EXPECT_THAT(fits.message(), HasSubstr("the largest cpu device has 64.0 MiB"));
+  const StartChoice refused = scheduler_.Choose(job);
+  EXPECT_EQ(refused.verdict, StartChoice::Verdict::kFail);
+  EXPECT_EQ(refused.reason, fits.message());
+}
+
+TEST_F(SchedulerTest, AnAutoServeJobTakesTheFewestDevicesThatHoldIt) {
+  AddNode("a", 4);
+  // GPT-2 small on one rank needs about 1 GiB (weights, packed copies, 8 whole contexts): with
+  // 600 MiB devices it takes tensor parallelism of 4 (12 heads; 2 ranks are still too big).
+  for (auto& device : membership_.Find("a")->devices) device.memory_bytes = 600 << 20;
+  Job job = ServeJob("auto");
+  StartChoice choice = scheduler_.Choose(job);
+  ASSERT_EQ(choice.verdict, StartChoice::Verdict::kStart) << choice.reason;
+  EXPECT_TRUE(job.plan.planned);
+  EXPECT_GT(job.spec.parallel.tp, 1);
+  EXPECT_EQ(job.spec.parallel.pp, 1);
+  EXPECT_EQ(job.World(), job.spec.parallel.tp);
+  EXPECT_EQ(choice.placement.size(), static_cast<size_t>(job.World()));
+  EXPECT_THAT(job.plan.summary, HasSubstr("parallel: auto: tp "));
+  // Large devices: one.
+  for (auto& device : membership_.Find("a")->devices) device.memory_bytes = uint64_t{8} << 30;
+  Job small = ServeJob("auto");
+  choice = scheduler_.Choose(small);
+  ASSERT_EQ(choice.verdict, StartChoice::Verdict::kStart) << choice.reason;
+  EXPECT_EQ(small.World(), 1);
+  // Tiny ones: none fits, and the job fails saying how close it came.
+  for (auto& device : membership_.Find("a")->devices) device.memory_bytes = 16 << 20;
+  Job none = ServeJob("auto");
+  choice = scheduler_.Choose(none);
+  EXPECT_EQ(choice.verdict, StartChoice::Verdict::kFail);
+  EXPECT_THAT(choice.reason, HasSubstr("no layout of at most 4 devices fits"));
+}
+
 }  // namespace
 }  // namespace shardline::coordinator

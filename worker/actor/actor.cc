@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "monitoring/metrics.h"
 #include "monitoring/metrics_server.h"
@@ -19,6 +21,10 @@
 #include "kernels/cpu/blas.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/cpu_communicator.h"
+#include "worker/model/data/tokenizer.h"
+#include "worker/serving/batching_engine.h"
+#include "worker/serving/http_server.h"
+#include "worker/serving/serving_rank.h"
 #include "worker/training/sharded_trainer.h"
 #include "worker/wire_observer.h"
 
@@ -33,6 +39,12 @@ constexpr auto kReportTimeout = 10s;
 // The actor's own bootstrap timeouts run this much past the coordinator's deadline: when a peer
 // is missing, the coordinator (which knows who) gives the verdict, not a rank that only timed out.
 constexpr auto kBootstrapSlack = 5s;
+// A serving rank's collectives: a follower waits this long for the leader's next step (an idle
+// leader sends a heartbeat every second), and the first step waits for every rank's load. A dead
+// peer is seen at once (shm's pidfds, the agent's exit report), not after this.
+constexpr auto kServingCommTimeout = 120s;
+// How often a serve job's leader reports its service to the coordinator.
+constexpr auto kServingReportInterval = 1s;
 
 class MeteredCollectives final : public comm::CommObserver {
  public:
@@ -57,6 +69,7 @@ class Actor {
   absl::Status RunJob();
   absl::Status RunCommCheckJob();
   absl::Status RunTrainJob();
+  absl::Status RunServeJob();
   // Measures this rank's GEMM and its groups' all-reduces and reports them (see calibration.h).
   absl::Status CalibrateAndReport();
   absl::Status ReportDone(const absl::Status& result);
@@ -92,11 +105,23 @@ class Actor {
   // What training reports while it runs (steps, saved shards): off the training thread.
   std::unique_ptr<ReportQueue> reports_;
 
+  // The communicators of this rank's serving groups (null: a group of one).
+  serving::ServingGroups ServingGroupsOf() const;
+  // Rank 0 of a serve job: the engine, the HTTP server, and a report of the service every second
+  // until the engine fails (or the agent ends this process).
+  absl::Status LeadServing(const training::CheckpointSource& source,
+                           const model::InferenceWeights& weights,
+                           const serving::BatchingEngineOptions& engine_options,
+                           kernels::Allocator& allocator);
+  void PostServingStatus(const serving::HttpServer* server, const serving::BatchingEngine* engine,
+                         const std::string& model_name);
+
   // From the assignment.
   placement::JobSpec spec_;
   std::string backend_;
   std::string store_prefix_;
   std::string resume_manifest_;  // kind train: the step to resume from; empty: fresh
+  std::string serve_listen_;     // kind serve, rank 0: where to listen; empty: the spec's
   bool calibrate_ = true;        // kind train: measure before the first step
   std::chrono::milliseconds bootstrap_timeout_{30000};
   uint32_t world_size_ = 0;
@@ -108,6 +133,14 @@ class Actor {
   };
   std::vector<Group> groups_;
   std::map<std::string, std::unique_ptr<comm::Communicator>> communicators_;  // by group id
+
+  // A serve job's leader: what its next report says.
+  struct ServingReport {
+    std::string url, model;
+    bool ready = false;
+    serving::EngineStats stats;
+  };
+  uint64_t serving_reports_ = 0;
 };
 
 absl::Status Actor::Connect() {
@@ -151,7 +184,22 @@ absl::Status Actor::Register() {
   base.work_dir = Str(assignment.getWorkDir());
   ASSIGN_OR_RETURN(spec_,
                    placement::ParseJobSpec(Str(assignment.getSpecYaml()), "assignment", base));
-  if (spec_.kind == placement::JobKind::kTrain && assignment.hasParallel()) {
+  if (spec_.kind == placement::JobKind::kServe && assignment.hasParallel()) {
+    // A serve job's layout: the one the coordinator planned for `parallel: auto`, else its spec's,
+    // which the coordinator sends back as it placed it.
+    const auto layout = assignment.getParallel();
+    if (spec_.parallel_auto) {
+      spec_.parallel.tp = static_cast<int>(std::min<uint32_t>(layout.getTp(), 1u << 16));
+      spec_.parallel.pp = static_cast<int>(std::min<uint32_t>(layout.getPp(), 1u << 16));
+      spec_.actors = spec_.parallel.world();
+    } else if (layout.getTp() != static_cast<uint32_t>(spec_.parallel.tp) ||
+               layout.getPp() != static_cast<uint32_t>(spec_.parallel.pp)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the assignment's layout tp ", layout.getTp(), ", pp ", layout.getPp(),
+                       " is not the serve spec's tp ", spec_.parallel.tp, ", pp ",
+                       spec_.parallel.pp));
+    }
+  } else if (spec_.kind == placement::JobKind::kTrain && assignment.hasParallel()) {
     // The coordinator's layout: for `parallel: auto` the planner's, which the spec does not say.
     const auto layout = assignment.getParallel();
     placement::ParallelSpec parallel;
@@ -173,6 +221,7 @@ absl::Status Actor::Register() {
     return absl::InvalidArgumentError("the assignment of a `parallel: auto` job has no layout");
   }
   resume_manifest_ = Str(assignment.getResumeManifest());
+  serve_listen_ = Str(assignment.getServeListen());
   calibrate_ = assignment.getCalibrate();
   backend_ = Str(assignment.getBackend());
   store_prefix_ = Str(assignment.getStorePrefix());
@@ -221,6 +270,9 @@ absl::Status Actor::Bootstrap() {
       if (spec_.kind == placement::JobKind::kTrain) {
         gloo.timeout = std::max<std::chrono::milliseconds>(gloo.timeout, spec_.run_timeout);
       }
+      if (spec_.kind == placement::JobKind::kServe) {
+        gloo.timeout = std::max<std::chrono::milliseconds>(gloo.timeout, kServingCommTimeout);
+      }
       if (backend_ == "shm") {
         comm::CpuCommOptions cpu;
         cpu.gloo = gloo;
@@ -262,6 +314,8 @@ absl::Status Actor::RunJob() {
       return RunCommCheckJob();
     case placement::JobKind::kTrain:
       return RunTrainJob();
+    case placement::JobKind::kServe:
+      return RunServeJob();
   }
   return absl::InternalError("unknown job kind");
 }
@@ -409,6 +463,133 @@ absl::Status Actor::RunTrainJob() {
   spdlog::info("training done: {} steps, final loss {:.4f}, peak {} bytes", result.losses.size(),
                result.losses.empty() ? 0.0f : result.losses.back(), result.peak_bytes);
   return absl::OkStatus();
+}
+
+serving::ServingGroups Actor::ServingGroupsOf() const {
+  serving::ServingGroups groups;
+  for (const auto& group : groups_) {
+    auto found = communicators_.find(group.id);
+    if (found == communicators_.end() || found->second->size() == 1) continue;
+    comm::Communicator* communicator = found->second.get();
+    if (group.kind == "world") groups.world = communicator;
+    if (group.kind == "tp") groups.tp = communicator;
+    if (group.kind == "pp") groups.pp = communicator;
+  }
+  return groups;
+}
+
+void Actor::PostServingStatus(const serving::HttpServer* server,
+                              const serving::BatchingEngine* engine,
+                              const std::string& model_name) {
+  ServingReport report;
+  report.url = server != nullptr ? server->url() : "";
+  report.model = model_name;
+  if (engine != nullptr) {
+    report.ready = engine->Ready();
+    report.stats = engine->Stats();
+  }
+  const uint64_t sequence = ++serving_reports_;
+  reports_->Post("serving report", [this, report,
+                                     sequence](wire::Envelope::Payload::Builder payload) {
+    auto step = Origin(payload.initStepReport());
+    step.setStep(sequence);
+    auto out = step.initServing();
+    out.setUrl(report.url);
+    out.setModel(report.model);
+    out.setReady(report.ready);
+    out.setTp(static_cast<uint32_t>(spec_.parallel.tp));
+    out.setPp(static_cast<uint32_t>(spec_.parallel.pp));
+    out.setRunning(static_cast<uint64_t>(report.stats.running));
+    out.setWaiting(static_cast<uint64_t>(report.stats.waiting));
+    out.setTokensGenerated(static_cast<uint64_t>(report.stats.tokens_generated));
+    out.setKvBlocks(static_cast<uint64_t>(report.stats.kv_blocks));
+    out.setKvBlocksUsed(static_cast<uint64_t>(report.stats.kv_blocks_used));
+    out.setPreemptions(static_cast<uint64_t>(report.stats.preemptions));
+  });
+}
+
+absl::Status Actor::LeadServing(const training::CheckpointSource& source,
+                                const model::InferenceWeights& weights,
+                                const serving::BatchingEngineOptions& engine_options,
+                                kernels::Allocator& allocator) {
+  const placement::ServeSpec& serve = spec_.serve;
+  // The leader alone tokenizes (the other ranks see token ids only).
+  auto tokenizer = data::LoadTokenizer(training::TokenizerSpecFor(serve.tokenizer, source.path()));
+  if (!tokenizer.ok()) return Annotate(tokenizer.status(), "the serve spec's tokenizer");
+  if (source.config().vocab < (*tokenizer)->vocab_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source.path(), " has a vocabulary of ", source.config().vocab, " tokens, fewer than the ",
+        (*tokenizer)->vocab_size(), " of ", (*tokenizer)->Describe(),
+        " (the serve spec's tokenizer names another)"));
+  }
+  serving::HttpServerOptions http;
+  const std::string listen = serve_listen_.empty() ? serve.listen : serve_listen_;
+  RETURN_IF_ERROR(placement::ParseHostPort(listen, &http.host, &http.port));
+  http.api_key = serve.api_key;
+  if (!serve.api_key_file.empty()) {
+    ASSIGN_OR_RETURN(http.api_key, serving::ReadApiKeyFile(serve.api_key_file));
+  }
+  http.model_name =
+      serve.model_name.empty() ? serving::DefaultModelName(serve.checkpoint) : serve.model_name;
+  ASSIGN_OR_RETURN(auto engine, serving::BatchingEngine::Create(weights, engine_options, allocator,
+                                                                ServingGroupsOf()));
+  auto server = serving::HttpServer::Start(http, *engine, **tokenizer);
+  if (!server.ok()) return Annotate(server.status(), "listen " + listen);
+  spdlog::info("serving {} at {}/v1 (tp {}, pp {}, KV cache of {} blocks of {} positions on each "
+               "rank)",
+               http.model_name, (*server)->url(), spec_.parallel.tp, spec_.parallel.pp,
+               engine->Batching().kv_blocks, engine_options.block_size);
+  // The service runs until the agent ends this process (the job cancelled, or its generation
+  // aborted after a fault); a failed step ends it here, and the coordinator restarts the
+  // generation when the job is elastic.
+  while (true) {
+    PostServingStatus(server->get(), engine.get(), http.model_name);
+    if (!engine->Ready()) {
+      (*server)->Stop();
+      reports_->Flush();
+      return absl::UnavailableError("the serving engine stopped after a failed step (a rank of "
+                                    "its group failed)");
+    }
+    std::this_thread::sleep_for(kServingReportInterval);
+  }
+}
+
+absl::Status Actor::RunServeJob() {
+  const placement::ServeSpec& serve = spec_.serve;
+  const int tp = spec_.parallel.tp;
+  const int pp = spec_.parallel.pp;
+  ASSIGN_OR_RETURN(const placement::RankGrid grid, placement::RankGrid::Create(tp, pp, 1));
+  if (static_cast<int>(options_.rank) >= grid.world()) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", options_.rank,
+                                                   " is outside the serving group of tp ", tp,
+                                                   ", pp ", pp));
+  }
+  const placement::RankCoords coords = grid.Coords(static_cast<int>(options_.rank));
+  if (options_.rank == 0) PostServingStatus(nullptr, nullptr, "");
+  ASSIGN_OR_RETURN(const std::string resolved, checkpoint::ResolveCheckpoint(serve.checkpoint));
+  ASSIGN_OR_RETURN(training::CheckpointSource source,
+                   training::CheckpointSource::Open(resolved, serve.hf_heads));
+  const placement::ServeLimits& limits = serve.limits;
+  const serving::BatchingEngineOptions engine_options{
+      .max_running = limits.max_running,
+      .max_tokens_per_step = limits.max_tokens_per_step,
+      .block_size = limits.block_size,
+      .kv_cache_bytes = limits.kv_cache_bytes,
+      .max_queue = limits.max_queue};
+  RETURN_IF_ERROR(serving::CheckServingLayout(source.config(), tp, pp, engine_options,
+                                              "parallel.tp", "parallel.pp"));
+  kernels::CpuAllocator allocator;
+  ASSIGN_OR_RETURN(auto shard, serving::LoadServingShard(source, tp, pp, coords, allocator));
+  spdlog::info("rank {} (tensor-parallel index {}, stage {}) loaded its shard of {}",
+               options_.rank, coords.tp, coords.pp, resolved);
+  // Every rank has loaded its shard before the leader says it is ready (/health) or a follower
+  // waits for steps.
+  if (comm::Communicator* world = ServingGroupsOf().world; world != nullptr) {
+    RETURN_IF_ERROR(Annotate(world->Barrier(), "waiting for every rank to load its shard"));
+  }
+  if (options_.rank == 0) return LeadServing(source, shard->weights(), engine_options, allocator);
+  return serving::RunServingFollower(shard->weights(), engine_options, allocator,
+                                     ServingGroupsOf());
 }
 
 absl::Status Actor::RunCommCheckJob() {

@@ -335,7 +335,11 @@ absl::Status BatchingEngine::Broadcast(StepKind kind, std::vector<int32_t> paylo
                   "serving group: broadcast of a step");
 }
 
-void BatchingEngine::Fail(const absl::Status& status) {
+void BatchingEngine::Fail(const absl::Status& cause) {
+  // Whatever the collective said (a peer gone, a timeout, an abort), for a client the service is
+  // unavailable (503) until it is restarted; the reason goes with it.
+  const absl::Status status = absl::UnavailableError(
+      absl::StrCat("the serving group failed: ", cause.message()));
   group_failed_ = true;
   {
     std::lock_guard<std::mutex> lock(mu_);

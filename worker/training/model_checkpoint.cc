@@ -11,6 +11,7 @@
 #include "checkpoint/gpt2_hf_import.h"
 #include "checkpoint/layout.h"
 #include "checkpoint/verify.h"
+#include "worker/model/data/tokenizer.h"
 
 namespace shardline::training {
 namespace {
@@ -52,11 +53,6 @@ absl::StatusOr<model::GptConfig> ToModelConfig(const checkpoint::Gpt2Config& con
   out.max_seq_len = static_cast<int>(config.n_positions);
   out.tied_embeddings = config.tied_embeddings;
   return out;
-}
-
-// Hugging Face files name their tensors after the PyTorch modules ("wte.weight"); ours do not.
-bool LooksLikeHuggingFace(const checkpoint::SafetensorsReader& reader) {
-  return reader.Find("wte.weight") != nullptr || reader.Find("transformer.wte.weight") != nullptr;
 }
 
 }  // namespace
@@ -113,7 +109,7 @@ absl::StatusOr<std::unique_ptr<model::GptModel>> LoadModel(const std::string& pa
 
   ASSIGN_OR_RETURN(auto reader, checkpoint::SafetensorsReader::Open(file));
   checkpoint::Gpt2Weights weights;
-  if (LooksLikeHuggingFace(reader)) {
+  if (checkpoint::IsHuggingFaceGpt2File(reader)) {
     ASSIGN_OR_RETURN(weights, checkpoint::ImportHfGpt2(file, hf_heads));
   } else {
     ASSIGN_OR_RETURN(weights, checkpoint::ReadGpt2Checkpoint(file));
@@ -154,7 +150,7 @@ absl::StatusOr<CheckpointSource> CheckpointSource::Open(const std::string& path,
     where = absl::StrCat("checkpoint ", file);
     ASSIGN_OR_RETURN(checkpoint::SafetensorsReader reader,
                      checkpoint::SafetensorsReader::Open(file));
-    if (LooksLikeHuggingFace(reader)) {
+    if (checkpoint::IsHuggingFaceGpt2File(reader)) {
       source.kind_ = CheckpointKind::kHuggingFace;
       ASSIGN_OR_RETURN(source.imported_, checkpoint::ImportHfGpt2(file, hf_heads));
       config = source.imported_->config;
@@ -230,6 +226,13 @@ absl::StatusOr<std::vector<float>> ReadCheckpointBox(const CheckpointSource& sou
                      ", expected a floating-point dtype (F32, F16, BF16, F64)"));
   }
   return out;
+}
+
+std::string TokenizerSpecFor(const std::string& given, const std::string& resolved) {
+  if (!given.empty()) return given;
+  const std::string dir = std::filesystem::path(resolved).parent_path().string();
+  const bool hf_folder = !checkpoint::IsManifestPath(resolved) && data::HoldsTokenizerFiles(dir);
+  return hf_folder ? dir : "bytes";
 }
 
 }  // namespace shardline::training

@@ -110,4 +110,9 @@ absl::StatusOr<std::vector<float>> ReadCheckpointBox(const CheckpointSource& sou
                                                      std::span<const int64_t> offsets,
                                                      std::span<const int64_t> shape);
 
+// The tokenizer for the checkpoint at `resolved` (checkpoint::ResolveCheckpoint's answer), as
+// data::LoadTokenizer takes it: `given` when not empty, else a Hugging Face folder's own tokenizer
+// files (the ids it was trained on), else "bytes" (what our own checkpoints are trained on).
+std::string TokenizerSpecFor(const std::string& given, const std::string& resolved);
+
 }  // namespace shardline::training
