@@ -19,6 +19,7 @@
 #include "kernels/cpu/vector_width.h"
 #include "kernels/cpu/layernorm.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/skinny_matmul.h"
 #include "kernels/cpu/optimizer.h"
 #include "kernels/cpu/softmax.h"
 #include "tests/unit/kernels_test_util.h"
@@ -68,6 +69,52 @@ TEST(MatmulTest, ForwardMatchesReference) {
     MatmulForward(out.data(), inp.data(), weight.data(), nullptr, N, C, OC);
     ExpectClose(out, MatmulReference(inp, weight, nullptr, N, C, OC), 1e-4, 1e-4, "matmul");
   }
+}
+
+// Every row count of a decode step, over shapes with and without a 16-float tail, an odd number of
+// columns, one column, and more columns than one thread's block (the threaded path).
+TEST(SkinnyMatmulTest, MatchesTheReferenceAndEachRowIsItsOwn) {
+  for (auto [C, OC] : {std::pair{5, 3}, std::pair{16, 1}, std::pair{33, 17}, std::pair{768, 2305},
+                       std::pair{1024, 64}}) {
+    const auto inp = RandomVector(kSkinnyMaxRows * C, 11);
+    const auto weight = RandomVector(OC * C, 12);
+    const auto bias = RandomVector(OC, 13);
+    std::vector<float> alone(OC);
+    for (int N = 1; N <= kSkinnyMaxRows; ++N) {
+      const std::vector<float> rows(inp.begin(), inp.begin() + N * C);
+      const std::string what = "skinny N " + std::to_string(N) + " C " + std::to_string(C) +
+                               " OC " + std::to_string(OC);
+      std::vector<float> out(N * OC, 123.0f);  // garbage: forward overwrites
+      SkinnyMatmulForward(out.data(), rows.data(), weight.data(), bias.data(), N, C, OC);
+      ExpectClose(out, MatmulReference(rows, weight, bias.data(), N, C, OC), 1e-4, 1e-4, what);
+      std::fill(out.begin(), out.end(), 123.0f);
+      SkinnyMatmulForward(out.data(), rows.data(), weight.data(), nullptr, N, C, OC);
+      ExpectClose(out, MatmulReference(rows, weight, nullptr, N, C, OC), 1e-4, 1e-4, what);
+      // With its own kernel, the last row's bits are those of the same row multiplied alone
+      // (batch invariance; the BLAS it falls back to does not promise that).
+      if (SkinnyMatmulAvailable()) {
+        SkinnyMatmulForward(alone.data(), rows.data() + (N - 1) * C, weight.data(), nullptr, 1,
+                            C, OC);
+        EXPECT_TRUE(std::equal(alone.begin(), alone.end(), out.begin() + (N - 1) * OC)) << what;
+      }
+    }
+  }
+}
+
+// Without AVX-512 it is MatmulForward (the CPU's own kernel is above, where it has AVX-512).
+TEST(SkinnyMatmulTest, WithoutAvx512ItIsMatmulForward) {
+  EXPECT_EQ(SkinnyMatmulAvailable(), WideVectors());
+  UseBaselineVectors(true);
+  EXPECT_FALSE(SkinnyMatmulAvailable());
+  const int N = 5, C = 33, OC = 17;
+  const auto inp = RandomVector(N * C, 14);
+  const auto weight = RandomVector(OC * C, 15);
+  const auto bias = RandomVector(OC, 16);
+  std::vector<float> out(N * OC, 123.0f), expected(N * OC);
+  SkinnyMatmulForward(out.data(), inp.data(), weight.data(), bias.data(), N, C, OC);
+  MatmulForward(expected.data(), inp.data(), weight.data(), bias.data(), N, C, OC);
+  UseBaselineVectors(false);
+  EXPECT_EQ(out, expected);
 }
 
 TEST(MatmulTest, BackwardMatchesFiniteDifferencesAndAccumulates) {

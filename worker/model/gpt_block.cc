@@ -8,6 +8,7 @@
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/layernorm.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/skinny_matmul.h"
 
 namespace shardline::model {
 namespace cpu = kernels::cpu;
@@ -21,10 +22,15 @@ absl::Status Reduce(const AllReduceFn& all_reduce, float* data, int64_t n, const
 
 void Zero(float* p, int64_t n) { std::fill(p, p + n, 0.0f); }
 
-// MatmulForward, through the weight's packed copy when it has one that covers N rows. One row
-// stays with sgemm (MKL's matrix-vector path, as fast as the packed one there).
+// MatmulForward; a decode step's few rows through the kernel that streams each weight once
+// (skinny_matmul.h, on AVX-512), else through the weight's packed copy when it has one that covers
+// N rows. One row stays with sgemm there (MKL's matrix-vector path, as fast as the packed one).
 void Linear(float* out, const float* inp, const float* weight, const cpu::PackedWeight* packed,
             const float* bias, int N, int C, int OC) {
+  if (N <= cpu::kSkinnyMaxRows && cpu::SkinnyMatmulAvailable()) {
+    cpu::SkinnyMatmulForward(out, inp, weight, bias, N, C, OC);
+    return;
+  }
   if (packed == nullptr || N < 2 || N > packed->max_rows()) {
     cpu::MatmulForward(out, inp, weight, bias, N, C, OC);
     return;

@@ -7,6 +7,7 @@
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/layernorm.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/skinny_matmul.h"
 #include "kernels/cpu/paged_attention.h"
 
 namespace shardline::model {
@@ -379,7 +380,9 @@ absl::StatusOr<std::span<const float>> PagedGptForward::Forward(const PagedStep&
   }
   const int Vs = w.vocab_end - w.vocab_begin;
   cpu::LayerNormForward(lnf_, lnf_stats_, lnf_stats_ + R, head_in_, w.lnf_w, w.lnf_b, R, C);
-  if (head_packed_ != nullptr && R >= 2 && R <= head_packed_->max_rows()) {
+  if (R <= cpu::kSkinnyMaxRows && cpu::SkinnyMatmulAvailable()) {
+    cpu::SkinnyMatmulForward(logits_, lnf_, w.lm_head, nullptr, R, C, Vs);  // as Linear's
+  } else if (head_packed_ != nullptr && R >= 2 && R <= head_packed_->max_rows()) {
     head_packed_->Multiply(logits_, lnf_, R, 0.0f);
   } else {
     cpu::MatmulForward(logits_, lnf_, w.lm_head, nullptr, R, C, Vs);

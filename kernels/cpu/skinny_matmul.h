@@ -1,0 +1,31 @@
+// The linear layer of a decode step: out = inp·weightᵀ + bias for a few rows (1 to
+// kSkinnyMaxRows), where every weight is read once from memory and used for all the rows.
+//
+// Why by hand: a decode step multiplies a handful of rows by each weight matrix, so its cost is
+// streaming the weights from memory, and a BLAS tuned for large products does not stream them at
+// full speed there. On a 2-core AMD EPYC (Zen 4) oneMKL 2026.2 takes its generic code path and
+// multiplies 8 rows by GPT-2's head (768 -> 50257, 154 MB) at 6.6 GB/s of weights (23 ms), where
+// the memory gives 4x that; its packed GEMM (PackedWeight) does not change that there. llama.cpp's
+// server, whose own kernels stream the weights, decoded 2x faster on the same machine
+// (bench/serve_compare.py). This kernel keeps a pair of weight rows in registers for all the rows'
+// dot products (16 accumulators of 16 lanes), with AVX-512 only (WideVectors()); elsewhere it is
+// MatmulForward.
+//
+// Each output is one dot product summed in a fixed order (16 lanes over k, then the lanes), so a
+// row's result does not depend on how many other rows are in the product or on the threads: a
+// request's greedy tokens do not depend on its batch.
+#pragma once
+
+namespace shardline::kernels::cpu {
+
+inline constexpr int kSkinnyMaxRows = 16;
+
+// Whether SkinnyMatmulForward has its own kernel on this CPU (else it calls MatmulForward).
+bool SkinnyMatmulAvailable();
+
+// As MatmulForward (out (N, OC) = inp (N, C) · weight (OC, C)ᵀ + bias, overwriting out), for
+// 1 <= N <= kSkinnyMaxRows; other N go to MatmulForward.
+void SkinnyMatmulForward(float* out, const float* inp, const float* weight, const float* bias,
+                         int N, int C, int OC);
+
+}  // namespace shardline::kernels::cpu
