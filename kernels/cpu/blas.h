@@ -7,7 +7,11 @@
 //     our own kernels (no second pool spinning against it), sized by OMP_NUM_THREADS, as the
 //     agent sets per actor; MKL_NUM_THREADS, if set, overrides it for MKL alone. On Intel CPUs
 //     MKL picks its kernels from the CPU's features (AVX-512 here; the log line names the code
-//     path), not from a table of CPU models; on AMD CPUs it runs but was not measured here.
+//     path), not from a table of CPU models. On AMD CPUs it takes its generic code path: on a
+//     2-core Zen 4 EPYC (2026-12-03, bench/gemm_compare.py) its GPT-2 GEMMs ran at 0.91-0.95x
+//     PyTorch's MKL where Debian's OpenBLAS, by its own detection, ran at 1.3x, and its products
+//     of a few rows were slower still (skinny_matmul.h); the choice does not yet look at the
+//     vendor.
 //  2. Else the system OpenBLAS (Debian's libopenblas0), with a warning naming what was missing.
 //     Its own pthreads (OPENBLAS_NUM_THREADS). Debian's 0.3.21 does not know current Xeons and
 //     runs its generic Prescott kernels there (37-57 GFLOP/s on 2 cores against MKL's 300); the
