@@ -202,8 +202,11 @@ TEST_F(ClusterServeTest, KilledActorFailsTheRequestInFlightAndTheServiceComesBac
   const Reply failed = in_flight.get();
   const double seconds = std::chrono::duration<double>(Clock::now() - killed).count();
   EXPECT_LT(seconds, 30.0) << "the request failed only after a timeout";
-  EXPECT_EQ(failed.status, 503) << failed.body;
-  EXPECT_THAT(failed.body, HasSubstr("the serving group failed"));
+  // A 503 naming the failure, as a rule. But the coordinator aborts the generation as soon as the
+  // agent reports rank 1's death, and its agent may kill the leader before the leader has written
+  // that 503 (seen once in 5 suite runs): then the connection is reset, fast too. Not a success.
+  EXPECT_TRUE(failed.status == 503 || failed.status == 0) << failed.status << " " << failed.body;
+  if (failed.status == 503) EXPECT_THAT(failed.body, HasSubstr("the serving group failed"));
 
   // The supervisor restarts the generation, which serves again on the same address.
   auto back = cluster_.WaitForJob(
