@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/avx512.h"
+#include "kernels/cpu/blas.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/vector_width.h"
@@ -90,6 +91,24 @@ void SkinnyMatmulForward(float* out, const float* inp, const float* weight, cons
       kColumns[rows](out + int64_t{m0} * OC, inp + int64_t{m0} * C, weight, bias, C, OC, n0, n1);
     }
   }
+}
+
+void LinearForward(float* out, const float* inp, const float* weight,
+                            const PackedWeight* packed, const float* bias, int N, int C, int OC) {
+  if (N <= kSkinnyMaxRows && SkinnyMatmulAvailable()) {
+    SkinnyMatmulForward(out, inp, weight, bias, N, C, OC);
+    return;
+  }
+  if (packed == nullptr || N < 2 || N > packed->max_rows()) {
+    MatmulForward(out, inp, weight, bias, N, C, OC);
+    return;
+  }
+  float beta = 0.0f;
+  if (bias != nullptr) {
+    for (int n = 0; n < N; ++n) std::copy(bias, bias + OC, out + int64_t{n} * OC);
+    beta = 1.0f;
+  }
+  packed->Multiply(out, inp, N, beta);
 }
 
 }  // namespace shardline::kernels::cpu

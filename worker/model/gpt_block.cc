@@ -22,27 +22,6 @@ absl::Status Reduce(const AllReduceFn& all_reduce, float* data, int64_t n, const
 
 void Zero(float* p, int64_t n) { std::fill(p, p + n, 0.0f); }
 
-// MatmulForward; a decode step's few rows through the kernel that streams each weight once
-// (skinny_matmul.h, on AVX-512), else through the weight's packed copy when it has one that covers
-// N rows. One row stays with sgemm there (MKL's matrix-vector path, as fast as the packed one).
-void Linear(float* out, const float* inp, const float* weight, const cpu::PackedWeight* packed,
-            const float* bias, int N, int C, int OC) {
-  if (N <= cpu::kSkinnyMaxRows && cpu::SkinnyMatmulAvailable()) {
-    cpu::SkinnyMatmulForward(out, inp, weight, bias, N, C, OC);
-    return;
-  }
-  if (packed == nullptr || N < 2 || N > packed->max_rows()) {
-    cpu::MatmulForward(out, inp, weight, bias, N, C, OC);
-    return;
-  }
-  float beta = 0.0f;
-  if (bias != nullptr) {
-    for (int n = 0; n < N; ++n) std::copy(bias, bias + OC, out + int64_t{n} * OC);
-    beta = 1.0f;
-  }
-  packed->Multiply(out, inp, N, beta);
-}
-
 }  // namespace
 
 absl::Status BlockForward(const BlockDims& d, const BlockParams& p, const float* x, float* y,
@@ -53,32 +32,33 @@ absl::Status BlockForward(const BlockDims& d, const BlockParams& p, const float*
   // Attention half. The row-parallel projection's bias is added after the reduction, so that it
   // counts once however many ranks contributed partial sums.
   cpu::LayerNormForward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1_w, p.ln1_b, N, d.C);
-  Linear(a.qkv, a.ln1, p.qkv_w, p.qkv_w_packed, p.qkv_b, N, d.C, 3 * d.Attn());
+  cpu::LinearForward(a.qkv, a.ln1, p.qkv_w, p.qkv_w_packed, p.qkv_b, N, d.C, 3 * d.Attn());
   if (attention) {
     RETURN_IF_ERROR(attention(a.qkv, a.atty));
   } else {
     cpu::AttentionForward(a.atty, a.att_lse, a.qkv, d.B, d.T, d.NH, d.HS);
   }
   if (all_reduce) {
-    Linear(a.resid_mid, a.atty, p.attn_proj_w, p.attn_proj_w_packed, nullptr, N, d.Attn(), d.C);
+    cpu::LinearForward(a.resid_mid, a.atty, p.attn_proj_w, p.attn_proj_w_packed, nullptr, N,
+                       d.Attn(), d.C);
     RETURN_IF_ERROR(Reduce(all_reduce, a.resid_mid, NC, "all-reduce of the attention output"));
     cpu::BiasAddForward(a.resid_mid, p.attn_proj_b, N, d.C);
   } else {
-    Linear(a.resid_mid, a.atty, p.attn_proj_w, p.attn_proj_w_packed, p.attn_proj_b, N, d.Attn(),
-           d.C);
+    cpu::LinearForward(a.resid_mid, a.atty, p.attn_proj_w, p.attn_proj_w_packed, p.attn_proj_b, N,
+                       d.Attn(), d.C);
   }
   cpu::ResidualForward(a.resid_mid, a.resid_mid, x, NC);
 
   // MLP half.
   cpu::LayerNormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.resid_mid, p.ln2_w, p.ln2_b, N, d.C);
-  Linear(a.fch, a.ln2, p.fc_w, p.fc_w_packed, p.fc_b, N, d.C, d.F);
+  cpu::LinearForward(a.fch, a.ln2, p.fc_w, p.fc_w_packed, p.fc_b, N, d.C, d.F);
   cpu::GeluForward(a.fch_gelu, a.fch, d.N() * d.F);
   if (all_reduce) {
-    Linear(y, a.fch_gelu, p.fc_proj_w, p.fc_proj_w_packed, nullptr, N, d.F, d.C);
+    cpu::LinearForward(y, a.fch_gelu, p.fc_proj_w, p.fc_proj_w_packed, nullptr, N, d.F, d.C);
     RETURN_IF_ERROR(Reduce(all_reduce, y, NC, "all-reduce of the MLP output"));
     cpu::BiasAddForward(y, p.fc_proj_b, N, d.C);
   } else {
-    Linear(y, a.fch_gelu, p.fc_proj_w, p.fc_proj_w_packed, p.fc_proj_b, N, d.F, d.C);
+    cpu::LinearForward(y, a.fch_gelu, p.fc_proj_w, p.fc_proj_w_packed, p.fc_proj_b, N, d.F, d.C);
   }
   cpu::ResidualForward(y, y, a.resid_mid, NC);
   return absl::OkStatus();

@@ -380,13 +380,7 @@ absl::StatusOr<std::span<const float>> PagedGptForward::Forward(const PagedStep&
   }
   const int Vs = w.vocab_end - w.vocab_begin;
   cpu::LayerNormForward(lnf_, lnf_stats_, lnf_stats_ + R, head_in_, w.lnf_w, w.lnf_b, R, C);
-  if (R <= cpu::kSkinnyMaxRows && cpu::SkinnyMatmulAvailable()) {
-    cpu::SkinnyMatmulForward(logits_, lnf_, w.lm_head, nullptr, R, C, Vs);  // as Linear's
-  } else if (head_packed_ != nullptr && R >= 2 && R <= head_packed_->max_rows()) {
-    head_packed_->Multiply(logits_, lnf_, R, 0.0f);
-  } else {
-    cpu::MatmulForward(logits_, lnf_, w.lm_head, nullptr, R, C, Vs);
-  }
+  cpu::LinearForward(logits_, lnf_, w.lm_head, head_packed_, nullptr, R, C, Vs);
   return std::span<const float>(logits_, static_cast<size_t>(R) * Vs);
 }
 
