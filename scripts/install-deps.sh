@@ -12,8 +12,8 @@ packages=(
   libabsl-dev libspdlog-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev
   # checkpoint checksums (XXH3)
   libxxhash-dev
-  # collectives and compute
-  libgloo-dev libopenblas-dev libopenmpi-dev openmpi-bin
+  # collectives and compute (OpenBLAS's OpenMP build is the BLAS on AMD CPUs: kernels/cpu/blas.h)
+  libgloo-dev libopenblas-dev libopenblas0-openmp libopenmpi-dev openmpi-bin
   # vectorized tanh and exp for the CPU kernels (the library PyTorch's CPU kernels use)
   libsleef-dev
   # monitoring: client library, and the real server + promtool for the monitoring tests

@@ -155,10 +155,51 @@ bool LoadMkl(Loaded& out, std::string& tried) {
   return false;
 }
 
-// The system's OpenBLAS (Debian's libopenblas0), or whatever BLAS the alternatives system points
-// libcblas.so.3 / libblas.so.3 at. Its own threads (OPENBLAS_NUM_THREADS).
-bool LoadSystem(Loaded& out, std::string& tried) {
-  for (const char* name : {"libopenblas.so.0", "libcblas.so.3", "libblas.so.3"}) {
+// OpenBLAS's cores with AVX2 kernels or better (its DYNAMIC_ARCH names, openblas_get_corename()).
+// A CPU that its table of models does not know gets an older core (Prescott's SSE3 kernels on
+// current Xeons, for Debian's 0.3.21), a fifth of the CPU's speed or less.
+bool KnowsThisCpu(const char* core) {
+  for (const char* fast : {"Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids"}) {
+    if (std::strcmp(core, fast) == 0) return true;
+  }
+  return false;
+}
+
+// OpenBLAS built for OpenMP runs its threads on libgomp's pool, ours; its calls from inside one of
+// our parallel regions must stay on their caller's thread for the reason MklSgemm gives. In an
+// active region OpenBLAS already uses one thread (omp_in_parallel); in one its `if` made a team of
+// one it would ask omp_get_max_threads() and open a nested team, so that is set to 1 for the call
+// (omp_set_num_threads changes only the calling task's setting).
+SgemmFn openblas_sgemm = nullptr;
+
+void OpenBlasOpenMpSgemm(const enum CBLAS_ORDER order, const enum CBLAS_TRANSPOSE trans_a,
+                         const enum CBLAS_TRANSPOSE trans_b, const blasint m, const blasint n,
+                         const blasint k, const float alpha, const float* a, const blasint lda,
+                         const float* b, const blasint ldb, const float beta, float* c,
+                         const blasint ldc) {
+  if (omp_get_level() == 0) {
+    openblas_sgemm(order, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  const int before = omp_get_max_threads();
+  omp_set_num_threads(1);
+  openblas_sgemm(order, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  omp_set_num_threads(before);
+}
+
+// The system's OpenBLAS: Debian's libopenblas0-openmp first (GNU OpenMP threads, the pool our
+// kernels and MKL's GNU layer use), else whatever the alternatives system points libopenblas.so.0,
+// libcblas.so.3 or libblas.so.3 at (Debian's default is the pthreads build, with its own threads,
+// OPENBLAS_NUM_THREADS). With `preferred_only` only the build that item 2 of blas.h chooses is
+// taken: OpenMP threads and kernels for this CPU (KnowsThisCpu); the reason another is refused is
+// noted in `tried`.
+bool LoadSystem(Loaded& out, std::string& tried, bool preferred_only) {
+  for (const char* name : {"/usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.so.0",
+                           "libopenblas.so.0", "libcblas.so.3", "libblas.so.3"}) {
+    if (name[0] == '/' && access(name, R_OK) != 0) {
+      Note(tried, std::string(name) + ": not installed");
+      continue;
+    }
     void* library = Open(name, tried);
     if (library == nullptr) continue;
     auto sgemm = reinterpret_cast<SgemmFn>(dlsym(library, "cblas_sgemm"));
@@ -166,23 +207,53 @@ bool LoadSystem(Loaded& out, std::string& tried) {
       Note(tried, std::string(name) + ": no cblas_sgemm");
       continue;
     }
-    out.sgemm = sgemm;
     auto config = reinterpret_cast<const char* (*)()>(dlsym(library, "openblas_get_config"));
     auto core = reinterpret_cast<const char* (*)()>(dlsym(library, "openblas_get_corename"));
+    auto parallel = reinterpret_cast<int (*)()>(dlsym(library, "openblas_get_parallel"));
+    // openblas_get_parallel(): 0 sequential, 1 its own pthreads, 2 OpenMP.
+    const int threading = parallel != nullptr ? parallel() : -1;
+    if (preferred_only) {
+      std::string refused;
+      if (core == nullptr) {
+        refused = "not OpenBLAS";
+      } else if (!KnowsThisCpu(core())) {
+        refused = std::string("core ") + core() + " has no AVX2 kernels";
+      } else if (threading != 2) {
+        refused = "not its OpenMP build";
+      }
+      if (!refused.empty()) {
+        Note(tried, std::string(name) + ": " + refused);
+        dlclose(library);
+        continue;
+      }
+    }
+    if (threading == 2) {
+      openblas_sgemm = sgemm;
+      out.sgemm = &OpenBlasOpenMpSgemm;
+    } else {
+      out.sgemm = sgemm;
+    }
     out.description = std::string(config != nullptr ? config() : "a CBLAS") + " (" + name;
     if (core != nullptr) {
       out.description += std::string(", core ") + core();
-      // OpenBLAS picks its kernels from a table of CPU models; one newer than the table falls
-      // back to the SSE3 kernels, a fifth of this CPU's speed or less.
-      if (std::strcmp(core(), "Prescott") == 0 && __builtin_cpu_supports("avx2")) {
+      if (!KnowsThisCpu(core()) && __builtin_cpu_supports("avx2")) {
         out.description += ": generic kernels on an AVX2 CPU";
       }
     }
+    out.description += threading == 2   ? ", GNU OpenMP threads"
+                       : threading == 1 ? ", its own pthreads"
+                       : threading == 0 ? ", one thread"
+                                        : "";
     out.description += ")";
     return true;
   }
   return false;
 }
+
+// The library this CPU gets when SHARDLINE_BLAS does not force one (blas.h has the measurements):
+// OpenBLAS on AMD, where MKL takes its generic code path, if its kernels are for this CPU; MKL
+// everywhere else.
+bool PrefersOpenBlas() { return __builtin_cpu_is("amd"); }
 
 const Loaded& Load() {
   static Loaded loaded;
@@ -198,8 +269,17 @@ const Loaded& Load() {
     }
     // Debug, not info: the library a GEMM runs on is the installation's, not news for every
     // `shardline generate`; the actors log BlasDescription() with their calibration. The
-    // fallback below is a warning because it is an installation that lacks its BLAS.
+    // fallback to OpenBLAS where MKL is wanted is a warning: the installation lacks its BLAS.
+    if (want == "" && PrefersOpenBlas()) {
+      if (LoadSystem(loaded, tried, /*preferred_only=*/true)) {
+        loaded.description += ", chosen on an AMD CPU";
+        spdlog::debug("CPU BLAS: {}", loaded.description);
+        return;
+      }
+    }
+    const std::string amd_note = tried;
     if (want != "openblas" && LoadMkl(loaded, tried)) {
+      if (!amd_note.empty()) loaded.description += "; not OpenBLAS on this AMD CPU: " + amd_note;
       spdlog::debug("CPU BLAS: {}", loaded.description);
       return;
     }
@@ -208,7 +288,7 @@ const Loaded& Load() {
                    tried.c_str());
       std::abort();
     }
-    if (LoadSystem(loaded, tried)) {
+    if (LoadSystem(loaded, tried, /*preferred_only=*/false)) {
       if (want == "openblas") {
         spdlog::debug("CPU BLAS: {} (SHARDLINE_BLAS=openblas)", loaded.description);
       } else {

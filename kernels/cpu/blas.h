@@ -1,21 +1,23 @@
 // The BLAS the CPU kernels multiply with, chosen by measurement (bench/gemm_compare.py: oneMKL,
-// oneDNN, BLIS, OpenBLAS old and new, against PyTorch 2's MKL on the GPT-2 GEMM shapes):
+// oneDNN, BLIS, OpenBLAS old and new, against PyTorch 2's MKL on the GPT-2 GEMM shapes), by the
+// CPU's vendor:
 //
-//  1. Intel oneMKL, from the prefix scripts/install-deps.sh fills (the CMake cache variable
-//     SHARDLINE_MKL_DIR, default /opt/shardline/deps/mkl), through libmkl_rt with the LP64
-//     interface and the GNU OpenMP threading layer: MKL's GEMM runs on the same libgomp pool as
-//     our own kernels (no second pool spinning against it), sized by OMP_NUM_THREADS, as the
-//     agent sets per actor; MKL_NUM_THREADS, if set, overrides it for MKL alone. On Intel CPUs
-//     MKL picks its kernels from the CPU's features (AVX-512 here; the log line names the code
-//     path), not from a table of CPU models. On AMD CPUs it takes its generic code path: on a
-//     2-core Zen 4 EPYC (2026-12-03, bench/gemm_compare.py) its GPT-2 GEMMs ran at 0.91-0.95x
-//     PyTorch's MKL where Debian's OpenBLAS, by its own detection, ran at 1.3x, and its products
-//     of a few rows were slower still (skinny_matmul.h); the choice does not yet look at the
-//     vendor.
-//  2. Else the system OpenBLAS (Debian's libopenblas0), with a warning naming what was missing.
-//     Its own pthreads (OPENBLAS_NUM_THREADS). Debian's 0.3.21 does not know current Xeons and
-//     runs its generic Prescott kernels there (37-57 GFLOP/s on 2 cores against MKL's 300); the
-//     log line says so.
+//  1. On Intel CPUs (and any CPU but AMD's): Intel oneMKL, from the prefix scripts/install-deps.sh
+//     fills (the CMake cache variable SHARDLINE_MKL_DIR, default /opt/shardline/deps/mkl),
+//     through libmkl_rt with the LP64 interface and the GNU OpenMP threading layer: MKL's GEMM
+//     runs on the same libgomp pool as our own kernels (no second pool spinning against it),
+//     sized by OMP_NUM_THREADS, as the agent sets per actor; MKL_NUM_THREADS, if set, overrides
+//     it for MKL alone. MKL picks its kernels from the CPU's features (AVX-512 on the Xeons
+//     here; the log line names the code path), not from a table of CPU models: on a 2-core
+//     AVX-512 Xeon it made 0.93-1.12x PyTorch 2's MKL, where Debian's OpenBLAS 0.3.21 does not
+//     know the CPU and runs its generic Prescott kernels (37-57 GFLOP/s against MKL's 300).
+//  2. On AMD CPUs: Debian's OpenBLAS, its OpenMP build (libopenblas0-openmp: the same libgomp
+//     pool), when its own detection gives it kernels for this CPU (an AVX2 core or better; 0.3.21
+//     calls Zen 1-4 "Zen"). MKL takes its generic code path on AMD: on a 2-core Zen 4 EPYC
+//     (2026-12-03) its GPT-2 GEMMs ran at 0.91-0.95x PyTorch 2.15's MKL, where OpenBLAS ran at
+//     1.29-1.33x, and its products of a few rows were slower still (skinny_matmul.h). An AMD CPU
+//     that OpenBLAS does not know gets MKL (the log line says why).
+//  3. Else the system OpenBLAS (Debian's libopenblas0), with a warning naming what was missing.
 // SHARDLINE_BLAS=mkl or =openblas forces one (for comparisons and tests; unset in production).
 // The library and its version are logged once, at the first GEMM.
 //
@@ -63,8 +65,8 @@ std::string BlasDescription();
 // A weight matrix (OC, C), as MatmulForward takes it, packed once into MKL's own layout for
 // products of up to max_rows rows (cblas_sgemm_pack / cblas_sgemm_compute): a decode step's few
 // rows then do not pay for repacking the weight on every call — 1.6x faster at 8 rows on GPT-2
-// small's layers (2-core Xeon, MKL 2026.2). Only MKL has it; the packed copy is as large as the
-// weight, and the weight must stay as it was packed.
+// small's layers (2-core Xeon, MKL 2026.2). Only MKL has it (so not on AMD CPUs, item 2 above);
+// the packed copy is as large as the weight, and the weight must stay as it was packed.
 class PackedWeight {
  public:
   // nullptr when the BLAS has no packed GEMM (OpenBLAS) or a size is not positive;
@@ -82,7 +84,8 @@ class PackedWeight {
 };
 
 // The threads this process's CPU kernels and GEMM run on: OpenMP's pool, which MKL's GNU OpenMP
-// layer shares (OMP_NUM_THREADS, as the agent sets it per actor; OpenBLAS gets the same count).
+// layer and OpenBLAS's OpenMP build share (OMP_NUM_THREADS, as the agent sets it per actor; the
+// pthreads OpenBLAS of the fallback gets the same count).
 int CpuThreads();
 
 }  // namespace shardline::kernels::cpu

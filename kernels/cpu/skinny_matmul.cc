@@ -93,8 +93,8 @@ void SkinnyMatmulForward(float* out, const float* inp, const float* weight, cons
   }
 }
 
-void LinearForward(float* out, const float* inp, const float* weight,
-                            const PackedWeight* packed, const float* bias, int N, int C, int OC) {
+void LinearForward(float* out, const float* inp, const float* weight, const PackedWeight* packed,
+                   const float* bias, int N, int C, int OC) {
   if (N <= kSkinnyMaxRows && SkinnyMatmulAvailable()) {
     SkinnyMatmulForward(out, inp, weight, bias, N, C, OC);
     return;

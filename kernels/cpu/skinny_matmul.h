@@ -32,7 +32,7 @@ class PackedWeight;
 // MatmulForward for a block's linears (training and inference) and the paged head, choosing by
 // N: the skinny kernel for a decode step's rows (on AVX-512), else `packed` (null: none) when it
 // covers N >= 2 rows, else sgemm (MKL's matrix-vector path for one row, as fast as the packed one).
-void LinearForward(float* out, const float* inp, const float* weight,
-                            const PackedWeight* packed, const float* bias, int N, int C, int OC);
+void LinearForward(float* out, const float* inp, const float* weight, const PackedWeight* packed,
+                   const float* bias, int N, int C, int OC);
 
 }  // namespace shardline::kernels::cpu
