@@ -128,7 +128,6 @@ class HttpServer::Impl {
   // Refuses a request the API does not take (a missing or wrong key, an unknown path, a wrong
   // method) with its error; false when it goes on to its handler.
   bool Refused(const httplib::Request& req, httplib::Response& res) const;
-  httplib::Server::HandlerResponse PreRoute(const httplib::Request& req, httplib::Response& res);
   void HandleCompletion(const httplib::Request& req, httplib::Response& res, Endpoint endpoint);
   void HandleMetrics(httplib::Response& res);
 
@@ -173,8 +172,6 @@ absl::Status HttpServer::Impl::Start() {
   // A streamed token is one small write: without this Nagle holds it until the client's delayed
   // ACK (~40 ms on a kept-alive connection).
   server_.set_tcp_nodelay(true);
-  server_.set_pre_routing_handler(
-      [this](const httplib::Request& req, httplib::Response& res) { return PreRoute(req, res); });
   server_.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
     if (!Refused(req, res)) HandleCompletion(req, res, Endpoint::kCompletions);
   });
@@ -194,7 +191,9 @@ absl::Status HttpServer::Impl::Start() {
   server_.Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
     if (!Refused(req, res)) HandleMetrics(res);
   });
-  // Requests with a body on any other path or method (see PreRoute), after the routes above.
+  // Every other path and method, after the routes above. Refused in a handler, never in httplib's
+  // pre-routing handler: that runs before httplib reads a request's body, and a request answered
+  // there leaves its body on a kept-alive connection, to be parsed as the next request.
   const auto refuse = [this](const httplib::Request& req, httplib::Response& res) {
     if (!Refused(req, res)) SendError(res, MakeApiError(405, req.method + " " + req.path));
   };
@@ -291,20 +290,6 @@ bool HttpServer::Impl::Refused(const httplib::Request& req, httplib::Response& r
     return true;
   }
   return false;
-}
-
-// httplib runs the pre-routing handler before it reads a request's body, and a request it
-// answers there leaves the body on a kept-alive connection, to be parsed as the next request. So
-// a request with a body is refused by its handler, after httplib read it: every handler checks
-// first, and catch-all handlers take every other path and method.
-httplib::Server::HandlerResponse HttpServer::Impl::PreRoute(const httplib::Request& req,
-                                                            httplib::Response& res) {
-  const bool has_body = req.has_header("Transfer-Encoding") ||
-                        (req.has_header("Content-Length") &&
-                         req.get_header_value("Content-Length") != "0");
-  if (has_body) return httplib::Server::HandlerResponse::Unhandled;
-  return Refused(req, res) ? httplib::Server::HandlerResponse::Handled
-                           : httplib::Server::HandlerResponse::Unhandled;
 }
 
 void HttpServer::Impl::HandleMetrics(httplib::Response& res) {
