@@ -145,7 +145,8 @@ absl::Status ValidateManifest(const Manifest& manifest, const std::string& sourc
     }
   }
   for (const auto& [name, tensor] : manifest.tensors) {
-    const auto tensor_error = [&](absl::string_view what) {
+    // An init-capture: clang 14 (the fuzz build's) cannot capture a structured binding itself.
+    const auto tensor_error = [&, &name = name](absl::string_view what) {
       return error(absl::StrCat("tensor '", name, "': ", what));
     };
     const std::optional<uint64_t> volume = NumElements(tensor.global_shape);

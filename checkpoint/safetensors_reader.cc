@@ -125,7 +125,8 @@ absl::Status SafetensorsReader::ParseHeader() {
       }
       continue;
     }
-    const auto error = [&](absl::string_view what) {
+    // An init-capture: clang 14 (the fuzz build's) cannot capture a structured binding itself.
+    const auto error = [&, &name = name](absl::string_view what) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": tensor '", name, "': ", what));
     };
     if (!entry.is_object()) return error(absl::StrCat("entry is ", entry.type_name()));

@@ -85,7 +85,9 @@ std::string FormatApproxByteSize(double bytes) {
     bytes /= 1024.0;
     ++unit;
   }
-  return absl::StrFormat(unit == 0 ? "%.0f %s" : "%.1f %s", bytes, AbslView(kUnits[unit]));
+  // Two calls: clang checks a format at compile time and refuses one chosen at run time.
+  return unit == 0 ? absl::StrFormat("%.0f %s", bytes, AbslView(kUnits[unit]))
+                   : absl::StrFormat("%.1f %s", bytes, AbslView(kUnits[unit]));
 }
 
 }  // namespace shardline::placement
