@@ -81,13 +81,16 @@ DecodeResult Decode(const void* data, size_t size, std::string_view expected_clu
                   request_id);
   }
   try {
-    if (!expected_cluster.empty() && Str(envelope.getClusterId()) != expected_cluster) {
+    // Both header texts are read here even when no cluster is expected: totalSize() does not
+    // check that a text ends in its NUL, and every receiver logs the sender and cluster.
+    const std::string cluster = Str(envelope.getClusterId());
+    (void)envelope.getSender().cStr();
+    if (!expected_cluster.empty() && cluster != expected_cluster) {
       return Refuse(DecodeFailure::kCluster,
-                    "message for cluster '" + Str(envelope.getClusterId()) +
-                        "' reached cluster '" + std::string(expected_cluster) + "'",
+                    "message for cluster '" + cluster + "' reached cluster '" +
+                        std::string(expected_cluster) + "'",
                     request_id);
     }
-    (void)envelope.getSender().cStr();
   } catch (const kj::Exception& e) {
     return Refuse(DecodeFailure::kGarbage,
                   std::string("malformed header: ") + e.getDescription().cStr(), request_id);
@@ -148,7 +151,13 @@ void SetError(wire::Envelope::Payload::Builder payload, const absl::Status& stat
 absl::Status ErrorToStatus(wire::Error::Reader error) {
   auto code = static_cast<absl::StatusCode>(error.getCode());
   if (code == absl::StatusCode::kOk) code = absl::StatusCode::kUnknown;
-  return absl::Status(code, Str(error.getMessage()));
+  try {
+    return absl::Status(code, Str(error.getMessage()));
+  } catch (const kj::Exception& e) {
+    // Decode checks the structure, not that each text ends in its NUL.
+    return absl::Status(code, std::string("(malformed error message: ") +
+                                  e.getDescription().cStr() + ")");
+  }
 }
 
 }  // namespace shardline::protocol
