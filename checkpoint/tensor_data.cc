@@ -100,7 +100,8 @@ float BFloat16ToFloat(uint16_t bits) {
 bool ConvertToFloat(SafetensorsDType dtype, const std::byte* data, size_t count, float* out) {
   switch (dtype) {
     case SafetensorsDType::kF32:
-      std::memcpy(out, data, count * sizeof(float));
+      // An empty tensor's buffers may be null, which memcpy may not be given even for 0 bytes.
+      if (count > 0) std::memcpy(out, data, count * sizeof(float));
       return true;
     case SafetensorsDType::kF64:
       for (size_t i = 0; i < count; ++i) {
