@@ -1,5 +1,7 @@
 #include "placement/yaml_reader.h"
 
+#include <yaml-cpp/eventhandler.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -133,27 +135,81 @@ std::optional<std::string> DoubleRangeViolation(double value, const DoubleRange&
   return std::nullopt;
 }
 
+// Beyond this many documents ParseYamlDocument stops counting: the text is wrong either way.
+constexpr int kMaxDocumentsCounted = 16;
+
+// Counts the documents of a YAML stream and keeps where the second one's content starts (what
+// YAML::Node::Mark() of its root would say).
+class DocumentCounter : public YAML::EventHandler {
+ public:
+  int documents() const { return documents_; }
+  const YAML::Mark& second_document_mark() const { return second_document_mark_; }
+
+  void OnDocumentStart(const YAML::Mark& mark) override {
+    ++documents_;
+    if (documents_ == 2) second_document_mark_ = mark;
+    awaiting_second_root_ = documents_ == 2;
+  }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark& mark, YAML::anchor_t) override { OnNode(mark); }
+  void OnAlias(const YAML::Mark& mark, YAML::anchor_t) override { OnNode(mark); }
+  void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                const std::string&) override {
+    OnNode(mark);
+  }
+  void OnSequenceStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {
+    OnNode(mark);
+  }
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {
+    OnNode(mark);
+  }
+  void OnMapEnd() override {}
+
+ private:
+  void OnNode(const YAML::Mark& mark) {
+    if (!awaiting_second_root_) return;
+    second_document_mark_ = mark;
+    awaiting_second_root_ = false;
+  }
+
+  int documents_ = 0;
+  bool awaiting_second_root_ = false;
+  YAML::Mark second_document_mark_;
+};
+
 }  // namespace
 
 absl::StatusOr<YAML::Node> ParseYamlDocument(const std::string& text,
                                              const std::string& source_name) {
-  std::vector<YAML::Node> documents;
+  YAML::Node document;
+  DocumentCounter counter;
   try {
-    documents = YAML::LoadAll(text);
+    document = YAML::Load(text);
+    // Not YAML::LoadAll: after some malformed input ("? a]]") yaml-cpp 0.7's parser yields empty
+    // documents forever, and LoadAll never returns. Counting stops at a bound instead.
+    std::istringstream stream(text);
+    YAML::Parser parser(stream);
+    while (counter.documents() <= kMaxDocumentsCounted && parser.HandleNextDocument(counter)) {
+    }
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(
         Located(source_name, e.mark, "", absl::StrCat("invalid YAML: ", e.msg)));
   }
-  if (documents.empty()) return YAML::Node(YAML::NodeType::Null);
-  if (documents.size() > 1) {
+  if (counter.documents() > 1) {
     // A stray "---" most often means two files were pasted together; reading only the first
     // would silently drop the second.
+    const std::string found = counter.documents() > kMaxDocumentsCounted
+                                  ? absl::StrCat("more than ", kMaxDocumentsCounted)
+                                  : absl::StrCat(counter.documents());
     return absl::InvalidArgumentError(
-        Located(source_name, documents[1].Mark(), "",
-                absl::StrCat("invalid YAML: expected one document, found ", documents.size(),
+        Located(source_name, counter.second_document_mark(), "",
+                absl::StrCat("invalid YAML: expected one document, found ", found,
                              " (remove the extra '---' separator)")));
   }
-  return documents.front();
+  return document;
 }
 
 absl::StatusOr<std::string> ReadTextFile(const std::string& path) {
