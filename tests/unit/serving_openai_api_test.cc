@@ -89,6 +89,7 @@ TEST(ServingOpenAiApiTest, WrongTypesAndValuesNameTheField) {
       {R"({"model":"m","prompt":"x","temperature":"hot"})", "temperature", "must be a number"},
       {R"({"model":"m","prompt":"x","temperature":3})", "temperature", "[0, 2]"},
       {R"({"model":"m","prompt":"x","top_p":0})", "top_p", "(0, 1]"},
+      {R"({"model":"m","prompt":"x","top_p":1e-300})", "top_p", "0 as a 32-bit float"},
       {R"({"model":"m","prompt":"x","top_k":-2})", "top_k", "got -2"},
       {R"({"model":"m","prompt":"x","seed":"s"})", "seed", "must be an integer"},
       {R"({"model":"m","prompt":"x","n":2})", "n", "only 'n' = 1"},

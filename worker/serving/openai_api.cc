@@ -240,6 +240,9 @@ ParsedRequest ParseCompletionRequest(std::string_view body, Endpoint endpoint) {
   } catch (const json::parse_error& e) {
     return Fail(MakeApiError(
         400, absl::StrCat("the body is not valid JSON (at byte ", e.byte, "): ", e.what())));
+  } catch (const json::exception& e) {
+    // A number past double's range ("1e400") is out_of_range, not a parse_error.
+    return Fail(MakeApiError(400, absl::StrCat("the body is not valid JSON: ", e.what())));
   }
   if (!j.is_object()) {
     return Fail(
@@ -291,8 +294,11 @@ ParsedRequest ParseCompletionRequest(std::string_view body, Endpoint endpoint) {
   p.temperature = static_cast<float>(temperature);
   double top_p = 1.0;
   if (auto e = ReadNumber(j, "top_p", &top_p)) return Fail(*e);
-  if (!(top_p > 0 && top_p <= 1)) {
-    return Fail(BadField("top_p", absl::StrCat("'top_p' must be in (0, 1], got ", top_p)));
+  // Sampling runs in fp32, where a top_p below about 1e-45 is 0: a nucleus of no token.
+  const bool in_range = top_p > 0 && top_p <= 1;
+  if (!in_range || static_cast<float>(top_p) == 0.0f) {
+    return Fail(BadField("top_p", absl::StrCat("'top_p' must be in (0, 1], got ", top_p,
+                                               in_range ? " (0 as a 32-bit float)" : "")));
   }
   p.top_p = static_cast<float>(top_p);
   int64_t top_k = 0;
