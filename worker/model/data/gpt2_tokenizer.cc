@@ -155,6 +155,10 @@ absl::StatusOr<json> ParseJson(const std::string& path, const std::string& conte
     const std::string why = colon == std::string::npos ? what : what.substr(colon + 2);
     return absl::InvalidArgumentError(
         absl::StrCat(path, " line ", line, " column ", column, ": malformed JSON: ", why));
+  } catch (const json::exception& e) {
+    // A number past double's range ("1e400") is out_of_range, not a parse_error, and has no
+    // position.
+    return absl::InvalidArgumentError(absl::StrCat(path, ": malformed JSON: ", e.what()));
   }
 }
 
