@@ -8,19 +8,23 @@
 // the memory gives 4x that; its packed GEMM (PackedWeight) does not change that there. llama.cpp's
 // server, whose own kernels stream the weights, decoded 2x faster on the same machine
 // (bench/serve_compare.py). This kernel keeps a pair of weight rows in registers for all the rows'
-// dot products (16 accumulators of 16 lanes), with AVX-512 only (WideVectors()); elsewhere it is
+// dot products (16 accumulators of 16 lanes), with AVX-512 (WideVectors()), or for 4 rows at a
+// time with AVX2 and FMA (Avx2Vectors(); 8 accumulators of 8 lanes): on a 2-core AVX2 Zen 3 EPYC
+// GPT-2 small served 187.2 output tokens/s at 8 sequences with it, 80.7 with OpenBLAS 0.3.21
+// multiplying the steps' rows (bench/serve_compare.py, 2026-12-04). Elsewhere it is
 // MatmulForward.
 //
-// Each output is one dot product summed in a fixed order (16 lanes over k, then the lanes), so a
-// row's result does not depend on how many other rows are in the product or on the threads: a
-// request's greedy tokens do not depend on its batch.
+// Each output is one dot product summed in a fixed order (16 or 8 lanes over k, then the lanes),
+// so a row's result does not depend on how many other rows are in the product or on the threads:
+// a request's greedy tokens do not depend on its batch.
 #pragma once
 
 namespace shardline::kernels::cpu {
 
 inline constexpr int kSkinnyMaxRows = 16;
 
-// Whether SkinnyMatmulForward has its own kernel on this CPU (else it calls MatmulForward).
+// Whether SkinnyMatmulForward has its own kernel on this CPU, AVX-512 or AVX2 (else it calls
+// MatmulForward).
 bool SkinnyMatmulAvailable();
 
 // As MatmulForward (out (N, OC) = inp (N, C) · weight (OC, C)ᵀ + bias, overwriting out), for
@@ -30,8 +34,9 @@ void SkinnyMatmulForward(float* out, const float* inp, const float* weight, cons
 
 class PackedWeight;
 // MatmulForward for a block's linears (training and inference) and the paged head, choosing by
-// N: the skinny kernel for a decode step's rows (on AVX-512), else `packed` (null: none) when it
-// covers N >= 2 rows, else sgemm (MKL's matrix-vector path for one row, as fast as the packed one).
+// N: the skinny kernel for a decode step's rows (on AVX-512 or AVX2), else `packed` (null: none)
+// when it covers N >= 2 rows, else sgemm (MKL's matrix-vector path for one row, as fast as the
+// packed one).
 void LinearForward(float* out, const float* inp, const float* weight, const PackedWeight* packed,
                    const float* bias, int N, int C, int OC);
 

@@ -43,15 +43,24 @@ __attribute__((target("avx512f"))) void Tanh16(float* y, const float* x, int64_t
 }
 
 std::atomic<bool> baseline_only{false};
+std::atomic<bool> avx2_at_most{false};
 
 }  // namespace
 
 bool WideVectors() {
   static const bool has = __builtin_cpu_supports("avx512f");
+  return has && !baseline_only.load(std::memory_order_relaxed) &&
+         !avx2_at_most.load(std::memory_order_relaxed);
+}
+
+bool Avx2Vectors() {
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return has && !baseline_only.load(std::memory_order_relaxed);
 }
 
 void UseBaselineVectors(bool baseline) { baseline_only.store(baseline); }
+
+void UseAvx2AtMost(bool at_most) { avx2_at_most.store(at_most); }
 
 void ExpShiftedInto(float* y, const float* x, float shift, int64_t n) {
   if (WideVectors()) return ExpShifted16(y, x, shift, n);

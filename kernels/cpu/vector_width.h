@@ -6,11 +6,18 @@
 
 namespace shardline::kernels::cpu {
 
-// True where the CPU has AVX-512F, unless UseBaselineVectors(true).
+// True where the CPU has AVX-512F, unless UseBaselineVectors(true) or UseAvx2AtMost(true).
 bool WideVectors();
+
+// True where the CPU has AVX2 and FMA, unless UseBaselineVectors(true). Kernels with an
+// eight-lane body (skinny_matmul.h) take it where WideVectors() is false.
+bool Avx2Vectors();
 
 // true: the four-lane paths everywhere (tests cover the path of a CPU without AVX-512 with it,
 // and compare the two).
 void UseBaselineVectors(bool baseline);
+
+// true: no sixteen-lane paths (tests cover the eight-lane bodies on an AVX-512 CPU with it).
+void UseAvx2AtMost(bool at_most);
 
 }  // namespace shardline::kernels::cpu

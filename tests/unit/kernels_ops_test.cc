@@ -71,19 +71,20 @@ TEST(MatmulTest, ForwardMatchesReference) {
   }
 }
 
-// Every row count of a decode step, over shapes with and without a 16-float tail, an odd number of
-// columns, one column, and more columns than one thread's block (the threaded path).
-TEST(SkinnyMatmulTest, MatchesTheReferenceAndEachRowIsItsOwn) {
+// Every row count of a decode step, over shapes with and without a 16- or 8-float tail, an odd
+// number of columns, one column, and more columns than one thread's block (the threaded path):
+// with the CPU's widest body, and with the eight-lane one (UseAvx2AtMost) where the CPU has both.
+void CheckSkinnyMatmul(const std::string& body) {
   for (auto [C, OC] : {std::pair{5, 3}, std::pair{16, 1}, std::pair{33, 17}, std::pair{768, 2305},
-                       std::pair{1024, 64}}) {
+                       std::pair{1024, 64}, std::pair{12, 9}}) {
     const auto inp = RandomVector(kSkinnyMaxRows * C, 11);
     const auto weight = RandomVector(OC * C, 12);
     const auto bias = RandomVector(OC, 13);
     std::vector<float> alone(OC);
     for (int N = 1; N <= kSkinnyMaxRows; ++N) {
       const std::vector<float> rows(inp.begin(), inp.begin() + N * C);
-      const std::string what = "skinny N " + std::to_string(N) + " C " + std::to_string(C) +
-                               " OC " + std::to_string(OC);
+      const std::string what = body + " skinny N " + std::to_string(N) + " C " +
+                               std::to_string(C) + " OC " + std::to_string(OC);
       std::vector<float> out(N * OC, 123.0f);  // garbage: forward overwrites
       SkinnyMatmulForward(out.data(), rows.data(), weight.data(), bias.data(), N, C, OC);
       ExpectClose(out, MatmulReference(rows, weight, bias.data(), N, C, OC), 1e-4, 1e-4, what);
@@ -101,9 +102,19 @@ TEST(SkinnyMatmulTest, MatchesTheReferenceAndEachRowIsItsOwn) {
   }
 }
 
-// Without AVX-512 it is MatmulForward (the CPU's own kernel is above, where it has AVX-512).
-TEST(SkinnyMatmulTest, WithoutAvx512ItIsMatmulForward) {
-  EXPECT_EQ(SkinnyMatmulAvailable(), WideVectors());
+TEST(SkinnyMatmulTest, MatchesTheReferenceAndEachRowIsItsOwn) {
+  CheckSkinnyMatmul(WideVectors() ? "avx512" : Avx2Vectors() ? "avx2" : "baseline");
+  if (WideVectors() && Avx2Vectors()) {
+    UseAvx2AtMost(true);
+    ASSERT_TRUE(SkinnyMatmulAvailable());
+    CheckSkinnyMatmul("avx2");
+    UseAvx2AtMost(false);
+  }
+}
+
+// Without AVX-512 or AVX2 it is MatmulForward (the CPU's own kernels are above).
+TEST(SkinnyMatmulTest, WithoutAvx2ItIsMatmulForward) {
+  EXPECT_EQ(SkinnyMatmulAvailable(), WideVectors() || Avx2Vectors());
   UseBaselineVectors(true);
   EXPECT_FALSE(SkinnyMatmulAvailable());
   const int N = 5, C = 33, OC = 17;
