@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include <capnp/dynamic.h>
+#include <capnp/schema.h>
 #include <kj/exception.h>
 
 namespace shardline::protocol {
@@ -11,9 +13,52 @@ namespace {
 // schema of ours nests deeper than a few levels.
 capnp::ReaderOptions BoundedOptions() {
   capnp::ReaderOptions options;
-  options.traversalLimitInWords = kMaxFrameBytes / sizeof(capnp::word);
+  // Decode reads every word twice: once without the schema, once with it (CheckAgainstSchema).
+  options.traversalLimitInWords = 2 * kMaxFrameBytes / sizeof(capnp::word);
   options.nestingLimit = 16;
   return options;
+}
+
+void CheckValue(const capnp::DynamicValue::Reader& value);
+
+void CheckStruct(const capnp::DynamicStruct::Reader& reader) {
+  for (const capnp::StructSchema::Field field : reader.getSchema().getNonUnionFields()) {
+    if (reader.has(field)) CheckValue(reader.get(field));
+  }
+  KJ_IF_MAYBE (field, reader.which()) {
+    if (reader.has(*field)) CheckValue(reader.get(*field));
+  }
+}
+
+void CheckValue(const capnp::DynamicValue::Reader& value) {
+  switch (value.getType()) {
+    case capnp::DynamicValue::STRUCT:
+      CheckStruct(value.as<capnp::DynamicStruct>());
+      break;
+    case capnp::DynamicValue::LIST: {
+      const auto list = value.as<capnp::DynamicList>();
+      switch (list.getSchema().whichElementType()) {
+        case capnp::schema::Type::TEXT:
+        case capnp::schema::Type::DATA:
+        case capnp::schema::Type::LIST:
+        case capnp::schema::Type::STRUCT:
+          for (const capnp::DynamicValue::Reader element : list) CheckValue(element);
+          break;
+        default:  // numbers, booleans and enums: any bits are a value
+          break;
+      }
+      break;
+    }
+    default:  // getting a text (NUL-terminated) or data already checked it
+      break;
+  }
+}
+
+// Reads every field the schema knows, the way a handler would: a pointer of the wrong kind (a
+// list where a struct is due) or an unterminated text throws here, so that a frame Decode accepts
+// can be read field by field without an exception. totalSize() alone checks only bounds.
+void CheckAgainstSchema(wire::Envelope::Reader envelope) {
+  CheckStruct(capnp::DynamicStruct::Reader(envelope));
 }
 
 DecodeResult Refuse(DecodeFailure failure, std::string message, uint64_t request_id = 0) {
@@ -94,6 +139,15 @@ DecodeResult Decode(const void* data, size_t size, std::string_view expected_clu
   } catch (const kj::Exception& e) {
     return Refuse(DecodeFailure::kGarbage,
                   std::string("malformed header: ") + e.getDescription().cStr(), request_id);
+  }
+  // After the version check: a peer of another version gets that reason, not "malformed".
+  try {
+    CheckAgainstSchema(envelope);
+  } catch (const kj::Exception& e) {
+    return Refuse(DecodeFailure::kGarbage,
+                  std::string(PayloadName(envelope.getPayload().which())) +
+                      " payload is malformed: " + e.getDescription().cStr(),
+                  request_id);
   }
   DecodeResult result;
   result.request_id = request_id;

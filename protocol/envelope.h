@@ -49,7 +49,9 @@ struct DecodeResult {
 };
 
 // Decodes one frame with bounded ReaderOptions and checks its protocol version and, unless
-// `expected_cluster` is empty, its cluster id. Never throws.
+// `expected_cluster` is empty, its cluster id; then reads every field the schema knows once, so
+// that reading an accepted message's fields does not throw (a frame whose pointers do not match
+// the schema, or with an unterminated text, is refused as kGarbage). Never throws.
 DecodeResult Decode(const void* data, size_t size, std::string_view expected_cluster);
 
 // An envelope being built: header filled in, payload to be set by the caller.
