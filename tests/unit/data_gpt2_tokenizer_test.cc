@@ -283,6 +283,11 @@ TEST(Gpt2TokenizerErrorsTest, VocabularyErrorsNameTheFileAndToken) {
   vocab["xyz"] = -3;
   status = LoadError(vocab.dump(), "", &dir);
   EXPECT_THAT(Message(status), AllOf(HasSubstr(dir + "/vocab.json"), HasSubstr("-3")));
+  // An id sizes the loader's tables: a huge one is refused, not allocated.
+  vocab["xyz"] = 2147483646;
+  status = LoadError(vocab.dump(), "", &dir);
+  EXPECT_THAT(Message(status), AllOf(HasSubstr(dir + "/vocab.json"), HasSubstr("2147483646"),
+                                     HasSubstr("[0, 2097151]")));
 
   vocab = Vocab({});
   vocab["xyz"] = 5;  // also byte 5's id

@@ -35,6 +35,11 @@ constexpr char kPattern[] =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\p{White_Space}\p{L}\p{N}]+)"
     R"(|\p{White_Space}+(?!\P{White_Space})|\p{White_Space}+)";
 
+// Ids are indices into tables sized by the largest id, so a few bytes of vocabulary naming id
+// 2^31 - 2 would make the loader allocate about 100 GB. 2^21 is 8 times the largest vocabularies
+// in use (Gemma's 262,144) and keeps what a hostile file can make us allocate near 100 MB.
+constexpr int64_t kMaxTokenId = (int64_t{1} << 21) - 1;
+
 // Above this many cached pre-tokens the cache starts again: a bound on memory for a server that
 // sees unbounded text, far above the distinct words of one prompt or document.
 constexpr size_t kMaxCacheEntries = 1 << 17;
@@ -172,11 +177,10 @@ absl::StatusOr<std::vector<std::pair<std::string, Token>>> VocabEntries(const js
   std::vector<std::pair<std::string, Token>> vocab;
   vocab.reserve(object.size());
   for (const auto& [token, id] : object.items()) {
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
-        id.get<int64_t>() >= std::numeric_limits<Token>::max()) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > kMaxTokenId) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": token ", Quote(token), " has id ",
-                                                     id.dump(),
-                                                     ", expected an integer in [0, 2^31 - 1)"));
+                                                     id.dump(), ", expected an integer in [0, ",
+                                                     kMaxTokenId, "]"));
     }
     vocab.emplace_back(token, static_cast<Token>(id.get<int64_t>()));
   }
@@ -304,12 +308,10 @@ absl::StatusOr<std::unique_ptr<Gpt2Tokenizer>> Gpt2Tokenizer::FromTokenizerJson(
       const json* id = t.is_object() ? member(t, "id") : nullptr;
       const json* content = t.is_object() ? member(t, "content") : nullptr;
       if (id == nullptr || !id->is_number_integer() || id->get<int64_t>() < 0 ||
-          id->get<int64_t>() >= std::numeric_limits<Token>::max() || content == nullptr ||
-          !content->is_string() || content->get<std::string>().empty()) {
-        return invalid(where +
-                       ": expected an object with an id in [0, 2^31 - 1) and a "
-                       "non-empty content, got " +
-                       t.dump());
+          id->get<int64_t>() > kMaxTokenId || content == nullptr || !content->is_string() ||
+          content->get<std::string>().empty()) {
+        return invalid(absl::StrCat(where, ": expected an object with an id in [0, ", kMaxTokenId,
+                                    "] and a non-empty content, got ", t.dump()));
       }
       for (const char* flag : {"lstrip", "rstrip", "single_word"}) {
         if (t.value(flag, false)) return unlike_gpt2(absl::StrCat(where, ".", flag, " is set"));

@@ -50,7 +50,7 @@ class Gpt2Tokenizer final : public Tokenizer {
   // Errors name the file: NotFound for a missing one; InvalidArgument naming the line for
   // malformed JSON, a merges line that is not two tokens, or a merge whose parts or result are not
   // in the vocabulary; and for a vocabulary that lacks one of the 256 byte tokens, has an id twice
-  // or has a token that is not made of Gpt2ByteChar characters.
+  // or past 2^21 - 1, or has a token that is not made of Gpt2ByteChar characters.
   static absl::StatusOr<std::unique_ptr<Gpt2Tokenizer>> FromFiles(const std::string& vocab_path,
                                                                   const std::string& merges_path);
 
