@@ -5,7 +5,10 @@
 
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "common/process.h"
 #include "tests/integration/local_cluster.h"
@@ -17,18 +20,24 @@ using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 
 // Pids of live processes whose command line mentions `needle`.
-std::vector<pid_t> ProcessesMentioning(const std::string& needle) {
+// Live processes whose command line holds every one of `needles`.
+std::vector<pid_t> ProcessesMentioning(std::initializer_list<std::string> needles) {
   std::vector<pid_t> found;
   for (const auto& entry : fs::directory_iterator("/proc")) {
     const std::string name = entry.path().filename();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
     std::ifstream in(entry.path() / "cmdline");
     std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (cmdline.find(needle) != std::string::npos && ProcessAlive(std::stoi(name))) {
-      found.push_back(std::stoi(name));
+    bool all = true;
+    for (const std::string& needle : needles) {
+      all = all && cmdline.find(needle) != std::string::npos;
     }
+    if (all && ProcessAlive(std::stoi(name))) found.push_back(std::stoi(name));
   }
   return found;
+}
+std::vector<pid_t> ProcessesMentioning(const std::string& needle) {
+  return ProcessesMentioning({needle});
 }
 
 TEST(UpTest, DefaultJobRunsToTheEndAndShutsDownCleanly) {
@@ -76,13 +85,24 @@ TEST(UpTest, CtrlCStopsEverything) {
   spawn.log_path = work_dir + ".out";
   auto pid = Spawn(spawn);
   ASSERT_TRUE(pid.ok());
-  // Wait until the job is underway: actors exist.
+  // Wait until the job is underway: actors of this cluster exist. Its actors are told the
+  // coordinator's endpoint, which the coordinator writes to WORK_DIR/endpoint; another `up` (the
+  // test beside this one in a parallel ctest) runs actors of a job of the same name.
   const auto deadline = std::chrono::steady_clock::now() + 60s;
-  while (std::chrono::steady_clock::now() < deadline &&
-         ProcessesMentioning("shardline-up-1").empty()) {
+  std::string endpoint;
+  const auto own_actors = [&] {
+    if (endpoint.empty()) {
+      std::ifstream file(work_dir + "/endpoint");
+      std::getline(file, endpoint);
+      if (endpoint.empty()) return std::vector<pid_t>{};
+    }
+    // Whole arguments (each ends in a NUL in /proc/PID/cmdline): port 3611 is not 36117.
+    return ProcessesMentioning({endpoint + '\0', "shardline-up-1"});
+  };
+  while (std::chrono::steady_clock::now() < deadline && own_actors().empty()) {
     std::this_thread::sleep_for(20ms);
   }
-  ASSERT_FALSE(ProcessesMentioning("shardline-up-1").empty()) << "no actor appeared";
+  ASSERT_FALSE(own_actors().empty()) << "no actor appeared";
   ASSERT_EQ(::kill(*pid, SIGINT), 0);
   auto exited = WaitFor(*pid, 30s);
   ASSERT_TRUE(exited.ok() && exited->has_value());
@@ -91,7 +111,7 @@ TEST(UpTest, CtrlCStopsEverything) {
   std::string text((std::istreambuf_iterator<char>(out)), std::istreambuf_iterator<char>());
   EXPECT_NE(text.find("Interrupted"), std::string::npos) << text;
   EXPECT_TRUE(ProcessesMentioning(work_dir).empty());
-  EXPECT_TRUE(ProcessesMentioning("shardline-up-1").empty());
+  EXPECT_TRUE(own_actors().empty());
   fs::remove_all(work_dir);
   fs::remove(spawn.log_path);
 }
