@@ -59,6 +59,35 @@ __attribute__((target("avx512f"))) void AdamWRange16(float* params, const float*
   }
 }
 
+// AdamWRange16 eight lanes at a time, for AVX2 CPUs; the same operations (no fused multiply-add:
+// the same bits).
+__attribute__((target("avx2"))) void AdamWRange8(float* params, const float* grads, float* m,
+                                                 float* v, int64_t n, const AdamWScalars& k) {
+  const __m256 b1 = _mm256_set1_ps(k.b1), b1c = _mm256_set1_ps(1.0f - k.b1);
+  const __m256 b2 = _mm256_set1_ps(k.b2), b2c = _mm256_set1_ps(1.0f - k.b2);
+  const __m256 lr = _mm256_set1_ps(k.lr), wd = _mm256_set1_ps(k.wd), eps = _mm256_set1_ps(k.eps);
+  const __m256 c1 = _mm256_set1_ps(k.correction1), c2 = _mm256_set1_ps(k.correction2);
+  const __m256i lane_index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256i lanes = _mm256_cmpgt_epi32(
+        _mm256_set1_epi32(static_cast<int>(std::min<int64_t>(n - i, 8))), lane_index);
+    const __m256 g = _mm256_maskload_ps(grads + i, lanes);
+    const __m256 mi =
+        _mm256_add_ps(_mm256_mul_ps(b1, _mm256_maskload_ps(m + i, lanes)), _mm256_mul_ps(b1c, g));
+    const __m256 vi = _mm256_add_ps(_mm256_mul_ps(b2, _mm256_maskload_ps(v + i, lanes)),
+                                    _mm256_mul_ps(_mm256_mul_ps(b2c, g), g));
+    _mm256_maskstore_ps(m + i, lanes, mi);
+    _mm256_maskstore_ps(v + i, lanes, vi);
+    const __m256 m_hat = _mm256_div_ps(mi, c1);
+    const __m256 v_hat = _mm256_div_ps(vi, c2);
+    const __m256 p = _mm256_maskload_ps(params + i, lanes);
+    const __m256 step = _mm256_mul_ps(
+        lr, _mm256_add_ps(_mm256_div_ps(m_hat, _mm256_add_ps(_mm256_sqrt_ps(v_hat), eps)),
+                          _mm256_mul_ps(wd, p)));
+    _mm256_maskstore_ps(params + i, lanes, _mm256_sub_ps(p, step));
+  }
+}
+
 // Elements per parallel chunk: whole 64-byte lines, large enough to stream.
 constexpr int64_t kAdamWChunk = 16 * 1024;
 
@@ -73,6 +102,7 @@ absl::Status AdamWUpdate(float* params, const float* grads, float* m, float* v, 
                        config.weight_decay,  config.eps,   prepared->first,
                        prepared->second};
   const bool wide = WideVectors();
+  const bool avx2 = !wide && Avx2Vectors();
   const int64_t chunks = (n + kAdamWChunk - 1) / kAdamWChunk;
 #pragma omp parallel for schedule(static) if (n >= kMinParallelWork)
   for (int64_t c = 0; c < chunks; ++c) {
@@ -80,6 +110,8 @@ absl::Status AdamWUpdate(float* params, const float* grads, float* m, float* v, 
     const int64_t count = std::min(kAdamWChunk, n - i0);
     if (wide) {
       AdamWRange16(params + i0, grads + i0, m + i0, v + i0, count, k);
+    } else if (avx2) {
+      AdamWRange8(params + i0, grads + i0, m + i0, v + i0, count, k);
     } else {
       for (int64_t i = i0; i < i0 + count; ++i) AdamWElement(params[i], grads[i], m[i], v[i], k);
     }

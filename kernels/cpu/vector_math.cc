@@ -9,6 +9,11 @@
 #include "kernels/cpu/avx512.h"
 #include "kernels/cpu/vector_width.h"
 
+// SLEEF's 256-bit AVX2 functions (1.0 ulp, as the 128-bit ones), which sleef.h declares only
+// under __AVX2__, which this file is not compiled with.
+extern "C" __m256 Sleef_expf8_u10avx2(__m256);
+extern "C" __m256 Sleef_tanhf8_u10avx2(__m256);
+
 namespace shardline::kernels::cpu {
 namespace {
 
@@ -42,6 +47,30 @@ __attribute__((target("avx512f"))) void Tanh16(float* y, const float* x, int64_t
   }
 }
 
+// The eight-lane bodies, for AVX2 CPUs. Tails go through masked lanes, as in the sixteen-lane
+// ones.
+__attribute__((target("avx2"))) inline __m256i TailMask8(int64_t left) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::min<int64_t>(left, 8))),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+__attribute__((target("avx2,fma"))) void ExpShifted8(float* y, const float* x, float shift,
+                                                     int64_t n) {
+  const __m256 s = _mm256_set1_ps(shift);
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256i lanes = TailMask8(n - i);
+    const __m256 v = _mm256_sub_ps(_mm256_maskload_ps(x + i, lanes), s);
+    _mm256_maskstore_ps(y + i, lanes, Sleef_expf8_u10avx2(v));
+  }
+}
+
+__attribute__((target("avx2,fma"))) void Tanh8(float* y, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256i lanes = TailMask8(n - i);
+    _mm256_maskstore_ps(y + i, lanes, Sleef_tanhf8_u10avx2(_mm256_maskload_ps(x + i, lanes)));
+  }
+}
+
 std::atomic<bool> baseline_only{false};
 std::atomic<bool> avx2_at_most{false};
 
@@ -64,11 +93,13 @@ void UseAvx2AtMost(bool at_most) { avx2_at_most.store(at_most); }
 
 void ExpShiftedInto(float* y, const float* x, float shift, int64_t n) {
   if (WideVectors()) return ExpShifted16(y, x, shift, n);
+  if (Avx2Vectors()) return ExpShifted8(y, x, shift, n);
   const __m128 s = _mm_set1_ps(shift);
   Apply([s](__m128 v) { return Sleef_expf4_u10(_mm_sub_ps(v, s)); }, y, x, n);
 }
 void TanhInto(float* y, const float* x, int64_t n) {
   if (WideVectors()) return Tanh16(y, x, n);
+  if (Avx2Vectors()) return Tanh8(y, x, n);
   Apply([](__m128 v) { return Sleef_tanhf4_u10(v); }, y, x, n);
 }
 

@@ -6,9 +6,10 @@
 // only declared under -ffast-math, which would loosen every other kernel's arithmetic. With the
 // scalar calls GELU's tanh was 25-35% of a CPU transformer layer, and cross-entropy's exp 13% of a
 // step of a 2-layer model with GPT-2's 50K vocabulary. PyTorch's CPU kernels use SLEEF for the same
-// functions. Sixteen lanes (SLEEF's AVX-512 functions) where the CPU has AVX-512, else four (SSE:
-// the binaries target baseline x86-64, no -march, as they run on every node), chosen at run time
-// (vector_width.h); SLEEF picks the best 128-bit implementation for the CPU it runs on.
+// functions. Sixteen lanes (SLEEF's AVX-512 functions) where the CPU has AVX-512, eight (its AVX2
+// ones) where it has AVX2 and FMA, else four (SSE: the binaries target baseline x86-64, no
+// -march, as they run on every node), chosen at run time (vector_width.h); SLEEF picks the best
+// 128-bit implementation for the CPU it runs on.
 //
 // Single-threaded: callers parallelise over rows or blocks. y may alias x.
 #pragma once

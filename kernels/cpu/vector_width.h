@@ -10,7 +10,7 @@ namespace shardline::kernels::cpu {
 bool WideVectors();
 
 // True where the CPU has AVX2 and FMA, unless UseBaselineVectors(true). Kernels with an
-// eight-lane body (skinny_matmul.h) take it where WideVectors() is false.
+// eight-lane body (skinny_matmul.h, vector_math.h, AdamW) take it where WideVectors() is false.
 bool Avx2Vectors();
 
 // true: the four-lane paths everywhere (tests cover the path of a CPU without AVX-512 with it,

@@ -260,12 +260,19 @@ TEST(LayerNormTest, BackwardMatchesFiniteDifferences) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// exp and tanh over arrays (vector_math.h), at both widths
+// exp and tanh over arrays (vector_math.h), at every width this CPU has: 0 the widest, 1 AVX2
+// at most, 2 four lanes.
 
-class VectorMathTest : public ::testing::TestWithParam<bool> {
+class VectorMathTest : public ::testing::TestWithParam<int> {
  protected:
-  void SetUp() override { UseBaselineVectors(GetParam()); }
-  void TearDown() override { UseBaselineVectors(false); }
+  void SetUp() override {
+    UseAvx2AtMost(GetParam() == 1);
+    UseBaselineVectors(GetParam() == 2);
+  }
+  void TearDown() override {
+    UseAvx2AtMost(false);
+    UseBaselineVectors(false);
+  }
 };
 
 TEST_P(VectorMathTest, ExpAndTanhWithinTwoUlpOfDouble) {
@@ -292,8 +299,8 @@ TEST_P(VectorMathTest, ExpAndTanhWithinTwoUlpOfDouble) {
   for (size_t i = 0; i < shifted.size(); ++i) ASSERT_EQ(shifted[i], e[i + 3]) << i;
 }
 
-INSTANTIATE_TEST_SUITE_P(Widths, VectorMathTest, ::testing::Bool(), [](const auto& info) {
-  return std::string(info.param ? "FourLanes" : "Widest");
+INSTANTIATE_TEST_SUITE_P(Widths, VectorMathTest, ::testing::Values(0, 1, 2), [](const auto& info) {
+  return std::string(info.param == 0 ? "Widest" : info.param == 1 ? "Avx2AtMost" : "FourLanes");
 });
 
 // ---------------------------------------------------------------------------------------------
@@ -587,13 +594,15 @@ TEST(AdamWTest, MatchesReferenceOverSeveralSteps) {
   ExpectClose(v, rv, 1e-6, 1e-5, "adamw v");
 }
 
-// The AVX-512 path (where this CPU has it) gives the scalar path's bits, a tail of 7 included.
-TEST(AdamWTest, VectorPathGivesTheScalarBits) {
+// The AVX-512 and AVX2 paths (where this CPU has them) give the scalar path's bits, a tail of 7
+// included.
+TEST(AdamWTest, VectorPathsGiveTheScalarBits) {
   const int64_t n = 40000 + 7;
   const AdamWConfig config{.learning_rate = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
                            .weight_decay = 0.1f};
-  auto run = [&](bool baseline) {
+  auto run = [&](bool baseline, bool avx2_at_most) {
     UseBaselineVectors(baseline);
+    UseAvx2AtMost(avx2_at_most);
     auto params = RandomVector(n, 45);
     std::vector<float> m(n, 0.0f), v(n, 0.0f);
     for (int step = 1; step <= 3; ++step) {
@@ -602,13 +611,16 @@ TEST(AdamWTest, VectorPathGivesTheScalarBits) {
           AdamWUpdate(params.data(), grads.data(), m.data(), v.data(), n, config, step).ok());
     }
     UseBaselineVectors(false);
+    UseAvx2AtMost(false);
     params.insert(params.end(), m.begin(), m.end());
     params.insert(params.end(), v.begin(), v.end());
     return params;
   };
-  const std::vector<float> scalar = run(true), widest = run(false);
+  const std::vector<float> scalar = run(true, false), widest = run(false, false),
+                           avx2 = run(false, true);
   ASSERT_EQ(scalar.size(), widest.size());
-  for (size_t i = 0; i < scalar.size(); ++i) ASSERT_EQ(scalar[i], widest[i]) << i;
+  for (size_t i = 0; i < scalar.size(); ++i) ASSERT_EQ(scalar[i], widest[i]) << "widest " << i;
+  for (size_t i = 0; i < scalar.size(); ++i) ASSERT_EQ(scalar[i], avx2[i]) << "avx2 " << i;
 }
 
 TEST(AdamWTest, WeightDecayIsDecoupledFromTheGradient) {
