@@ -4,6 +4,7 @@
 
 #include <capnp/dynamic.h>
 #include <capnp/schema.h>
+#include <kj/debug.h>
 #include <kj/exception.h>
 
 namespace shardline::protocol {
@@ -19,21 +20,24 @@ capnp::ReaderOptions BoundedOptions() {
   return options;
 }
 
-void CheckValue(const capnp::DynamicValue::Reader& value);
+// `elements_left` bounds the list elements visited: a list of zero-sized structs may claim 2^29
+// elements in one word, which Cap'n Proto's traversal limit does not count, and a frame's lists
+// cannot hold more elements than it has words.
+void CheckValue(const capnp::DynamicValue::Reader& value, uint64_t& elements_left);
 
-void CheckStruct(const capnp::DynamicStruct::Reader& reader) {
+void CheckStruct(const capnp::DynamicStruct::Reader& reader, uint64_t& elements_left) {
   for (const capnp::StructSchema::Field field : reader.getSchema().getNonUnionFields()) {
-    if (reader.has(field)) CheckValue(reader.get(field));
+    if (reader.has(field)) CheckValue(reader.get(field), elements_left);
   }
   KJ_IF_MAYBE (field, reader.which()) {
-    if (reader.has(*field)) CheckValue(reader.get(*field));
+    if (reader.has(*field)) CheckValue(reader.get(*field), elements_left);
   }
 }
 
-void CheckValue(const capnp::DynamicValue::Reader& value) {
+void CheckValue(const capnp::DynamicValue::Reader& value, uint64_t& elements_left) {
   switch (value.getType()) {
     case capnp::DynamicValue::STRUCT:
-      CheckStruct(value.as<capnp::DynamicStruct>());
+      CheckStruct(value.as<capnp::DynamicStruct>(), elements_left);
       break;
     case capnp::DynamicValue::LIST: {
       const auto list = value.as<capnp::DynamicList>();
@@ -42,7 +46,12 @@ void CheckValue(const capnp::DynamicValue::Reader& value) {
         case capnp::schema::Type::DATA:
         case capnp::schema::Type::LIST:
         case capnp::schema::Type::STRUCT:
-          for (const capnp::DynamicValue::Reader element : list) CheckValue(element);
+          KJ_REQUIRE(list.size() <= elements_left,
+                     "the frame's lists hold more elements than the frame has words");
+          elements_left -= list.size();
+          for (const capnp::DynamicValue::Reader element : list) {
+            CheckValue(element, elements_left);
+          }
           break;
         default:  // numbers, booleans and enums: any bits are a value
           break;
@@ -57,8 +66,9 @@ void CheckValue(const capnp::DynamicValue::Reader& value) {
 // Reads every field the schema knows, the way a handler would: a pointer of the wrong kind (a
 // list where a struct is due) or an unterminated text throws here, so that a frame Decode accepts
 // can be read field by field without an exception. totalSize() alone checks only bounds.
-void CheckAgainstSchema(wire::Envelope::Reader envelope) {
-  CheckStruct(capnp::DynamicStruct::Reader(envelope));
+void CheckAgainstSchema(wire::Envelope::Reader envelope, size_t words) {
+  uint64_t elements_left = words;
+  CheckStruct(capnp::DynamicStruct::Reader(envelope), elements_left);
 }
 
 DecodeResult Refuse(DecodeFailure failure, std::string message, uint64_t request_id = 0) {
@@ -142,7 +152,7 @@ DecodeResult Decode(const void* data, size_t size, std::string_view expected_clu
   }
   // After the version check: a peer of another version gets that reason, not "malformed".
   try {
-    CheckAgainstSchema(envelope);
+    CheckAgainstSchema(envelope, size / sizeof(capnp::word));
   } catch (const kj::Exception& e) {
     return Refuse(DecodeFailure::kGarbage,
                   std::string(PayloadName(envelope.getPayload().which())) +
