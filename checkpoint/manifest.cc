@@ -1,8 +1,10 @@
 #include "checkpoint/manifest.h"
 
 #include <filesystem>
+#include <limits>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/checksum.h"
@@ -28,7 +30,33 @@ bool Intersect(const ShardSlice& a, const ShardSlice& b) {
   return true;
 }
 
-std::vector<int64_t> Int64s(const Json& value) { return value.get<std::vector<int64_t>>(); }
+// nlohmann's get<int64_t>() takes any number: 2.5 becomes 2, and a float past int64's range is
+// undefined behaviour (UBSan). A manifest's integers must be written as integers that fit.
+int64_t Int64(const Json& value) {
+  if (value.is_number_float()) {
+    throw std::invalid_argument(value.dump() + " is not an integer");
+  }
+  if (value.is_number_unsigned() &&
+      value.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    throw std::invalid_argument(value.dump() + " does not fit in a signed 64-bit integer");
+  }
+  return value.get<int64_t>();  // a type_error for what is not a number
+}
+
+uint64_t UInt64(const Json& value) {
+  if (value.is_number_float() || (value.is_number_integer() && !value.is_number_unsigned())) {
+    throw std::invalid_argument(value.dump() + " is not a non-negative integer");
+  }
+  return value.get<uint64_t>();
+}
+
+std::vector<int64_t> Int64s(const Json& value) {
+  if (!value.is_array()) return value.get<std::vector<int64_t>>();  // the type_error
+  std::vector<int64_t> values;
+  values.reserve(value.size());
+  for (const Json& element : value) values.push_back(Int64(element));
+  return values;
+}
 
 uint64_t Checksum(const Json& value) {
   const std::string text = value.get<std::string>();
@@ -56,14 +84,14 @@ DataIdentity DataFromJson(const Json& json) {
   DataIdentity data;
   data.source = json.at("source").get<std::string>();
   if (data.source == "synthetic") {
-    data.synthetic_seed = json.at("synthetic_seed").get<uint64_t>();
-    data.synthetic_bytes = json.at("synthetic_bytes").get<int64_t>();
+    data.synthetic_seed = UInt64(json.at("synthetic_seed"));
+    data.synthetic_bytes = Int64(json.at("synthetic_bytes"));
   } else if (data.source == "file") {
     data.path = json.at("path").get<std::string>();
   } else {
     throw std::invalid_argument("source \"" + data.source + "\" is neither synthetic nor file");
   }
-  data.tokens = json.at("tokens").get<int64_t>();
+  data.tokens = Int64(json.at("tokens"));
   data.xxh3 = Checksum(json.at("xxh3_64"));
   return data;
 }
@@ -87,11 +115,11 @@ Json TrainToJson(const TrainState& train) {
 
 TrainState TrainFromJson(const Json& json) {
   TrainState train;
-  train.seed = json.at("seed").get<uint64_t>();
-  train.batch = json.at("batch").get<int64_t>();
-  train.seq_len = json.at("seq_len").get<int64_t>();
+  train.seed = UInt64(json.at("seed"));
+  train.batch = Int64(json.at("batch"));
+  train.seq_len = Int64(json.at("seq_len"));
   train.data = DataFromJson(json.at("data"));
-  train.steps = json.at("steps").get<int64_t>();
+  train.steps = Int64(json.at("steps"));
   const Json& o = json.at("optimizer");
   train.optimizer.lr = o.at("lr").get<double>();
   train.optimizer.beta1 = o.at("beta1").get<double>();
@@ -99,7 +127,7 @@ TrainState TrainFromJson(const Json& json) {
   train.optimizer.eps = o.at("eps").get<double>();
   train.optimizer.weight_decay = o.at("weight_decay").get<double>();
   train.optimizer.grad_clip = o.at("grad_clip").get<double>();
-  train.optimizer.warmup_steps = o.at("warmup_steps").get<int64_t>();
+  train.optimizer.warmup_steps = Int64(o.at("warmup_steps"));
   return train;
 }
 
@@ -116,11 +144,11 @@ Json PlanToJson(const PlanInfo& plan) {
 
 PlanInfo PlanFromJson(const Json& json) {
   PlanInfo plan;
-  plan.tp = json.at("tp").get<int64_t>();
-  plan.pp = json.at("pp").get<int64_t>();
-  plan.dp = json.at("dp").get<int64_t>();
-  plan.zero = json.at("zero").get<int64_t>();
-  plan.micro_batch = json.at("micro_batch").get<int64_t>();
+  plan.tp = Int64(json.at("tp"));
+  plan.pp = Int64(json.at("pp"));
+  plan.dp = Int64(json.at("dp"));
+  plan.zero = Int64(json.at("zero"));
+  plan.micro_batch = Int64(json.at("micro_batch"));
   plan.stage_layers = Int64s(json.at("stage_layers"));
   plan.device = json.at("device").get<std::string>();
   plan.precision = json.at("precision").get<std::string>();
@@ -250,7 +278,7 @@ absl::StatusOr<Manifest> ParseManifest(std::string_view text, const std::string&
   try {
     const Json json = Json::parse(text.begin(), text.end());
     context = "version";
-    if (json.at("version").get<int>() != kManifestVersion) {
+    if (Int64(json.at("version")) != kManifestVersion) {
       return absl::InvalidArgumentError(absl::StrCat(
           "manifest ", source, ": version ", json.at("version").dump(), ", expected ",
           kManifestVersion,
@@ -258,9 +286,9 @@ absl::StatusOr<Manifest> ParseManifest(std::string_view text, const std::string&
           "with an older shardline, or re-save)"));
     }
     context = "step";
-    manifest.step = json.at("step").get<int64_t>();
+    manifest.step = Int64(json.at("step"));
     context = "world_size";
-    manifest.world_size = json.at("world_size").get<int64_t>();
+    manifest.world_size = Int64(json.at("world_size"));
     context = "metadata";
     manifest.metadata = json.at("metadata").get<std::map<std::string, std::string>>();
     context = "train";
@@ -269,8 +297,8 @@ absl::StatusOr<Manifest> ParseManifest(std::string_view text, const std::string&
     manifest.plan = PlanFromJson(json.at("plan"));
     for (const auto& [name, entry] : json.at("files").items()) {
       context = absl::StrCat("file '", name, "'");
-      manifest.files.emplace(name, ShardFileInfo{entry.at("rank").get<int64_t>(),
-                                                 entry.at("bytes").get<uint64_t>(),
+      manifest.files.emplace(name, ShardFileInfo{Int64(entry.at("rank")),
+                                                 UInt64(entry.at("bytes")),
                                                  Checksum(entry.at("xxh3_64"))});
     }
     for (const auto& [name, entry] : json.at("tensors").items()) {
@@ -286,7 +314,7 @@ absl::StatusOr<Manifest> ParseManifest(std::string_view text, const std::string&
       tensor.global_shape = Int64s(entry.at("global_shape"));
       for (const Json& shard : entry.at("shards")) {
         tensor.shards.push_back(ShardSlice{
-            shard.at("rank").get<int64_t>(), shard.at("file").get<std::string>(),
+            Int64(shard.at("rank")), shard.at("file").get<std::string>(),
             shard.at("tensor").get<std::string>(), Int64s(shard.at("offsets")),
             Int64s(shard.at("shape")), Checksum(shard.at("xxh3_64"))});
       }
