@@ -15,8 +15,12 @@
 //     pool), when its own detection gives it kernels for this CPU (an AVX2 core or better; 0.3.21
 //     calls Zen 1-4 "Zen"). MKL takes its generic code path on AMD: on a 2-core Zen 4 EPYC
 //     (2026-12-03) its GPT-2 GEMMs ran at 0.91-0.95x PyTorch 2.15's MKL, where OpenBLAS ran at
-//     1.29-1.33x, and its products of a few rows were slower still (skinny_matmul.h). An AMD CPU
-//     that OpenBLAS does not know gets MKL (the log line says why).
+//     1.29-1.33x, and its products of a few rows were slower still (skinny_matmul.h); on a 2-core
+//     Zen 3 EPYC (2026-12-04) MKL made 0.78-0.86x and OpenBLAS 1.00-1.11x, and a GPT-2-small
+//     training step ran 1.24x PyTorch 2.15 with OpenBLAS against 1.13x with MKL. Not everywhere:
+//     the one-thread products of a small model (bench/sharded_step_bench --layout 1x1x2, d_model
+//     256) ran faster on MKL there, 711 against 819 ms a step (medians of 3, alternating). An AMD
+//     CPU that OpenBLAS does not know gets MKL (the log line says why).
 //  3. Else the system OpenBLAS (Debian's libopenblas0), with a warning naming what was missing.
 // SHARDLINE_BLAS=mkl or =openblas forces one (for comparisons and tests; unset in production).
 // The library and its version are logged once, at the first GEMM.
