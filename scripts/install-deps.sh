@@ -20,6 +20,8 @@ packages=(
   prometheus-cpp-dev prometheus
   # tests and benchmarks
   libgtest-dev libgmock-dev googletest libbenchmark-dev
+  # the libFuzzer build of fuzz/ (scripts/fuzz.sh: clang 14 with ASan, UBSan and libFuzzer)
+  clang-14 libclang-rt-14-dev
   # GPT-2's pre-tokenizer regex (worker/model/data/gpt2_tokenizer.cc)
   libpcre2-dev
   # the OpenAI-compatible HTTP server of serving (worker/serving/http_server.cc)
