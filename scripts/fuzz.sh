@@ -54,6 +54,10 @@ max_len() {
   esac
 }
 
+# Symbolized stack traces need llvm-symbolizer (Debian's llvm-14).
+if [[ -z ${ASAN_SYMBOLIZER_PATH:-} && -x /usr/lib/llvm-14/bin/llvm-symbolizer ]]; then
+  export ASAN_SYMBOLIZER_PATH=/usr/lib/llvm-14/bin/llvm-symbolizer
+fi
 export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_stack_use_after_return=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 failed=()
@@ -65,6 +69,7 @@ for name in "${harnesses[@]}"; do
   mkdir -p "$corpus" "$artifacts"
   cp -r "$root/fuzz/corpus/$name/." "$corpus/"
   if [[ -d "$root/fuzz/regressions/$name" ]]; then cp -r "$root/fuzz/regressions/$name/." "$corpus/"; fi
+  before=$(ls "$artifacts")
   log="$build/$name.log"
   echo "== $name: ${seconds}s"
   status=0
@@ -76,7 +81,8 @@ for name in "${harnesses[@]}"; do
   line=$(printf '%-24s %12s executions %8s exec/s' "$name" "${runs:-?}" "${rate:-?}")
   if [[ $status -ne 0 ]]; then
     failed+=("$name")
-    line+="  FAILED (exit $status): $(ls "$artifacts" | sed "s|^|$artifacts/|" | tr '\n' ' ')"
+    found=$(comm -13 <(echo "$before") <(ls "$artifacts") | sed "s|^|$artifacts/|" | tr '\n' ' ')
+    line+="  FAILED (exit $status): ${found:-no input kept}"
     grep -m1 -E 'ERROR: |runtime error|broken promise' "$log" >&2 || true
     echo "   log: $log" >&2
   fi
