@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/avx2.h"
 #include "kernels/cpu/avx512.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/vector_width.h"
@@ -67,10 +68,8 @@ __attribute__((target("avx2"))) void AdamWRange8(float* params, const float* gra
   const __m256 b2 = _mm256_set1_ps(k.b2), b2c = _mm256_set1_ps(1.0f - k.b2);
   const __m256 lr = _mm256_set1_ps(k.lr), wd = _mm256_set1_ps(k.wd), eps = _mm256_set1_ps(k.eps);
   const __m256 c1 = _mm256_set1_ps(k.correction1), c2 = _mm256_set1_ps(k.correction2);
-  const __m256i lane_index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   for (int64_t i = 0; i < n; i += 8) {
-    const __m256i lanes = _mm256_cmpgt_epi32(
-        _mm256_set1_epi32(static_cast<int>(std::min<int64_t>(n - i, 8))), lane_index);
+    const __m256i lanes = TailMask8(n - i);
     const __m256 g = _mm256_maskload_ps(grads + i, lanes);
     const __m256 mi =
         _mm256_add_ps(_mm256_mul_ps(b1, _mm256_maskload_ps(m + i, lanes)), _mm256_mul_ps(b1c, g));

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/cpu/avx2.h"
 #include "kernels/cpu/avx512.h"
 #include "kernels/cpu/blas.h"
 #include "kernels/cpu/matmul.h"
@@ -69,10 +70,6 @@ __attribute__((target("avx512f"))) void Columns(float* out, const float* inp, co
 // registers hold 4 rows' two accumulators and the loads, so it takes rows 4 at a time
 // (kRowBlock8); a block's 32 weight rows stay in L2 while the row blocks go over them.
 constexpr int kRowBlock8 = 4;
-
-__attribute__((target("avx2"))) inline __m256i TailMask8(int left) {
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
 
 // The lanes' sum in a fixed order (halves, then pairs, then the last two).
 __attribute__((target("avx2"))) inline float Sum8(__m256 v) {

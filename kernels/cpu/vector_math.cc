@@ -6,13 +6,9 @@
 #include <algorithm>
 #include <atomic>
 
+#include "kernels/cpu/avx2.h"
 #include "kernels/cpu/avx512.h"
 #include "kernels/cpu/vector_width.h"
-
-// SLEEF's 256-bit AVX2 functions (1.0 ulp, as the 128-bit ones), which sleef.h declares only
-// under __AVX2__, which this file is not compiled with.
-extern "C" __m256 Sleef_expf8_u10avx2(__m256);
-extern "C" __m256 Sleef_tanhf8_u10avx2(__m256);
 
 namespace shardline::kernels::cpu {
 namespace {
@@ -47,13 +43,7 @@ __attribute__((target("avx512f"))) void Tanh16(float* y, const float* x, int64_t
   }
 }
 
-// The eight-lane bodies, for AVX2 CPUs. Tails go through masked lanes, as in the sixteen-lane
-// ones.
-__attribute__((target("avx2"))) inline __m256i TailMask8(int64_t left) {
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::min<int64_t>(left, 8))),
-                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
+// The eight-lane bodies, for AVX2 CPUs (avx2.h).
 __attribute__((target("avx2,fma"))) void ExpShifted8(float* y, const float* x, float shift,
                                                      int64_t n) {
   const __m256 s = _mm256_set1_ps(shift);

@@ -40,6 +40,11 @@ constexpr char kPattern[] =
 // in use (Gemma's 262,144) and keeps what a hostile file can make us allocate near 100 MB.
 constexpr int64_t kMaxTokenId = (int64_t{1} << 21) - 1;
 
+// Whether a JSON value is an id the tokenizer takes: an integer in [0, kMaxTokenId].
+bool IsTokenId(const json& id) {
+  return id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() <= kMaxTokenId;
+}
+
 // Above this many cached pre-tokens the cache starts again: a bound on memory for a server that
 // sees unbounded text, far above the distinct words of one prompt or document.
 constexpr size_t kMaxCacheEntries = 1 << 17;
@@ -177,7 +182,7 @@ absl::StatusOr<std::vector<std::pair<std::string, Token>>> VocabEntries(const js
   std::vector<std::pair<std::string, Token>> vocab;
   vocab.reserve(object.size());
   for (const auto& [token, id] : object.items()) {
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > kMaxTokenId) {
+    if (!IsTokenId(id)) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": token ", Quote(token), " has id ",
                                                      id.dump(), ", expected an integer in [0, ",
                                                      kMaxTokenId, "]"));
@@ -307,8 +312,7 @@ absl::StatusOr<std::unique_ptr<Gpt2Tokenizer>> Gpt2Tokenizer::FromTokenizerJson(
       const std::string where = absl::StrCat("added_tokens[", i, "]");
       const json* id = t.is_object() ? member(t, "id") : nullptr;
       const json* content = t.is_object() ? member(t, "content") : nullptr;
-      if (id == nullptr || !id->is_number_integer() || id->get<int64_t>() < 0 ||
-          id->get<int64_t>() > kMaxTokenId || content == nullptr || !content->is_string() ||
+      if (id == nullptr || !IsTokenId(*id) || content == nullptr || !content->is_string() ||
           content->get<std::string>().empty()) {
         return invalid(absl::StrCat(where, ": expected an object with an id in [0, ", kMaxTokenId,
                                     "] and a non-empty content, got ", t.dump()));
