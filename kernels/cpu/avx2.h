@@ -10,9 +10,11 @@
 #include <cstdint>
 
 // SLEEF's 256-bit AVX2 functions (1.0 ulp, as the 128-bit ones), which sleef.h declares only
-// under __AVX2__, which these files are not compiled with.
-extern "C" __m256 Sleef_expf8_u10avx2(__m256);
-extern "C" __m256 Sleef_tanhf8_u10avx2(__m256);
+// under __AVX2__, which these files are not compiled with. The target attribute is for clang, which
+// refuses a call passing a __m256 to a function not declared with AVX ("changes the ABI") even
+// from a body that has it; gcc needs none.
+extern "C" __attribute__((target("avx2"))) __m256 Sleef_expf8_u10avx2(__m256);
+extern "C" __attribute__((target("avx2"))) __m256 Sleef_tanhf8_u10avx2(__m256);
 
 namespace shardline::kernels::cpu {
 

@@ -9,9 +9,11 @@
 #include <cstdint>
 
 // SLEEF's 512-bit functions (1.0 ulp, as the 128-bit ones), which sleef.h declares only under
-// __AVX512F__, which these files are not compiled with.
-extern "C" __m512 Sleef_expf16_u10avx512f(__m512);
-extern "C" __m512 Sleef_tanhf16_u10avx512f(__m512);
+// __AVX512F__, which these files are not compiled with. The target attribute is for clang, which
+// refuses a call passing a __m512 to a function not declared with AVX-512 ("changes the ABI")
+// even from a body that has it; gcc needs none.
+extern "C" __attribute__((target("avx512f"))) __m512 Sleef_expf16_u10avx512f(__m512);
+extern "C" __attribute__((target("avx512f"))) __m512 Sleef_tanhf16_u10avx512f(__m512);
 
 namespace shardline::kernels::cpu {
 
