@@ -285,9 +285,14 @@ def shardline_round(args, work, procs):
     endpoint_file = os.path.join(work, "endpoint")
     coordinator_log = os.path.join(work, "coordinator.log")
     agent_log = os.path.join(work, "agent.log")
+    # The cluster's CURVE keys, as a real deployment has them (shardline keygen).
+    keys = os.path.join(work, "keys")
+    if not os.path.exists(os.path.join(keys, "allowlist")):
+        subprocess.run([binary, "keygen", "--out", keys], check=True, stdout=subprocess.DEVNULL)
+    curve = ["--keys", keys]
     coordinator = procs.start([binary, "coordinator", "--listen", "tcp://127.0.0.1:0",
                                "--endpoint-file", endpoint_file, "--state-dir",
-                               os.path.join(work, "state"), "--metrics", "127.0.0.1:0"],
+                               os.path.join(work, "state"), "--metrics", "127.0.0.1:0"] + curve,
                               coordinator_log)
 
     def endpoint():
@@ -302,11 +307,11 @@ def shardline_round(args, work, procs):
     ep = wait_until("the coordinator's endpoint file", endpoint, 20, logs=[coordinator_log])
     agent = procs.start([binary, "agent", "--coordinator", ep, "--devices",
                          f"cpu:{args.workers}", "--node-id", "bench", "--metrics", "127.0.0.1:0",
-                         "--log-dir", os.path.join(work, "actors")], agent_log)
+                         "--log-dir", os.path.join(work, "actors")] + curve, agent_log)
     status_latency = []
 
     def status(job=None):
-        command = [binary, "status"] + ([job] if job else []) + ["--coordinator", ep, "--json"]
+        command = [binary, "status"] + ([job] if job else []) + ["--coordinator", ep, "--json"] + curve
         began = time.monotonic()
         done = subprocess.run(command, capture_output=True, text=True, timeout=20)
         status_latency.append(time.monotonic() - began)
@@ -346,7 +351,7 @@ log_interval: 1
 parallel: {{tp: 1, dp: {args.workers}}}
 elastic: {{min_actors: {args.workers}, max_actors: {args.workers}}}
 """)
-    submitted = subprocess.run([binary, "submit", spec, "--coordinator", ep],
+    submitted = subprocess.run([binary, "submit", spec, "--coordinator", ep] + curve,
                                capture_output=True, text=True, timeout=30, cwd=work)
     if submitted.returncode != 0 or "submitted job " not in submitted.stdout:
         raise BenchError(f"submit failed ({submitted.returncode}): {submitted.stdout}"

@@ -22,8 +22,10 @@ using protocol::Str;
 
 void HandleStop(int) { StopRequested().store(true); }
 
+void HandleReload(int) { ReloadRequested().store(true); }
+
 absl::StatusOr<std::unique_ptr<protocol::RpcClient>> Connect(const ClientOptions& client) {
-  return protocol::RpcClient::Connect(client.coordinator, client.cluster_id, "cli");
+  return ConnectToCoordinator(client);
 }
 
 int Fail(const absl::Status& status) {
@@ -45,6 +47,61 @@ void InstallStopHandlers() {
   sigaction(SIGINT, &action, nullptr);
   sigaction(SIGTERM, &action, nullptr);
   signal(SIGPIPE, SIG_IGN);
+}
+
+std::atomic<bool>& ReloadRequested() {
+  static std::atomic<bool> reload{false};
+  return reload;
+}
+
+void InstallReloadHandler() {
+  struct sigaction action {};
+  action.sa_handler = HandleReload;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGHUP, &action, nullptr);
+}
+
+absl::StatusOr<std::unique_ptr<protocol::RpcClient>> ConnectToCoordinator(
+    const ClientOptions& client) {
+  ASSIGN_OR_RETURN(const auto curve,
+                   protocol::ResolveClientCurve(client.curve, protocol::PeerRole::kClient));
+  if (!curve) {
+    std::cerr << "warning: --insecure: talking to " << client.coordinator
+              << " without CURVE authentication or encryption\n";
+  }
+  return protocol::RpcClient::Connect(client.coordinator, client.cluster_id, "cli",
+                                      curve ? &*curve : nullptr);
+}
+
+int Keygen(const KeygenOptions& options) {
+  if (options.name.empty()) {
+    if (auto status = protocol::MakeKeyDir(options.out); !status.ok()) return Fail(status);
+    const protocol::KeyDir dir{options.out};
+    std::cout << "Made the cluster's CURVE keys in " << options.out << ":\n"
+              << "  " << dir.CoordinatorSecret().string() << "  the coordinator's (keep it there)\n"
+              << "  " << dir.IdentitySecret(protocol::PeerRole::kNode).string()
+              << "  agents' (copy it, with coordinator.key, to every node)\n"
+              << "  " << dir.IdentitySecret(protocol::PeerRole::kClient).string()
+              << "  clients' (submit, status, cancel, plan)\n"
+              << "  " << dir.Allowlist().string()
+              << "  the keys the coordinator accepts (SIGHUP reloads it)\n"
+              << "Use it with --keys " << options.out << " or SHARDLINE_KEYS=" << options.out
+              << "\n";
+    return 0;
+  }
+  const auto role = protocol::ParsePeerRole(options.role);
+  if (!role) {
+    return Fail(
+        absl::InvalidArgumentError("--role must be node or client, not '" + options.role + "'"));
+  }
+  if (auto status = protocol::AddIdentity(options.out, options.name, *role); !status.ok()) {
+    return Fail(status);
+  }
+  std::cout << "Added " << options.role << " key " << options.name << " ("
+            << (std::filesystem::path(options.out) / (options.name + ".key_secret")).string()
+            << ") to " << protocol::KeyDir{options.out}.Allowlist().string()
+            << "; `kill -HUP` the coordinator to accept it\n";
+  return 0;
 }
 
 // Fetches the status (of one job, or of all when `job_id` is empty).

@@ -6,17 +6,31 @@
 #include <cstdint>
 #include <string>
 
+#include "protocol/curve.h"
+
 namespace shardline::cli {
 
 // Set by SIGINT/SIGTERM; every long-running subcommand polls it.
 std::atomic<bool>& StopRequested();
 void InstallStopHandlers();
+// Set by SIGHUP once InstallReloadHandler ran: the coordinator reads its allowlist again.
+std::atomic<bool>& ReloadRequested();
+void InstallReloadHandler();
 
 struct ClientOptions {
   std::string coordinator = "tcp://127.0.0.1:5555";
   std::string cluster_id = "shardline";
   std::chrono::milliseconds timeout{5000};
+  protocol::CurveSetup curve;  // a client key of the key dir, unless --insecure
 };
+
+// `shardline keygen --out DIR`: the cluster's CURVE keys; with --name, one more identity.
+struct KeygenOptions {
+  std::string out;
+  std::string name;  // empty: a whole new key directory
+  std::string role = "client";
+};
+int Keygen(const KeygenOptions& options);
 
 struct SubmitOptions {
   std::string spec_path;
@@ -39,6 +53,7 @@ struct UpOptions {
   std::string work_dir;  // empty: a fresh temporary directory
   bool keep = false;     // keep the work dir (logs, state) after a successful run
   std::string log_level = "info";
+  bool insecure = false;  // else throwaway CURVE keys in WORK_DIR/keys
 };
 int Up(const UpOptions& options);
 // The CPU devices `shardline up` offers on `cores` cores: 4 (the default job's tp 2 x pp 2) when

@@ -11,6 +11,13 @@
 
 namespace shardline::cli {
 
+struct ClientOptions;
+
+// A client of the coordinator with the CURVE client key of `client.curve` (or none, loudly,
+// under --insecure).
+absl::StatusOr<std::unique_ptr<protocol::RpcClient>> ConnectToCoordinator(
+    const ClientOptions& client);
+
 // The coordinator's ClusterStatus reply (of one job, or of all when `job_id` is empty).
 absl::StatusOr<std::unique_ptr<protocol::Message>> FetchStatus(protocol::RpcClient& client,
                                                                const std::string& job_id,

@@ -22,6 +22,22 @@ std::string DefaultCoordinator() {
   return env ? env : kDefaultCoordinator;
 }
 
+// --keys, --key and --insecure: where a daemon or client finds its CURVE keys.
+void AddCurveFlags(CLI::App* command, protocol::CurveSetup& curve, bool identity) {
+  command->add_option("--keys", curve.key_dir,
+                      "CURVE key directory, made by `shardline keygen` ($SHARDLINE_KEYS; "
+                      "default ~/.shardline/keys)");
+  if (identity) {
+    command->add_option("--key", curve.identity,
+                        "This process's key pair, a NAME.key_secret file ($SHARDLINE_KEY; "
+                        "default: the key directory's node.key_secret for agents, "
+                        "client.key_secret for clients)");
+  }
+  command->add_flag("--insecure", curve.insecure,
+                    "No CURVE authentication or encryption: anyone who reaches the "
+                    "coordinator's port can run programs on every agent's host");
+}
+
 int RunCoordinator(coordinator::CoordinatorOptions options, const std::string& endpoint_file) {
   auto coordinator = coordinator::Coordinator::Create(std::move(options), SteadyClock::Get());
   if (!coordinator.ok()) {
@@ -36,7 +52,8 @@ int RunCoordinator(coordinator::CoordinatorOptions options, const std::string& e
     std::rename(tmp.c_str(), endpoint_file.c_str());
   }
   InstallStopHandlers();
-  auto status = (*coordinator)->Run(StopRequested());
+  InstallReloadHandler();
+  auto status = (*coordinator)->Run(StopRequested(), &ReloadRequested());
   if (!status.ok()) {
     std::cerr << "error: " << status.message() << "\n";
     return 1;
@@ -89,6 +106,7 @@ int Main(int argc, char** argv) {
   coordinator_cmd->add_option("--endpoint-file", endpoint_file,
                               "Write the bound endpoint here once listening");
   coordinator_cmd->add_option("--log-level", log_level);
+  AddCurveFlags(coordinator_cmd, coordinator_options.curve, false);
 
   agent::AgentOptions agent_options;
   double connect_timeout_s = 30;
@@ -106,6 +124,7 @@ int Main(int argc, char** argv) {
                         "Give up when the first registration fails this long")
       ->check(CLI::Range(0.1, 86400.0))->capture_default_str();
   agent_cmd->add_option("--log-level", log_level);
+  AddCurveFlags(agent_cmd, agent_options.curve, true);
 
   actor::ActorOptions actor_options;
   auto* actor_cmd = app.add_subcommand("actor", "Run one actor (spawned by an agent)");
@@ -123,6 +142,7 @@ int Main(int argc, char** argv) {
     cmd->add_option("--timeout-s", timeout_s, "How long to wait for the coordinator")
         ->check(CLI::Range(0.01, 3600.0))->capture_default_str();
     cmd->add_option("--log-level", log_level);
+    AddCurveFlags(cmd, client.curve, true);
   };
 
   SubmitOptions submit_options;
@@ -168,6 +188,20 @@ int Main(int argc, char** argv) {
   up_cmd->add_option("--work-dir", up_options.work_dir, "Logs and state here (default: a temp dir)");
   up_cmd->add_flag("--keep", up_options.keep, "Keep the logs and state after success");
   up_cmd->add_option("--log-level", log_level);
+  up_cmd->add_flag("--insecure", up_options.insecure,
+                   "No CURVE keys (by default `up` makes throwaway ones in WORK_DIR/keys)");
+
+  KeygenOptions keygen_options;
+  auto* keygen_cmd = app.add_subcommand(
+      "keygen", "Make the cluster's CURVE keys (coordinator, node, client) and allowlist");
+  keygen_cmd->add_option("--out", keygen_options.out, "The key directory (made, mode 0700)")
+      ->required();
+  keygen_cmd->add_option("--name", keygen_options.name,
+                         "Add one identity NAME.key/NAME.key_secret to an existing directory "
+                         "and its allowlist (one key per node or user)");
+  keygen_cmd->add_option("--role", keygen_options.role, "With --name: node or client")
+      ->capture_default_str();
+  keygen_cmd->add_option("--log-level", log_level);
 
   TrainOptions train_options;
   auto* train_cmd = app.add_subcommand("train", "Train a GPT on this machine (one device)");
@@ -367,6 +401,7 @@ int Main(int argc, char** argv) {
   if (*checkpoint_cmd) {
     return *inspect_cmd ? CheckpointInspect(inspect_options) : CheckpointExport(export_options);
   }
+  if (*keygen_cmd) return Keygen(keygen_options);
   if (*up_cmd) {
     up_options.log_level = log_level;
     return Up(up_options);

@@ -143,8 +143,7 @@ absl::StatusOr<std::string> PlanOutput(
 
 int Plan(const ClientOptions& client_options, const PlanOptions& options) {
   auto live_cluster = [&]() -> absl::StatusOr<placement::ClusterSpec> {
-    auto client =
-        protocol::RpcClient::Connect(client_options.coordinator, client_options.cluster_id, "cli");
+    auto client = ConnectToCoordinator(client_options);
     if (!client.ok()) return client.status();
     auto reply = FetchStatus(**client, "", client_options.timeout);
     if (!reply.ok()) {

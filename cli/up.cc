@@ -52,13 +52,17 @@ class LocalCluster {
   explicit LocalCluster(fs::path dir) : dir_(std::move(dir)) {}
   ~LocalCluster() { Stop(); }
 
-  absl::Status Start(int devices, const std::string& log_level) {
+  // `curve`: the key dir both daemons use (the coordinator's pair, the agent's node key), or
+  // --insecure.
+  absl::Status Start(int devices, const std::string& log_level, const protocol::CurveSetup& curve) {
     const std::string self = SelfExecutable();
+    const std::vector<std::string> curve_flags = curve.Flags();
     SpawnOptions coordinator;
     coordinator.argv = {self, "coordinator", "--listen", "tcp://127.0.0.1:0",
                         "--endpoint-file", (dir_ / "endpoint").string(),
                         "--metrics", "127.0.0.1:0", "--state-dir", (dir_ / "state").string(),
                         "--log-level", log_level};
+    coordinator.argv.insert(coordinator.argv.end(), curve_flags.begin(), curve_flags.end());
     coordinator.log_path = (dir_ / "coordinator.log").string();
     ASSIGN_OR_RETURN(coordinator_pid_, Spawn(coordinator));
     // The coordinator writes its endpoint once it listens.
@@ -82,6 +86,7 @@ class LocalCluster {
                   "cpu:" + std::to_string(devices), "--node-id", "local", "--metrics",
                   "127.0.0.1:0", "--log-dir", (dir_ / "actors").string(), "--log-level",
                   log_level};
+    agent.argv.insert(agent.argv.end(), curve_flags.begin(), curve_flags.end());
     agent.log_path = (dir_ / "agent.log").string();
     ASSIGN_OR_RETURN(agent_pid_, Spawn(agent));
     return absl::OkStatus();
@@ -289,6 +294,20 @@ int Up(const UpOptions& given) {
     dir = tmpl;
   }
   fs::create_directories(dir);
+  // Throwaway keys of this cluster alone: the local case stays one command, and is as closed to
+  // other users of this machine as a cluster of many hosts (its keys are mode 0600). A work dir
+  // of an earlier run keeps its keys.
+  ClientOptions client_options;
+  client_options.curve.insecure = options.insecure;
+  if (!options.insecure) {
+    client_options.curve.key_dir = (dir / "keys").string();
+    if (!fs::exists(protocol::KeyDir{dir / "keys"}.Allowlist())) {
+      if (auto status = protocol::MakeKeyDir(dir / "keys"); !status.ok()) {
+        std::cerr << "error: " << status.message() << "\n";
+        return 1;
+      }
+    }
+  }
   InstallStopHandlers();
   const auto started = std::chrono::steady_clock::now();
   int exit_code = 1;
@@ -296,11 +315,18 @@ int Up(const UpOptions& given) {
     LocalCluster cluster(dir);
     std::cout << "Starting a local cluster: coordinator + 1 agent with " << options.devices
               << " CPU devices (logs in " << dir.string() << ")" << std::endl;
-    if (auto status = cluster.Start(options.devices, options.log_level); !status.ok()) {
+    if (options.insecure) {
+      std::cout << "warning: --insecure: the coordinator's port takes anyone on this machine "
+                   "(no CURVE keys)"
+                << std::endl;
+    }
+    if (auto status = cluster.Start(options.devices, options.log_level, client_options.curve);
+        !status.ok()) {
       std::cerr << "error: " << status.message() << "\n";
       return 1;
     }
-    auto client = protocol::RpcClient::Connect(cluster.endpoint(), "shardline", "cli");
+    client_options.coordinator = cluster.endpoint();
+    auto client = ConnectToCoordinator(client_options);
     if (!client.ok()) {
       std::cerr << "error: " << client.status().message() << "\n";
       return 1;
@@ -319,6 +345,11 @@ int Up(const UpOptions& given) {
     const std::string job_id = Str((*reply)->envelope().getPayload().getSubmitJobReply().getJobId());
     std::cout << "Coordinator " << cluster.endpoint() << "; submitted " << source << " as job "
               << job_id << " (" << spec->actors << " actors)" << std::endl;
+    if (!options.insecure) {
+      std::cout << "CURVE keys of this cluster: " << client_options.curve.key_dir
+                << " (shardline status --coordinator " << cluster.endpoint() << " --keys "
+                << client_options.curve.key_dir << ")" << std::endl;
+    }
 
     Shown shown;
     std::string final_state;

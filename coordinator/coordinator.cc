@@ -103,30 +103,44 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
     if (lock_fd >= 0) ::close(lock_fd);
     lock_fd = -1;
   };
-  auto channel = protocol::Channel::Bind(options.listen);
-  if (!channel.ok()) {
+  auto curve = protocol::ResolveServerCurve(options.curve);
+  if (!curve.ok()) {
     close_lock();
-    return channel.status();
+    return curve.status();
   }
   auto metrics_server = monitoring::MetricsServer::Start(options.metrics_address);
   if (!metrics_server.ok()) {
     close_lock();
     return metrics_server.status();
   }
-  auto coordinator = std::unique_ptr<Coordinator>(new Coordinator(
-      std::move(options), clock, std::move(*channel), std::move(*metrics_server)));
+  auto coordinator = std::unique_ptr<Coordinator>(
+      new Coordinator(std::move(options), clock, std::move(*metrics_server)));
   coordinator->state_dir_lock_fd_ = lock_fd;  // closed by the destructor from here on
+  if (curve->has_value()) {
+    (*curve)->observer = &coordinator->auth_counter_;
+    coordinator->allowlist_ = (*curve)->allowlist;
+  }
+  ASSIGN_OR_RETURN(coordinator->channel_,
+                   protocol::Channel::Bind(coordinator->options_.listen,
+                                           curve->has_value() ? &**curve : nullptr));
+  if (coordinator->allowlist_) {
+    spdlog::info("CURVE on: coordinator key {}, allowlist {}", (*curve)->keys.public_key,
+                 coordinator->allowlist_->file().string());
+  } else {
+    spdlog::warn(
+        "--insecure: CURVE is OFF. Anyone who reaches {} can register a node, submit a "
+        "job that runs programs on every agent's host, and read every job's store",
+        coordinator->channel_->endpoint());
+  }
   RETURN_IF_ERROR(coordinator->LoadHistory());
   return coordinator;
 }
 
 Coordinator::Coordinator(CoordinatorOptions options, const Clock* clock,
-                         std::unique_ptr<protocol::Channel> channel,
                          std::unique_ptr<monitoring::MetricsServer> metrics_server)
     : options_(std::move(options)),
       clock_(clock),
       started_(clock->Now()),
-      channel_(std::move(channel)),
       metrics_server_(std::move(metrics_server)),
       wire_metrics_(metrics_server_->registry(), {{"component", "coordinator"}}),
       metrics_(metrics_server_->registry(), {{"component", "coordinator"}}),
@@ -141,10 +155,11 @@ Coordinator::Coordinator(CoordinatorOptions options, const Clock* clock,
 }
 
 Coordinator::~Coordinator() {
+  channel_.reset();
   if (state_dir_lock_fd_ >= 0) ::close(state_dir_lock_fd_);
 }
 
-absl::Status Coordinator::Run(const std::atomic<bool>& stop) {
+absl::Status Coordinator::Run(const std::atomic<bool>& stop, std::atomic<bool>* reload_allowlist) {
   spdlog::info("coordinator of cluster '{}' listening on {}, metrics on {}", options_.cluster_id,
                endpoint(), metrics_server_->address());
   while (!stop.load()) {
@@ -160,6 +175,7 @@ absl::Status Coordinator::Run(const std::atomic<bool>& stop) {
         HandleFrame(**more);
       }
     }
+    if (reload_allowlist != nullptr && reload_allowlist->exchange(false)) ReloadAllowlist();
     const TimePoint now = clock_->Now();
     auto dead = membership_.ExpireSilentNodes(now);
     if (!dead.empty()) OnNodesDead(dead);
@@ -200,6 +216,14 @@ void Coordinator::HandleFrame(protocol::Frame& frame) {
   }
   const auto& message = *decoded.message;
   wire_metrics_.OnReceived(protocol::PayloadName(message.which()));
+  if (allowlist_) {
+    if (auto status = Authorize(frame.user_id, message.which()); !status.ok()) {
+      spdlog::debug("refused {} from {}: {}", protocol::PayloadName(message.which()),
+                    Str(message.envelope().getSender()), Text(status.message()));
+      ReplyError(frame.peer, message.request_id(), status);
+      return;
+    }
+  }
   try {
     Dispatch(frame.peer, message);
   } catch (const kj::Exception& e) {
@@ -254,6 +278,43 @@ void Coordinator::Dispatch(const std::string& peer, const protocol::Message& mes
                  Str(message.envelope().getSender()), Text(status.message()));
     ReplyError(peer, id, status);
   }
+}
+
+absl::Status Coordinator::Authorize(const std::string& user_id,
+                                    wire::Envelope::Payload::Which payload) {
+  const auto entry = allowlist_->Find(user_id);
+  if (!entry) {
+    metrics_.OnAuthRefused("removed_key");
+    return absl::UnauthenticatedError("CURVE key " + user_id +
+                                      " is no longer on the coordinator's allowlist");
+  }
+  const bool client_message = payload == Payload::SUBMIT_JOB || payload == Payload::CANCEL_JOB ||
+                              payload == Payload::STATUS_REQUEST;
+  const bool node_message = !client_message || payload == Payload::STATUS_REQUEST;
+  const bool allowed = entry->role == protocol::PeerRole::kClient ? client_message : node_message;
+  if (allowed) return absl::OkStatus();
+  metrics_.OnAuthRefused("role");
+  return absl::PermissionDeniedError(
+      "key '" + entry->name + "' has role " + std::string(protocol::PeerRoleName(entry->role)) +
+      ", which may not send " + std::string(protocol::PayloadName(payload)) +
+      (entry->role == protocol::PeerRole::kClient
+           ? " (a client key submits, cancels and reads; nodes register with a node key)"
+           : " (a node key registers nodes and runs actors; jobs are submitted with a client "
+             "key)"));
+}
+
+void Coordinator::ReloadAllowlist() {
+  if (!allowlist_) {
+    spdlog::warn("SIGHUP: no allowlist to reload (--insecure)");
+    return;
+  }
+  auto change = allowlist_->Reload();
+  if (!change.ok()) {
+    spdlog::error("SIGHUP: kept the old allowlist: {}", Text(change.status().message()));
+    return;
+  }
+  spdlog::info("SIGHUP: reloaded {}: {} keys ({} added, {} removed)", allowlist_->file().string(),
+               change->keys, change->added, change->removed);
 }
 
 std::unique_ptr<protocol::Outgoing> Coordinator::NewMessage(uint64_t request_id) {

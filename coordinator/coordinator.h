@@ -51,6 +51,8 @@ struct CoordinatorOptions {
   // An aborted generation's actors that have not exited this long after the abort (their agent
   // gone silent too) are given up as lost, and the supervisor goes on without them.
   std::chrono::milliseconds abort_grace{3000};
+  // CURVE keys and allowlist (protocol/curve.h); `insecure` binds a plain socket.
+  protocol::CurveSetup curve;
 };
 
 class Coordinator {
@@ -61,16 +63,31 @@ class Coordinator {
                                                              const Clock* clock);
   ~Coordinator();
 
-  // Serves until `stop` is set; then aborts running generations and returns.
-  absl::Status Run(const std::atomic<bool>& stop);
+  // Serves until `stop` is set; then aborts running generations and returns. Whenever
+  // `reload_allowlist` is set (SIGHUP), reads the allowlist file again and clears the flag.
+  absl::Status Run(const std::atomic<bool>& stop, std::atomic<bool>* reload_allowlist = nullptr);
 
   const std::string& endpoint() const { return channel_->endpoint(); }
   std::string metrics_address() const { return metrics_server_->address(); }
 
  private:
   Coordinator(CoordinatorOptions options, const Clock* clock,
-              std::unique_ptr<protocol::Channel> channel,
               std::unique_ptr<monitoring::MetricsServer> metrics_server);
+  // Counts the refusals of the channel and its ZAP handler (from the handler's thread too).
+  class AuthCounter final : public protocol::AuthObserver {
+   public:
+    explicit AuthCounter(monitoring::CoordinatorMetrics& metrics) : metrics_(metrics) {}
+    void OnAuthRefused(std::string_view reason) override { metrics_.OnAuthRefused(reason); }
+
+   private:
+    monitoring::CoordinatorMetrics& metrics_;
+  };
+  // Under CURVE: whether the key that sent a message (Frame::user_id) may send it. A client key
+  // submits, cancels and reads; a node key does the rest (its agent's and actors' messages). The
+  // allowlist is looked up per message, so that a key removed by a reload loses its rights at
+  // once, not only at its next connection.
+  absl::Status Authorize(const std::string& user_id, wire::Envelope::Payload::Which payload);
+  void ReloadAllowlist();
 
   // ---- the wire ----
   void HandleFrame(protocol::Frame& frame);
@@ -168,10 +185,14 @@ class Coordinator {
   CoordinatorOptions options_;
   const Clock* clock_;
   TimePoint started_;
-  std::unique_ptr<protocol::Channel> channel_;
   std::unique_ptr<monitoring::MetricsServer> metrics_server_;
   monitoring::WireMetrics wire_metrics_;
   monitoring::CoordinatorMetrics metrics_;
+  AuthCounter auth_counter_{metrics_};
+  std::shared_ptr<protocol::Allowlist> allowlist_;  // null under --insecure
+  // Destroyed explicitly first (~Coordinator): the ZAP handler's thread counts through
+  // auth_counter_ until the channel unregisters its domain.
+  std::unique_ptr<protocol::Channel> channel_;
   Membership membership_;
   KvStore kv_;
   CalibrationBook calibration_;

@@ -361,6 +361,10 @@ CoordinatorMetrics::CoordinatorMetrics(std::shared_ptr<prometheus::Registry> reg
       r, "shardline_kv_operations_total",
       "Operations on the bootstrap key-value store, by operation.", constant_labels, "op",
       Vocabulary::Open(kKvOperations));
+  auth_refusals_ = std::make_unique<detail::LabeledCounters>(
+      r, "shardline_auth_refusals_total",
+      "Connections and messages the coordinator refused (CURVE, allowlist, roles), by reason.",
+      constant_labels, "reason", Vocabulary::Closed(kAuthRefusalReasons, "handshake"));
   generations_ = std::make_unique<detail::LabeledCounters>(
       r, "shardline_generations_total", "Job generations that ended, by outcome.", constant_labels,
       "outcome", Vocabulary::Open(kGenerationOutcomes));
@@ -432,6 +436,9 @@ void CoordinatorMetrics::SetJobs(const std::map<std::string, int64_t>& by_state)
 }
 void CoordinatorMetrics::OnHeartbeatMissed() { heartbeats_missed_->Increment(); }
 void CoordinatorMetrics::OnKvOperation(std::string_view op) { kv_operations_->Get(op).Increment(); }
+void CoordinatorMetrics::OnAuthRefused(std::string_view reason) {
+  auth_refusals_->Get(reason).Increment();
+}
 void CoordinatorMetrics::OnGeneration(std::string_view outcome) {
   generations_->Get(outcome).Increment();
 }

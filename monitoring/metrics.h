@@ -50,6 +50,9 @@ inline constexpr std::array<std::string_view, 5> kJobStates = {"pending", "runni
                                                                "failed", "cancelled"};
 inline constexpr std::array<std::string_view, 4> kKvOperations = {"set", "get", "add",
                                                                   "wait_timeout"};
+// Why the coordinator refused a connection or a message (protocol/curve.h AuthObserver).
+inline constexpr std::array<std::string_view, 5> kAuthRefusalReasons = {
+    "no_curve", "handshake", "unknown_key", "removed_key", "role"};
 inline constexpr std::array<std::string_view, 2> kGenerationOutcomes = {"completed", "aborted"};
 // Why a generation ended with a fault (coordinator/supervisor.h FaultKindName).
 inline constexpr std::array<std::string_view, 8> kFaultCauses = {
@@ -113,6 +116,8 @@ class CoordinatorMetrics {
 
   void OnHeartbeatMissed();
   void OnKvOperation(std::string_view op);      // kKvOperations
+  // Thread-safe: the ZAP handler's thread counts too.
+  void OnAuthRefused(std::string_view reason);  // kAuthRefusalReasons
   void OnGeneration(std::string_view outcome);  // kGenerationOutcomes, open
   // Time from the first member's Assignment to the group's last CommReady.
   void ObserveBootstrap(std::string_view group_kind, double seconds);  // kGroupKinds
@@ -135,6 +140,7 @@ class CoordinatorMetrics {
   std::unique_ptr<detail::SnapshotGauges> jobs_;
   prometheus::Counter* heartbeats_missed_;  // owned by the registry
   std::unique_ptr<detail::LabeledCounters> kv_operations_;
+  std::unique_ptr<detail::LabeledCounters> auth_refusals_;
   std::unique_ptr<detail::LabeledCounters> generations_;
   std::unique_ptr<detail::LabeledHistograms> bootstrap_seconds_;
   std::unique_ptr<detail::JobGauges> train_step_;

@@ -8,8 +8,9 @@ namespace shardline::protocol {
 absl::StatusOr<std::unique_ptr<RpcClient>> RpcClient::Connect(const std::string& endpoint,
                                                               std::string cluster_id,
                                                               std::string sender,
+                                                              const ClientCurve* curve,
                                                               WireObserver* observer) {
-  ASSIGN_OR_RETURN(auto channel, Channel::Connect(endpoint));
+  ASSIGN_OR_RETURN(auto channel, Channel::Connect(endpoint, curve));
   return std::unique_ptr<RpcClient>(
       new RpcClient(std::move(channel), std::move(cluster_id), std::move(sender), observer));
 }
@@ -48,12 +49,17 @@ absl::StatusOr<std::unique_ptr<Message>> RpcClient::Call(Outgoing& message,
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
-      return absl::DeadlineExceededError("no reply to " + std::string(what) + " from " +
-                                         channel_->endpoint() + " within " +
-                                         std::to_string(timeout.count()) +
-                                         " ms (is the coordinator running and reachable?)");
+      const std::string& handshake = channel_->handshake_failure();
+      return absl::DeadlineExceededError(
+          "no reply to " + std::string(what) + " from " + channel_->endpoint() + " within " +
+          std::to_string(timeout.count()) + " ms " +
+          (handshake.empty() ? "(is the coordinator running and reachable?)"
+                             : "(" + handshake + ")"));
     }
     ASSIGN_OR_RETURN(auto reply, ReceiveOne(left));
+    if (channel_->handshake_refused()) {
+      return absl::UnauthenticatedError(channel_->handshake_failure());
+    }
     if (!reply) continue;
     if (reply->request_id() == request_id) {
       if (reply->which() == wire::Envelope::Payload::ERROR) {

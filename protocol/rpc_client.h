@@ -18,16 +18,20 @@ namespace shardline::protocol {
 class RpcClient {
  public:
   // Connects to the coordinator at `endpoint`. `sender` names this peer in every envelope.
+  // `curve`: this process's CURVE identity and the coordinator's key (null: plain, --insecure).
   static absl::StatusOr<std::unique_ptr<RpcClient>> Connect(const std::string& endpoint,
                                                             std::string cluster_id,
                                                             std::string sender,
+                                                            const ClientCurve* curve,
                                                             WireObserver* observer = nullptr);
 
   // A new envelope addressed from this client; set its payload, then Call or Notify it.
   std::unique_ptr<Outgoing> NewMessage();
 
   // Sends `message` with a fresh request id and waits up to `timeout` for the reply to it. An
-  // Error reply comes back as its Status; no reply is DeadlineExceeded naming the coordinator.
+  // Error reply comes back as its Status; no reply is DeadlineExceeded naming the coordinator
+  // (and a failed handshake, if there was one); a coordinator that refused this process's key
+  // (or its lack of one) is Unauthenticated at once, with the reason.
   // Unsolicited messages that arrive meanwhile are kept for NextPush().
   absl::StatusOr<std::unique_ptr<Message>> Call(Outgoing& message,
                                                 std::chrono::milliseconds timeout);
@@ -44,6 +48,8 @@ class RpcClient {
   absl::StatusOr<std::unique_ptr<Message>> NextMessage(std::chrono::milliseconds timeout);
 
   const std::string& endpoint() const { return channel_->endpoint(); }
+  // The channel's last failed handshake (Channel::handshake_failure()); empty when none.
+  const std::string& handshake_failure() const { return channel_->handshake_failure(); }
   const std::string& sender() const { return sender_; }
 
  private:

@@ -28,7 +28,9 @@ TEST(ClusterBadInputTest, TenThousandGarbageFramesDoNotStopTheCoordinator) {
   ASSERT_TRUE(cluster.StartAgent("steady", "cpu:2").ok());
   ASSERT_TRUE(cluster.WaitForAliveNodes(1, 20s).ok());
 
-  auto attacker = protocol::Channel::Connect(cluster.endpoint());
+  // A peer with a client key: authenticated is not trusted (a stranger without a key never gets
+  // this far: cluster_security_test).
+  auto attacker = protocol::Channel::Connect(cluster.endpoint(), cluster.client_curve());
   ASSERT_TRUE(attacker.ok());
   std::mt19937_64 rng(11);
   // A valid frame to cut and to corrupt.
@@ -130,7 +132,8 @@ TEST(ClusterBadInputTest, SpecErrorsNameTheKeyAndLine) {
   ASSERT_TRUE(cluster.StartCoordinator().ok());
   const std::string spec = WriteTemp(cluster.dir(), "bad.yaml",
                                      "name: bad\nkind: comm-check\nactors: 2\nwrld_size: 4\n");
-  auto result = RunShardline({"submit", spec, "--coordinator", cluster.endpoint()});
+  auto result = RunShardline(
+      {"submit", spec, "--coordinator", cluster.endpoint(), "--keys", cluster.key_dir()});
   EXPECT_EQ(result.exit_code, 1);
   EXPECT_NE(result.output.find("bad.yaml:4:1"), std::string::npos) << result.output;
   EXPECT_NE(result.output.find("wrld_size"), std::string::npos) << result.output;
@@ -144,7 +147,7 @@ TEST(ClusterBadInputTest, SpecErrorsNameTheKeyAndLine) {
   EXPECT_TRUE(cluster.Status().ok());
 
   auto missing = RunShardline({"submit", cluster.dir() + "/nope.yaml", "--coordinator",
-                               cluster.endpoint()});
+                               cluster.endpoint(), "--keys", cluster.key_dir()});
   EXPECT_EQ(missing.exit_code, 1);
   EXPECT_NE(missing.output.find("nope.yaml"), std::string::npos) << missing.output;
 }
@@ -154,13 +157,15 @@ TEST(ClusterBadInputTest, UnreachableCoordinatorIsAClearErrorAfterTheTimeout) {
   ASSERT_TRUE(probe.ok());
   const std::string endpoint = (*probe)->endpoint();
   probe->reset();  // nobody listens there now
-  auto status = RunShardline({"status", "--coordinator", endpoint, "--timeout-s", "0.5"}, 20s);
+  auto status =
+      RunShardline({"status", "--coordinator", endpoint, "--timeout-s", "0.5", "--insecure"}, 20s);
   EXPECT_EQ(status.exit_code, 1);
   EXPECT_NE(status.output.find("no reply"), std::string::npos) << status.output;
   EXPECT_NE(status.output.find(endpoint), std::string::npos) << status.output;
 
-  auto agent = RunShardline(
-      {"agent", "--coordinator", endpoint, "--devices", "cpu:1", "--connect-timeout-s", "1"}, 20s);
+  auto agent = RunShardline({"agent", "--coordinator", endpoint, "--devices", "cpu:1",
+                             "--connect-timeout-s", "1", "--insecure"},
+                            20s);
   EXPECT_EQ(agent.exit_code, 1);
   EXPECT_NE(agent.output.find("could not register node"), std::string::npos) << agent.output;
 }
@@ -168,14 +173,17 @@ TEST(ClusterBadInputTest, UnreachableCoordinatorIsAClearErrorAfterTheTimeout) {
 TEST(ClusterBadInputTest, PortInUseIsAClearError) {
   LocalCluster cluster;
   ASSERT_TRUE(cluster.StartCoordinator().ok());
-  auto second = RunShardline({"coordinator", "--listen", cluster.endpoint(), "--metrics", ""}, 20s);
+  auto second = RunShardline(
+      {"coordinator", "--listen", cluster.endpoint(), "--metrics", "", "--keys", cluster.key_dir()},
+      20s);
   EXPECT_EQ(second.exit_code, 1);
   EXPECT_NE(second.output.find("cannot listen on " + cluster.endpoint()), std::string::npos)
       << second.output;
   EXPECT_NE(second.output.find("in use"), std::string::npos) << second.output;
 
   const std::string metrics = cluster.metrics_address();
-  auto third = RunShardline({"coordinator", "--listen", "tcp://127.0.0.1:0", "--metrics", metrics},
+  auto third = RunShardline({"coordinator", "--listen", "tcp://127.0.0.1:0", "--metrics", metrics,
+                             "--keys", cluster.key_dir()},
                             20s);
   EXPECT_EQ(third.exit_code, 1);
   EXPECT_NE(third.output.find(metrics), std::string::npos) << third.output;
@@ -186,9 +194,10 @@ TEST(ClusterBadInputTest, SecondAgentClaimingALiveNodeIdIsRefused) {
   ASSERT_TRUE(cluster.StartCoordinator().ok());
   ASSERT_TRUE(cluster.StartAgent("twin", "cpu:1").ok());
   ASSERT_TRUE(cluster.WaitForAliveNodes(1, 20s).ok());
-  auto second = RunShardline({"agent", "--coordinator", cluster.endpoint(), "--node-id", "twin",
-                              "--devices", "cpu:1", "--connect-timeout-s", "1.5"},
-                             20s);
+  auto second =
+      RunShardline({"agent", "--coordinator", cluster.endpoint(), "--keys", cluster.key_dir(),
+                    "--node-id", "twin", "--devices", "cpu:1", "--connect-timeout-s", "1.5"},
+                   20s);
   EXPECT_EQ(second.exit_code, 1);
   EXPECT_NE(second.output.find("refused node twin"), std::string::npos) << second.output;
   EXPECT_NE(second.output.find("held by a live agent"), std::string::npos) << second.output;

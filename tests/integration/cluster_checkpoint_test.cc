@@ -76,7 +76,9 @@ class ClusterCheckpointTest : public ::testing::Test {
   }
 
   std::string Shown(const std::string& job_id) {
-    return RunShardline({"status", "--coordinator", cluster_.endpoint(), job_id}).output;
+    return RunShardline({"status", "--coordinator", cluster_.endpoint(), "--keys",
+                         cluster_.key_dir(), job_id})
+        .output;
   }
 
   std::string Path(const std::string& name) const {

@@ -82,7 +82,8 @@ TEST(ClusterCommCheckTest, TheStoreTakesActorKeysOnlyFromARunningGenerationInsid
                   .WaitForJob(*job_id, [](const auto& j) { return j["phase"] == "running"; }, 60s)
                   .ok());
   const auto store_as = [&](const std::string& sender, const std::string& key) {
-    auto client = protocol::RpcClient::Connect(cluster.endpoint(), "shardline", sender);
+    auto client =
+        protocol::RpcClient::Connect(cluster.endpoint(), "shardline", sender, cluster.node_curve());
     if (!client.ok()) return client.status();
     actor::CoordinatorStore store(**client);
     return store.Set(key, "x");
@@ -98,7 +99,10 @@ TEST(ClusterCommCheckTest, TheStoreTakesActorKeysOnlyFromARunningGenerationInsid
   // A live actor writing outside its generation's prefix is refused.
   absl::Status outside = store_as("actor/" + *job_id + "/1/0", "job/other/gen/1/probe");
   EXPECT_EQ(outside.code(), absl::StatusCode::kPermissionDenied) << outside;
-  ASSERT_EQ(RunShardline({"cancel", *job_id, "--coordinator", cluster.endpoint()}).exit_code, 0);
+  ASSERT_EQ(RunShardline({"cancel", *job_id, "--coordinator", cluster.endpoint(), "--keys",
+                          cluster.key_dir()})
+                .exit_code,
+            0);
 }
 
 TEST(ClusterCommCheckTest, NcclUniqueIdIsFannedOutThroughTheCoordinator) {
@@ -114,8 +118,9 @@ TEST(ClusterCommCheckTest, NcclUniqueIdIsFannedOutThroughTheCoordinator) {
   std::vector<std::thread> ranks;
   for (int rank = 0; rank < kRanks; ++rank) {
     ranks.emplace_back([&, rank] {
-      auto client = protocol::RpcClient::Connect(cluster.endpoint(), "shardline",
-                                                 "nccl-test/" + std::to_string(rank));
+      auto client =
+          protocol::RpcClient::Connect(cluster.endpoint(), "shardline",
+                                       "nccl-test/" + std::to_string(rank), cluster.node_curve());
       if (!client.ok()) {
         errors[rank] = client.status();
         return;
@@ -123,7 +128,10 @@ TEST(ClusterCommCheckTest, NcclUniqueIdIsFannedOutThroughTheCoordinator) {
       actor::CoordinatorStore store(**client);
       comm::PrefixStore group(std::string("job/nccl-test/gen/1/world"), store);
       auto id = comm::ExchangeNcclUniqueId(group, rank, 20s);
-      if (id.ok()) ids[rank] = *id; else errors[rank] = id.status();
+      if (id.ok())
+        ids[rank] = *id;
+      else
+        errors[rank] = id.status();
     });
   }
   for (auto& t : ranks) t.join();
@@ -200,7 +208,8 @@ TEST(ClusterCommCheckTest, EveryProcessServesItsMetricsAndCancelStopsTheJob) {
   EXPECT_GT(eventually(coordinator, "shardline_messages_received_total", "type=\"heartbeat\"",
                        positive), 0);
 
-  auto cancel = RunShardline({"cancel", *job_id, "--coordinator", cluster.endpoint()});
+  auto cancel = RunShardline(
+      {"cancel", *job_id, "--coordinator", cluster.endpoint(), "--keys", cluster.key_dir()});
   EXPECT_EQ(cancel.exit_code, 0) << cancel.output;
   auto ended = cluster.WaitForJobEnd(*job_id, 10s);
   ASSERT_TRUE(ended.ok());

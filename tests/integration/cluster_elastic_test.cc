@@ -155,11 +155,13 @@ TEST_F(ClusterElasticTest, AKilledActorRestartsFromTheLastCommitAndEndsLikeAFaul
                   checkpoint::ManifestPath(reference_dir, kSteps));
 
   // `shardline status JOB` has a line per generation; metrics count the restart by its cause.
-  CommandResult status = RunShardline({"status", id, "--coordinator", cluster_.endpoint()});
+  CommandResult status = RunShardline(
+      {"status", id, "--coordinator", cluster_.endpoint(), "--keys", cluster_.key_dir()});
   EXPECT_THAT(status.output, HasSubstr("generation 1 "));
   EXPECT_THAT(status.output, HasSubstr("ended by rank 1 on node-a killed by SIGKILL"));
   EXPECT_THAT(status.output, HasSubstr("generation 2 "));
-  CommandResult cluster = RunShardline({"status", "--coordinator", cluster_.endpoint()});
+  CommandResult cluster =
+      RunShardline({"status", "--coordinator", cluster_.endpoint(), "--keys", cluster_.key_dir()});
   EXPECT_THAT(cluster.output, HasSubstr("cpu:1 of node-a is avoided until the node registers "
                                         "again: rank 1 on node-a killed by SIGKILL"));
   const std::string metrics = cluster_.metrics_address();
@@ -226,7 +228,9 @@ TEST_F(ClusterElasticTest, ALostNodeScalesTheJobInAndItGrowsBackWhenTheNodeRetur
   // over shm two can (CI saw 2). Losing none needs the ranks to stop at the commit's step, which
   // the coordinator cannot yet ask of them.
   EXPECT_LE((*larger)["train"]["generations"][1]["steps_lost"].get<int64_t>(), 2);
-  ASSERT_TRUE(RunShardline({"cancel", id, "--coordinator", cluster_.endpoint()}).exit_code == 0);
+  ASSERT_TRUE(RunShardline({"cancel", id, "--coordinator", cluster_.endpoint(), "--keys",
+                            cluster_.key_dir()})
+                  .exit_code == 0);
 }
 
 TEST_F(ClusterElasticTest, BelowMinActorsTheJobWaitsSayingForWhatAndGoesOnWhenDevicesReturn) {
@@ -254,7 +258,10 @@ TEST_F(ClusterElasticTest, BelowMinActorsTheJobWaitsSayingForWhatAndGoesOnWhenDe
       },
       60s);
   ASSERT_TRUE(back.ok()) << back.status() << cluster_.Log("coordinator");
-  ASSERT_EQ(RunShardline({"cancel", id, "--coordinator", cluster_.endpoint()}).exit_code, 0);
+  ASSERT_EQ(RunShardline(
+                {"cancel", id, "--coordinator", cluster_.endpoint(), "--keys", cluster_.key_dir()})
+                .exit_code,
+            0);
 }
 
 TEST_F(ClusterElasticTest, TheCrashLoopBreakerFailsTheJobWithItsCauses) {
@@ -306,7 +313,7 @@ TEST_F(ClusterElasticTest, AKilledCoordinatorResumesSupervisionFromTheStateDir) 
   // A second coordinator on the same state dir is refused.
   CommandResult second =
       RunShardline({"coordinator", "--listen", "tcp://127.0.0.1:0", "--state-dir",
-                    (fs::path(cluster_.dir()) / "state").string()},
+                    (fs::path(cluster_.dir()) / "state").string(), "--keys", cluster_.key_dir()},
                    20s);
   EXPECT_NE(second.exit_code, 0);
   EXPECT_THAT(second.output, HasSubstr("is in use by another coordinator"));

@@ -93,7 +93,10 @@ TEST(ClusterMultiHostTest, ACutLinkLosesTheNodeTheJobGoesOnAndGrowsBackWhenItRet
   nodes.clear();
   for (const auto& actor : (*back)["actors"]) nodes.insert(actor["node_id"].get<std::string>());
   EXPECT_EQ(nodes.size(), 2u);
-  EXPECT_EQ(RunShardline({"cancel", *id, "--coordinator", cluster.endpoint()}).exit_code, 0);
+  EXPECT_EQ(RunShardline(
+                {"cancel", *id, "--coordinator", cluster.endpoint(), "--keys", cluster.key_dir()})
+                .exit_code,
+            0);
 }
 
 }  // namespace

@@ -63,8 +63,8 @@ class ClusterPlanTest : public ::testing::Test {
 
   // `shardline status --json` as a script reads it.
   json StatusJson() {
-    const CommandResult status =
-        RunShardline({"status", "--json", "--coordinator", cluster_.endpoint()});
+    const CommandResult status = RunShardline(
+        {"status", "--json", "--coordinator", cluster_.endpoint(), "--keys", cluster_.key_dir()});
     EXPECT_EQ(status.exit_code, 0) << status.output;
     json parsed = json::parse(status.output, nullptr, false);
     EXPECT_FALSE(parsed.is_discarded()) << status.output;
@@ -100,7 +100,8 @@ TEST_F(ClusterPlanTest, CalibrationThenAnAutoJobPlannedWithIt) {
     EXPECT_EQ(calibration["job_id"], fixed["job_id"]);
   }
   // The table shows them too.
-  const CommandResult table = RunShardline({"status", "--coordinator", cluster_.endpoint()});
+  const CommandResult table =
+      RunShardline({"status", "--coordinator", cluster_.endpoint(), "--keys", cluster_.key_dir()});
   EXPECT_THAT(table.output, HasSubstr("GFLOP/s"));
 
   // Now the planner chooses, on the 4 free devices, with those measurements.
@@ -119,8 +120,9 @@ TEST_F(ClusterPlanTest, CalibrationThenAnAutoJobPlannedWithIt) {
   EXPECT_FALSE(plan["summary"].get<std::string>().empty());
   EXPECT_EQ(job["train"]["step"], 4);
 
-  const CommandResult shown = RunShardline(
-      {"status", "--coordinator", cluster_.endpoint(), job["job_id"].get<std::string>()});
+  const CommandResult shown =
+      RunShardline({"status", "--coordinator", cluster_.endpoint(), "--keys", cluster_.key_dir(),
+                    job["job_id"].get<std::string>()});
   EXPECT_EQ(shown.exit_code, 0) << shown.output;
   EXPECT_THAT(shown.output, HasSubstr("auto: predicted"));
   EXPECT_THAT(shown.output, HasSubstr("planned (parallel: auto)"));
@@ -129,7 +131,7 @@ TEST_F(ClusterPlanTest, CalibrationThenAnAutoJobPlannedWithIt) {
   // The same cluster, planned from the command line with the live coordinator's view.
   const CommandResult live =
       RunShardline({"plan", "--model", SourceDir() + "/examples/model-gpt-tiny.yaml",
-                    "--coordinator", cluster_.endpoint(), "--json"});
+                    "--coordinator", cluster_.endpoint(), "--keys", cluster_.key_dir(), "--json"});
   ASSERT_EQ(live.exit_code, 0) << live.output;
   EXPECT_THAT(live.output, HasSubstr("\"best\""));
   EXPECT_THAT(live.output, HasSubstr("node-a"));
@@ -172,12 +174,13 @@ TEST_F(ClusterPlanTest, AutoJobThatDoesNotFitWaitsWhileDevicesAreBusy) {
   EXPECT_EQ((*waiting)["state"], "pending");
   EXPECT_THAT((*waiting)["error"].get<std::string>(),
               HasSubstr("no plan fits the 2 free cpu devices of 1 node"));
-  const CommandResult shown = RunShardline({"status", "--coordinator", cluster_.endpoint(), *huge});
+  const CommandResult shown = RunShardline(
+      {"status", "--coordinator", cluster_.endpoint(), "--keys", cluster_.key_dir(), *huge});
   EXPECT_THAT(shown.output, HasSubstr("auto (not planned yet)"));
 
   // Once every device is free and still nothing fits, it fails.
-  const CommandResult cancel =
-      RunShardline({"cancel", "--coordinator", cluster_.endpoint(), *busy});
+  const CommandResult cancel = RunShardline(
+      {"cancel", "--coordinator", cluster_.endpoint(), "--keys", cluster_.key_dir(), *busy});
   ASSERT_EQ(cancel.exit_code, 0) << cancel.output;
   auto failed = cluster_.WaitForJobEnd(*huge, 30s);
   ASSERT_TRUE(failed.ok()) << failed.status();

@@ -120,8 +120,8 @@ class ClusterServeTest : public ::testing::Test {
   }
 
   void Cancel(const std::string& job_id) {
-    const CommandResult cancel =
-        RunShardline({"cancel", "--coordinator", cluster_.endpoint(), job_id});
+    const CommandResult cancel = RunShardline(
+        {"cancel", "--coordinator", cluster_.endpoint(), "--keys", cluster_.key_dir(), job_id});
     EXPECT_EQ(cancel.exit_code, 0) << cancel.output;
     auto ended = cluster_.WaitForJobEnd(job_id, 30s);
     ASSERT_TRUE(ended.ok()) << ended.status();
@@ -169,7 +169,8 @@ TEST_F(ClusterServeTest, ShardedServiceAnswersAsGenerateAndShowsInStatus) {
         15s);
     ASSERT_TRUE(counted.ok()) << counted.status();
     EXPECT_EQ((*counted)["state"], "running");
-    const CommandResult status = RunShardline({"status", "--coordinator", cluster_.endpoint(), id});
+    const CommandResult status = RunShardline(
+        {"status", "--coordinator", cluster_.endpoint(), "--keys", cluster_.key_dir(), id});
     EXPECT_EQ(status.exit_code, 0) << status.output;
     EXPECT_THAT(status.output, HasSubstr("serving tp " + std::to_string(layout.tp) + " x pp " +
                                          std::to_string(layout.pp) + ": tiny at " + url + "/v1"));

@@ -58,7 +58,8 @@ TEST_P(ClusterStepTimeTest, CalibratedPredictionAndMeasurementShown) {
   // `status --json` as a script reads it: the layout asked for, priced with this job's own
   // calibration (not the defaults or an earlier job's numbers), and a measured step.
   const CommandResult status_json =
-      RunShardline({"status", "--json", "--coordinator", cluster_.endpoint(), *job_id});
+      RunShardline({"status", "--json", "--coordinator", cluster_.endpoint(), "--keys",
+                    cluster_.key_dir(), *job_id});
   ASSERT_EQ(status_json.exit_code, 0) << status_json.output;
   const json parsed = json::parse(status_json.output, nullptr, false);
   ASSERT_FALSE(parsed.is_discarded()) << status_json.output;
@@ -81,8 +82,8 @@ TEST_P(ClusterStepTimeTest, CalibratedPredictionAndMeasurementShown) {
 
   // What a person sees: both numbers and the difference. The format, not the figures: how far
   // apart they are is the benchmark's business.
-  const CommandResult shown =
-      RunShardline({"status", "--coordinator", cluster_.endpoint(), *job_id});
+  const CommandResult shown = RunShardline(
+      {"status", "--coordinator", cluster_.endpoint(), "--keys", cluster_.key_dir(), *job_id});
   EXPECT_EQ(shown.exit_code, 0) << shown.output;
   EXPECT_THAT(shown.output, ContainsRegex("predicted [0-9]+\\.[0-9]{3} s/step calibrated "
                                           "\\(measured [0-9]+\\.[0-9]{3} s, [+-][0-9]+%\\)"));

@@ -75,12 +75,13 @@ absl::StatusOr<std::unique_ptr<protocol::Message>> Call(protocol::RpcClient& cli
 // gets, spawning nothing.
 class FakeNode {
  public:
-  static absl::StatusOr<std::unique_ptr<FakeNode>> Register(const std::string& endpoint,
+  static absl::StatusOr<std::unique_ptr<FakeNode>> Register(const LocalCluster& cluster,
                                                             const std::string& node_id,
                                                             int devices) {
     auto node = std::unique_ptr<FakeNode>(new FakeNode);
     node->node_id_ = node_id;
-    auto client = protocol::RpcClient::Connect(endpoint, "shardline", "agent/" + node_id);
+    auto client = protocol::RpcClient::Connect(cluster.endpoint(), "shardline", "agent/" + node_id,
+                                               cluster.node_curve());
     if (!client.ok()) return client.status();
     node->client_ = std::move(*client);
     if (auto status = node->SendRegistration(devices); !status.ok()) return status;
@@ -138,7 +139,7 @@ struct GroupInfo {
 // One rank's side of the wire, by hand (see the file comment).
 class FakeActor {
  public:
-  static absl::StatusOr<std::unique_ptr<FakeActor>> Register(const std::string& endpoint,
+  static absl::StatusOr<std::unique_ptr<FakeActor>> Register(const LocalCluster& cluster,
                                                              const std::string& job_id,
                                                              uint32_t generation, uint32_t rank,
                                                              const std::string& node_id) {
@@ -147,8 +148,9 @@ class FakeActor {
     actor->generation_ = generation;
     actor->rank_ = rank;
     auto client = protocol::RpcClient::Connect(
-        endpoint, "shardline",
-        "actor/" + job_id + "/" + std::to_string(generation) + "/" + std::to_string(rank));
+        cluster.endpoint(), "shardline",
+        "actor/" + job_id + "/" + std::to_string(generation) + "/" + std::to_string(rank),
+        cluster.node_curve());
     if (!client.ok()) return client.status();
     actor->client_ = std::move(*client);
     auto message = actor->client_->NewMessage();
@@ -289,9 +291,10 @@ class FakeActor {
 };
 
 // Submits `yaml` as a client in `work_dir` with its spec in `spec_dir` would.
-absl::StatusOr<std::string> SubmitFrom(const std::string& endpoint, const std::string& yaml,
+absl::StatusOr<std::string> SubmitFrom(const LocalCluster& cluster, const std::string& yaml,
                                        const std::string& spec_dir, const std::string& work_dir) {
-  auto client = protocol::RpcClient::Connect(endpoint, "shardline", "test");
+  auto client =
+      protocol::RpcClient::Connect(cluster.endpoint(), "shardline", "test", cluster.client_curve());
   if (!client.ok()) return client.status();
   auto message = (*client)->NewMessage();
   auto submit = message->payload().initSubmitJob();
@@ -321,8 +324,7 @@ std::vector<std::unique_ptr<FakeActor>> StartActors(LocalCluster& cluster, FakeN
   if (!spawn.ok()) return actors;
   EXPECT_EQ(spawn->second.size(), static_cast<size_t>(world));
   for (uint32_t rank : spawn->second) {
-    auto actor =
-        FakeActor::Register(cluster.endpoint(), job_id, spawn->first, rank, node.node_id());
+    auto actor = FakeActor::Register(cluster, job_id, spawn->first, rank, node.node_id());
     EXPECT_TRUE(actor.ok()) << actor.status();
     if (!actor.ok()) return {};
     actors.push_back(std::move(*actor));
@@ -377,7 +379,8 @@ TEST(ClusterTrainTest, BadLayoutIsRefusedBySubmitAndNothingIsSpawned) {
     SCOPED_TRACE(c.name);
     const std::string spec = WriteTemp(cluster.dir() + "/specs", c.name + ".yaml",
                                        TrainYaml("bad-" + c.name, ckpt, c.parallel, c.extra));
-    auto result = RunShardline({"submit", spec, "--coordinator", cluster.endpoint()});
+    auto result = RunShardline(
+        {"submit", spec, "--coordinator", cluster.endpoint(), "--keys", cluster.key_dir()});
     EXPECT_EQ(result.exit_code, 1) << result.output;
     EXPECT_NE(result.output.find(c.message), std::string::npos) << result.output;
     EXPECT_NE(result.output.find(c.name + ".yaml:"), std::string::npos)
@@ -386,9 +389,8 @@ TEST(ClusterTrainTest, BadLayoutIsRefusedBySubmitAndNothingIsSpawned) {
     EXPECT_EQ(result.output.find("submitted job"), std::string::npos) << result.output;
 
     // A client that skips the check gets the same from the coordinator.
-    auto direct =
-        SubmitFrom(cluster.endpoint(), TrainYaml("bad-" + c.name, ckpt, c.parallel, c.extra),
-                   cluster.dir(), cluster.dir());
+    auto direct = SubmitFrom(cluster, TrainYaml("bad-" + c.name, ckpt, c.parallel, c.extra),
+                             cluster.dir(), cluster.dir());
     ASSERT_FALSE(direct.ok());
     EXPECT_EQ(direct.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(std::string(direct.status().message()).find(c.message), std::string::npos)
@@ -417,7 +419,8 @@ TEST(ClusterTrainTest, SubmitSendsTheSpecFolderAndTheWorkingDirectory) {
   // No node: the job waits, which is all this test needs of it.
   const std::string spec =
       WriteTemp(cluster.dir() + "/specs", "ok.yaml", TrainYaml("folders", "ckpt/run"));
-  auto result = RunShardline({"submit", spec, "--coordinator", cluster.endpoint()});
+  auto result = RunShardline(
+      {"submit", spec, "--coordinator", cluster.endpoint(), "--keys", cluster.key_dir()});
   ASSERT_EQ(result.exit_code, 0) << result.output;
   auto status = cluster.Status();
   ASSERT_TRUE(status.ok());
@@ -437,7 +440,8 @@ TEST(ClusterTrainTest, SubmitSendsTheSpecFolderAndTheWorkingDirectory) {
   EXPECT_EQ(job["train"]["plan"]["dp"], 1);
   EXPECT_EQ(job["train"]["plan"]["zero"], 1);
   EXPECT_EQ(job["train"]["plan"]["micro_batch"], 4);
-  auto shown = RunShardline({"status", job["job_id"], "--coordinator", cluster.endpoint()});
+  auto shown = RunShardline(
+      {"status", job["job_id"], "--coordinator", cluster.endpoint(), "--keys", cluster.key_dir()});
   EXPECT_EQ(shown.exit_code, 0) << shown.output;
   EXPECT_NE(shown.output.find("step 0/20"), std::string::npos) << shown.output;
   EXPECT_NE(shown.output.find("plan tp 2 x pp 2 x dp 1, zero 1, micro-batch 4"), std::string::npos)
@@ -447,14 +451,14 @@ TEST(ClusterTrainTest, SubmitSendsTheSpecFolderAndTheWorkingDirectory) {
 TEST(ClusterTrainTest, ProgressAndCheckpointCommitWithEveryGroup) {
   LocalCluster cluster(PatientCluster());
   ASSERT_TRUE(cluster.StartCoordinator().ok());
-  auto node = FakeNode::Register(cluster.endpoint(), "fake", 4);
+  auto node = FakeNode::Register(cluster, "fake", 4);
   ASSERT_TRUE(node.ok()) << node.status();
   // The spec's checkpoint dir is relative: it lands under the submitter's working directory.
   const std::string work_dir = cluster.dir() + "/work";
   const std::string ckpt = work_dir + "/ckpt";
   fs::create_directories(work_dir);
-  auto job_id = SubmitFrom(cluster.endpoint(), TrainYaml("commit", "ckpt"),
-                           cluster.dir() + "/specs", work_dir);
+  auto job_id =
+      SubmitFrom(cluster, TrainYaml("commit", "ckpt"), cluster.dir() + "/specs", work_dir);
   ASSERT_TRUE(job_id.ok()) << job_id.status();
   auto actors = StartActors(cluster, **node, *job_id, 4);
   ASSERT_EQ(actors.size(), 4u);
@@ -608,7 +612,8 @@ TEST(ClusterTrainTest, ProgressAndCheckpointCommitWithEveryGroup) {
   EXPECT_DOUBLE_EQ((*progress)["train"]["loss"].get<double>(), 2.75);
   EXPECT_EQ((*progress)["train"]["eta_seconds"], 0);
   EXPECT_EQ((*progress)["train"]["last_committed_step"], 20);
-  auto shown = RunShardline({"status", *job_id, "--coordinator", cluster.endpoint()});
+  auto shown = RunShardline(
+      {"status", *job_id, "--coordinator", cluster.endpoint(), "--keys", cluster.key_dir()});
   EXPECT_NE(shown.output.find("step 20/20  loss 2.7500"), std::string::npos) << shown.output;
   EXPECT_NE(shown.output.find("checkpoint: step 20 in " + ckpt), std::string::npos) << shown.output;
 
@@ -628,11 +633,10 @@ TEST(ClusterTrainTest, ProgressAndCheckpointCommitWithEveryGroup) {
 TEST(ClusterTrainTest, ShardsThatDoNotCoverATensorFailTheJobAndCommitNothing) {
   LocalCluster cluster(PatientCluster());
   ASSERT_TRUE(cluster.StartCoordinator().ok());
-  auto node = FakeNode::Register(cluster.endpoint(), "fake", 4);
+  auto node = FakeNode::Register(cluster, "fake", 4);
   ASSERT_TRUE(node.ok()) << node.status();
   const std::string ckpt = cluster.dir() + "/ckpt";
-  auto job_id =
-      SubmitFrom(cluster.endpoint(), TrainYaml("holes", ckpt), cluster.dir(), cluster.dir());
+  auto job_id = SubmitFrom(cluster, TrainYaml("holes", ckpt), cluster.dir(), cluster.dir());
   ASSERT_TRUE(job_id.ok()) << job_id.status();
   auto actors = StartActors(cluster, **node, *job_id, 4);
   ASSERT_EQ(actors.size(), 4u);
@@ -665,9 +669,9 @@ TEST(ClusterTrainTest, ShardsThatDoNotCoverATensorFailTheJobAndCommitNothing) {
 TEST(ClusterTrainTest, BootstrapDeadlineNamesTheMissingRankInEveryGroup) {
   LocalCluster cluster(PatientCluster());
   ASSERT_TRUE(cluster.StartCoordinator().ok());
-  auto node = FakeNode::Register(cluster.endpoint(), "fake", 4);
+  auto node = FakeNode::Register(cluster, "fake", 4);
   ASSERT_TRUE(node.ok()) << node.status();
-  auto job_id = SubmitFrom(cluster.endpoint(),
+  auto job_id = SubmitFrom(cluster,
                            TrainYaml("late", cluster.dir() + "/ckpt", "  tp: 2\n  pp: 2\n  dp: 1\n",
                                      "bootstrap_timeout_s: 3\n"),
                            cluster.dir(), cluster.dir());
@@ -677,7 +681,7 @@ TEST(ClusterTrainTest, BootstrapDeadlineNamesTheMissingRankInEveryGroup) {
   // Ranks 0-2 come and bootstrap every group they are in; rank 3 never registers.
   std::vector<std::unique_ptr<FakeActor>> actors;
   for (uint32_t rank = 0; rank < 3; ++rank) {
-    auto actor = FakeActor::Register(cluster.endpoint(), *job_id, spawn->first, rank, "fake");
+    auto actor = FakeActor::Register(cluster, *job_id, spawn->first, rank, "fake");
     ASSERT_TRUE(actor.ok()) << actor.status();
     actors.push_back(std::move(*actor));
   }
@@ -712,10 +716,10 @@ TEST(ClusterTrainTest, BootstrapDeadlineNamesTheMissingRankInEveryGroup) {
 TEST(ClusterTrainTest, ANodeRegisteringAgainWithAnotherDeviceSetIsNewCapacityNotMerged) {
   LocalCluster cluster(PatientCluster());
   ASSERT_TRUE(cluster.StartCoordinator().ok());
-  auto node = FakeNode::Register(cluster.endpoint(), "fake", 4);
+  auto node = FakeNode::Register(cluster, "fake", 4);
   ASSERT_TRUE(node.ok()) << node.status();
-  auto job_id = SubmitFrom(cluster.endpoint(), TrainYaml("regrown", cluster.dir() + "/ckpt"),
-                           cluster.dir(), cluster.dir());
+  auto job_id = SubmitFrom(cluster, TrainYaml("regrown", cluster.dir() + "/ckpt"), cluster.dir(),
+                           cluster.dir());
   ASSERT_TRUE(job_id.ok()) << job_id.status();
   auto actors = StartActors(cluster, **node, *job_id, 4);
   ASSERT_EQ(actors.size(), 4u);

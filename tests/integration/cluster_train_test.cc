@@ -100,8 +100,8 @@ class ClusterTrainTest : public ::testing::Test {
     EXPECT_GT(train["tokens_per_second"].get<double>(), 0);
     EXPECT_EQ(train["last_committed_step"], kSteps);
     // The status command shows the same as a person reads it.
-    const CommandResult status = RunShardline({"status", "--coordinator", cluster_.endpoint(),
-                                               *job_id});
+    const CommandResult status = RunShardline(
+        {"status", "--coordinator", cluster_.endpoint(), "--keys", cluster_.key_dir(), *job_id});
     EXPECT_EQ(status.exit_code, 0) << status.output;
     EXPECT_THAT(status.output, HasSubstr("step " + std::to_string(kSteps) + "/" +
                                          std::to_string(kSteps)));

@@ -9,7 +9,8 @@ target_compile_definitions(shardline_test_cluster PRIVATE
 add_executable(shardline_stopping_actor ${CMAKE_SOURCE_DIR}/tests/support/stopping_actor_main.cc)
 target_link_libraries(shardline_stopping_actor PRIVATE shardline_worker CLI11::CLI11)
 
-foreach(name cluster_comm_check_test cluster_fault_test cluster_bad_input_test up_test train_cli_test)
+foreach(name cluster_comm_check_test cluster_fault_test cluster_bad_input_test cluster_security_test
+    up_test train_cli_test)
   shardline_test(${name}
     SOURCES ${CMAKE_CURRENT_LIST_DIR}/${name}.cc
     LIBS shardline_test_cluster shardline_monitoring_testing shardline_comm

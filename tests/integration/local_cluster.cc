@@ -116,7 +116,24 @@ bool ProcessAlive(pid_t pid) {
   return close == std::string::npos || content.size() < close + 3 || content[close + 2] != 'Z';
 }
 
-LocalCluster::LocalCluster(Options options) : options_(options), dir_(MakeTempDir()) {}
+LocalCluster::LocalCluster(Options options) : options_(options), dir_(MakeTempDir()) {
+  if (options_.insecure) return;
+  // A failure here shows as the coordinator's refusal to start, naming the key files.
+  const protocol::KeyDir keys{key_dir()};
+  if (auto made = protocol::MakeKeyDir(keys.dir); !made.ok()) {
+    fprintf(stderr, "LocalCluster: %s\n", std::string(made.message()).c_str());
+    return;
+  }
+  auto client = protocol::LoadClientCurve(keys, protocol::PeerRole::kClient);
+  auto node = protocol::LoadClientCurve(keys, protocol::PeerRole::kNode);
+  if (client.ok()) client_curve_ = *client;
+  if (node.ok()) node_curve_ = *node;
+}
+
+std::vector<std::string> LocalCluster::CurveFlags() const {
+  if (options_.insecure) return {"--insecure"};
+  return {"--keys", key_dir()};
+}
 
 LocalCluster::~LocalCluster() {
   for (auto& [node, pid] : agents_) {
@@ -147,6 +164,7 @@ absl::Status LocalCluster::StartCoordinator() {
                 std::to_string(options_.heartbeat_timeout.count()),
                 "--log-level",
                 "debug"};
+  for (const std::string& flag : CurveFlags()) spawn.argv.push_back(flag);
   spawn.log_path = dir_ + "/coordinator.log";
   ASSIGN_OR_RETURN(coordinator_pid_, Spawn(spawn));
   const auto deadline = std::chrono::steady_clock::now() + 20s;
@@ -201,6 +219,7 @@ absl::StatusOr<pid_t> LocalCluster::SpawnAgent(
         dir_ + "/actors", std::string("--log-level"), std::string("debug")}) {
     spawn.argv.push_back(arg);
   }
+  for (const std::string& flag : CurveFlags()) spawn.argv.push_back(flag);
   spawn.argv.insert(spawn.argv.end(), extra_args.begin(), extra_args.end());
   spawn.extra_env = env;
   spawn.log_path = dir_ + "/agent-" + node_id + ".log";
@@ -233,7 +252,8 @@ absl::Status LocalCluster::WaitForAliveNodes(int count, std::chrono::millisecond
 }
 
 absl::StatusOr<std::string> LocalCluster::Submit(const std::string& yaml) {
-  ASSIGN_OR_RETURN(auto client, protocol::RpcClient::Connect(endpoint_, "shardline", "test"));
+  ASSIGN_OR_RETURN(auto client,
+                   protocol::RpcClient::Connect(endpoint_, "shardline", "test", client_curve()));
   auto message = client->NewMessage();
   auto submit = message->payload().initSubmitJob();
   submit.setSpecYaml(yaml);
@@ -243,13 +263,15 @@ absl::StatusOr<std::string> LocalCluster::Submit(const std::string& yaml) {
 }
 
 absl::StatusOr<nlohmann::json> LocalCluster::Status() {
-  ASSIGN_OR_RETURN(auto client, protocol::RpcClient::Connect(endpoint_, "shardline", "test"));
+  ASSIGN_OR_RETURN(auto client,
+                   protocol::RpcClient::Connect(endpoint_, "shardline", "test", client_curve()));
   ASSIGN_OR_RETURN(auto reply, cli::FetchStatus(*client, "", 10s));
   return cli::StatusToJson(reply->envelope().getPayload().getClusterStatus());
 }
 
 absl::StatusOr<nlohmann::json> LocalCluster::Job(const std::string& job_id) {
-  ASSIGN_OR_RETURN(auto client, protocol::RpcClient::Connect(endpoint_, "shardline", "test"));
+  ASSIGN_OR_RETURN(auto client,
+                   protocol::RpcClient::Connect(endpoint_, "shardline", "test", client_curve()));
   ASSIGN_OR_RETURN(auto reply, cli::FetchStatus(*client, job_id, 10s));
   auto json = cli::StatusToJson(reply->envelope().getPayload().getClusterStatus());
   return json["jobs"][0];

@@ -9,12 +9,14 @@
 #include <chrono>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
+#include "protocol/curve.h"
 
 namespace shardline::testing {
 
@@ -52,6 +54,9 @@ class LocalCluster {
     // The address the coordinator listens on: another than loopback when agents run in network
     // namespaces of their own (tests/support/net_namespaces.h).
     std::string coordinator_host = "127.0.0.1";
+    // Every process without CURVE (--insecure); by default the cluster has keys of its own in
+    // DIR/keys, as a real one has.
+    bool insecure = false;
   };
 
   LocalCluster() : LocalCluster(Options{}) {}
@@ -86,6 +91,15 @@ class LocalCluster {
                                                std::chrono::milliseconds timeout);
 
   const std::string& endpoint() const { return endpoint_; }
+  // The cluster's CURVE key directory (made by the constructor); "" under Options::insecure.
+  std::string key_dir() const { return options_.insecure ? "" : dir_ + "/keys"; }
+  // The flags a `shardline` client or agent of this cluster takes: --keys DIR or --insecure.
+  std::vector<std::string> CurveFlags() const;
+  // The CURVE identities of this cluster's key dir, for in-process clients (null: insecure).
+  const protocol::ClientCurve* client_curve() const {
+    return client_curve_ ? &*client_curve_ : nullptr;
+  }
+  const protocol::ClientCurve* node_curve() const { return node_curve_ ? &*node_curve_ : nullptr; }
   std::string metrics_address();  // the coordinator's, from its status
   const std::string& dir() const { return dir_; }
   pid_t coordinator_pid() const { return coordinator_pid_; }
@@ -106,6 +120,7 @@ class LocalCluster {
 
   Options options_;
   std::string dir_;
+  std::optional<protocol::ClientCurve> client_curve_, node_curve_;
   std::string endpoint_;
   pid_t coordinator_pid_ = 0;
   std::map<std::string, pid_t> agents_;  // by node id

@@ -86,7 +86,7 @@ TEST(RpcClientTest, CallMatchesRepliesAndKeepsPushes) {
     reply.payload().initSubmitJobReply().setJobId("job-1");
     ASSERT_TRUE(server.Send(reply, (*frame)->peer).ok());
   });
-  auto client = RpcClient::Connect(server.endpoint(), "c", "cli");
+  auto client = RpcClient::Connect(server.endpoint(), "c", "cli", nullptr);
   ASSERT_TRUE(client.ok());
   auto request = (*client)->NewMessage();
   request->payload().initSubmitJob().setSpecYaml("x");
@@ -107,7 +107,7 @@ TEST(RpcClientTest, UnreachableCoordinatorTimesOutNamingIt) {
     ASSERT_TRUE(router.ok());
     endpoint = (*router)->endpoint();
   }
-  auto client = RpcClient::Connect(endpoint, "c", "cli");
+  auto client = RpcClient::Connect(endpoint, "c", "cli", nullptr);
   ASSERT_TRUE(client.ok());
   auto request = (*client)->NewMessage();
   request->payload().initStatusRequest();

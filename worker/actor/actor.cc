@@ -159,10 +159,14 @@ absl::Status Actor::Connect() {
   const std::string sender = "actor/" + options_.job_id + "/" +
                              std::to_string(options_.generation) + "/" +
                              std::to_string(options_.rank);
+  // The actor speaks with its node's key: it runs on that node, on the agent's behalf.
+  ASSIGN_OR_RETURN(const auto curve,
+                   protocol::ResolveClientCurve(options_.curve, protocol::PeerRole::kNode));
+  const protocol::ClientCurve* identity = curve ? &*curve : nullptr;
   ASSIGN_OR_RETURN(client_, protocol::RpcClient::Connect(options_.coordinator, options_.cluster_id,
-                                                         sender, wire_observer_.get()));
+                                                         sender, identity, wire_observer_.get()));
   ASSIGN_OR_RETURN(reports_, ReportQueue::Connect(options_.coordinator, options_.cluster_id, sender,
-                                                  wire_observer_.get(), kReportTimeout));
+                                                  identity, wire_observer_.get(), kReportTimeout));
   return absl::OkStatus();
 }
 

@@ -7,6 +7,8 @@
 #include <functional>
 #include <string>
 
+#include "protocol/curve.h"
+
 namespace shardline::actor {
 
 struct ActorOptions {
@@ -18,6 +20,7 @@ struct ActorOptions {
   std::string node_id;
   std::string device = "cpu:0";  // cpu:N | cuda:N
   std::string metrics_address;   // empty: this node's address, any port
+  protocol::CurveSetup curve;    // its agent's: the node key, or --insecure
 };
 
 // Points where a test may act inside an actor (fault injection); empty in the product. A test's

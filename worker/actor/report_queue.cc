@@ -9,8 +9,10 @@ namespace shardline::actor {
 
 absl::StatusOr<std::unique_ptr<ReportQueue>> ReportQueue::Connect(
     const std::string& endpoint, const std::string& cluster_id, const std::string& sender,
-    protocol::WireObserver* observer, std::chrono::milliseconds timeout) {
-  ASSIGN_OR_RETURN(auto client, protocol::RpcClient::Connect(endpoint, cluster_id, sender, observer));
+    const protocol::ClientCurve* curve, protocol::WireObserver* observer,
+    std::chrono::milliseconds timeout) {
+  ASSIGN_OR_RETURN(auto client,
+                   protocol::RpcClient::Connect(endpoint, cluster_id, sender, curve, observer));
   return std::unique_ptr<ReportQueue>(new ReportQueue(std::move(client), timeout));
 }
 

@@ -25,9 +25,12 @@ class ReportQueue {
   // Builds a report's payload; runs on the queue's thread.
   using Fill = std::function<void(wire::Envelope::Payload::Builder)>;
 
-  static absl::StatusOr<std::unique_ptr<ReportQueue>> Connect(
-      const std::string& endpoint, const std::string& cluster_id, const std::string& sender,
-      protocol::WireObserver* observer, std::chrono::milliseconds timeout);
+  static absl::StatusOr<std::unique_ptr<ReportQueue>> Connect(const std::string& endpoint,
+                                                              const std::string& cluster_id,
+                                                              const std::string& sender,
+                                                              const protocol::ClientCurve* curve,
+                                                              protocol::WireObserver* observer,
+                                                              std::chrono::milliseconds timeout);
   // Sends what is queued (each within its deadline), then stops.
   ~ReportQueue();
 

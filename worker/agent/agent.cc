@@ -102,11 +102,18 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(AgentOptions options) {
   auto agent = std::unique_ptr<Agent>(
       new Agent(std::move(options), std::move(devices), std::move(metrics_server)));
   ASSIGN_OR_RETURN(agent->address_, protocol::LocalAddressFor(agent->options_.coordinator));
-  ASSIGN_OR_RETURN(agent->client_,
-                   protocol::RpcClient::Connect(agent->options_.coordinator,
-                                                agent->options_.cluster_id,
-                                                "agent/" + agent->options_.node_id,
-                                                agent->wire_observer_.get()));
+  ASSIGN_OR_RETURN(const auto curve,
+                   protocol::ResolveClientCurve(agent->options_.curve, protocol::PeerRole::kNode));
+  if (!curve) {
+    spdlog::warn(
+        "--insecure: this agent and its actors talk to {} without CURVE; anyone who "
+        "reaches that port can impersonate this node",
+        agent->options_.coordinator);
+  }
+  ASSIGN_OR_RETURN(agent->client_, protocol::RpcClient::Connect(
+                                       agent->options_.coordinator, agent->options_.cluster_id,
+                                       "agent/" + agent->options_.node_id,
+                                       curve ? &*curve : nullptr, agent->wire_observer_.get()));
   return agent;
 }
 
@@ -152,8 +159,18 @@ absl::Status Agent::Run(const std::atomic<bool>& stop) {
   while (!stop.load() && !shutdown_requested_) {
     const SteadyTime now = std::chrono::steady_clock::now();
     if (!registered_) {
+      // A refused handshake (no key, a key not on the allowlist) is retried by ZeroMQ, and
+      // passes once the key is added and the coordinator reloads its allowlist.
+      if (client_->handshake_failure() != logged_handshake_failure_) {
+        logged_handshake_failure_ = client_->handshake_failure();
+        if (!logged_handshake_failure_.empty()) spdlog::warn("{}", logged_handshake_failure_);
+      }
       if (!ever_registered_ && now - started > options_.connect_timeout) {
         if (!last_refusal_.empty()) return absl::AlreadyExistsError(last_refusal_);
+        if (!client_->handshake_failure().empty()) {
+          return absl::UnauthenticatedError("could not register node " + options_.node_id + ": " +
+                                            client_->handshake_failure());
+        }
         return absl::DeadlineExceededError(
             "could not register node " + options_.node_id + " with the coordinator at " +
             options_.coordinator + " within " +
@@ -243,8 +260,9 @@ absl::Status Agent::Handle(const protocol::Message& message) {
         last_refusal_ = "the coordinator refused node " + options_.node_id + ": " +
                         ToString(error.message());
         spdlog::warn("{}", last_refusal_);
-        if (error.code() == absl::StatusCode::kInvalidArgument) {
-          return absl::InvalidArgumentError(last_refusal_);
+        if (error.code() == absl::StatusCode::kInvalidArgument ||
+            error.code() == absl::StatusCode::kPermissionDenied) {
+          return absl::Status(error.code(), last_refusal_);
         }
         return absl::OkStatus();
       }
@@ -307,6 +325,7 @@ void Agent::SpawnActors(wire::SpawnActors::Reader request) {
                   "--node-id", options_.node_id,
                   "--device", DeviceArg(actor.getDevice()),
                   "--log-level", options_.log_level};
+    for (std::string& flag : options_.curve.Flags()) spawn.argv.push_back(std::move(flag));
     // The node's cores are shared by its CPU actors: each gets its share of threads for OpenMP
     // and OpenBLAS, as torchrun sets OMP_NUM_THREADS. Unshared, four actors on two cores run
     // eight busy threads and every collective waits for a descheduled peer. A value the agent

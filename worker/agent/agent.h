@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "monitoring/metrics.h"
 #include "monitoring/metrics_server.h"
+#include "protocol/curve.h"
 #include "protocol/rpc_client.h"
 #include "worker/agent/devices.h"
 
@@ -32,6 +33,7 @@ struct AgentOptions {
   std::string actor_binary;   // default: this executable
   std::string log_dir;        // actor logs (one file per actor); empty: inherit stderr
   std::string log_level = "info";
+  protocol::CurveSetup curve;  // the node key (or --insecure), handed on to its actors
 };
 
 class Agent {
@@ -87,6 +89,7 @@ class Agent {
   std::chrono::milliseconds heartbeat_interval_{1000};
   std::chrono::milliseconds heartbeat_timeout_{5000};
   bool shutdown_requested_ = false;
+  std::string logged_handshake_failure_;  // the last one logged, so each is logged once
   std::string last_refusal_;  // why the coordinator refused the last registration
 };
 
