@@ -147,7 +147,8 @@ TEST_P(ServingSamplingTest, VocabParallelSamplingGivesSampleTokensTokens) {
 }
 
 TEST_P(ServingShardedTest, ShardLogitsAreTheWholeModels) {
-  const auto [tp, pp] = GetParam();
+  // Not a structured binding: clang 14 (the sanitizer builds) cannot capture one in a lambda.
+  const int tp = GetParam().tp, pp = GetParam().pp;
   RunWorld(
       tp, pp,
       [&](int, const placement::RankCoords& coords, const model::ShardedGroups& groups) {
@@ -236,7 +237,8 @@ struct Outcome {
 };
 
 TEST_P(ServingShardedTest, AnEngineOverTheGroupGivesTheSingleDeviceTokens) {
-  const auto [tp, pp] = GetParam();
+  // Not a structured binding: clang 14 (the sanitizer builds) cannot capture one in a lambda.
+  const int tp = GetParam().tp, pp = GetParam().pp;
   RunWorld(
       tp, pp,
       [&](int, const placement::RankCoords& coords, const model::ShardedGroups& groups) {
@@ -302,7 +304,8 @@ TEST_P(ServingShardedTest, AnEngineOverTheGroupGivesTheSingleDeviceTokens) {
 }
 
 TEST_P(ServingShardedTest, AFollowerWhoseLeaderDiesReturnsAnError) {
-  const auto [tp, pp] = GetParam();
+  // Not a structured binding: clang 14 (the sanitizer builds) cannot capture one in a lambda.
+  const int tp = GetParam().tp, pp = GetParam().pp;
   RunWorld(
       tp, pp,
       [&](int, const placement::RankCoords& coords, const model::ShardedGroups& groups) {
