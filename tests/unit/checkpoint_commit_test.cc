@@ -201,11 +201,14 @@ TEST(StepAssemblyTest, ShardsThatDisagreeOrLeaveAHoleAreRefusedNamingRankAndTens
 Manifest WriteStep(const std::string& dir, int64_t step) {
   StepAssembly assembly;
   for (int64_t rank = 0; rank < 2; ++rank) {
-    const std::vector<float> w(12, static_cast<float>(rank)), b(6, 1.0f);
+    // Named: a view's bytes must outlive Finish(), and a temporary HostTensor's die with the
+    // statement that adds them.
+    const HostTensor w{{2, 6}, std::vector<float>(12, static_cast<float>(rank))};
+    const HostTensor b{{6}, std::vector<float>(6, 1.0f)};
     fs::create_directories(StepDir(dir, step));
     SafetensorsWriter writer((fs::path(StepDir(dir, step)) / ShardFileName(rank)).string());
-    EXPECT_TRUE(writer.Add(HostTensor{{2, 6}, w}.View("w")).ok());
-    EXPECT_TRUE(writer.Add(HostTensor{{6}, b}.View("b")).ok());
+    EXPECT_TRUE(writer.Add(w.View("w")).ok());
+    EXPECT_TRUE(writer.Add(b.View("b")).ok());
     absl::StatusOr<SafetensorsWriter::Written> written = writer.Finish();
     EXPECT_TRUE(written.ok());
     SavedShard shard = RankShard(rank);

@@ -294,9 +294,10 @@ TEST(ShardedReaderTest, AShardWhoseShapeDisagreesWithTheManifestIsAnError) {
   Shards shards = Standard(dir);
   shards.Write();
   // Rank 1's file rewritten with a (3, 2, 3) "cube" where the manifest says (3, 2, 4).
-  const std::vector<float> values(18, 1.0f);
+  // Named: the view's bytes must outlive Finish() in Replace.
+  const HostTensor cube{{3, 2, 3}, std::vector<float>(18, 1.0f)};
   SafetensorsWriter writer(shards.Path(1));
-  ASSERT_TRUE(writer.Add(HostTensor{{3, 2, 3}, values}.View("cube")).ok());
+  ASSERT_TRUE(writer.Add(cube.View("cube")).ok());
   shards.Replace(1, writer);
   absl::StatusOr<ShardedReader> reader = ShardedReader::Open(shards.ManifestPath());
   ASSERT_TRUE(reader.ok()) << reader.status();
