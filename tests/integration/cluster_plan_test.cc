@@ -76,7 +76,10 @@ class ClusterPlanTest : public ::testing::Test {
 
 TEST_F(ClusterPlanTest, CalibrationThenAnAutoJobPlannedWithIt) {
   // Before any job, nothing is measured.
-  for (const auto& node : StatusJson()["nodes"]) EXPECT_TRUE(node["calibration"].is_null());
+  // Named: in a range-for over StatusJson()["nodes"] the returned json dies before the first
+  // iteration (only the reference operator[] returns is kept), and the loop reads freed memory.
+  const json before = StatusJson();
+  for (const auto& node : before["nodes"]) EXPECT_TRUE(node["calibration"].is_null());
 
   // A fixed layout whose tp groups stay in a node and whose pp groups span both: every kind of
   // link gets measured.
