@@ -8,10 +8,12 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include <kj/exception.h>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "checkpoint/model_config.h"
 #include "common/status_macros.h"
@@ -216,6 +218,13 @@ void Coordinator::HandleFrame(protocol::Frame& frame) {
   }
   const auto& message = *decoded.message;
   wire_metrics_.OnReceived(protocol::PayloadName(message.which()));
+  if (auto status = CheckActorToken(message); !status.ok()) {
+    metrics_.OnAuthRefused("token");
+    spdlog::debug("refused {} from {}: {}", protocol::PayloadName(message.which()),
+                  Str(message.envelope().getSender()), Text(status.message()));
+    ReplyError(frame.peer, message.request_id(), status);
+    return;
+  }
   if (allowlist_) {
     if (auto status = Authorize(frame.user_id, message.which()); !status.ok()) {
       spdlog::debug("refused {} from {}: {}", protocol::PayloadName(message.which()),
@@ -278,6 +287,94 @@ void Coordinator::Dispatch(const std::string& peer, const protocol::Message& mes
                  Str(message.envelope().getSender()), Text(status.message()));
     ReplyError(peer, id, status);
   }
+}
+
+namespace {
+
+// The job, generation and rank an actor's message speaks for; nullopt for other messages.
+struct ActorClaim {
+  std::string job_id;
+  uint32_t generation = 0;
+  uint32_t rank = 0;
+};
+
+template <typename Reader>
+ActorClaim ClaimOf(Reader payload) {
+  return {Str(payload.getJobId()), payload.getGeneration(), payload.getRank()};
+}
+
+std::optional<ActorClaim> ActorClaimOf(const protocol::Message& message) {
+  const auto payload = message.envelope().getPayload();
+  switch (payload.which()) {
+    case Payload::REGISTER_ACTOR: return ClaimOf(payload.getRegisterActor());
+    case Payload::COMM_JOIN: return ClaimOf(payload.getCommJoin());
+    case Payload::COMM_READY: return ClaimOf(payload.getCommReady());
+    case Payload::COMM_FAILED: return ClaimOf(payload.getCommFailed());
+    case Payload::STEP_REPORT: return ClaimOf(payload.getStepReport());
+    case Payload::ACTOR_DONE: return ClaimOf(payload.getActorDone());
+    case Payload::SHARD_SAVED: return ClaimOf(payload.getShardSaved());
+    case Payload::CALIBRATION: return ClaimOf(payload.getCalibration());
+    case Payload::KV_REQUEST: {
+      // The store's job namespaces are an actor's, named by its sender "actor/JOB/GEN/RANK".
+      const std::string sender = Str(message.envelope().getSender());
+      const std::vector<std::string> parts = absl::StrSplit(sender, '/');
+      uint32_t generation = 0, rank = 0;
+      if (parts.size() == 4 && parts[0] == "actor" && absl::SimpleAtoi(parts[2], &generation) &&
+          absl::SimpleAtoi(parts[3], &rank)) {
+        return ActorClaim{parts[1], generation, rank};
+      }
+      const std::string key = Str(payload.getKvRequest().getKey());
+      if (key.rfind("job/", 0) == 0) return ActorClaim{};  // not an actor: refused below
+      return std::nullopt;
+    }
+    default: return std::nullopt;
+  }
+}
+
+}  // namespace
+
+std::string Coordinator::NewActorToken() {
+  std::string token(16, '\0');
+  size_t filled = 0;
+  while (filled < token.size()) {
+    const ssize_t n = ::getrandom(token.data() + filled, token.size() - filled, 0);
+    if (n > 0) filled += static_cast<size_t>(n);
+  }
+  return token;
+}
+
+absl::Status Coordinator::CheckActorToken(const protocol::Message& message) {
+  const auto claim = ActorClaimOf(message);
+  if (!claim) return absl::OkStatus();
+  if (claim->job_id.empty()) {
+    return absl::PermissionDeniedError(
+        "kv: the store's job/ keys belong to the jobs' actors; " +
+        Str(message.envelope().getSender()) + " is not one");
+  }
+  const std::string who = "rank " + std::to_string(claim->rank) + " of job " + claim->job_id +
+                          " generation " + std::to_string(claim->generation);
+  auto job = jobs_.find(claim->job_id);
+  const std::vector<std::string>* tokens = nullptr;
+  if (job != jobs_.end()) {
+    auto it = job->second.actor_tokens.find(claim->generation);
+    if (it != job->second.actor_tokens.end()) tokens = &it->second;
+  }
+  if (tokens == nullptr || claim->rank >= tokens->size()) {
+    return absl::PermissionDeniedError("no actor token was given for " + who +
+                                       " (a generation this coordinator did not spawn)");
+  }
+  const auto given = message.envelope().getActorToken();
+  const std::string& expected = (*tokens)[claim->rank];
+  // Constant time: the comparison must not tell a guesser how many bytes were right.
+  unsigned char differ = given.size() == expected.size() ? 0 : 1;
+  for (size_t i = 0; i < expected.size() && i < given.size(); ++i) {
+    differ |= static_cast<unsigned char>(given[i] ^ static_cast<unsigned char>(expected[i]));
+  }
+  if (differ != 0) {
+    return absl::PermissionDeniedError("the actor token does not match " + who +
+                                       " (another rank's, or another generation's)");
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Coordinator::Authorize(const std::string& user_id,
@@ -668,6 +765,9 @@ void Coordinator::StartGeneration(Job& job, const Placement& placement) {
   job.train.saving.clear();
   job.serving = ServingRecord{};
   HoldDevices(membership_, job.id, placement);
+  std::vector<std::string>& tokens = job.actor_tokens[job.generation];
+  tokens.clear();
+  for (size_t rank = 0; rank < placement.size(); ++rank) tokens.push_back(NewActorToken());
   std::map<std::string, std::vector<int>> ranks_by_node;
   for (size_t rank = 0; rank < placement.size(); ++rank) {
     const auto& [node_id, device_slot] = placement[rank];
@@ -690,6 +790,7 @@ void Coordinator::StartGeneration(Job& job, const Placement& placement) {
     for (size_t i = 0; i < ranks.size(); ++i) {
       list[i].setRank(static_cast<uint32_t>(ranks[i]));
       FillDevice(list[i].initDevice(), job.actors[ranks[i]].device);
+      list[i].setToken(protocol::AsData(tokens[ranks[i]]));
     }
     Send(node->peer, *message);
   }
@@ -820,6 +921,7 @@ absl::Status Coordinator::OnKvRequest(const std::string& peer, uint64_t request_
   switch (request.getOp()) {
     case wire::KvOp::SET: {
       metrics_.OnKvOperation("set");
+      RETURN_IF_ERROR(kv_.CheckQuota(key, request.getValue().size()));
       for (const auto& waiting : kv_.Set(key, Str(request.getValue()))) {
         auto reply = NewMessage(waiting.request_id);
         reply->payload().initKvReply().setValue(protocol::AsData(*kv_.Get(key)));
@@ -843,6 +945,7 @@ absl::Status Coordinator::OnKvRequest(const std::string& peer, uint64_t request_
     }
     case wire::KvOp::ADD: {
       metrics_.OnKvOperation("add");
+      RETURN_IF_ERROR(kv_.CheckQuota(key, 20));  // the longest int64 in decimal
       ASSIGN_OR_RETURN(int64_t value, kv_.Add(key, request.getDelta()));
       auto reply = NewMessage(request_id);
       reply->payload().initKvReply().setNumber(value);

@@ -87,6 +87,12 @@ class Coordinator {
   // allowlist is looked up per message, so that a key removed by a reload loses its rights at
   // once, not only at its next connection.
   absl::Status Authorize(const std::string& user_id, wire::Envelope::Payload::Which payload);
+  // An actor's message (of a payload that names a job, generation and rank, or a key-value
+  // request under job/) must carry that rank's token of that generation (Job::actor_tokens): so
+  // an actor reports only for its own rank and touches only its own job's namespace, whoever
+  // holds the node key it connected with.
+  absl::Status CheckActorToken(const protocol::Message& message);
+  static std::string NewActorToken();
   void ReloadAllowlist();
 
   // ---- the wire ----

@@ -186,6 +186,10 @@ struct Job {
   int auto_max_actors = 0;
   PlanRecord plan;
 
+  // Each generation's actor tokens, by rank (Envelope.actorToken): random, in memory only, so a
+  // coordinator restart leaves the old generations' actors unable to speak for anyone.
+  std::map<uint32_t, std::vector<std::string>> actor_tokens;
+
   // Supervision (coordinator/supervisor.h). Every generation, oldest first; the last is the
   // current one (or the one that ended last). Kept in the job's history.
   std::vector<GenerationRecord> generations;

@@ -23,8 +23,22 @@ struct ParkedGet {
   TimePoint deadline;
 };
 
+// What one namespace of the store may hold: a job's keys ("job/ID/...") are one namespace each,
+// every other key shares one. A runaway or hostile actor fills its own job's quota, not the
+// coordinator's memory. Bytes count keys and values.
+struct KvQuota {
+  size_t keys = 65536;
+  size_t bytes = size_t{64} << 20;
+};
+
 class KvStore {
  public:
+  explicit KvStore(KvQuota quota = {}) : quota_(quota) {}
+
+  // Whether setting `key` to a value of `value_bytes` bytes stays within its namespace's quota;
+  // ResourceExhausted naming the namespace and the limit otherwise.
+  absl::Status CheckQuota(const std::string& key, size_t value_bytes) const;
+
   // Sets `key` and returns the parked gets it satisfies (removed from the parked list).
   std::vector<ParkedGet> Set(const std::string& key, std::string value);
   std::optional<std::string> Get(const std::string& key) const;
@@ -43,6 +57,15 @@ class KvStore {
   size_t parked() const { return parked_.size(); }
 
  private:
+  struct Usage {
+    size_t keys = 0, bytes = 0;
+  };
+  // "job/ID/" for a job's keys, "" for the rest.
+  static std::string NamespaceOf(const std::string& key);
+  void Put(const std::string& key, std::string value);
+
+  KvQuota quota_;
+  std::map<std::string, Usage> usage_;  // by namespace
   std::map<std::string, std::string> values_;
   std::vector<ParkedGet> parked_;
 };

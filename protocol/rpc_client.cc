@@ -23,7 +23,9 @@ RpcClient::RpcClient(std::unique_ptr<Channel> channel, std::string cluster_id, s
       observer_(observer) {}
 
 std::unique_ptr<Outgoing> RpcClient::NewMessage() {
-  return std::make_unique<Outgoing>(cluster_id_, sender_, 0);
+  auto message = std::make_unique<Outgoing>(cluster_id_, sender_, 0);
+  if (!actor_token_.empty()) message->envelope().setActorToken(AsData(actor_token_));
+  return message;
 }
 
 absl::Status RpcClient::Notify(Outgoing& message) {

@@ -27,6 +27,8 @@ class RpcClient {
 
   // A new envelope addressed from this client; set its payload, then Call or Notify it.
   std::unique_ptr<Outgoing> NewMessage();
+  // An actor's per-generation token (Envelope.actorToken), carried by every NewMessage from now.
+  void set_actor_token(std::string token) { actor_token_ = std::move(token); }
 
   // Sends `message` with a fresh request id and waits up to `timeout` for the reply to it. An
   // Error reply comes back as its Status; no reply is DeadlineExceeded naming the coordinator
@@ -63,6 +65,7 @@ class RpcClient {
   std::string sender_;
   WireObserver* observer_;
   uint64_t next_request_id_ = 1;
+  std::string actor_token_;
   std::deque<std::unique_ptr<Message>> pushes_;
 };
 

@@ -41,6 +41,11 @@ struct Envelope {
     shardSaved @27 :ShardSaved;
     calibration @28 :Calibration;
   }
+
+  # An actor's secret for its rank of its job's generation (ActorSpawn.token, handed to it by its
+  # agent); on every message an actor sends. The coordinator checks it against the job, generation
+  # and rank the message claims. Empty for every other sender.
+  actorToken @29 :Data;
 }
 
 # A failed request. `code` is an absl::StatusCode.
@@ -306,6 +311,7 @@ struct SpawnActors {
 struct ActorSpawn {
   rank @0 :UInt32;
   device @1 :Device;
+  token @2 :Data;  # the actor's Envelope.actorToken: random, per rank and generation
 }
 
 # Kill every actor of the job's generation (all of the job's generations when 0).

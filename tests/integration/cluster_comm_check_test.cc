@@ -2,14 +2,17 @@
 // actors running every collective over every size, each verified against a local reference.
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <functional>
 #include <set>
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/escaping.h"
 #include "placement/job_spec.h"
 #include "protocol/rpc_client.h"
 #include "tests/integration/local_cluster.h"
+#include "worker/actor/actor.h"
 #include "worker/actor/coordinator_store.h"
 #include "worker/comm/communicator.h"
 
@@ -81,24 +84,53 @@ TEST(ClusterCommCheckTest, TheStoreTakesActorKeysOnlyFromARunningGenerationInsid
   ASSERT_TRUE(cluster
                   .WaitForJob(*job_id, [](const auto& j) { return j["phase"] == "running"; }, 60s)
                   .ok());
-  const auto store_as = [&](const std::string& sender, const std::string& key) {
+  // Rank 0's token, as its agent gave it (its environment; the test runs as root): what a
+  // process holding the node's key but not the token cannot present.
+  auto job = cluster.Job(*job_id);
+  ASSERT_TRUE(job.ok());
+  std::string token;
+  for (const auto& a : (*job)["actors"]) {
+    if (a["rank"] != 0) continue;
+    std::ifstream environ("/proc/" + std::to_string(a["pid"].get<pid_t>()) + "/environ");
+    std::string entry;
+    while (std::getline(environ, entry, '\0')) {
+      if (entry.rfind(std::string(actor::kActorTokenEnv) + "=", 0) == 0) {
+        token = absl::HexStringToBytes(entry.substr(entry.find('=') + 1));
+      }
+    }
+  }
+  // (unsetenv in the actor leaves /proc's copy of its initial environment as it was.)
+  const auto store_as = [&](const std::string& sender, const std::string& key,
+                            const std::string& with_token) {
     auto client =
         protocol::RpcClient::Connect(cluster.endpoint(), "shardline", sender, cluster.node_curve());
     if (!client.ok()) return client.status();
+    (*client)->set_actor_token(with_token);
     actor::CoordinatorStore store(**client);
     return store.Set(key, "x");
   };
   const std::string prefix = "job/" + *job_id + "/gen/1/";
-  EXPECT_TRUE(store_as("actor/" + *job_id + "/1/0", prefix + "probe").ok());
-  // Another generation's actor (a late one of an aborted generation) is fenced.
-  absl::Status stale = store_as("actor/" + *job_id + "/0/0", prefix + "probe");
-  EXPECT_EQ(stale.code(), absl::StatusCode::kFailedPrecondition) << stale;
-  EXPECT_NE(std::string(stale.message()).find("is not an actor of a running generation"),
-            std::string::npos)
-      << stale;
-  // A live actor writing outside its generation's prefix is refused.
-  absl::Status outside = store_as("actor/" + *job_id + "/1/0", "job/other/gen/1/probe");
+  const std::string rank0 = "actor/" + *job_id + "/1/0";
+  ASSERT_EQ(token.size(), 16u) << "rank 0's environment holds no token";
+  EXPECT_TRUE(store_as(rank0, prefix + "probe", token).ok());
+  // The node's key without the token, another rank's name, another generation's: refused.
+  for (const auto& [sender, with_token] : std::vector<std::pair<std::string, std::string>>{
+           {rank0, ""},
+           {rank0, std::string(16, 'x')},
+           {"actor/" + *job_id + "/1/1", token},
+           {"actor/" + *job_id + "/0/0", token}}) {
+    absl::Status refused = store_as(sender, prefix + "probe", with_token);
+    EXPECT_EQ(refused.code(), absl::StatusCode::kPermissionDenied) << sender << ": " << refused;
+  }
+  // Not an actor at all: the job namespaces are closed to it.
+  absl::Status stranger = store_as("agent/node-k", prefix + "probe", "");
+  EXPECT_EQ(stranger.code(), absl::StatusCode::kPermissionDenied) << stranger;
+  // A live actor with its token, writing into another job's namespace: refused.
+  absl::Status outside = store_as(rank0, "job/other/gen/1/probe", token);
   EXPECT_EQ(outside.code(), absl::StatusCode::kPermissionDenied) << outside;
+  EXPECT_GE(ScrapeSum(cluster.metrics_address(), "shardline_auth_refusals_total",
+                      "reason=\"token\""),
+            5);
   ASSERT_EQ(RunShardline({"cancel", *job_id, "--coordinator", cluster.endpoint(), "--keys",
                           cluster.key_dir()})
                 .exit_code,
@@ -110,8 +142,8 @@ TEST(ClusterCommCheckTest, NcclUniqueIdIsFannedOutThroughTheCoordinator) {
   LocalCluster cluster;
   ASSERT_TRUE(cluster.StartCoordinator().ok());
   // Three ranks, each with its own connection, exchange the id through the coordinator's store
-  // the way actors do; ncclGetUniqueId needs no GPU. Not as "actor/JOB/GEN/RANK": the store takes
-  // those only from actors of a running generation, and there is no job here.
+  // the way actors do; ncclGetUniqueId needs no GPU. Outside job/: those keys are only for the
+  // job's actors, with their tokens, and there is no job here.
   constexpr int kRanks = 3;
   std::vector<std::string> ids(kRanks);
   std::vector<absl::Status> errors(kRanks);
@@ -126,7 +158,7 @@ TEST(ClusterCommCheckTest, NcclUniqueIdIsFannedOutThroughTheCoordinator) {
         return;
       }
       actor::CoordinatorStore store(**client);
-      comm::PrefixStore group(std::string("job/nccl-test/gen/1/world"), store);
+      comm::PrefixStore group(std::string("nccl-test/world"), store);
       auto id = comm::ExchangeNcclUniqueId(group, rank, 20s);
       if (id.ok())
         ids[rank] = *id;

@@ -116,17 +116,26 @@ class FakeNode {
       auto spawn = (*message)->envelope().getPayload().getSpawnActors();
       if (Str(spawn.getJobId()) != job_id) continue;
       std::vector<uint32_t> ranks;
-      for (auto actor : spawn.getActors()) ranks.push_back(actor.getRank());
+      for (auto actor : spawn.getActors()) {
+        ranks.push_back(actor.getRank());
+        tokens_[{spawn.getGeneration(), actor.getRank()}] = Str(actor.getToken());
+      }
       return std::make_pair(spawn.getGeneration(), ranks);
     }
     return absl::DeadlineExceededError("no SpawnActors for job " + job_id);
   }
 
   const std::string& node_id() const { return node_id_; }
+  // The actor token a SpawnActors gave for (generation, rank), as an agent hands it on.
+  std::string token(uint32_t generation, uint32_t rank) const {
+    auto it = tokens_.find({generation, rank});
+    return it == tokens_.end() ? std::string() : it->second;
+  }
 
  private:
   FakeNode() = default;
   std::string node_id_;
+  std::map<std::pair<uint32_t, uint32_t>, std::string> tokens_;
   std::unique_ptr<protocol::RpcClient> client_;
 };
 
@@ -142,7 +151,8 @@ class FakeActor {
   static absl::StatusOr<std::unique_ptr<FakeActor>> Register(const LocalCluster& cluster,
                                                              const std::string& job_id,
                                                              uint32_t generation, uint32_t rank,
-                                                             const std::string& node_id) {
+                                                             const std::string& node_id,
+                                                             const std::string& token) {
     auto actor = std::unique_ptr<FakeActor>(new FakeActor);
     actor->job_id_ = job_id;
     actor->generation_ = generation;
@@ -153,6 +163,7 @@ class FakeActor {
         cluster.node_curve());
     if (!client.ok()) return client.status();
     actor->client_ = std::move(*client);
+    actor->client_->set_actor_token(token);
     auto message = actor->client_->NewMessage();
     auto request = message->payload().initRegisterActor();
     request.setJobId(job_id);
@@ -324,7 +335,8 @@ std::vector<std::unique_ptr<FakeActor>> StartActors(LocalCluster& cluster, FakeN
   if (!spawn.ok()) return actors;
   EXPECT_EQ(spawn->second.size(), static_cast<size_t>(world));
   for (uint32_t rank : spawn->second) {
-    auto actor = FakeActor::Register(cluster, job_id, spawn->first, rank, node.node_id());
+    auto actor = FakeActor::Register(cluster, job_id, spawn->first, rank, node.node_id(),
+                                     node.token(spawn->first, rank));
     EXPECT_TRUE(actor.ok()) << actor.status();
     if (!actor.ok()) return {};
     actors.push_back(std::move(*actor));
@@ -519,12 +531,15 @@ TEST(ClusterTrainTest, ProgressAndCheckpointCommitWithEveryGroup) {
     EXPECT_EQ(status.code(), code) << status;
     EXPECT_NE(std::string(status.message()).find(words), std::string::npos) << status;
   };
+  // Rank 0 speaking for another job, generation or rank: its token is not theirs.
   refused(actors[0]->SaveShard(10, step10, "rank-0.safetensors", ShardOf(0), "no-such-job"),
-          absl::StatusCode::kNotFound, "no-such-job");
+          absl::StatusCode::kPermissionDenied, "no actor token was given for rank 0 of job no-such-job");
   refused(actors[0]->SaveShard(10, step10, "rank-0.safetensors", ShardOf(0), "", 7),
-          absl::StatusCode::kFailedPrecondition, "not 7");
+          absl::StatusCode::kPermissionDenied, "generation 7");
   refused(actors[0]->SaveShard(10, step10, "rank-0.safetensors", ShardOf(0), "", -1, 9),
-          absl::StatusCode::kOutOfRange, "no rank 9");
+          absl::StatusCode::kPermissionDenied, "rank 9 of job");
+  refused(actors[0]->SaveShard(10, step10, "rank-0.safetensors", ShardOf(0), "", -1, 1),
+          absl::StatusCode::kPermissionDenied, "does not match rank 1");
   refused(actors[0]->SaveShard(10, step10, "rank-0.safetensors",
                                {{"wte", {260, 8}, {200, 0}, {130, 8}}}),
           absl::StatusCode::kInvalidArgument, "does not fit in the global shape [260, 8]");
@@ -681,7 +696,8 @@ TEST(ClusterTrainTest, BootstrapDeadlineNamesTheMissingRankInEveryGroup) {
   // Ranks 0-2 come and bootstrap every group they are in; rank 3 never registers.
   std::vector<std::unique_ptr<FakeActor>> actors;
   for (uint32_t rank = 0; rank < 3; ++rank) {
-    auto actor = FakeActor::Register(cluster, *job_id, spawn->first, rank, "fake");
+    auto actor = FakeActor::Register(cluster, *job_id, spawn->first, rank, "fake",
+                                     (*node)->token(spawn->first, rank));
     ASSERT_TRUE(actor.ok()) << actor.status();
     actors.push_back(std::move(*actor));
   }

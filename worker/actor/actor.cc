@@ -6,6 +6,7 @@
 #include <chrono>
 #include <thread>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "monitoring/metrics.h"
@@ -163,10 +164,19 @@ absl::Status Actor::Connect() {
   ASSIGN_OR_RETURN(const auto curve,
                    protocol::ResolveClientCurve(options_.curve, protocol::PeerRole::kNode));
   const protocol::ClientCurve* identity = curve ? &*curve : nullptr;
+  // Its token proves which rank of which generation it is; read once, then out of the
+  // environment of anything it might start.
+  std::string token;
+  if (const char* hex = std::getenv(kActorTokenEnv); hex != nullptr) {
+    token = absl::HexStringToBytes(hex);
+    ::unsetenv(kActorTokenEnv);
+  }
   ASSIGN_OR_RETURN(client_, protocol::RpcClient::Connect(options_.coordinator, options_.cluster_id,
                                                          sender, identity, wire_observer_.get()));
+  client_->set_actor_token(token);
   ASSIGN_OR_RETURN(reports_, ReportQueue::Connect(options_.coordinator, options_.cluster_id, sender,
-                                                  identity, wire_observer_.get(), kReportTimeout));
+                                                  identity, token, wire_observer_.get(),
+                                                  kReportTimeout));
   return absl::OkStatus();
 }
 

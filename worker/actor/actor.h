@@ -23,6 +23,10 @@ struct ActorOptions {
   protocol::CurveSetup curve;    // its agent's: the node key, or --insecure
 };
 
+// The environment variable through which an agent hands an actor its per-generation token (hex;
+// the environment, unlike the command line, is readable only by the actor's user).
+inline constexpr const char* kActorTokenEnv = "SHARDLINE_ACTOR_TOKEN";
+
 // Points where a test may act inside an actor (fault injection); empty in the product. A test's
 // own actor program (tests/support/stopping_actor_main.cc) sets them and the agent runs it in
 // place of `shardline actor` (`shardline agent --actor-binary`).

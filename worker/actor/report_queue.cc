@@ -9,10 +9,11 @@ namespace shardline::actor {
 
 absl::StatusOr<std::unique_ptr<ReportQueue>> ReportQueue::Connect(
     const std::string& endpoint, const std::string& cluster_id, const std::string& sender,
-    const protocol::ClientCurve* curve, protocol::WireObserver* observer,
-    std::chrono::milliseconds timeout) {
+    const protocol::ClientCurve* curve, const std::string& actor_token,
+    protocol::WireObserver* observer, std::chrono::milliseconds timeout) {
   ASSIGN_OR_RETURN(auto client,
                    protocol::RpcClient::Connect(endpoint, cluster_id, sender, curve, observer));
+  client->set_actor_token(actor_token);
   return std::unique_ptr<ReportQueue>(new ReportQueue(std::move(client), timeout));
 }
 

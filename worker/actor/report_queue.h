@@ -29,6 +29,7 @@ class ReportQueue {
                                                               const std::string& cluster_id,
                                                               const std::string& sender,
                                                               const protocol::ClientCurve* curve,
+                                                              const std::string& actor_token,
                                                               protocol::WireObserver* observer,
                                                               std::chrono::milliseconds timeout);
   // Sends what is queued (each within its deadline), then stops.

@@ -12,9 +12,11 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/escaping.h"
 #include "common/process.h"
 #include "common/status_macros.h"
 #include "spdlog/spdlog.h"
+#include "worker/actor/actor.h"
 #include "worker/wire_observer.h"
 
 namespace shardline::agent {
@@ -330,6 +332,10 @@ void Agent::SpawnActors(wire::SpawnActors::Reader request) {
     // and OpenBLAS, as torchrun sets OMP_NUM_THREADS. Unshared, four actors on two cores run
     // eight busy threads and every collective waits for a descheduled peer. A value the agent
     // was started with wins.
+    // The actor's secret through its environment (owner-readable), not its command line (world-
+    // readable in /proc).
+    spawn.extra_env.emplace_back(actor::kActorTokenEnv,
+                                 absl::BytesToHexString(Str(actor.getToken())));
     const std::string threads = std::to_string(ThreadsPerActor());
     for (const char* name : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"}) {
       if (std::getenv(name) == nullptr) spawn.extra_env.emplace_back(name, threads);
