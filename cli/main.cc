@@ -114,7 +114,13 @@ int Main(int argc, char** argv) {
   agent_cmd->add_option("--coordinator", agent_options.coordinator)->default_val(DefaultCoordinator());
   agent_cmd->add_option("--devices", agent_options.devices, "cpu:N, cuda or auto")->capture_default_str();
   agent_cmd->add_option("--node-id", agent_options.node_id, "Default: the host name");
-  agent_cmd->add_option("--metrics", agent_options.metrics_address)->capture_default_str();
+  agent_cmd->add_option("--metrics", agent_options.metrics_address,
+                        "HOST:PORT of the agent's Prometheus endpoint (loopback by default)")
+      ->capture_default_str();
+  agent_cmd->add_option("--actor-metrics-host", agent_options.actor_metrics_host,
+                        "Where the actors' Prometheus endpoints listen, any port (loopback by "
+                        "default; this node's address for a Prometheus elsewhere)")
+      ->capture_default_str();
   agent_cmd->add_option("--cluster-id", agent_options.cluster_id)->capture_default_str();
   agent_cmd->add_option("--log-dir", agent_options.log_dir, "One log file per actor here");
   agent_cmd->add_option("--actor-binary", agent_options.actor_binary,

@@ -222,12 +222,15 @@ TEST(ClusterCommCheckTest, EveryProcessServesItsMetricsAndCancelStopsTheJob) {
 
   // An actor: bytes moved by its all-reduces, labelled with its job and rank.
   const std::string actor = (*job)["actors"][0]["metrics_address"];
+  // Loopback unless the agent is told otherwise (--actor-metrics-host).
+  EXPECT_EQ(actor.rfind("127.0.0.1:", 0), 0u) << actor;
   EXPECT_GT(eventually(actor, "shardline_collective_bytes_total", "op=\"all_reduce\"", positive), 0);
   EXPECT_GE(eventually(actor, "shardline_collective_seconds_count", "rank=\"0\"", positive), 1);
   // The agent: heartbeats sent, actors running.
   auto status = cluster.Status();
   ASSERT_TRUE(status.ok());
   const std::string agent = (*status)["nodes"][0]["metrics_address"];
+  EXPECT_EQ(agent.rfind("127.0.0.1:", 0), 0u) << agent;
   EXPECT_GT(eventually(agent, "shardline_agent_heartbeats_sent_total", "node=\"metered\"", positive), 0);
   EXPECT_EQ(eventually(agent, "shardline_agent_actors_running", "node=\"metered\"", equals(2)), 2);
   // The coordinator: cluster gauges, the bootstrap histogram, the store, the wire.

@@ -146,8 +146,10 @@ class Actor {
 
 absl::Status Actor::Connect() {
   ASSIGN_OR_RETURN(address_, protocol::LocalAddressFor(options_.coordinator));
+  // Loopback unless its agent was told otherwise (--actor-metrics-host): a metrics endpoint
+  // tells whoever reaches it what the job is doing.
   const std::string metrics_address =
-      options_.metrics_address.empty() ? address_ + ":0" : options_.metrics_address;
+      options_.metrics_address.empty() ? "127.0.0.1:0" : options_.metrics_address;
   ASSIGN_OR_RETURN(metrics_server_, monitoring::MetricsServer::Start(metrics_address));
   const monitoring::Labels labels = {{"component", "actor"},
                                      {"job", options_.job_id},

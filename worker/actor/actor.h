@@ -19,7 +19,7 @@ struct ActorOptions {
   uint32_t rank = 0;
   std::string node_id;
   std::string device = "cpu:0";  // cpu:N | cuda:N
-  std::string metrics_address;   // empty: this node's address, any port
+  std::string metrics_address;   // empty: loopback, any port
   protocol::CurveSetup curve;    // its agent's: the node key, or --insecure
 };
 

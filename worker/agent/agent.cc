@@ -326,7 +326,8 @@ void Agent::SpawnActors(wire::SpawnActors::Reader request) {
                   "--rank", std::to_string(actor.getRank()),
                   "--node-id", options_.node_id,
                   "--device", DeviceArg(actor.getDevice()),
-                  "--log-level", options_.log_level};
+                  "--log-level", options_.log_level,
+                  "--metrics", options_.actor_metrics_host + ":0"};
     for (std::string& flag : options_.curve.Flags()) spawn.argv.push_back(std::move(flag));
     // The node's cores are shared by its CPU actors: each gets its share of threads for OpenMP
     // and OpenBLAS, as torchrun sets OMP_NUM_THREADS. Unshared, four actors on two cores run

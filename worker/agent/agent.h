@@ -28,6 +28,9 @@ struct AgentOptions {
   std::string node_id;        // default: the host name
   std::string devices = "auto";
   std::string metrics_address = "127.0.0.1:0";
+  // Where its actors' metrics endpoints listen (any port): loopback unless a Prometheus on
+  // another host is to scrape them (then this node's address, or 0.0.0.0).
+  std::string actor_metrics_host = "127.0.0.1";
   // How long to keep trying the first registration before giving up with an error.
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(30)};
   std::string actor_binary;   // default: this executable
