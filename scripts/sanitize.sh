@@ -20,9 +20,9 @@
 # $SANITIZE_JOBS (default nproc). CTEST_ARGS go to ctest after --output-on-failure.
 #
 # Every sanitizer report of every process (a test, or a coordinator, agent or actor that a test
-# started, whose report its test may never see: a supervisor restarts a dead actor) is written to
-# BUILD/sanitizer-reports/KIND.EXE.PID as well; the script fails when any is there after the run,
-# even if ctest passed, and prints them.
+# started, whose report its test may never see: a supervisor restarts a dead actor) goes to
+# BUILD/sanitizer-reports/KIND.EXE.PID, not to stderr; the script prints them and fails when any
+# is there after the run, even if ctest passed.
 set -euo pipefail
 
 mode=${1:-all}
