@@ -3,6 +3,7 @@
 # on a copy of its committed corpus, one at a time on one core.
 #
 #   scripts/fuzz.sh [SECONDS] [HARNESS...]     e.g. scripts/fuzz.sh 600 manifest envelope
+#   FUZZ_RUNS=10000000 scripts/fuzz.sh 7200     each harness until 10^7 executions or 2 h
 #
 # The build is its own folder (build-fuzz, clang-14; $FUZZ_BUILD_DIR, $FUZZ_CC and $FUZZ_CXX
 # override) with only the harnesses and the libraries they link. Per harness it prints the
@@ -19,6 +20,8 @@ build=${FUZZ_BUILD_DIR:-$root/build-fuzz}
 cc=${FUZZ_CC:-clang-14}
 cxx=${FUZZ_CXX:-clang++-14}
 jobs=${FUZZ_BUILD_JOBS:-$(nproc)}
+# An execution count to stop at (libFuzzer's -runs), SECONDS staying the cap.
+runs_limit=${FUZZ_RUNS:-}
 
 all_harnesses=(envelope safetensors manifest spec_yaml gpt2_tokenizer_files gpt2_tokenizer_encode
                completion_request)
@@ -71,9 +74,11 @@ for name in "${harnesses[@]}"; do
   if [[ -d "$root/fuzz/regressions/$name" ]]; then cp -r "$root/fuzz/regressions/$name/." "$corpus/"; fi
   before=$(ls "$artifacts")
   log="$build/$name.log"
-  echo "== $name: ${seconds}s"
+  echo "== $name: ${seconds}s${runs_limit:+ or $runs_limit executions}"
   status=0
-  "$build/fuzz/${name}_fuzzer" "$corpus" -max_total_time="$seconds" -max_len="$(max_len "$name")" \
+  limit=(-max_total_time="$seconds")
+  if [[ -n $runs_limit ]]; then limit+=(-runs="$runs_limit"); fi
+  "$build/fuzz/${name}_fuzzer" "$corpus" "${limit[@]}" -max_len="$(max_len "$name")" \
     -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$artifacts/" \
     >"$log" 2>&1 || status=$?
   runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
