@@ -8,6 +8,8 @@ packages=(
   build-essential cmake ninja-build git pkg-config
   # wire: ZeroMQ + Cap'n Proto
   libzmq3-dev cppzmq-dev capnproto libcapnp-dev
+  # the Gloo pairs' proof of group membership (HMAC; worker/comm/gloo_communicator.cc)
+  libsodium-dev
   # common libraries
   libabsl-dev libspdlog-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev
   # checkpoint checksums (XXH3)

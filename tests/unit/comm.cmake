@@ -4,7 +4,7 @@ shardline_test(comm_store_test
   LIBS shardline_comm LABELS unit TIMEOUT 60)
 shardline_test(comm_collectives_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/comm_collectives_test.cc
-  LIBS shardline_comm LABELS unit TIMEOUT 300)
+  LIBS shardline_comm gloo LABELS unit TIMEOUT 300)
 shardline_test(comm_shm_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/comm_shm_test.cc
   LIBS shardline_comm LABELS unit TIMEOUT 300)

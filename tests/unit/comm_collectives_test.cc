@@ -6,13 +6,18 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
+#include <cstring>
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
@@ -21,6 +26,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <gloo/transport/tcp/address.h>
 
 #include "worker/comm/communicator.h"
 #include "worker/comm/cpu_communicator.h"
@@ -468,6 +475,124 @@ TEST(GlooTest, PeerThatNeverJoinsIsDeadlineExceededNamingIt) {
     EXPECT_THAT(message, HasSubstr("500 ms")) << message;
     EXPECT_THAT(message, HasSubstr("gloo bootstrap of rank " + std::to_string(rank))) << message;
   }
+}
+
+// A rank's view of the group's store in which the membership key is another group's: a process
+// that speaks Gloo and knows the pairs' addresses, but is not a member.
+class OtherGroupsKeyStore final : public Store {
+ public:
+  explicit OtherGroupsKeyStore(Store& inner) : inner_(inner) {}
+  absl::Status Set(const std::string& key, const std::string& value) override {
+    return inner_.Set(key, value);
+  }
+  absl::StatusOr<std::string> Get(const std::string& key, milliseconds timeout) override {
+    if (key == "gloo/membership_key") return std::string(64, 'a');
+    return inner_.Get(key, timeout);
+  }
+  absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta) override {
+    return inner_.Add(key, delta);
+  }
+
+ private:
+  Store& inner_;
+};
+
+TEST(GlooTest, APeerWithoutTheGroupsKeyIsRefusedOnBothSides) {
+  InMemoryStore store;
+  OtherGroupsKeyStore outsider_view(store);
+  const GlooOptions options = TestOptions(milliseconds(5000));
+  std::vector<absl::Status> results(2);
+  std::thread member([&] { results[0] = CreateGlooCommunicator(store, 0, 2, options).status(); });
+  std::thread outsider(
+      [&] { results[1] = CreateGlooCommunicator(outsider_view, 1, 2, options).status(); });
+  member.join();
+  outsider.join();
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(results[rank].code(), absl::StatusCode::kPermissionDenied) << results[rank];
+    EXPECT_THAT(std::string(results[rank].message()),
+                HasSubstr("the connection to rank " + std::to_string(1 - rank) +
+                          " failed its proof of membership"))
+        << results[rank];
+  }
+}
+
+// Holds every rank's reads of the pairs' addresses ("gloo/0", "gloo/1") until Open(), so that a
+// test can reach a listening pair before the real peer does.
+class GatedStore final : public Store {
+ public:
+  explicit GatedStore(Store& inner) : inner_(inner) {}
+  void Open() {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = true;
+    opened_.notify_all();
+  }
+  absl::Status Set(const std::string& key, const std::string& value) override {
+    return inner_.Set(key, value);
+  }
+  absl::StatusOr<std::string> Get(const std::string& key, milliseconds timeout) override {
+    const auto deadline = Clock::now() + timeout;
+    if (key == "gloo/0" || key == "gloo/1") {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (!opened_.wait_until(lock, deadline, [&] { return open_; })) {
+        return absl::DeadlineExceededError("gate on " + key + " never opened");
+      }
+    }
+    return inner_.Get(key, std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
+  }
+  absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta) override {
+    return inner_.Add(key, delta);
+  }
+
+ private:
+  Store& inner_;
+  std::mutex mu_;
+  std::condition_variable opened_;
+  bool open_ = false;
+};
+
+TEST(GlooTest, AnOutsiderHoldingAListeningPairNeverJoinsAndTheBootstrapFailsInTime) {
+  InMemoryStore store;
+  GatedStore gated(store);
+  const GlooOptions options = TestOptions(milliseconds(1500));
+  std::vector<absl::Status> results(2);
+  std::vector<std::thread> ranks;
+  const auto start = Clock::now();
+  for (int rank = 0; rank < 2; ++rank) {
+    ranks.emplace_back(
+        [&, rank] { results[rank] = CreateGlooCommunicator(gated, rank, 2, options).status(); });
+  }
+  // Each rank publishes one address, its pair with the other. Gloo's pair with the smaller
+  // address listens (tcp/pair.cc compares the IPs, then the raw ports) and takes the first
+  // connection that arrives.
+  sockaddr_in address[2];
+  for (int rank = 0; rank < 2; ++rank) {
+    auto blob = store.Get("gloo/" + std::to_string(rank), milliseconds(5000));
+    ASSERT_TRUE(blob.ok()) << blob.status();
+    const gloo::transport::tcp::Address parsed(std::vector<char>(blob->begin(), blob->end()));
+    std::memcpy(&address[rank], &parsed.getSockaddr(), sizeof(sockaddr_in));
+  }
+  const int listener =
+      static_cast<int>(address[0].sin_port) < static_cast<int>(address[1].sin_port) ? 0 : 1;
+  const int outsider = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(outsider, 0);
+  ASSERT_EQ(connect(outsider, reinterpret_cast<const sockaddr*>(&address[listener]),
+                    sizeof(sockaddr_in)),
+            0)
+      << strerror(errno);
+  gated.Open();  // the real peer connects now, second in the listener's queue
+  for (auto& t : ranks) t.join();
+  close(outsider);
+
+  EXPECT_LT(Clock::now() - start, milliseconds(10000));  // bounded by the timeout, not a hang
+  EXPECT_EQ(results[listener].code(), absl::StatusCode::kDeadlineExceeded) << results[listener];
+  EXPECT_THAT(std::string(results[listener].message()),
+              HasSubstr("the connection to rank " + std::to_string(1 - listener) +
+                        " sent no proof of membership within 1500 ms"))
+      << results[listener];
+  // The real peer found the listener taken: its connect was refused or reset.
+  EXPECT_FALSE(results[1 - listener].ok());
+  EXPECT_THAT(std::string(results[1 - listener].message()),
+              HasSubstr("gloo bootstrap of rank " + std::to_string(1 - listener)));
 }
 
 TEST(GlooTest, BadRankIsInvalidArgument) {

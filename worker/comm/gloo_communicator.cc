@@ -1,12 +1,14 @@
 #include "worker/comm/gloo_communicator.h"
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cstring>
 #include <exception>
 #include <memory>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
@@ -20,6 +22,7 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 #include <gloo/types.h>
+#include <sodium.h>
 #include <spdlog/spdlog.h>
 
 #include "common/status_macros.h"
@@ -34,6 +37,7 @@ using Clock = std::chrono::steady_clock;
 // (gloo/types.h); staying clear of them keeps our messages from ever matching theirs.
 constexpr uint8_t kPointToPointSlotPrefix = 0x40;
 constexpr uint8_t kReduceScatterSlotPrefix = 0x41;
+constexpr uint8_t kMembershipSlotPrefix = 0x42;
 
 // Reduce-scatter segment size: small enough that reducing one segment overlaps the transfer of
 // the next, large enough that per-message overhead stays negligible (Gloo's ring uses <= 1 MiB).
@@ -134,6 +138,127 @@ class GlooStoreAdapter final : public gloo::rendezvous::Store {
   const std::chrono::milliseconds timeout_;
   absl::Status error_;
 };
+
+// Proof of membership on every pair (DESIGN.md, "Hostile input"). Gloo's TCP pair listens on an
+// address published in the store and takes the first connection that reaches it, from anyone:
+// its wire format has no identity. So before the communicator is used, every rank sends each peer
+// HMAC(key, "from FROM to TO of SIZE") over their pair and checks the one it receives, the key
+// being 32 random bytes rank 0 puts in the group's store. The store is the coordinator's, which
+// gives a job's keys only to that job's actors (CURVE and actor tokens), so a process outside the
+// group cannot make a proof; a proof names both ends, so one seen on another pair of the group
+// proves nothing here. An outsider who wins the race to a listening pair makes the bootstrap fail
+// (and its peer's connect with it), but nothing it sends reaches a caller's buffer.
+// libsodium's crypto_auth (HMAC-SHA-512-256) and its constant-time check: the library CurveZMQ
+// already uses.
+constexpr char kMembershipKey[] = "membership_key";
+using MembershipKey = std::array<unsigned char, crypto_auth_KEYBYTES>;
+using MembershipProof = std::array<unsigned char, crypto_auth_BYTES>;
+
+std::string MembershipMessage(int from, int to, int size) {
+  return "shardline gloo pair v1: from " + std::to_string(from) + " to " + std::to_string(to) +
+         " of " + std::to_string(size);
+}
+
+MembershipProof ProofOfMembership(const MembershipKey& key, int from, int to, int size) {
+  const std::string message = MembershipMessage(from, to, size);
+  MembershipProof proof;
+  crypto_auth(proof.data(), reinterpret_cast<const unsigned char*>(message.data()),
+              message.size(), key.data());
+  return proof;
+}
+
+bool ProofIsValid(const MembershipProof& proof, const MembershipKey& key, int from, int to,
+                  int size) {
+  const std::string message = MembershipMessage(from, to, size);
+  return crypto_auth_verify(proof.data(), reinterpret_cast<const unsigned char*>(message.data()),
+                            message.size(), key.data()) == 0;
+}
+
+// Rank 0 draws the group's key and publishes it before its pairs' addresses (so that every peer
+// that sees those finds the key); the others read it.
+absl::StatusOr<MembershipKey> GroupMembershipKey(Store& store, int rank,
+                                                 std::chrono::milliseconds timeout) {
+  if (sodium_init() < 0) return absl::InternalError("libsodium failed to initialise");
+  MembershipKey key;
+  std::string hex(2 * key.size() + 1, '\0');
+  if (rank == 0) {
+    crypto_auth_keygen(key.data());
+    sodium_bin2hex(hex.data(), hex.size(), key.data(), key.size());
+    hex.pop_back();
+    RETURN_IF_ERROR(store.Set(kMembershipKey, hex));
+    return key;
+  }
+  auto value = store.Get(kMembershipKey, timeout);
+  if (!value.ok()) return Annotate(value.status(), "waiting for rank 0's membership key");
+  size_t decoded = 0;
+  if (value->size() != 2 * key.size() ||
+      sodium_hex2bin(key.data(), key.size(), value->data(), value->size(), nullptr, &decoded,
+                     nullptr) != 0 ||
+      decoded != key.size()) {
+    return absl::InvalidArgumentError("the store's '" + std::string(kMembershipKey) +
+                                      "' is not " + std::to_string(2 * key.size()) +
+                                      " hex digits");
+  }
+  return key;
+}
+
+// Every pair carries one proof each way; all are posted before any is waited on.
+absl::Status ProveMembership(gloo::Context& context, const MembershipKey& key, int rank, int size,
+                             std::chrono::milliseconds timeout) {
+  const auto slot = gloo::Slot::build(kMembershipSlotPrefix, 0);
+  std::vector<MembershipProof> sent(size), received(size);
+  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> sends(size), recvs(size);
+  try {
+    for (int peer = 0; peer < size; ++peer) {
+      if (peer == rank) continue;
+      sent[peer] = ProofOfMembership(key, rank, peer, size);
+      recvs[peer] = context.createUnboundBuffer(received[peer].data(), received[peer].size());
+      recvs[peer]->recv(peer, slot);
+      sends[peer] = context.createUnboundBuffer(sent[peer].data(), sent[peer].size());
+      sends[peer]->send(peer, slot);
+    }
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(std::string("sending the proofs of membership: ") + e.what());
+  }
+  const auto deadline = Clock::now() + timeout;
+  const auto left = [&] {
+    return std::max(std::chrono::milliseconds(1),
+                    std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()));
+  };
+  for (int peer = 0; peer < size; ++peer) {
+    if (peer == rank) continue;
+    const std::string whose = "the connection to rank " + std::to_string(peer);
+    try {
+      recvs[peer]->waitRecv(left());
+    } catch (const std::exception& e) {
+      const std::string message = e.what();
+      if (IsTimeout(message)) {
+        return absl::DeadlineExceededError(
+            whose + " sent no proof of membership within " + std::to_string(timeout.count()) +
+            " ms (a process that is not rank " + std::to_string(peer) +
+            " may hold it): " + message);
+      }
+      return absl::UnavailableError(whose + " closed before its proof of membership: " +
+                                    message);
+    }
+    if (!ProofIsValid(received[peer], key, peer, rank, size)) {
+      return absl::PermissionDeniedError(
+          whose + " failed its proof of membership: the process at its other end does not hold "
+                  "this group's key, so it is not rank " +
+          std::to_string(peer) + " of this group; refused");
+    }
+  }
+  for (int peer = 0; peer < size; ++peer) {
+    if (peer == rank) continue;
+    try {
+      sends[peer]->waitSend(left());
+    } catch (const std::exception& e) {
+      return absl::UnavailableError("sending rank " + std::to_string(peer) +
+                                    " this rank's proof of membership: " + e.what());
+    }
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -561,6 +686,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(Store& stor
   GlooStoreAdapter adapter(gloo_store, options.timeout);
   auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
   context->setTimeout(options.timeout);
+  absl::StatusOr<MembershipKey> key = GroupMembershipKey(gloo_store, rank, options.timeout);
+  if (!key.ok()) return Annotate(key.status(), what);
   try {
     context->connectFullMesh(adapter, device);
   } catch (const std::exception& e) {
@@ -572,6 +699,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(Store& stor
     }
     return absl::UnavailableError(what + ": connecting to the peers on " + where + ": " + message);
   }
+  RETURN_IF_ERROR(Annotate(ProveMembership(*context, *key, rank, size, options.timeout), what));
   spdlog::debug("gloo communicator rank {} of {} connected on {}", rank, size, where);
   return std::unique_ptr<Communicator>(
       std::make_unique<GlooCommunicator>(std::move(device), std::move(context), options.timeout));
