@@ -875,7 +875,7 @@ absl::Status Coordinator::OnRegisterActor(const std::string& peer, uint64_t requ
     }
     if (job.spec.kind == placement::JobKind::kTrain) {
       assignment.setResumeManifest(CapText(job.train.resume_manifest));
-      assignment.setCalibrate(job.generations.size() <= 1);
+      assignment.setCalibrate(job.Calibrates());
     }
     if (job.spec.kind == placement::JobKind::kServe && actor->rank == 0) {
       assignment.setServeListen(
@@ -995,7 +995,14 @@ absl::Status Coordinator::OnCommReady(const std::string& peer, uint64_t request_
                  Str(report.getTransport()));
   }
   if (outcome.generation_ready) {
-    if (job.spec.kind == placement::JobKind::kTrain) job.watchdog.Arm(now);
+    if (job.spec.kind == placement::JobKind::kTrain) {
+      // A calibrating generation measures before its first step, for as long as the machine's
+      // load makes it take: the bootstrap's deadline holds until the last rank's measurement is
+      // in (OnCalibration), then the first step's allowance starts.
+      const TimePoint not_before =
+          job.Calibrates() && !job.PredictionCalibrated() ? job.bootstrap_deadline : now;
+      job.watchdog.Arm(now, not_before);
+    }
     spdlog::info("job {} generation {}: all communicators ready", job.id, job.generation);
   }
   ReplyAck(peer, request_id);
@@ -1208,7 +1215,10 @@ absl::Status Coordinator::OnCalibration(const std::string& peer, uint64_t reques
                 groups.size());
   // Once every rank has measured, the job's own numbers price its layout.
   const bool first_from_rank = job.plan.calibrated_ranks.insert(actor->rank).second;
-  if (first_from_rank && job.PredictionCalibrated()) scheduler_.PredictLayout(job);
+  if (first_from_rank && job.PredictionCalibrated()) {
+    scheduler_.PredictLayout(job);
+    if (job.watchdog.armed() && job.watchdog.newest_step() < 0) job.watchdog.Arm(clock_->Now());
+  }
   ReplyAck(peer, request_id);
   return absl::OkStatus();
 }

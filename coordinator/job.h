@@ -219,6 +219,11 @@ struct Job {
            (state == JobState::kRunning && phase == Phase::kRestarting);
   }
 
+  // Whether the current generation's ranks measure compute and links before their first step
+  // (the first generation of a train job; later ones keep its numbers).
+  bool Calibrates() const {
+    return spec.kind == placement::JobKind::kTrain && generations.size() <= 1;
+  }
   // Whether every rank of the current generation has calibrated, so that the prediction was made
   // with their own numbers.
   bool PredictionCalibrated() const {

@@ -148,12 +148,13 @@ RestartVerdict DecideRestart(const placement::ElasticSpec& elastic,
   return verdict;
 }
 
-void ProgressWatchdog::Arm(TimePoint now) {
+void ProgressWatchdog::Arm(TimePoint now, TimePoint not_before) {
   armed_ = true;
   last_progress_ = now;
   newest_step_ = -1;
   interval_seconds_ = 0;
-  deadline_ = now + std::chrono::duration_cast<Duration>(floor_ * kFirstStepFloors);
+  deadline_ = std::max(now + std::chrono::duration_cast<Duration>(floor_ * kFirstStepFloors),
+                       not_before);
 }
 
 void ProgressWatchdog::OnStep(int64_t step, TimePoint now) {

@@ -112,7 +112,9 @@ class ProgressWatchdog {
   static constexpr double kFirstStepFloors = 3;
 
   explicit ProgressWatchdog(Duration floor = std::chrono::seconds(10)) : floor_(floor) {}
-  void Arm(TimePoint now);
+  // From `now`, the first step is due within kFirstStepFloors floors, and not before
+  // `not_before` (a generation that calibrates first: its bootstrap deadline).
+  void Arm(TimePoint now, TimePoint not_before = {});
   void Disarm() { armed_ = false; }
   // A rank reported `step`; only a step past the newest one moves the deadline.
   void OnStep(int64_t step, TimePoint now);

@@ -197,7 +197,8 @@ TEST_F(ClusterElasticTest, AStoppedActorIsCaughtByTheWatchdogAndNamed) {
   const json& first = job["train"]["generations"][0];
   EXPECT_EQ(first["cause_kind"], "hung") << job.dump(2);
   EXPECT_THAT(first["cause"].get<std::string>(),
-              HasSubstr("rank 3 on node-b is stopped and made no progress for"));
+              HasSubstr("rank 3 on node-b is stopped and made no progress for"))
+      << cluster_.Log("coordinator");
   EXPECT_FALSE(ProcessAlive(victim));
 }
 

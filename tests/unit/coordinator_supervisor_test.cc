@@ -208,5 +208,28 @@ TEST(ProgressWatchdogTest, TheDeadlineFollowsTheMeasuredIntervalWithAFloor) {
   EXPECT_FALSE(quick.Expired(fast.Now()));
 }
 
+TEST(ProgressWatchdogTest, AGenerationThatCalibratesHasUntilItsBootstrapDeadlineThenTheFloors) {
+  ManualClock clock;
+  ProgressWatchdog watchdog(2s);
+  const TimePoint bootstrap_deadline = clock.Now() + 20s;
+  watchdog.Arm(clock.Now(), bootstrap_deadline);
+  clock.Advance(19900ms);  // a calibration slowed down by a loaded machine
+  EXPECT_FALSE(watchdog.Expired(clock.Now()));
+  clock.Advance(200ms);
+  EXPECT_TRUE(watchdog.Expired(clock.Now()));
+
+  // The last rank's measurement is in: the first step's 3 floors run from then.
+  watchdog.Arm(clock.Now());
+  clock.Advance(5900ms);
+  EXPECT_FALSE(watchdog.Expired(clock.Now()));
+  clock.Advance(200ms);
+  EXPECT_TRUE(watchdog.Expired(clock.Now()));
+
+  // A bootstrap deadline sooner than the floors does not shorten them.
+  watchdog.Arm(clock.Now(), clock.Now() + 1s);
+  clock.Advance(5900ms);
+  EXPECT_FALSE(watchdog.Expired(clock.Now()));
+}
+
 }  // namespace
 }  // namespace shardline::coordinator
