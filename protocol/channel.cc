@@ -84,10 +84,14 @@ void Channel::OnHandshakeEvent(uint16_t event, uint32_t value) {
   const bool mismatch = event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL &&
                         value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH;
   if (router_) {
-    // Refusals by the allowlist are the ZAP handler's to count; these never reached it.
+    // Refusals by the allowlist are the ZAP handler's to count; these never reached it. A peer
+    // without CURVE that reads our greeting and hangs up before we read its own leaves us
+    // NO_DETAIL (EPIPE), not a mechanism mismatch: counted as "handshake", as nothing says more.
     if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) return;
     const std::string_view reason = mismatch ? "no_curve" : "handshake";
     if (observer_) observer_->OnAuthRefused(reason);
+    spdlog::debug("handshake refused on {}: event {:#x} value {:#x} ({})", endpoint_, event, value,
+                  reason);
     bool& logged = mismatch ? logged_no_curve_ : logged_handshake_;
     if (!logged) {
       logged = true;
