@@ -232,6 +232,13 @@ void Coordinator::HandleFrame(protocol::Frame& frame) {
       ReplyError(frame.peer, message.request_id(), status);
       return;
     }
+    if (auto status = CheckNodeKey(frame.user_id, message); !status.ok()) {
+      metrics_.OnAuthRefused("node_key");
+      spdlog::debug("refused {} from {}: {}", protocol::PayloadName(message.which()),
+                    Str(message.envelope().getSender()), Text(status.message()));
+      ReplyError(frame.peer, message.request_id(), status);
+      return;
+    }
   }
   try {
     Dispatch(frame.peer, message);
@@ -398,6 +405,46 @@ absl::Status Coordinator::Authorize(const std::string& user_id,
            ? " (a client key submits, cancels and reads; nodes register with a node key)"
            : " (a node key registers nodes and runs actors; jobs are submitted with a client "
              "key)"));
+}
+
+absl::Status Coordinator::CheckNodeKey(const std::string& user_id,
+                                       const protocol::Message& message) {
+  const auto payload = message.envelope().getPayload();
+  std::string node_id;
+  switch (payload.which()) {
+    case Payload::REGISTER_NODE: node_id = Str(payload.getRegisterNode().getNodeId()); break;
+    case Payload::HEARTBEAT: node_id = Str(payload.getHeartbeat().getNodeId()); break;
+    case Payload::ACTOR_EXITED: {
+      // Names no node: the actor's node is the one this coordinator placed it on.
+      const auto report = payload.getActorExited();
+      auto job = jobs_.find(Str(report.getJobId()));
+      if (job == jobs_.end() || report.getRank() >= job->second.actors.size()) {
+        return absl::OkStatus();
+      }
+      node_id = job->second.actors[report.getRank()].node_id;
+      break;
+    }
+    default: return absl::OkStatus();
+  }
+  auto pinned = node_keys_.find(node_id);
+  if (pinned != node_keys_.end() && pinned->second == user_id) return absl::OkStatus();
+  const auto holder = pinned == node_keys_.end() ? std::nullopt : allowlist_->Find(pinned->second);
+  if (payload.which() == Payload::REGISTER_NODE && !holder) {
+    node_keys_[node_id] = user_id;  // a new node id, or one whose key has left the allowlist
+    return absl::OkStatus();
+  }
+  const auto sender = allowlist_->Find(user_id);
+  const std::string sender_name = sender ? sender->name : user_id;
+  if (!holder) {
+    return absl::PermissionDeniedError("key '" + sender_name + "' may not send " +
+                                       std::string(protocol::PayloadName(payload.which())) +
+                                       " for node " + node_id + ", which it did not register");
+  }
+  return absl::PermissionDeniedError(
+      "node " + node_id + " belongs to key '" + holder->name + "', which registered it; key '" +
+      sender_name + "' may not register it or speak for it (give each host its own node id and " +
+      "key: shardline keygen --name NAME --role node; to hand the id over, take '" +
+      holder->name + "' off the allowlist and send the coordinator SIGHUP)");
 }
 
 void Coordinator::ReloadAllowlist() {

@@ -92,6 +92,11 @@ class Coordinator {
   // an actor reports only for its own rank and touches only its own job's namespace, whoever
   // holds the node key it connected with.
   absl::Status CheckActorToken(const protocol::Message& message);
+  // Under CURVE: a node id belongs to the node key that registered it first (node_keys_), so
+  // one host's key cannot take over, heartbeat for or report the actors of another host's node.
+  // A node id whose key has left the allowlist may be registered by another key (how an
+  // operator hands a node id over: remove the old key, SIGHUP).
+  absl::Status CheckNodeKey(const std::string& user_id, const protocol::Message& message);
   static std::string NewActorToken();
   void ReloadAllowlist();
 
@@ -200,6 +205,7 @@ class Coordinator {
   // auth_counter_ until the channel unregisters its domain.
   std::unique_ptr<protocol::Channel> channel_;
   Membership membership_;
+  std::map<std::string, std::string> node_keys_;  // node id -> the CURVE key it registered with
   KvStore kv_;
   CalibrationBook calibration_;
   Scheduler scheduler_;            // reads membership_ and calibration_

@@ -51,8 +51,8 @@ inline constexpr std::array<std::string_view, 5> kJobStates = {"pending", "runni
 inline constexpr std::array<std::string_view, 4> kKvOperations = {"set", "get", "add",
                                                                   "wait_timeout"};
 // Why the coordinator refused a connection or a message (protocol/curve.h AuthObserver).
-inline constexpr std::array<std::string_view, 6> kAuthRefusalReasons = {
-    "no_curve", "handshake", "unknown_key", "removed_key", "role", "token"};
+inline constexpr std::array<std::string_view, 7> kAuthRefusalReasons = {
+    "no_curve", "handshake", "unknown_key", "removed_key", "role", "token", "node_key"};
 inline constexpr std::array<std::string_view, 2> kGenerationOutcomes = {"completed", "aborted"};
 // Why a generation ended with a fault (coordinator/supervisor.h FaultKindName).
 inline constexpr std::array<std::string_view, 8> kFaultCauses = {

@@ -102,7 +102,8 @@ class Allowlist {
 // (so thread-safe). Reasons: "no_curve" (a peer without CURVE), "handshake" (a CURVE handshake
 // that failed: a wrong server key, garbage), "unknown_key" (a key not on the allowlist),
 // "removed_key" (a message from a key taken off the allowlist since it connected), "role" (a
-// message its key's role may not send).
+// message its key's role may not send); the coordinator adds "token" (an actor's message without
+// its rank's token) and "node_key" (a node key speaking for a node another key registered).
 class AuthObserver {
  public:
   virtual ~AuthObserver() = default;

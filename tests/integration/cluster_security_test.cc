@@ -245,6 +245,75 @@ TEST(ClusterSecurityTest, AllowlistReloadAddsAndRemovesAKeyLive) {
   EXPECT_EQ(served.exit_code, 0) << served.output;
 }
 
+TEST(ClusterSecurityTest, ANodeIdBelongsToTheNodeKeyThatRegisteredIt) {
+  LocalCluster cluster;
+  ASSERT_TRUE(cluster.StartCoordinator().ok());
+  ASSERT_TRUE(cluster.StartAgent("host-a", "cpu:1").ok());
+  ASSERT_TRUE(cluster.WaitForAliveNodes(1, 20s).ok()) << cluster.Log("agent-host-a");
+  auto added = RunShardline(
+      {"keygen", "--out", cluster.key_dir(), "--name", "host-b", "--role", "node"});
+  ASSERT_EQ(added.exit_code, 0) << added.output;
+  ReloadAllowlist(cluster);
+  const std::string host_b_key = cluster.key_dir() + "/host-b.key_secret";
+  auto agent_as = [&](const std::string& node_id) {
+    return RunShardline({"agent", "--coordinator", cluster.endpoint(), "--keys", cluster.key_dir(),
+                         "--key", host_b_key, "--devices", "cpu:1", "--node-id", node_id,
+                         "--connect-timeout-s", "5"},
+                        20s);
+  };
+
+  // Another listed node key taking host-a's id is refused, and says how to hand it over.
+  auto taken = agent_as("host-a");
+  EXPECT_EQ(taken.exit_code, 1);
+  EXPECT_NE(taken.output.find("node host-a belongs to key 'node', which registered it; key "
+                              "'host-b' may not register it"),
+            std::string::npos)
+      << taken.output;
+  EXPECT_EQ(Refusals(cluster, "node_key"), 1);
+
+  // Nor may it heartbeat for host-a (which would keep a dead node alive in its place).
+  auto curve = protocol::LoadClientCurve(protocol::KeyDir{cluster.key_dir()},
+                                         protocol::PeerRole::kNode, host_b_key);
+  ASSERT_TRUE(curve.ok()) << curve.status();
+  auto connected =
+      protocol::RpcClient::Connect(cluster.endpoint(), "shardline", "host-b", &*curve);
+  ASSERT_TRUE(connected.ok()) << connected.status();
+  auto heartbeat = (*connected)->NewMessage();
+  heartbeat->payload().initHeartbeat().setNodeId("host-a");
+  auto refused = (*connected)->Call(*heartbeat, 10s);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied) << refused.status();
+  EXPECT_EQ(Refusals(cluster, "node_key"), 2);
+
+  // host-a is still the first agent's: alive, with its pid.
+  auto status = cluster.Status();
+  ASSERT_TRUE(status.ok());
+  ASSERT_EQ((*status)["nodes"].size(), 1u) << status->dump();
+  EXPECT_EQ((*status)["nodes"][0]["state"], "alive") << status->dump();
+
+  // With the first key off the allowlist, the id is free for another key.
+  const fs::path allowlist = protocol::KeyDir{cluster.key_dir()}.Allowlist();
+  std::stringstream kept;
+  {
+    std::ifstream in(allowlist);
+    for (std::string line; std::getline(in, line);) {
+      if (line.size() < 5 || line.substr(line.size() - 5) != " node") kept << line << "\n";
+    }
+  }
+  std::ofstream(allowlist, std::ios::trunc) << kept.str();
+  ReloadAllowlist(cluster);
+  EXPECT_NE(cluster.Log("coordinator").find("0 added, 1 removed"), std::string::npos)
+      << kept.str();
+  // (Registered once the old agent, refused since its key left, is declared dead.)
+  auto handed_over = cluster.StartAgent("host-a", "cpu:1", {}, {"--key", host_b_key});
+  ASSERT_TRUE(handed_over.ok());
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (CountOf(cluster.Log("coordinator"), "node host-a registered from") < 2) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << cluster.Log("coordinator");
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_EQ(Refusals(cluster, "node_key"), 2);
+}
+
 // One unauthenticated attempt over raw TCP: a ZMTP 3.0 greeting of the NULL mechanism (a ZeroMQ
 // peer without keys), or bytes that are not ZMTP at all. Reads the server's greeting (so the
 // server has the connection) and hangs up.
