@@ -161,7 +161,9 @@ void RunChaosAndCheck(LocalCluster& cluster, const std::string& steady_node,
 
 
 TEST(ClusterChaosTest, TenSeededFaultsAndTheJobEndsLikeAFaultFreeRun) {
-  LocalCluster cluster;
+  LocalCluster::Options cluster_options;
+  cluster_options.measures_memory = true;  // the steady agent's RSS
+  LocalCluster cluster(cluster_options);
   ASSERT_TRUE(cluster.StartCoordinator().ok());
   // Three devices a node: a device a fault pointed at is left out while the others hold the
   // plan, so the job keeps a world of 4 through most faults (ranks share the cores alike).
@@ -185,6 +187,7 @@ TEST(ClusterChaosTest, SeededFaultsAcrossHostsWithLinkCuts) {
   if (!hosts.ok()) GTEST_SKIP() << "cannot make network namespaces: " << hosts.status();
   LocalCluster::Options cluster_options;
   cluster_options.coordinator_host = hosts->address(0);
+  cluster_options.measures_memory = true;
   LocalCluster cluster(cluster_options);
   ASSERT_TRUE(cluster.StartCoordinator().ok());
   // Host 1 has 3 devices: a world of 4 always spans host 2, whose link the driver cuts.

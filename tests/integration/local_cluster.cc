@@ -144,8 +144,15 @@ LocalCluster::~LocalCluster() {
   if (!std::getenv("SHARDLINE_KEEP_TEST_DIRS")) fs::remove_all(dir_, ec);
 }
 
+std::vector<std::pair<std::string, std::string>> LocalCluster::DaemonEnv() const {
+  if (!kAddressSanitizer || !options_.measures_memory) return {};
+  const char* asan = std::getenv("ASAN_OPTIONS");
+  return {{"ASAN_OPTIONS", std::string(asan ? asan : "") + ":quarantine_size_mb=0"}};
+}
+
 absl::Status LocalCluster::StartCoordinator() {
   SpawnOptions spawn;
+  spawn.extra_env = DaemonEnv();
   const std::string endpoint_file = dir_ + "/endpoint";
   fs::remove(endpoint_file);
   spawn.argv = {ShardlineBinary(),
@@ -221,7 +228,8 @@ absl::StatusOr<pid_t> LocalCluster::SpawnAgent(
   }
   for (const std::string& flag : CurveFlags()) spawn.argv.push_back(flag);
   spawn.argv.insert(spawn.argv.end(), extra_args.begin(), extra_args.end());
-  spawn.extra_env = env;
+  spawn.extra_env = DaemonEnv();
+  spawn.extra_env.insert(spawn.extra_env.end(), env.begin(), env.end());
   spawn.log_path = dir_ + "/agent-" + node_id + ".log";
   ASSIGN_OR_RETURN(pid_t pid, Spawn(spawn));
   // A second agent under the same id is a test of its own; keep the first for cleanup.

@@ -43,6 +43,15 @@ double SumOfSamples(const std::string& exposition, const std::string& metric,
 double ScrapeSum(const std::string& address, const std::string& metric,
                  const std::string& labels = "");
 
+// Whether this build has AddressSanitizer (scripts/sanitize.sh's asan build).
+#if defined(__SANITIZE_ADDRESS__)
+inline constexpr bool kAddressSanitizer = true;
+#elif defined(__has_feature)
+inline constexpr bool kAddressSanitizer = __has_feature(address_sanitizer);
+#else
+inline constexpr bool kAddressSanitizer = false;
+#endif
+
 // True while a process with this pid exists (and is not a zombie).
 bool ProcessAlive(pid_t pid);
 
@@ -57,6 +66,11 @@ class LocalCluster {
     // Every process without CURVE (--insecure); by default the cluster has keys of its own in
     // DIR/keys, as a real one has.
     bool insecure = false;
+    // The test holds the coordinator's or an agent's RSS to a bound: under AddressSanitizer
+    // (scripts/sanitize.sh) they then run without its quarantine, which keeps up to 256 MiB of
+    // freed blocks from reuse by design and so grows RSS with every free (LeakSanitizer and the
+    // other checks stay on).
+    bool measures_memory = false;
   };
 
   LocalCluster() : LocalCluster(Options{}) {}
@@ -95,6 +109,9 @@ class LocalCluster {
   std::string key_dir() const { return options_.insecure ? "" : dir_ + "/keys"; }
   // The flags a `shardline` client or agent of this cluster takes: --keys DIR or --insecure.
   std::vector<std::string> CurveFlags() const;
+  // What the coordinator's and agents' environment gets besides this process's (Options::
+  // measures_memory).
+  std::vector<std::pair<std::string, std::string>> DaemonEnv() const;
   // The CURVE identities of this cluster's key dir, for in-process clients (null: insecure).
   const protocol::ClientCurve* client_curve() const {
     return client_curve_ ? &*client_curve_ : nullptr;
