@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the test suite with sanitizers and runs it (DESIGN.md, "Hostile input": sanitizer builds
 # of the suite by a script). Not part of the default CI run: on a 2-core machine the ASan build
-# alone takes 40 minutes (docs/sanitizers.md has the times measured and what the runs found).
+# alone takes 30-40 minutes and `all` about 50 (docs/sanitizers.md has the times measured and
+# what the runs found).
 #
 #   scripts/sanitize.sh [asan|tsan|all] [CTEST_ARGS...]      (default: all)
 #   e.g. scripts/sanitize.sh asan -j2 -R '^Checkpoint'       scripts/sanitize.sh tsan
