@@ -284,7 +284,7 @@ TEST(ClusterSecurityTest, ANodeIdBelongsToTheNodeKeyThatRegisteredIt) {
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied) << refused.status();
   EXPECT_EQ(Refusals(cluster, "node_key"), 2);
 
-  // host-a is still the first agent's: alive, with its pid.
+  // host-a is still the first agent's, and alive.
   auto status = cluster.Status();
   ASSERT_TRUE(status.ok());
   ASSERT_EQ((*status)["nodes"].size(), 1u) << status->dump();
@@ -345,7 +345,7 @@ void KnockWithoutKeys(uint16_t port, bool zmtp) {
 
 TEST(ClusterSecurityTest, TenThousandUnauthenticatedConnectionsLeaveTheJobAndMemoryAlone) {
   LocalCluster::Options options;
-  options.measures_memory = true;  // the coordinator's RSS, below
+  options.measures_memory = true;  // the coordinator's RSS, below (asserted outside ASan only)
   LocalCluster cluster(options);
   ASSERT_TRUE(cluster.StartCoordinator().ok());
   ASSERT_TRUE(cluster.StartAgent("steady", "cpu:2").ok());
