@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 
 #include "kernels/cpu/avx2.h"
 #include "kernels/cpu/avx512.h"
@@ -61,6 +62,46 @@ __attribute__((target("avx2,fma"))) void Tanh8(float* y, const float* x, int64_t
   }
 }
 
+// ArgMax in two passes: the largest value (NaN lanes never win: max_ps returns its second
+// operand, the running maximum, when the first is NaN), then the first element equal to it. The
+// first equal one is what max_element returns: its `<` keeps the first of equals (±0 too).
+__attribute__((target("avx512f"))) int64_t ArgMax16(const float* x, int64_t n) {
+  const __m512 lowest = _mm512_set1_ps(-INFINITY);
+  __m512 best = lowest;
+  for (int64_t i = 0; i < n; i += 16) {
+    best = _mm512_max_ps(_mm512_mask_loadu_ps(lowest, TailMask16(n - i), x + i), best);
+  }
+  const __m512 target = _mm512_set1_ps(_mm512_reduce_max_ps(best));
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 equal =
+        _mm512_mask_cmp_ps_mask(TailMask16(n - i), _mm512_loadu_ps(x + i), target, _CMP_EQ_OQ);
+    if (equal != 0) return i + __builtin_ctz(equal);
+  }
+  return 0;  // every element NaN
+}
+
+__attribute__((target("avx2,fma"))) int64_t ArgMax8(const float* x, int64_t n) {
+  const __m256 lowest = _mm256_set1_ps(-INFINITY);
+  __m256 best = lowest;
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) best = _mm256_max_ps(_mm256_loadu_ps(x + i), best);
+  __m128 half = _mm_max_ps(_mm256_castps256_ps128(best), _mm256_extractf128_ps(best, 1));
+  half = _mm_max_ps(half, _mm_movehl_ps(half, half));
+  half = _mm_max_ss(half, _mm_shuffle_ps(half, half, 1));
+  float largest = _mm_cvtss_f32(half);
+  for (int64_t j = i; j < n; ++j) largest = x[j] > largest ? x[j] : largest;
+  const __m256 target = _mm256_set1_ps(largest);
+  for (i = 0; i + 8 <= n; i += 8) {
+    const int equal =
+        _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), target, _CMP_EQ_OQ));
+    if (equal != 0) return i + __builtin_ctz(equal);
+  }
+  for (; i < n; ++i) {
+    if (x[i] == largest) return i;
+  }
+  return 0;
+}
+
 std::atomic<bool> baseline_only{false};
 std::atomic<bool> avx2_at_most{false};
 
@@ -91,6 +132,14 @@ void TanhInto(float* y, const float* x, int64_t n) {
   if (WideVectors()) return Tanh16(y, x, n);
   if (Avx2Vectors()) return Tanh8(y, x, n);
   Apply([](__m128 v) { return Sleef_tanhf4_u10(v); }, y, x, n);
+}
+
+int64_t ArgMax(const float* x, int64_t n) {
+  // A NaN first is max_element's answer whatever follows; the vector bodies skip NaNs.
+  if (n <= 0 || std::isnan(x[0])) return 0;
+  if (WideVectors()) return ArgMax16(x, n);
+  if (Avx2Vectors()) return ArgMax8(x, n);
+  return std::max_element(x, x + n) - x;
 }
 
 }  // namespace shardline::kernels::cpu

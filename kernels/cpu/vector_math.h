@@ -1,4 +1,4 @@
-// exp and tanh over arrays, four lanes at a time through SLEEF (the SIMD Library for Evaluating
+// exp and tanh over arrays, and the index of an array's largest element, four lanes at a time through SLEEF (the SIMD Library for Evaluating
 // Elementary Functions; max error 1.0 ulp, the same bits for a value wherever it sits in the array,
 // so results depend on neither alignment nor thread count).
 //
@@ -22,5 +22,11 @@ namespace shardline::kernels::cpu {
 // log-sum-exp (the subtraction rounds as the scalar x[i] − shift does).
 void ExpShiftedInto(float* y, const float* x, float shift, int64_t n);
 void TanhInto(float* y, const float* x, int64_t n);  // y[i] = tanh(x[i])
+
+// The index of the first largest of x[0..n), exactly as std::max_element (NaNs are never larger;
+// a NaN at 0 is the answer when nothing compares larger than it): greedy sampling of a step's
+// rows, 50 K logits each, which max_element's compare and branch per element made 4% of a
+// decode step of GPT-2 small at 8 sequences. 0 for n <= 0.
+int64_t ArgMax(const float* x, int64_t n);
 
 }  // namespace shardline::kernels::cpu

@@ -299,6 +299,37 @@ TEST_P(VectorMathTest, ExpAndTanhWithinTwoUlpOfDouble) {
   for (size_t i = 0; i < shifted.size(); ++i) ASSERT_EQ(shifted[i], e[i + 3]) << i;
 }
 
+TEST_P(VectorMathTest, ArgMaxIsMaxElementsIndex) {
+  const auto expect_as_max_element = [](const std::vector<float>& x, const std::string& what) {
+    const int64_t want = std::max_element(x.begin(), x.end()) - x.begin();
+    EXPECT_EQ(ArgMax(x.data(), static_cast<int64_t>(x.size())), want) << what;
+  };
+  // Every length up to a few groups of lanes, the largest at every position, and ties.
+  for (int n = 1; n <= 40; ++n) {
+    for (int at = 0; at < n; ++at) {
+      std::vector<float> x = RandomVector(n, 100 + n, -5.0f, 5.0f);
+      x[at] = 7.0f;
+      expect_as_max_element(x, "n " + std::to_string(n) + " largest at " + std::to_string(at));
+      x[n - 1] = 7.0f;  // a tie: the first one
+      expect_as_max_element(x, "n " + std::to_string(n) + " tie at " + std::to_string(at));
+    }
+  }
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> x = RandomVector(50257, 27, -10.0f, 10.0f);  // GPT-2's vocabulary
+  expect_as_max_element(x, "a row of logits");
+  x[123] = nan;
+  x[50256] = nan;
+  expect_as_max_element(x, "NaNs inside are never the largest");
+  x[0] = nan;
+  expect_as_max_element(x, "a NaN first is the answer");
+  expect_as_max_element({-inf, nan, -inf}, "-inf first, then a NaN");
+  expect_as_max_element({1.0f, nan, 3.0f, inf, 2.0f, inf}, "the first +inf");
+  expect_as_max_element({0.0f, -0.0f}, "+0 then -0: the first");
+  expect_as_max_element({-1.0f, -0.0f, 0.0f}, "-0 then +0: the first");
+  EXPECT_EQ(ArgMax(x.data(), 0), 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Widths, VectorMathTest, ::testing::Values(0, 1, 2), [](const auto& info) {
   return std::string(info.param == 0 ? "Widest" : info.param == 1 ? "Avx2AtMost" : "FourLanes");
 });

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/embedding.h"
+#include "kernels/cpu/vector_math.h"
 #include "worker/model/activations.h"
 #include "worker/model/counter_rng.h"
 #include "worker/model/paged_inference.h"
@@ -40,10 +41,10 @@ absl::StatusOr<int32_t> SampleToken(std::span<const float> logits, const Samplin
   }
   const int V = static_cast<int>(logits.size());
   if (!(options.temperature > 0.0f)) {
-    return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    return static_cast<int32_t>(kernels::cpu::ArgMax(logits.data(), V));
   }
   const bool whole = options.top_k == 0 || options.top_k >= V;
-  const float max = *std::max_element(logits.begin(), logits.end());
+  const float max = logits[kernels::cpu::ArgMax(logits.data(), V)];
   if (whole && options.top_p == 1.0f) {
     // The whole vocabulary, in id order: no sort, and the order a vocab-parallel sampler can
     // follow rank by rank.

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kernels/cpu/vector_math.h"
 
 namespace shardline::model {
 namespace {
@@ -82,7 +83,7 @@ absl::StatusOr<std::vector<int32_t>> SampleVocabParallel(std::span<const float> 
   std::vector<float> best(2 * R), all_best(2 * R * P);
   for (int r = 0; r < R; ++r) {
     const std::span<const float> l = row_logits(r);
-    const int i = static_cast<int>(std::max_element(l.begin(), l.end()) - l.begin());
+    const int i = static_cast<int>(kernels::cpu::ArgMax(l.data(), Vs));
     best[2 * r] = l[i];
     best[2 * r + 1] = static_cast<float>(vocab_begin + i);  // exact below 2^24
   }
