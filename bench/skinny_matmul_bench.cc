@@ -7,8 +7,10 @@
 // (16 lanes, 4 accumulators, the threads splitting the buffer; AVX-512 CPUs only), the ceiling
 // for the GB/s.
 //
-//   bench/skinny_matmul_bench [--rows 1,2,4,8,16] [--steps 10]
+//   bench/skinny_matmul_bench [--rows 1,2,4,8,16] [--steps 10] [--avx2]
 //
+// --avx2 runs the kernel's eight-lane body on an AVX-512 CPU (UseAvx2AtMost), as a CPU without
+// AVX-512 would.
 // Threads: OMP_NUM_THREADS (the serving benchmark runs 2).
 #include <immintrin.h>
 #include <omp.h>
@@ -25,6 +27,7 @@
 #include "kernels/cpu/blas.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/skinny_matmul.h"
+#include "kernels/cpu/vector_width.h"
 
 namespace {
 
@@ -99,9 +102,15 @@ __attribute__((target("avx512f"))) double SecondsToRead(const std::vector<Produc
 int main(int argc, char** argv) {
   std::vector<int> rows_list = {1, 2, 4, 8, 16};
   int steps = 10;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  bool usage = false;
+  for (int i = 1; i < argc; i += 2) {
     const std::string flag = argv[i];
-    if (flag == "--rows") {
+    if (flag == "--avx2") {
+      UseAvx2AtMost(true);
+      --i;  // no value
+    } else if (i + 1 >= argc) {
+      usage = true;
+    } else if (flag == "--rows") {
       rows_list.clear();
       for (char* p = argv[i + 1]; *p != '\0';) {
         rows_list.push_back(static_cast<int>(std::strtol(p, &p, 10)));
@@ -110,14 +119,13 @@ int main(int argc, char** argv) {
     } else if (flag == "--steps") {
       steps = std::atoi(argv[i + 1]);
     } else {
-      std::fprintf(stderr, "usage: %s [--rows 1,2,4,8,16] [--steps 10]\n", argv[0]);
-      return 2;
+      usage = true;
     }
   }
-  if (argc % 2 == 0 || steps < 1 ||
+  if (usage || steps < 1 ||
       std::any_of(rows_list.begin(), rows_list.end(),
                   [](int n) { return n < 1 || n > kSkinnyMaxRows; })) {
-    std::fprintf(stderr, "usage: %s [--rows 1..%d,...] [--steps N >= 1]\n", argv[0],
+    std::fprintf(stderr, "usage: %s [--rows 1..%d,...] [--steps N >= 1] [--avx2]\n", argv[0],
                  kSkinnyMaxRows);
     return 2;
   }
@@ -127,7 +135,7 @@ int main(int argc, char** argv) {
   std::printf("GPT-2 small decode step: %zu products, %.0f MB of f32 weights; %d threads; "
               "skinny kernel %s; BLAS %s\n",
               products.size(), weights * 4 / 1e6, omp_get_max_threads(),
-              SkinnyMatmulAvailable() ? (__builtin_cpu_supports("avx512f") ? "AVX-512" : "AVX2")
+              SkinnyMatmulAvailable() ? (WideVectors() ? "AVX-512" : "AVX2")
                                       : "none (it is sgemm)",
               BlasDescription().c_str());
   float sink = 0;

@@ -24,11 +24,18 @@
 
 namespace shardline::kernels::cpu {
 
-inline constexpr int kSkinnyMaxRows = 16;
+inline constexpr int kSkinnyMaxRows = 64;
 
 // Whether SkinnyMatmulForward has its own kernel on this CPU, AVX-512 or AVX2 (else it calls
 // MatmulForward).
 bool SkinnyMatmulAvailable();
+
+// Up to how many rows LinearForward runs the skinny kernel rather than the BLAS: 64 with AVX-512
+// (on the Zen 4 EPYC, 2 threads, it beat OpenBLAS 0.3.21's sgemm by 1.3-1.5x at 32 and 64 rows and
+// lost at 128: bench/skinny_matmul_bench), 16 with AVX2 (its eight-lane body beat OpenBLAS's
+// AVX-512 sgemm up to 32 rows there, but nothing was measured on an AVX2 CPU past 8), 0 without.
+// A serving step of a few decodes beside a prompt chunk is such a product.
+int SkinnyMatmulMaxRows();
 
 // As MatmulForward (out (N, OC) = inp (N, C) · weight (OC, C)ᵀ + bias, overwriting out), for
 // 1 <= N <= kSkinnyMaxRows; other N go to MatmulForward.
@@ -37,8 +44,8 @@ void SkinnyMatmulForward(float* out, const float* inp, const float* weight, cons
 
 class PackedWeight;
 // MatmulForward for a block's linears (training and inference) and the paged head, choosing by
-// N: the skinny kernel for a decode step's rows (on AVX-512 or AVX2), else `packed` (null: none)
-// when it covers N >= 2 rows, else sgemm (MKL's matrix-vector path for one row, as fast as the
+// N: `packed` (null: none) for 17 to its max_rows() rows (MKL's packed GEMM, on Intel CPUs), else
+// the skinny kernel up to SkinnyMatmulMaxRows(), else sgemm (MKL's matrix-vector path for one row, as fast as the
 // packed one).
 void LinearForward(float* out, const float* inp, const float* weight, const PackedWeight* packed,
                    const float* bias, int N, int C, int OC);

@@ -81,7 +81,13 @@ void CheckSkinnyMatmul(const std::string& body) {
     const auto weight = RandomVector(OC * C, 12);
     const auto bias = RandomVector(OC, 13);
     std::vector<float> alone(OC);
+    // Every row count of the four-row blocks' remainders and of the AVX2 range, then around the
+    // larger multiples of four up to the most rows.
+    std::vector<int> counts;
     for (int N = 1; N <= kSkinnyMaxRows; ++N) {
+      if (N <= 17 || N % 16 <= 1 || N % 16 == 15 || N == kSkinnyMaxRows) counts.push_back(N);
+    }
+    for (const int N : counts) {
       const std::vector<float> rows(inp.begin(), inp.begin() + N * C);
       const std::string what = body + " skinny N " + std::to_string(N) + " C " +
                                std::to_string(C) + " OC " + std::to_string(OC);
@@ -104,11 +110,34 @@ void CheckSkinnyMatmul(const std::string& body) {
 
 TEST(SkinnyMatmulTest, MatchesTheReferenceAndEachRowIsItsOwn) {
   CheckSkinnyMatmul(WideVectors() ? "avx512" : Avx2Vectors() ? "avx2" : "baseline");
+  EXPECT_EQ(SkinnyMatmulMaxRows(), WideVectors() ? kSkinnyMaxRows : Avx2Vectors() ? 16 : 0);
   if (WideVectors() && Avx2Vectors()) {
     UseAvx2AtMost(true);
     ASSERT_TRUE(SkinnyMatmulAvailable());
+    EXPECT_EQ(SkinnyMatmulMaxRows(), 16);
     CheckSkinnyMatmul("avx2");
     UseAvx2AtMost(false);
+  }
+}
+
+// Without packed weights, LinearForward is the skinny kernel up to SkinnyMatmulMaxRows() rows
+// (the same bits) and MatmulForward past it.
+TEST(SkinnyMatmulTest, LinearForwardTakesTheSkinnyKernelUpToItsRows) {
+  const int C = 40, OC = 33;
+  const int most = SkinnyMatmulMaxRows();
+  for (const int N : {1, most, most + 1}) {
+    if (N < 1) continue;
+    const auto inp = RandomVector(N * C, 17);
+    const auto weight = RandomVector(OC * C, 18);
+    const auto bias = RandomVector(OC, 19);
+    std::vector<float> out(N * OC), expected(N * OC);
+    LinearForward(out.data(), inp.data(), weight.data(), nullptr, bias.data(), N, C, OC);
+    if (N <= most) {
+      SkinnyMatmulForward(expected.data(), inp.data(), weight.data(), bias.data(), N, C, OC);
+    } else {
+      MatmulForward(expected.data(), inp.data(), weight.data(), bias.data(), N, C, OC);
+    }
+    EXPECT_EQ(out, expected) << "N " << N;
   }
 }
 
@@ -117,6 +146,7 @@ TEST(SkinnyMatmulTest, WithoutAvx2ItIsMatmulForward) {
   EXPECT_EQ(SkinnyMatmulAvailable(), WideVectors() || Avx2Vectors());
   UseBaselineVectors(true);
   EXPECT_FALSE(SkinnyMatmulAvailable());
+  EXPECT_EQ(SkinnyMatmulMaxRows(), 0);
   const int N = 5, C = 33, OC = 17;
   const auto inp = RandomVector(N * C, 14);
   const auto weight = RandomVector(OC * C, 15);
