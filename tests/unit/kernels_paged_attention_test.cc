@@ -288,8 +288,10 @@ TEST_P(PagedAttentionShapes, StepsMatchDoubleReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(BlockSizesAndHeads, PagedAttentionShapes,
+                         // Head sizes: the four-lane body's (8), and the sixteen-lane body's with
+                         // one, three, four and eight vectors where the CPU has AVX-512.
                          ::testing::Combine(::testing::Values(1, 4, 16), ::testing::Values(1, 3),
-                                            ::testing::Values(8, 64)),
+                                            ::testing::Values(8, 16, 48, 64, 128)),
                          [](const auto& info) {
                            return "bs" + std::to_string(std::get<0>(info.param)) + "_nh" +
                                   std::to_string(std::get<1>(info.param)) + "_hs" +
@@ -297,7 +299,7 @@ INSTANTIATE_TEST_SUITE_P(BlockSizesAndHeads, PagedAttentionShapes,
                          });
 
 TEST(PagedAttentionTest, FourLaneExpMatchesDoubleReference) {
-  // The exponentials at four lanes, as on a CPU without AVX-512 (vector_width.h).
+  // The exponentials and the pairs at four lanes, as on a CPU without AVX-512 (vector_width.h).
   UseBaselineVectors(true);
   ExpectStepsMatchReference(3, 64, 4, 90);
   UseBaselineVectors(false);
