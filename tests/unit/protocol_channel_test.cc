@@ -1,6 +1,10 @@
 // Channels over real loopback sockets: ROUTER/DEALER exchange, request/reply matching, timeouts,
 // a port in use.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <thread>
 
@@ -100,13 +104,22 @@ TEST(RpcClientTest, CallMatchesRepliesAndKeepsPushes) {
 }
 
 TEST(RpcClientTest, UnreachableCoordinatorTimesOutNamingIt) {
-  // A port nobody listens on: bind then drop a router to learn a free port.
-  std::string endpoint;
-  {
-    auto router = Channel::Bind("tcp://127.0.0.1:0");
-    ASSERT_TRUE(router.ok());
-    endpoint = (*router)->endpoint();
-  }
+  // A port nobody listens on, held for the whole test by a bound socket that never listens: a
+  // port freed and looked up again could be taken meanwhile by another test's daemon (under ctest
+  // -j2 this call once got a coordinator's answer in 10 ms instead of the timeout).
+  const int held = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(held, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  ASSERT_EQ(bind(held, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  ASSERT_EQ(getsockname(held, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  const std::string endpoint = "tcp://127.0.0.1:" + std::to_string(ntohs(address.sin_port));
+  struct Closer {
+    int fd;
+    ~Closer() { close(fd); }
+  } closer{held};
   auto client = RpcClient::Connect(endpoint, "c", "cli", nullptr);
   ASSERT_TRUE(client.ok());
   auto request = (*client)->NewMessage();
