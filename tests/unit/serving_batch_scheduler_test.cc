@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <deque>
 #include <iostream>
 #include <map>
 #include <random>
@@ -201,6 +202,8 @@ TEST(BatchSchedulerTest, CreateRefusesLimitsOutOfRangeNamingTheField) {
   cases.back().limits.max_queue = -1;
   cases.push_back({good, "max_context"});
   cases.back().limits.max_context = 1;
+  cases.push_back({good, "max_in_flight"});
+  cases.back().limits.max_in_flight = 0;
   cases.push_back({good, "max_tokens_per_step (3) must be >= max_running (4)"});
   cases.back().limits.max_tokens_per_step = 3;
   for (const Case& c : cases) {
@@ -564,11 +567,11 @@ TEST(BatchSchedulerDeathTest, CallsOutOfTheStepOrderAbort) {
   EXPECT_DEATH(s.Schedule(), "Schedule before step 1 is Completed");
   EXPECT_DEATH(s.AppendToken(1), "not a running sequence with a sample due");
   s.Complete(plan);
-  EXPECT_DEATH(s.Complete(plan), "already complete");
+  EXPECT_DEATH(s.Complete(plan), "Complete of step 1, but no step is outstanding");
   s.AppendToken(1);
   EXPECT_DEATH(s.AppendToken(1), "not a running sequence with a sample due");
   const StepPlan next = s.Schedule();
-  EXPECT_DEATH(s.Complete(plan), "Complete of step 1, but the latest is 2");
+  EXPECT_DEATH(s.Complete(plan), "Complete of step 1, but the oldest outstanding is 2");
   StepPlan forged = next;
   forged.entries[0].count = 2;
   EXPECT_DEATH(s.Complete(forged), "is not its planned work");
@@ -812,6 +815,234 @@ INSTANTIATE_TEST_SUITE_P(
                    .num_blocks = 2,
                    .max_queue = 4,
                    .max_context = 64}}));
+
+// ---- Several plans in flight (pipeline stages) ----
+
+TEST(BatchSchedulerTest, PlansInFlightTakeDisjointSequencesAndCompleteInOrder) {
+  BatchScheduler s = Make({.max_running = 4,
+                           .max_tokens_per_step = 32,
+                           .block_size = 4,
+                           .num_blocks = 32,
+                           .max_queue = 8,
+                           .max_context = 64,
+                           .max_in_flight = 2});
+  ASSERT_TRUE(s.Add(1, 3, 4).ok());
+  ASSERT_TRUE(s.Add(2, 5, 4).ok());
+  const StepPlan a = s.Schedule();
+  EXPECT_THAT(a.entries, ElementsAre(StepEntry{1, 0, 3, true}, StepEntry{2, 0, 5, true}));
+  EXPECT_EQ(s.in_flight(), 1);
+  // Both are in flight: nothing for them, and an empty plan is not outstanding.
+  EXPECT_TRUE(s.Schedule().empty());
+  EXPECT_EQ(s.in_flight(), 1);
+  ASSERT_TRUE(s.Add(3, 2, 4).ok());
+  const StepPlan b = s.Schedule();
+  EXPECT_THAT(b.entries, ElementsAre(StepEntry{3, 0, 2, true}));
+  EXPECT_EQ(s.in_flight(), 2);
+  EXPECT_EQ(s.Info(3)->blocks, 1);
+  s.Complete(a);
+  s.AppendToken(1);
+  s.AppendToken(2);
+  // 3 is still in flight; 1 and 2 decode.
+  const StepPlan c = s.Schedule();
+  EXPECT_THAT(c.entries, ElementsAre(StepEntry{1, 3, 1, true}, StepEntry{2, 5, 1, true}));
+  s.Complete(b);
+  s.AppendToken(3);
+  s.Complete(c);
+  EXPECT_EQ(s.in_flight(), 0);
+  EXPECT_EQ(s.Info(1)->computed, 4);
+  EXPECT_EQ(s.Info(3)->computed, 2);
+}
+
+TEST(BatchSchedulerTest, APreemptionNeverTakesASequenceInFlight) {
+  // 3 blocks of 2 positions; 1 (older) and 2 (newer) hold one each after their prompts. 2's
+  // decode takes the last block and is in flight when 1's decode needs a block: 1 may not take
+  // 2's, so it preempts itself, and 2's step completes with its blocks.
+  BatchScheduler s = Make({.max_running = 2,
+                           .max_tokens_per_step = 8,
+                           .block_size = 2,
+                           .num_blocks = 3,
+                           .max_queue = 4,
+                           .max_context = 6,
+                           .max_in_flight = 2});
+  ASSERT_TRUE(s.Add(1, 2, 3).ok());
+  ASSERT_TRUE(s.Add(2, 2, 3).ok());
+  const StepPlan prompts = s.Schedule();
+  ASSERT_THAT(prompts.entries, ElementsAre(StepEntry{1, 0, 2, true}, StepEntry{2, 0, 2, true}));
+  s.Complete(prompts);
+  s.AppendToken(2);  // 1's token comes later (its plan is elsewhere in the pipeline)
+  const StepPlan two = s.Schedule();
+  ASSERT_THAT(two.entries, ElementsAre(StepEntry{2, 2, 1, true}));
+  EXPECT_EQ(s.free_blocks(), 0);
+  s.AppendToken(1);
+  const StepPlan one = s.Schedule();
+  EXPECT_THAT(one.preempted, ElementsAre(1));
+  EXPECT_TRUE(one.entries.empty());
+  EXPECT_EQ(s.Info(1)->state, SeqState::kWaiting);
+  EXPECT_EQ(s.Info(2)->blocks, 2);
+  s.Complete(two);  // undisturbed
+  EXPECT_EQ(s.Info(2)->computed, 3);
+  s.AppendToken(2);
+  // 1 recomputes once 2 is done with the blocks.
+  s.Finish(2);
+  const StepPlan again = s.Schedule();
+  EXPECT_THAT(again.entries, ElementsAre(StepEntry{1, 0, 3, true}));
+  s.Complete(again);
+}
+
+TEST(BatchSchedulerTest, APrefillInFlightHoldsAdmissionsUntilItsLastChunk) {
+  BatchScheduler s = Make({.max_running = 4,
+                           .max_tokens_per_step = 8,
+                           .block_size = 4,
+                           .num_blocks = 16,
+                           .max_queue = 4,
+                           .max_context = 32,
+                           .max_in_flight = 2});
+  ASSERT_TRUE(s.Add(1, 12, 2).ok());
+  const StepPlan a = s.Schedule();
+  EXPECT_THAT(a.entries, ElementsAre(StepEntry{1, 0, 8, false}));
+  ASSERT_TRUE(s.Add(2, 3, 2).ok());
+  const StepPlan b = s.Schedule();  // 1's next chunk waits for a; 2 waits for 1's prefill
+  EXPECT_TRUE(b.empty());
+  EXPECT_EQ(b.admission_stop, AdmissionStop::kPrefillInFlight);
+  s.Complete(a);
+  const StepPlan c = s.Schedule();  // 1's last chunk, then 2 in the budget left
+  EXPECT_THAT(c.entries, ElementsAre(StepEntry{1, 8, 4, true}, StepEntry{2, 0, 3, true}));
+  s.Complete(c);
+}
+
+TEST(BatchSchedulerDeathTest, PlansInFlightPastTheLimitOrOutOfOrderAbort) {
+  BatchScheduler s = Make({.max_running = 4,
+                           .max_tokens_per_step = 32,
+                           .block_size = 4,
+                           .num_blocks = 16,
+                           .max_queue = 8,
+                           .max_context = 32,
+                           .max_in_flight = 2});
+  ASSERT_TRUE(s.Add(1, 3, 2).ok());
+  const StepPlan a = s.Schedule();
+  ASSERT_TRUE(s.Add(2, 3, 2).ok());
+  const StepPlan b = s.Schedule();
+  ASSERT_FALSE(b.empty());
+  ASSERT_TRUE(s.Add(3, 3, 2).ok());
+  EXPECT_DEATH(s.Schedule(), "Schedule before step 1 is Completed \\(2 in flight, at most 2\\)");
+  EXPECT_DEATH(s.Complete(b), "Complete of step 2, but the oldest outstanding is 1");
+  s.Complete(a);
+  s.Complete(b);
+}
+
+// A pipeline of `depth` stages: plans are Scheduled while fewer than depth are in flight and
+// Completed oldest first, with random arrivals, stops and cancels (also of sequences in flight).
+// After every call: no sequence is in two outstanding plans, no in-flight sequence is preempted,
+// blocks are owned once and cover what each sequence computed or reserved, the budget holds;
+// at the end every sequence finished and every block is free.
+class BatchSchedulerPipelineTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(BatchSchedulerPipelineTest, KeepsThePlansInFlightDisjointAndFinishesEverySequence) {
+  const int depth = GetParam();
+  const SchedulerLimits l{.max_running = 6,
+                          .max_tokens_per_step = 16,
+                          .block_size = 4,
+                          .num_blocks = 20,
+                          .max_queue = 16,
+                          .max_context = 64,
+                          .max_in_flight = depth};
+  BatchScheduler s = Make(l);
+  std::mt19937 rng(40 + depth);
+  auto uniform = [&rng](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  auto chance = [&rng](double p) { return std::bernoulli_distribution(p)(rng); };
+  std::map<SeqId, int> remaining;   // live sequences: tokens still to sample
+  std::map<SeqId, int> known;       // prompt + sampled so far
+  std::deque<StepPlan> flight;
+  std::set<SeqId> busy;             // sequences with an entry in an outstanding plan
+  SeqId next_id = 1;
+  int64_t finished = 0, preempted = 0, cancelled_in_flight = 0, steps = 0;
+  const auto complete_oldest = [&] {
+    StepPlan plan = std::move(flight.front());
+    flight.pop_front();
+    s.Complete(plan);
+    for (const StepEntry& e : plan.entries) {
+      busy.erase(e.id);
+      if (!e.sample || !remaining.contains(e.id)) continue;
+      if (--remaining[e.id] == 0 || chance(0.03)) {
+        s.Finish(e.id);
+        remaining.erase(e.id);
+        ++finished;
+      } else {
+        s.AppendToken(e.id);
+        ++known[e.id];
+      }
+    }
+  };
+  for (int step = 0; step < 20000; ++step) {
+    SCOPED_TRACE(::testing::Message() << "depth " << depth << " step " << step);
+    if (step < 15000 && chance(0.35)) {
+      const int prompt = chance(0.2) ? uniform(1, 40) : uniform(1, 6);
+      const int max_tokens = uniform(1, std::min(20, 64 - prompt));
+      if (s.Add(next_id, prompt, max_tokens).ok()) {
+        remaining[next_id] = max_tokens;
+        known[next_id] = prompt;
+      }
+      ++next_id;
+    }
+    if (step >= 15000 && remaining.empty() && flight.empty()) break;
+    if (chance(0.01) && !remaining.empty()) {  // a cancel, in flight or not
+      auto it = remaining.begin();
+      std::advance(it, uniform(0, static_cast<int>(remaining.size()) - 1));
+      if (busy.contains(it->first)) ++cancelled_in_flight;
+      s.Finish(it->first);
+      remaining.erase(it);
+    }
+    if (static_cast<int>(flight.size()) < depth) {
+      const std::vector<SeqId> running_before = s.running_ids();
+      StepPlan plan = s.Schedule();
+      ++steps;
+      EXPECT_LE(plan.total_tokens(), l.max_tokens_per_step);
+      for (const SeqId v : plan.preempted) {
+        EXPECT_FALSE(busy.contains(v)) << "preempted " << v << " while in flight";
+        ++preempted;
+      }
+      for (const StepEntry& e : plan.entries) {
+        EXPECT_TRUE(busy.insert(e.id).second) << e.id << " in two plans in flight";
+        EXPECT_LE(e.start + e.count, known[e.id]);
+        EXPECT_EQ(e.sample, e.start + e.count == known[e.id]);
+      }
+      if (!plan.empty()) {
+        flight.push_back(std::move(plan));
+      } else if (!flight.empty()) {
+        complete_oldest();  // nothing new to start: the pipeline moves on
+      }
+    } else {
+      complete_oldest();
+    }
+    EXPECT_EQ(s.in_flight(), static_cast<int>(flight.size()));
+    // Blocks: owned once, each running sequence holding those of its computed or reserved
+    // positions (between ceil(computed/bs) and ceil(computed + the largest chunk)/bs).
+    std::set<int32_t> owned;
+    int owned_count = 0;
+    for (const SeqId id : s.running_ids()) {
+      const std::optional<SeqInfo> info = s.Info(id);
+      ASSERT_TRUE(info.has_value());
+      EXPECT_GE(info->blocks, CeilDiv(info->computed, l.block_size)) << id;
+      if (!busy.contains(id)) EXPECT_EQ(info->blocks, CeilDiv(info->computed, l.block_size)) << id;
+      for (const int32_t b : s.BlockTable(id)) {
+        EXPECT_TRUE(owned.insert(b).second) << "block " << b << " owned twice";
+        ++owned_count;
+      }
+    }
+    EXPECT_EQ(owned_count + s.free_blocks(), l.num_blocks);
+    if (HasFailure()) return;
+  }
+  EXPECT_TRUE(remaining.empty()) << remaining.size() << " sequences never finished";
+  EXPECT_EQ(s.running() + s.waiting(), 0);
+  EXPECT_EQ(s.free_blocks(), l.num_blocks);
+  EXPECT_GT(finished, 1000);
+  EXPECT_GT(preempted, 0) << "no preemption: the run tests less than it should";
+  EXPECT_GT(cancelled_in_flight, 0);
+  std::cout << "depth " << depth << ": " << steps << " plans, " << finished << " finished, "
+            << preempted << " preemptions, " << cancelled_in_flight << " cancelled in flight\n";
+}
+
+INSTANTIATE_TEST_SUITE_P(Depths, BatchSchedulerPipelineTest, ::testing::Values(2, 3, 4));
 
 }  // namespace
 }  // namespace shardline::serving

@@ -32,6 +32,8 @@ std::string_view AdmissionStopName(AdmissionStop stop) {
       return "free blocks";
     case AdmissionStop::kPreempted:
       return "preempted this step";
+    case AdmissionStop::kPrefillInFlight:
+      return "a prefill in flight";
   }
   return "?";
 }
@@ -52,7 +54,8 @@ absl::StatusOr<BatchScheduler> BatchScheduler::Create(SchedulerLimits limits) {
        {at_least("max_running", limits.max_running, 1),
         at_least("block_size", limits.block_size, 1), at_least("num_blocks", limits.num_blocks, 1),
         at_least("max_queue", limits.max_queue, 0),
-        at_least("max_context", limits.max_context, 2)}) {
+        at_least("max_context", limits.max_context, 2),
+        at_least("max_in_flight", limits.max_in_flight, 1)}) {
     if (!s.ok()) return s;
   }
   // Every running sequence's decode must fit one step, or the newest ones could wait for the
@@ -111,9 +114,17 @@ absl::Status BatchScheduler::Add(SeqId id, int prompt_len, int max_tokens) {
 }
 
 StepPlan BatchScheduler::Schedule() {
-  if (outstanding_) {
-    ContractViolation(absl::StrCat("Schedule before step ", step_, " is Completed"));
+  if (in_flight() >= limits_.max_in_flight) {
+    ContractViolation(absl::StrCat("Schedule before step ", outstanding_.front(),
+                                   " is Completed (", in_flight(), " in flight, at most ",
+                                   limits_.max_in_flight, ")"));
   }
+  // A chunk of an earlier plan in flight that leaves prompt positions due: its next chunk comes
+  // before newcomers.
+  const bool prefill_in_flight = std::any_of(running_.begin(), running_.end(), [this](SeqId id) {
+    const Sequence& s = seqs_.at(id);
+    return s.in_flight() && Target(s) - s.reserved > 1;
+  });
   StepPlan plan;
   plan.step = ++step_;
   int budget = limits_.max_tokens_per_step;
@@ -124,15 +135,18 @@ StepPlan BatchScheduler::Schedule() {
     // them and let the victim be preempted again next step.
     plan.admission_stop = AdmissionStop::kPreempted;
   } else {
-    Admit(plan, budget);
+    Admit(plan, budget, prefill_in_flight);
   }
-  outstanding_ = !plan.empty();
+  if (!plan.empty()) outstanding_.push_back(plan.step);
   return plan;
 }
 
 SeqId BatchScheduler::PreemptNewest(StepPlan& plan, int& budget) {
-  const SeqId victim = running_.back();
-  running_.pop_back();
+  auto newest = std::find_if(running_.rbegin(), running_.rend(),
+                             [this](SeqId id) { return !seqs_.at(id).in_flight(); });
+  if (newest == running_.rend()) ContractViolation("a preemption with every sequence in flight");
+  const SeqId victim = *newest;
+  running_.erase(std::next(newest).base());
   Sequence& v = seqs_.at(victim);
   pool_.Free(v.blocks);
   v.blocks.clear();
@@ -157,7 +171,7 @@ void BatchScheduler::ScheduleDecodes(StepPlan& plan, int& budget) {
   for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
     const SeqId id = running_[i];
     Sequence& s = seqs_.at(id);
-    if (Target(s) - s.computed != 1) continue;
+    if (s.in_flight() || Target(s) - s.computed != 1) continue;
     bool preempted_itself = false;
     while (static_cast<int>(s.blocks.size()) < BlocksFor(s.computed + 1) &&
            !pool_.Allocate(1, s.blocks)) {
@@ -166,7 +180,7 @@ void BatchScheduler::ScheduleDecodes(StepPlan& plan, int& budget) {
         break;
       }
     }
-    if (preempted_itself) break;  // it was the newest: no one is after it
+    if (preempted_itself) break;  // the newest out of flight: no one after it has work due
     s.reserved = s.computed + 1;
     plan.entries.push_back({id, s.computed, 1, s.reserved == s.known});
     --budget;
@@ -179,7 +193,7 @@ void BatchScheduler::ScheduleRunningChunks(StepPlan& plan, int& budget) {
     const SeqId id = running_[i];
     Sequence& s = seqs_.at(id);
     const int due = Target(s) - s.computed;
-    if (due <= 1) continue;  // nothing due, or a decode (step 1)
+    if (s.in_flight() || due <= 1) continue;  // in flight, nothing due, or a decode (step 1)
     int count = 0;
     while (true) {
       const int room = static_cast<int>(s.blocks.size()) * bs - s.computed + free_blocks() * bs;
@@ -187,7 +201,7 @@ void BatchScheduler::ScheduleRunningChunks(StepPlan& plan, int& budget) {
       if (count > 0) break;
       if (PreemptNewest(plan, budget) == id) break;
     }
-    if (count == 0) break;  // it preempted itself: it was the newest
+    if (count == 0) break;  // it preempted itself: the newest out of flight
     const int need = BlocksFor(s.computed + count) - static_cast<int>(s.blocks.size());
     if (!pool_.Allocate(need, s.blocks)) ContractViolation("a chunk's blocks were counted free");
     s.reserved = s.computed + count;
@@ -196,7 +210,11 @@ void BatchScheduler::ScheduleRunningChunks(StepPlan& plan, int& budget) {
   }
 }
 
-void BatchScheduler::Admit(StepPlan& plan, int& budget) {
+void BatchScheduler::Admit(StepPlan& plan, int& budget, bool prefill_in_flight) {
+  if (prefill_in_flight && !waiting_.empty()) {
+    plan.admission_stop = AdmissionStop::kPrefillInFlight;
+    return;
+  }
   while (!waiting_.empty()) {
     if (running() >= limits_.max_running) {
       plan.admission_stop = AdmissionStop::kMaxRunning;
@@ -224,11 +242,15 @@ void BatchScheduler::Admit(StepPlan& plan, int& budget) {
 }
 
 void BatchScheduler::Complete(const StepPlan& plan) {
-  if (plan.step != step_ || (!outstanding_ && !plan.empty())) {
-    ContractViolation(absl::StrCat("Complete of step ", plan.step, ", but the latest is ", step_,
-                                   outstanding_ ? "" : " and it is already complete"));
+  if (plan.empty()) return;
+  if (outstanding_.empty() || plan.step != outstanding_.front()) {
+    ContractViolation(
+        outstanding_.empty()
+            ? absl::StrCat("Complete of step ", plan.step, ", but no step is outstanding")
+            : absl::StrCat("Complete of step ", plan.step, ", but the oldest outstanding is ",
+                           outstanding_.front()));
   }
-  outstanding_ = false;
+  outstanding_.pop_front();
   for (const StepEntry& e : plan.entries) {
     auto it = seqs_.find(e.id);
     if (it == seqs_.end() || !it->second.running) continue;  // Finished since Schedule

@@ -7,7 +7,11 @@
 //   plan = Schedule();   run the model on plan.entries (rows in order, block tables from
 //   BlockTable) Complete(plan);      then, for each entry with sample == true: AppendToken(id) or
 //   Finish(id)
-// A non-empty plan must be Completed before the next Schedule; after a failed step the engine
+// A non-empty plan must be Completed before the next Schedule, unless max_in_flight > 1: then up
+// to that many non-empty plans may be outstanding at once (pipeline stages each working on one,
+// vLLM's batch queue), over disjoint sequences, and they are Completed in the order they were
+// made. A sequence is in flight from the Schedule that gives it an entry to that plan's Complete:
+// it gets no other entry and is never preempted meanwhile. After a failed step the engine
 // Completes it and Finishes the sequences that cannot go on.
 //
 // A sequence has `known` tokens (prompt + generated so far), `computed` positions in the cache and
@@ -30,6 +34,10 @@
 //     A prompt longer than the budget left is chunked: it continues in 2 in later steps, ahead of
 //     newer admissions. An admitted sequence takes only the blocks for the positions it computes.
 //
+// With plans in flight, 1 and 2 skip the sequences in flight, a preemption takes the newest running
+// sequence that is not in flight, and 3 admits no one while a sequence in flight still has prompt
+// positions due after its chunk (so that at most one sequence prefills at a time, as below).
+//
 // Invariants (between calls; tests/unit/serving_batch_scheduler_test.cc checks them each step):
 //  - Every block is either free in the pool or in the table of exactly one running sequence.
 //  - A running sequence holds ceil(reserved / block_size) blocks, reserved = computed + the
@@ -44,7 +52,8 @@
 //    so sequences are first admitted in the order they were added: no one is passed over.
 //  - Liveness: max_tokens_per_step >= max_running and every sequence fits the whole pool, so the
 //    oldest running sequence always makes progress (it can preempt all newer ones). While every
-//    sampled entry gets its AppendToken or Finish, a plan is empty only when no sequence is left.
+//    sampled entry gets its AppendToken or Finish, a plan is empty only when no sequence is left
+//    or every sequence with work due is in flight.
 //
 // Not thread-safe: one owner (the engine's loop) calls it.
 #pragma once
@@ -70,6 +79,7 @@ struct SchedulerLimits {
   int num_blocks = 0;             // blocks in the pool (>= 1)
   int max_queue = 64;             // waiting sequences; past it Add is ResourceExhausted (>= 0)
   int max_context = 0;            // positions a sequence may use: prompt + max_tokens (>= 2)
+  int max_in_flight = 1;          // non-empty plans outstanding at once (>= 1): pipeline stages
 };
 
 using SeqId = uint64_t;
@@ -87,14 +97,14 @@ struct StepEntry {
 };
 
 // Why the waiting queue's head was not admitted in a step (kNone: nothing was left waiting).
-enum class AdmissionStop { kNone, kMaxRunning, kBudget, kBlocks, kPreempted };
+enum class AdmissionStop { kNone, kMaxRunning, kBudget, kBlocks, kPreempted, kPrefillInFlight };
 std::string_view AdmissionStopName(AdmissionStop stop);
 
 struct StepPlan {
   std::vector<StepEntry> entries;  // decodes first (running order), then prefill chunks
   std::vector<SeqId> preempted;    // sequences whose cache was dropped this step (they recompute)
   AdmissionStop admission_stop = AdmissionStop::kNone;
-  uint64_t step = 0;  // which Schedule made it (1, 2, ...): Complete takes only the latest
+  uint64_t step = 0;  // which Schedule made it (1, 2, ...): Complete takes the oldest outstanding
 
   int total_tokens() const;
   bool empty() const { return entries.empty(); }
@@ -123,13 +133,16 @@ class BatchScheduler {
   // when max_queue sequences wait (preempted ones count, but are never refused).
   absl::Status Add(SeqId id, int prompt_len, int max_tokens);
 
-  // The next step's work (see the header comment). Empty when no sequence has work due. Aborts
-  // while the previous non-empty plan is not Completed.
+  // The next step's work (see the header comment). Empty when no sequence out of flight has work
+  // due. Aborts while max_in_flight non-empty plans are not Completed.
   StepPlan Schedule();
-  // The step `plan` (the latest Schedule's) ran: its positions are in the cache. Entries of
-  // sequences Finished since Schedule are skipped. Aborts for a plan that is not the latest or
-  // was already Completed (the engine's bookkeeping is wrong).
+  // The step `plan` ran: its positions are in the cache. Entries of sequences Finished since
+  // Schedule are skipped. Aborts for a plan that is not the oldest outstanding one (already
+  // Completed, or out of order): the engine's bookkeeping is wrong. An empty plan is never
+  // outstanding; completing it is a no-op.
   void Complete(const StepPlan& plan);
+  // Non-empty plans Scheduled and not yet Completed.
+  int in_flight() const { return static_cast<int>(outstanding_.size()); }
   // The token sampled for `id`'s entry with sample == true is now known. Aborts unless `id` is
   // running with a sample due (computed == known) and below max_total.
   void AppendToken(SeqId id);
@@ -156,8 +169,9 @@ class BatchScheduler {
     int known = 0;
     int max_total = 0;
     int computed = 0;
-    int reserved = 0;  // positions the blocks are for: computed + the outstanding plan's
+    int reserved = 0;  // positions the blocks are for: computed + its outstanding plan's
     bool running = false;
+    bool in_flight() const { return reserved > computed; }
     std::vector<int32_t> blocks;
   };
 
@@ -167,12 +181,13 @@ class BatchScheduler {
   // Positions the sequence needs in the cache: its known tokens, but for one at max_total, whose
   // last token is never computed.
   static int Target(const Sequence& s);
-  // Preempts the newest running sequence, taking any entry it has out of `plan` (and its tokens
-  // back into `budget`). Returns its id.
+  // Preempts the newest running sequence not in flight (there is one: the caller is scheduling
+  // a sequence that is not), taking any entry it has out of `plan` (and its tokens back into
+  // `budget`). Returns its id.
   SeqId PreemptNewest(StepPlan& plan, int& budget);
   void ScheduleDecodes(StepPlan& plan, int& budget);
   void ScheduleRunningChunks(StepPlan& plan, int& budget);
-  void Admit(StepPlan& plan, int& budget);
+  void Admit(StepPlan& plan, int& budget, bool prefill_in_flight);
 
   SchedulerLimits limits_;
   KvBlockPool pool_;
@@ -180,7 +195,7 @@ class BatchScheduler {
   std::vector<SeqId> running_;  // admission order, newest last
   std::deque<SeqId> waiting_;
   uint64_t step_ = 0;
-  bool outstanding_ = false;  // plan `step_` is not empty and not Completed yet
+  std::deque<uint64_t> outstanding_;  // the non-empty plans not Completed yet, oldest first
   int64_t preemptions_ = 0;
 };
 
