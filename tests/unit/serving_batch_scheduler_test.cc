@@ -853,11 +853,36 @@ TEST(BatchSchedulerTest, PlansInFlightTakeDisjointSequencesAndCompleteInOrder) {
   EXPECT_EQ(s.Info(3)->computed, 2);
 }
 
+TEST(BatchSchedulerTest, PlansInFlightShareTheRunningSequences) {
+  // max_running 5 over 2 plans: 3 entries a plan at most, so the second plan is not left empty.
+  BatchScheduler s = Make({.max_running = 5,
+                           .max_tokens_per_step = 32,
+                           .block_size = 4,
+                           .num_blocks = 32,
+                           .max_queue = 8,
+                           .max_context = 64,
+                           .max_in_flight = 2});
+  for (SeqId id = 1; id <= 5; ++id) ASSERT_TRUE(s.Add(id, 2, 4).ok());
+  const StepPlan a = s.Schedule();
+  EXPECT_THAT(a.entries, ElementsAre(StepEntry{1, 0, 2, true}, StepEntry{2, 0, 2, true},
+                                     StepEntry{3, 0, 2, true}));
+  EXPECT_EQ(a.admission_stop, AdmissionStop::kBudget);
+  const StepPlan b = s.Schedule();
+  EXPECT_THAT(b.entries, ElementsAre(StepEntry{4, 0, 2, true}, StepEntry{5, 0, 2, true}));
+  s.Complete(a);
+  for (SeqId id = 1; id <= 3; ++id) s.AppendToken(id);
+  const StepPlan c = s.Schedule();  // 4 and 5 are in flight
+  EXPECT_THAT(c.entries, ElementsAre(StepEntry{1, 2, 1, true}, StepEntry{2, 2, 1, true},
+                                     StepEntry{3, 2, 1, true}));
+  s.Complete(b);
+  s.Complete(c);
+}
+
 TEST(BatchSchedulerTest, APreemptionNeverTakesASequenceInFlight) {
   // 3 blocks of 2 positions; 1 (older) and 2 (newer) hold one each after their prompts. 2's
   // decode takes the last block and is in flight when 1's decode needs a block: 1 may not take
   // 2's, so it preempts itself, and 2's step completes with its blocks.
-  BatchScheduler s = Make({.max_running = 2,
+  BatchScheduler s = Make({.max_running = 4,
                            .max_tokens_per_step = 8,
                            .block_size = 2,
                            .num_blocks = 3,

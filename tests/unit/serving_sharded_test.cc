@@ -3,7 +3,8 @@
 // sampling gives SampleToken's tokens on the whole row; a rank's ShardWeights read through boxes
 // give the whole model's logits (the last stage's slices); and a BatchingEngine on rank 0 with
 // RunServingFollower on the others gives, for concurrent requests, the tokens each request gets
-// from the single-device generator — with an idle spell longer than the heartbeat in between. A
+// from the single-device generator, with a step in flight per stage — and with an idle spell
+// longer than the heartbeat in between. A
 // follower whose leader dies returns an error instead of waiting forever.
 //
 // Every rank computes in its own child (the parent must not start OpenMP threads before forking).
@@ -160,8 +161,8 @@ TEST_P(ServingShardedTest, ShardLogitsAreTheWholeModels) {
         CHILD_CHECK((*shard)->bytes() < gpt->num_params() * 4, 4);  // a part, not the whole
         const model::PagedCacheOptions cache{
             .num_blocks = 8, .block_size = 4, .max_tokens_per_step = 16, .max_seqs_per_step = 4};
-        auto sharded = model::PagedGptForward::Create((*shard)->weights(), cache, allocator,
-                                                      groups.tp, groups.pp);
+        auto sharded =
+            model::PagedGptForward::Create((*shard)->weights(), cache, allocator, groups.tp);
         auto whole =
             model::PagedGptForward::Create(model::InferenceWeights::Of(*gpt), cache, allocator);
         CHILD_CHECK(sharded.ok() && whole.ok(), 5);
@@ -183,10 +184,23 @@ TEST_P(ServingShardedTest, ShardLogitsAreTheWholeModels) {
                                       .num_seqs = 2,
                                       .max_blocks_per_seq = 4,
                                       .logit_rows = steps_rows[k]};
+          // The residual from stage to stage, as the serving engine's ring moves it.
+          const model::InferenceWeights& w = (*shard)->weights();
+          const int N = static_cast<int>(steps_tokens[k].size());
+          if (!w.first_stage()) {
+            const std::span<float> input = (*sharded)->StageInput(N);
+            CHILD_CHECK(input.size() == static_cast<size_t>(N) * Config().d_model, 13);
+            CHILD_CHECK(groups.pp->Recv(input.data(), input.size(), DType::kFloat32, w.stage - 1)
+                            .ok(),
+                        14);
+          }
           auto got = (*sharded)->Forward(step);
           CHILD_CHECK(got.ok(), 6);
-          if (!(*shard)->weights().last_stage()) {  // it sent its residual on: no logits
-            CHILD_CHECK(got->empty(), 13);
+          if (!w.last_stage()) {  // the residual after its layers, for the next stage
+            CHILD_CHECK(got->size() == static_cast<size_t>(N) * Config().d_model, 15);
+            CHILD_CHECK(groups.pp->Send(got->data(), got->size(), DType::kFloat32, w.stage + 1)
+                            .ok(),
+                        16);
             continue;
           }
           const std::vector<float> mine(got->begin(), got->end());
@@ -297,6 +311,8 @@ TEST_P(ServingShardedTest, AnEngineOverTheGroupGivesTheSingleDeviceTokens) {
           }
         }
         CHILD_CHECK((*engine)->Batching().max_batch > 1, 12);
+        // With stages, as many steps in flight as stages: every stage computed at once.
+        CHILD_CHECK((*engine)->Batching().max_in_flight == pp, 14);
         (*engine)->Shutdown();  // the followers return OK on the stop message
         return 0;
       },

@@ -151,18 +151,16 @@ int64_t PagedGptForward::BytesPerBlock(const GptConfig& config, int block_size, 
 
 absl::StatusOr<std::unique_ptr<PagedGptForward>> PagedGptForward::Create(
     const InferenceWeights& weights, const PagedCacheOptions& options,
-    kernels::Allocator& allocator, comm::Communicator* tp, comm::Communicator* pp) {
+    kernels::Allocator& allocator, comm::Communicator* tp) {
   const GptConfig& c = weights.config;
   const int tp_size = tp == nullptr ? 1 : tp->size();
   if (tp_size != weights.tp_size) {
     return absl::InvalidArgumentError(absl::StrCat("paged forward: weights cut for tp ",
                                                    weights.tp_size, " on a group of ", tp_size));
   }
-  const int pp_size = pp == nullptr ? 1 : pp->size();
-  if (pp_size != weights.pp_size || (pp != nullptr && pp->rank() != weights.stage)) {
+  if (weights.pp_size < 1 || weights.stage < 0 || weights.stage >= weights.pp_size) {
     return absl::InvalidArgumentError(absl::StrCat("paged forward: weights of stage ",
-                                                   weights.stage, " of ", weights.pp_size,
-                                                   " on a pipeline group of ", pp_size));
+                                                   weights.stage, " of ", weights.pp_size));
   }
   auto positive = [](const char* name, int value) -> absl::Status {
     if (value > 0) return absl::OkStatus();
@@ -173,7 +171,7 @@ absl::StatusOr<std::unique_ptr<PagedGptForward>> PagedGptForward::Create(
   RETURN_IF_ERROR(positive("block_size", options.block_size));
   RETURN_IF_ERROR(positive("max_tokens_per_step", options.max_tokens_per_step));
   RETURN_IF_ERROR(positive("max_seqs_per_step", options.max_seqs_per_step));
-  std::unique_ptr<PagedGptForward> f(new PagedGptForward(weights, options, tp, pp));
+  std::unique_ptr<PagedGptForward> f(new PagedGptForward(weights, options, tp));
   const int64_t A = int64_t{weights.heads} * c.head_size();  // attention width held here
   const int64_t layers = weights.last_layer - weights.first_layer;
   const int64_t cache = 2 * layers * options.num_blocks * options.block_size * A;
@@ -229,6 +227,11 @@ absl::StatusOr<std::unique_ptr<PagedGptForward>> PagedGptForward::Create(
     ASSIGN_OR_RETURN(f->head_packed_, pack(weights.lm_head, C, V));
   }
   return f;
+}
+
+std::span<float> PagedGptForward::StageInput(int num_tokens) {
+  if (num_tokens < 0 || num_tokens > options_.max_tokens_per_step) return {};
+  return {residual_[0], static_cast<size_t>(num_tokens) * weights_.config.d_model};
 }
 
 float* PagedGptForward::KeyCache(int layer) {
@@ -331,10 +334,7 @@ absl::StatusOr<std::span<const float>> PagedGptForward::Forward(const PagedStep&
       float* x = residual_[0] + int64_t{i} * C;
       for (int j = 0; j < C; ++j) x[j] += pe[j];
     }
-  } else {
-    RETURN_IF_ERROR(Annotate(pp_->Recv(residual_[0], int64_t{N} * C, DType::kFloat32, w.stage - 1),
-                             absl::StrCat("receiving the residual from stage ", w.stage - 1)));
-  }
+  }  // else StageInput(N) holds the stage before's residual: residual_[0]
 
   const cpu::PagedAttentionBatch batch{
       .num_tokens = N,
@@ -366,11 +366,7 @@ absl::StatusOr<std::span<const float>> PagedGptForward::Forward(const PagedStep&
                              absl::StrCat("layer ", w.first_layer + l)));
   }
   const float* out = residual_[layers % 2];
-  if (!w.last_stage()) {
-    RETURN_IF_ERROR(Annotate(pp_->Send(out, int64_t{N} * C, DType::kFloat32, w.stage + 1),
-                             absl::StrCat("sending the residual to stage ", w.stage + 1)));
-    return std::span<const float>();
-  }
+  if (!w.last_stage()) return std::span<const float>(out, static_cast<size_t>(N) * C);
 
   // The head only for the rows whose logits are wanted: a prefill chunk needs its last row only.
   const int R = static_cast<int>(s.logit_rows.size());

@@ -11,8 +11,9 @@
 // all-reduced over the tensor-parallel group, and the head gives the rank's vocabulary slice of
 // the logits only (sample them with SampleVocabParallel). Pipeline parallel: a stage holds a
 // range of layers; the first also embeds, the last also runs the head, and the residual stream
-// of the step's tokens goes from stage to stage point to point over the pipeline group (one step
-// in flight: the stages take turns).
+// of the step's tokens goes from stage to stage: a stage's Forward returns it, and the caller
+// moves it into the next stage's StageInput (the serving engine's pipeline ring,
+// worker/serving/step_message.h, with several steps in flight).
 // Which sequences run, at which positions, and which cache blocks they own is the serving
 // scheduler's decision (worker/serving/batch_scheduler.h); this class only computes.
 //
@@ -125,29 +126,34 @@ class PagedGptForward {
   // Products of up to this many rows (decode steps, short prompt chunks) use packed weights.
   static constexpr int kPackedRows = 64;
 
-  // A cache and step buffers for `weights`, from `allocator`. `tp` is the tensor-parallel group
-  // and `pp` the pipeline group (null for one rank; sizes weights.tp_size and weights.pp_size).
+  // A cache and step buffers for `weights` (one pipeline stage's, or the whole model), from
+  // `allocator`. `tp` is the tensor-parallel group (null for one rank; size weights.tp_size).
   // InvalidArgument names a bad option; ResourceExhausted when the cache does not fit. The
   // weights must outlive this and not change while it is used (the cache holds keys computed
   // with them).
   static absl::StatusOr<std::unique_ptr<PagedGptForward>> Create(const InferenceWeights& weights,
                                                                  const PagedCacheOptions& options,
                                                                  kernels::Allocator& allocator,
-                                                                 comm::Communicator* tp = nullptr,
-                                                                 comm::Communicator* pp = nullptr);
+                                                                 comm::Communicator* tp = nullptr);
   // The cache bytes one block takes on each rank of a tp × pp cut: keys and values of the most
   // layers a stage holds, for the rank's heads.
   static int64_t BytesPerBlock(const GptConfig& config, int block_size, int tp_size = 1,
                                int pp_size = 1);
 
   // Writes the keys and values of every token of `step` into its cache slot (the stage's layers),
-  // then returns this rank's logits (R, vocab_end - vocab_begin) of step.logit_rows (R rows,
-  // row-major), valid until the next Forward; a stage other than the last sends the residual on
-  // to the next stage and returns no logits. Every rank of the tp × pp group runs the same step
-  // together. InvalidArgument, before any work, for sizes past the options, a token outside the
+  // then returns, on the last stage, this rank's logits (R, vocab_end - vocab_begin) of
+  // step.logit_rows (R rows, row-major), and on any other stage the residual stream of the step's
+  // tokens after its layers (N, C), for the next stage's StageInput; valid until the next
+  // Forward. A stage other than the first reads its input from StageInput(N), which the caller
+  // fills first. The ranks of a tensor-parallel group run the same step together.
+  // InvalidArgument, before any work, for sizes past the options, a token outside the
   // vocabulary, a position past max_seq_len, or a block or row index out of range; a
-  // communicator error names the layer or the transfer.
+  // communicator error names the layer.
   absl::StatusOr<std::span<const float>> Forward(const PagedStep& step);
+
+  // Where a stage other than the first takes the residual stream of a step of `num_tokens`
+  // tokens (num_tokens, C) from the stage before. Empty for a count past the options.
+  std::span<float> StageInput(int num_tokens);
 
   const PagedCacheOptions& options() const { return options_; }
   const InferenceWeights& weights() const { return weights_; }
@@ -155,8 +161,8 @@ class PagedGptForward {
 
  private:
   PagedGptForward(const InferenceWeights& weights, const PagedCacheOptions& options,
-                  comm::Communicator* tp, comm::Communicator* pp)
-      : weights_(weights), options_(options), tp_(tp), pp_(pp) {}
+                  comm::Communicator* tp)
+      : weights_(weights), options_(options), tp_(tp) {}
   absl::Status Validate(const PagedStep& step) const;
   absl::Status TpAllReduce(float* data, int64_t n, const char* what);
   float* KeyCache(int layer);
@@ -169,7 +175,6 @@ class PagedGptForward {
   std::vector<std::unique_ptr<kernels::cpu::PackedWeight>> packed_;
   const kernels::cpu::PackedWeight* head_packed_ = nullptr;
   comm::Communicator* const tp_;
-  comm::Communicator* const pp_;
   kernels::Tensor cache_;   // per layer: keys (num_blocks, block_size, NH, HS), then values
   kernels::Tensor buffer_;  // the step's activations, carved in Create
   float* residual_[2] = {nullptr, nullptr};  // (N, C) in and out of a block, alternating

@@ -167,8 +167,14 @@ SeqId BatchScheduler::PreemptNewest(StepPlan& plan, int& budget) {
   return victim;
 }
 
+int BatchScheduler::MaxEntries() const {
+  return (limits_.max_running + limits_.max_in_flight - 1) / limits_.max_in_flight;
+}
+
 void BatchScheduler::ScheduleDecodes(StepPlan& plan, int& budget) {
-  for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+  for (size_t i = 0; i < running_.size() && budget > 0 &&
+                     static_cast<int>(plan.entries.size()) < MaxEntries();
+       ++i) {
     const SeqId id = running_[i];
     Sequence& s = seqs_.at(id);
     if (s.in_flight() || Target(s) - s.computed != 1) continue;
@@ -189,7 +195,9 @@ void BatchScheduler::ScheduleDecodes(StepPlan& plan, int& budget) {
 
 void BatchScheduler::ScheduleRunningChunks(StepPlan& plan, int& budget) {
   const int bs = limits_.block_size;
-  for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+  for (size_t i = 0; i < running_.size() && budget > 0 &&
+                     static_cast<int>(plan.entries.size()) < MaxEntries();
+       ++i) {
     const SeqId id = running_[i];
     Sequence& s = seqs_.at(id);
     const int due = Target(s) - s.computed;
@@ -220,7 +228,7 @@ void BatchScheduler::Admit(StepPlan& plan, int& budget, bool prefill_in_flight) 
       plan.admission_stop = AdmissionStop::kMaxRunning;
       return;
     }
-    if (budget == 0) {
+    if (budget == 0 || static_cast<int>(plan.entries.size()) >= MaxEntries()) {
       plan.admission_stop = AdmissionStop::kBudget;
       return;
     }

@@ -36,7 +36,10 @@
 //
 // With plans in flight, 1 and 2 skip the sequences in flight, a preemption takes the newest running
 // sequence that is not in flight, and 3 admits no one while a sequence in flight still has prompt
-// positions due after its chunk (so that at most one sequence prefills at a time, as below).
+// positions due after its chunk (so that at most one sequence prefills at a time, as below). A
+// plan then has at most ceil(max_running / max_in_flight) entries (counted against the budget in
+// 3), so that the running sequences are shared among the plans in flight rather than all taken by
+// the first while the others' stages wait.
 //
 // Invariants (between calls; tests/unit/serving_batch_scheduler_test.cc checks them each step):
 //  - Every block is either free in the pool or in the table of exactly one running sequence.
@@ -178,6 +181,8 @@ class BatchScheduler {
   explicit BatchScheduler(SchedulerLimits limits);
 
   int BlocksFor(int positions) const;
+  // Entries one plan may have: ceil(max_running / max_in_flight).
+  int MaxEntries() const;
   // Positions the sequence needs in the cache: its known tokens, but for one at max_total, whose
   // last token is never computed.
   static int Target(const Sequence& s);

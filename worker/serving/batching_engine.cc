@@ -11,31 +11,63 @@
 namespace shardline::serving {
 namespace {
 
-// One step on this rank: the stage's forward, then, on the last stage, the sampling over its
-// tensor-parallel group; with pipeline stages the last stage's first rank sends the tokens to the
-// leader. Returns the tokens where they are known (the last stage, and the leader), else none.
-absl::StatusOr<std::vector<int32_t>> ForwardAndSample(model::PagedGptForward& forward,
-                                                      const model::PagedStep& step,
-                                                      std::span<const model::RowSampling> sampling,
-                                                      const ServingGroups& groups, bool leader) {
+// A step's work on this rank: the stage's forward of the step in `in` (its residual into the
+// stage's input first, past the first stage), then on the last stage the sampling over its
+// tensor-parallel group. Returns what goes on: the step with the residual after this stage's
+// layers, or from the last stage the tokens of its logit rows in row order. Other kinds pass
+// through unchanged.
+absl::StatusOr<Slot> Process(model::PagedGptForward& forward, comm::Communicator* tp,
+                             const Slot& in) {
+  if (in.kind != StepKind::kStep) return in;
   const model::InferenceWeights& w = forward.weights();
-  ASSIGN_OR_RETURN(const std::span<const float> logits, forward.Forward(step));
-  std::vector<int32_t> tokens(sampling.size(), 0);
-  if (w.last_stage()) {
-    ASSIGN_OR_RETURN(tokens, model::SampleVocabParallel(logits, w.vocab_begin, w.vocab_end,
-                                                        w.config.vocab, sampling, groups.tp));
+  ASSIGN_OR_RETURN(const StepMessage step, DecodeStep(in.payload, forward.options()));
+  const int N = static_cast<int>(step.tokens.size());
+  if (!w.first_stage()) {
+    const std::span<float> input = forward.StageInput(N);
+    if (in.residual.size() != input.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "serving pipeline: a residual of ", in.residual.size(), " floats for a step of ", N,
+          " tokens of d_model ", w.config.d_model));
+    }
+    std::copy(in.residual.begin(), in.residual.end(), input.begin());
+  } else if (!in.residual.empty()) {
+    return absl::InvalidArgumentError("serving pipeline: a residual sent to the first stage");
   }
-  if (w.pp_size == 1 || tokens.empty()) return tokens;
-  const bool first_of_stage = groups.tp == nullptr || groups.tp->rank() == 0;
-  if (w.last_stage() && first_of_stage) {
-    RETURN_IF_ERROR(Annotate(groups.pp->Send(tokens.data(), tokens.size(), DType::kInt32, 0),
-                             "serving: sending the sampled tokens to the leader"));
-  } else if (leader) {
-    RETURN_IF_ERROR(
-        Annotate(groups.pp->Recv(tokens.data(), tokens.size(), DType::kInt32, w.pp_size - 1),
-                 "serving: receiving the sampled tokens from the last stage"));
+  ASSIGN_OR_RETURN(const std::span<const float> out, forward.Forward(step.View()));
+  Slot next;
+  if (!w.last_stage()) {
+    next.kind = StepKind::kStep;
+    next.payload = in.payload;
+    next.residual.assign(out.begin(), out.end());
+    return next;
   }
-  return tokens;
+  next.kind = StepKind::kTokens;
+  ASSIGN_OR_RETURN(next.payload, model::SampleVocabParallel(out, w.vocab_begin, w.vocab_end,
+                                                            w.config.vocab, step.sampling, tp));
+  return next;
+}
+
+// The tensor-parallel group to broadcast a stage's slots over (none for one rank).
+comm::Communicator* StageGroup(const ServingGroups& groups) {
+  return groups.tp != nullptr && groups.tp->size() > 1 ? groups.tp : nullptr;
+}
+
+// The pipeline ring (none without stages).
+comm::Communicator* Ring(const ServingGroups& groups) {
+  return groups.pp != nullptr && groups.pp->size() > 1 ? groups.pp : nullptr;
+}
+
+// After a stop went into the ring at the last turn: turns with idle slots until the stop comes
+// back around (a rank of the first stage), or this stage's remaining `turns` (another stage: the
+// stop reached stage s at the turn that ends P - s turns before the first stage's last). What
+// arrives meanwhile is dropped: every request has ended.
+absl::Status DrainRing(comm::Communicator& ring, const SlotLimits& limits, bool first_stage,
+                       int turns) {
+  for (int t = 0; first_stage || t < turns; ++t) {
+    ASSIGN_OR_RETURN(const Slot in, TurnRing(ring, Slot{.kind = StepKind::kIdle}, limits));
+    if (first_stage && in.kind == StepKind::kStop) return absl::OkStatus();
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -97,9 +129,17 @@ absl::StatusOr<std::unique_ptr<BatchingEngine>> BatchingEngine::Create(
                                                  .num_blocks = cache.num_blocks,
                                                  .max_queue = options.max_queue,
                                                  .max_context = c.max_seq_len,
+                                                 // A step in flight per pipeline stage.
+                                                 .max_in_flight = weights.pp_size,
                                              }));
+  if (weights.pp_size > 1 && (groups.pp == nullptr || groups.pp->size() != weights.pp_size ||
+                              groups.pp->rank() != weights.stage)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the serving engine holds stage ", weights.stage, " of ", weights.pp_size,
+        " but its pipeline group has ", groups.pp == nullptr ? 0 : groups.pp->size(), " ranks"));
+  }
   ASSIGN_OR_RETURN(auto forward,
-                   model::PagedGptForward::Create(weights, cache, allocator, groups.tp, groups.pp));
+                   model::PagedGptForward::Create(weights, cache, allocator, groups.tp));
   return std::unique_ptr<BatchingEngine>(
       new BatchingEngine(options, std::move(forward), std::move(scheduler), groups));
 }
@@ -111,6 +151,7 @@ BatchingEngine::BatchingEngine(BatchingEngineOptions options,
       config_(forward->config()),
       forward_(std::move(forward)),
       groups_(groups),
+      slot_limits_(SlotLimits::For(forward_->options(), config_.d_model)),
       scheduler_(std::move(scheduler)) {
   batching_.kv_blocks = batching_.kv_blocks_free = scheduler_.free_blocks();
   worker_ = std::thread([this] { Run(); });
@@ -230,7 +271,7 @@ void BatchingEngine::TakeArrivals() {
   for (RequestId id : cancels) Finish(id, absl::CancelledError("cancelled"), FinishReason::kStop);
 }
 
-void BatchingEngine::RunStep(const StepPlan& plan) {
+Slot BatchingEngine::StepSlot(const StepPlan& plan) {
   // The step's tokens, flattened; one block-table row per sequence.
   int max_blocks = 1;
   for (const StepEntry& e : plan.entries) {
@@ -273,36 +314,36 @@ void BatchingEngine::RunStep(const StepPlan& plan) {
       .max_blocks_per_seq = max_blocks,
       .logit_rows = step_rows_,
   };
-  if (groups_.world != nullptr) {
-    if (absl::Status sent = Broadcast(StepKind::kStep, EncodeStep(step, step_sampling_));
-        !sent.ok()) {
-      scheduler_.Complete(plan);
-      Fail(sent);
-      return;
-    }
-  }
-  absl::StatusOr<std::vector<int32_t>> tokens =
-      ForwardAndSample(*forward_, step, step_sampling_, groups_, /*leader=*/true);
+  std::lock_guard<std::mutex> lock(mu_);
+  ++batching_.steps;
+  batching_.prompt_tokens += prompt_tokens;
+  batching_.preemptions += static_cast<int64_t>(plan.preempted.size());
+  batching_.max_batch = std::max<int64_t>(batching_.max_batch, plan.entries.size());
+  return Slot{.kind = StepKind::kStep, .payload = EncodeStep(step, step_sampling_)};
+}
+
+absl::Status BatchingEngine::Deliver(const StepPlan& plan, std::span<const int32_t> tokens) {
   scheduler_.Complete(plan);
-  if (!tokens.ok()) {
-    // A collective failed (the group is gone), or the scheduler planned a step the model refuses
-    // (a bug): either way these requests cannot go on, and with a group neither can the others.
-    if (groups_.world != nullptr) {
-      Fail(tokens.status());
-      return;
-    }
-    for (const StepEntry& e : plan.entries) {
-      Finish(e.id, absl::InternalError(absl::StrCat("serving step: ", tokens.status().message())),
-             FinishReason::kStop);
-    }
-    return;
+  const auto sampled = std::count_if(plan.entries.begin(), plan.entries.end(),
+                                     [](const StepEntry& e) { return e.sample; });
+  if (static_cast<int64_t>(tokens.size()) != sampled) {
+    return absl::InvalidArgumentError(absl::StrCat("serving: ", tokens.size(),
+                                                   " tokens back for a step of ", sampled,
+                                                   " sampled rows"));
   }
   int row = 0;
   for (const StepEntry& e : plan.entries) {
     if (!e.sample) continue;
-    Sequence& seq = sequences_.at(e.id);
+    const int32_t token = tokens[row++];
+    auto it = sequences_.find(e.id);
+    if (it == sequences_.end()) continue;  // cancelled while its step was in flight
+    Sequence& seq = it->second;
+    if (token < 0 || token >= config_.vocab) {
+      return absl::InvalidArgumentError(absl::StrCat("serving: sampled token ", token,
+                                                     " is outside the vocabulary of ",
+                                                     config_.vocab));
+    }
     const GenerationRequest& r = seq.request;
-    const int32_t token = (*tokens)[row++];
     ++seq.generated;
     tokens_generated_.fetch_add(1);
     if (std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), token) !=
@@ -318,21 +359,48 @@ void BatchingEngine::RunStep(const StepPlan& plan) {
     seq.tokens.push_back(token);
     scheduler_.AppendToken(e.id);
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  ++batching_.steps;
-  batching_.prompt_tokens += prompt_tokens;
-  batching_.preemptions += static_cast<int64_t>(plan.preempted.size());
-  batching_.max_batch = std::max<int64_t>(batching_.max_batch, plan.entries.size());
-  batching_.kv_blocks_free = scheduler_.free_blocks();
+  return absl::OkStatus();
 }
 
-absl::Status BatchingEngine::Broadcast(StepKind kind, std::vector<int32_t> payload) {
-  int32_t header[kHeaderInts] = {static_cast<int32_t>(kind), static_cast<int32_t>(payload.size())};
-  RETURN_IF_ERROR(Annotate(groups_.world->Broadcast(header, kHeaderInts, DType::kInt32, 0),
-                           "serving group: broadcast of a step header"));
-  if (payload.empty()) return absl::OkStatus();
-  return Annotate(groups_.world->Broadcast(payload.data(), payload.size(), DType::kInt32, 0),
-                  "serving group: broadcast of a step");
+absl::Status BatchingEngine::Turn(Slot slot, StepPlan plan) {
+  comm::Communicator* stage = StageGroup(groups_);
+  comm::Communicator* ring = Ring(groups_);
+  if (stage != nullptr) RETURN_IF_ERROR(BroadcastSlot(*stage, slot, slot_limits_));
+  absl::StatusOr<Slot> out = Process(*forward_, groups_.tp, slot);
+  if (!out.ok()) {
+    if (ring != nullptr || stage != nullptr) return out.status();  // the group cannot go on
+    // One rank: only these requests fail (the scheduler planned a step the model refuses: a bug).
+    scheduler_.Complete(plan);
+    for (const StepEntry& e : plan.entries) {
+      Finish(e.id, absl::InternalError(absl::StrCat("serving step: ", out.status().message())),
+             FinishReason::kStop);
+    }
+    return absl::OkStatus();
+  }
+  if (ring == nullptr) {  // one stage: the tokens are here
+    if (plan.empty()) return absl::OkStatus();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      batching_.max_in_flight = 1;
+    }
+    return Deliver(plan, out->payload);
+  }
+  if (!plan.empty()) {
+    in_flight_.push_back(std::move(plan));
+    std::lock_guard<std::mutex> lock(mu_);
+    batching_.max_in_flight =
+        std::max<int64_t>(batching_.max_in_flight, static_cast<int64_t>(in_flight_.size()));
+  }
+  ASSIGN_OR_RETURN(const Slot back, TurnRing(*ring, *out, slot_limits_));
+  if (back.kind == StepKind::kIdle) return absl::OkStatus();
+  if (back.kind != StepKind::kTokens || in_flight_.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "serving pipeline: the last stage sent a message of kind ", static_cast<int>(back.kind),
+        " with ", in_flight_.size(), " steps in flight"));
+  }
+  const StepPlan done = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  return Deliver(done, back.payload);
 }
 
 void BatchingEngine::Fail(const absl::Status& cause) {
@@ -356,32 +424,41 @@ void BatchingEngine::Run() {
   // A follower waits for the next message with the communicator's deadline; an idle leader
   // speaks well inside it.
   constexpr auto kHeartbeat = std::chrono::seconds(1);
-  auto last_broadcast = Clock::now();
-  bool stalled = false;  // the last plan was empty although sequences were there
+  const bool group = StageGroup(groups_) != nullptr || Ring(groups_) != nullptr;
+  auto last_turn = Clock::now();
+  bool stalled = false;  // the last plan was empty although sequences were there, none in flight
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mu_);
-      // A bounded wait, so a missed notification costs at most this long. With work in hand the
-      // next step starts at once.
+      // A bounded wait, so a missed notification costs at most this long. With work in hand, or
+      // steps in flight to move along the pipeline, the next turn starts at once.
       cv_.wait_for(lock, std::chrono::milliseconds(200), [this, stalled] {
-        return stopping_ || !arrivals_.empty() || !cancels_.empty() ||
+        return stopping_ || !arrivals_.empty() || !cancels_.empty() || !in_flight_.empty() ||
                (!sequences_.empty() && !stalled);
       });
       if (stopping_) break;
     }
     TakeArrivals();
-    const StepPlan plan = scheduler_.Schedule();
-    stalled = plan.empty() && !sequences_.empty();
+    StepPlan plan;
+    if (scheduler_.in_flight() < scheduler_.limits().max_in_flight) plan = scheduler_.Schedule();
+    stalled = plan.empty() && !sequences_.empty() && in_flight_.empty();
+    absl::Status turned = absl::OkStatus();
     if (!plan.empty()) {
-      RunStep(plan);
-      last_broadcast = Clock::now();
-    } else if (groups_.world != nullptr && Clock::now() - last_broadcast >= kHeartbeat) {
-      if (absl::Status sent = Broadcast(StepKind::kIdle); !sent.ok()) Fail(sent);
-      last_broadcast = Clock::now();
+      Slot slot = StepSlot(plan);
+      turned = Turn(std::move(slot), std::move(plan));
+      last_turn = Clock::now();
+    } else if (!in_flight_.empty() || (group && Clock::now() - last_turn >= kHeartbeat)) {
+      turned = Turn(Slot{.kind = StepKind::kIdle}, StepPlan{});
+      last_turn = Clock::now();
+    }
+    if (!turned.ok()) {
+      Fail(turned);
+      break;
     }
     std::lock_guard<std::mutex> lock(mu_);
     in_scheduler_running_ = scheduler_.running();
     in_scheduler_waiting_ = scheduler_.waiting();
+    batching_.kv_blocks_free = scheduler_.free_blocks();
   }
   // Stopping: every request still here or still arriving ends now, then the followers stop.
   std::deque<Sequence> arrived;
@@ -399,7 +476,16 @@ void BatchingEngine::Run() {
   for (RequestId id : ids) {
     Finish(id, absl::UnavailableError("the engine is shutting down"), FinishReason::kStop);
   }
-  if (groups_.world != nullptr && !group_failed_) Broadcast(StepKind::kStop).IgnoreError();
+  if (group_failed_ || !group) return;
+  Slot stop{.kind = StepKind::kStop};
+  if (comm::Communicator* stage = StageGroup(groups_); stage != nullptr) {
+    if (!BroadcastSlot(*stage, stop, slot_limits_).ok()) return;
+  }
+  if (comm::Communicator* ring = Ring(groups_); ring != nullptr) {
+    if (TurnRing(*ring, stop, slot_limits_).ok()) {
+      DrainRing(*ring, slot_limits_, /*first_stage=*/true, 0).IgnoreError();
+    }
+  }
 }
 
 absl::Status RunServingFollower(const model::InferenceWeights& weights,
@@ -411,31 +497,45 @@ absl::Status RunServingFollower(const model::InferenceWeights& weights,
   }
   ASSIGN_OR_RETURN(const model::PagedCacheOptions cache,
                    CacheOptionsFor(weights.config, options, weights.tp_size, weights.pp_size));
-  ASSIGN_OR_RETURN(auto forward,
-                   model::PagedGptForward::Create(weights, cache, allocator, groups.tp, groups.pp));
-  comm::Communicator& world = *groups.world;
-  std::vector<int32_t> payload;
-  for (;;) {
-    int32_t header[kHeaderInts] = {0, 0};
-    RETURN_IF_ERROR(Annotate(world.Broadcast(header, kHeaderInts, DType::kInt32, 0),
-                             "serving follower: waiting for the next step"));
-    const StepKind kind = static_cast<StepKind>(header[0]);
-    if (kind == StepKind::kStop) return absl::OkStatus();
-    if (kind == StepKind::kIdle) continue;
-    // The largest step the cache options allow bounds what a header may announce.
-    const int64_t most = 4 + 3 * int64_t{cache.max_tokens_per_step} +
-                         int64_t{cache.max_seqs_per_step} * cache.num_blocks +
-                         8 * int64_t{cache.max_seqs_per_step};
-    if (kind != StepKind::kStep || header[1] < 1 || header[1] > most) {
-      return absl::InvalidArgumentError(absl::StrCat("serving follower: a header of kind ",
-                                                     header[0], " and length ", header[1]));
+  ASSIGN_OR_RETURN(auto forward, model::PagedGptForward::Create(weights, cache, allocator, groups.tp));
+  const SlotLimits limits = SlotLimits::For(cache, weights.config.d_model);
+  comm::Communicator* stage = StageGroup(groups);
+  comm::Communicator* ring = Ring(groups);
+  if (weights.pp_size > 1 &&
+      (ring == nullptr || ring->size() != weights.pp_size || ring->rank() != weights.stage)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "serving follower: stage ", weights.stage, " of ", weights.pp_size,
+        " without its pipeline group"));
+  }
+  if (weights.first_stage()) {
+    // A rank of the leader's stage: each slot comes from the leader, then turns the ring.
+    if (stage == nullptr) {
+      return absl::InvalidArgumentError(
+          "serving follower: a rank of the first stage needs the leader's tensor-parallel group");
     }
-    payload.resize(header[1]);
-    RETURN_IF_ERROR(Annotate(world.Broadcast(payload.data(), payload.size(), DType::kInt32, 0),
-                             "serving follower: receiving a step"));
-    ASSIGN_OR_RETURN(const StepMessage step, DecodeStep(payload, cache));
-    RETURN_IF_ERROR(
-        ForwardAndSample(*forward, step.View(), step.sampling, groups, /*leader=*/false).status());
+    for (;;) {
+      Slot slot;
+      RETURN_IF_ERROR(BroadcastSlot(*stage, slot, limits));
+      ASSIGN_OR_RETURN(const Slot out, Process(*forward, groups.tp, slot));
+      if (ring != nullptr) {
+        // What comes back (the tokens) is the leader's; its counterpart here is not needed.
+        RETURN_IF_ERROR(TurnRing(*ring, out, limits).status());
+        if (slot.kind == StepKind::kStop) return DrainRing(*ring, limits, true, 0);
+      } else if (slot.kind == StepKind::kStop) {
+        return absl::OkStatus();
+      }
+    }
+  }
+  // A later stage: each turn it passes on what it computed of the slot the turn before brought.
+  Slot held;
+  for (;;) {
+    ASSIGN_OR_RETURN(const Slot out, Process(*forward, groups.tp, held));
+    ASSIGN_OR_RETURN(held, TurnRing(*ring, out, limits));
+    if (held.kind == StepKind::kStop) {
+      // Pass the stop on, then turn until the first stage has it back: P - s turns in all.
+      RETURN_IF_ERROR(TurnRing(*ring, held, limits).status());
+      return DrainRing(*ring, limits, false, weights.pp_size - weights.stage - 1);
+    }
   }
 }
 

@@ -7,16 +7,17 @@
 // computes it in one batch. Each sampled token is a pure function of the request's seed, its
 // index and the logits, so a request's output does not depend on what else is in the batch.
 //
-// Tensor and pipeline parallelism: the engine runs on rank 0 of a tp × pp group and, before each
-// step, broadcasts it (step_message.h) to the other ranks, which run RunServingFollower: every
-// rank computes the step on its own shard (its stage's layers; its heads, MLP columns and
-// vocabulary rows), the residual goes from stage to stage, the last stage's ranks sample
-// together from their vocabulary slices (SampleVocabParallel) and its first rank sends the
-// tokens back to rank 0; no rank holds the whole model or the whole logits. One step is in
-// flight at a time, so with pp > 1 the stages take turns (several micro-batches in flight, to
-// keep every stage busy, is not built). While idle the leader broadcasts a heartbeat each second,
-// so the followers' waits keep a deadline; a failed collective ends every request with the error
-// and the engine stops being Ready.
+// Tensor and pipeline parallelism: the engine runs on rank 0 of a tp × pp group (the first
+// stage's first rank); the other ranks run RunServingFollower. Every rank computes each step on
+// its own shard (its stage's layers; its heads, MLP columns and vocabulary rows); the last
+// stage's ranks sample together from their vocabulary slices (SampleVocabParallel); no rank holds
+// the whole model or the whole logits. The leader broadcasts each step to its stage, and the
+// stages form a ring (step_message.h): each turn every stage passes the step it computed, with
+// its residual, to the next, and the last stage passes the tokens back to the first. So with pp
+// stages, pp steps are in flight, each over its own sequences (the scheduler's max_in_flight),
+// and every stage computes at every turn while there is work. While idle the leader sends a
+// heartbeat each second, so the followers' waits keep a deadline; a failed collective ends every
+// request with the error and the engine stops being Ready.
 #pragma once
 
 #include <atomic>
@@ -24,6 +25,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <span>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -56,6 +58,7 @@ struct BatchingStats {
   int64_t prompt_tokens = 0;  // prompt positions computed (recomputed ones included)
   int64_t preemptions = 0;
   int64_t max_batch = 0;   // the most sequences one step has run
+  int64_t max_in_flight = 0;  // the most steps in the pipeline at once (pp of them when full)
   int kv_blocks = 0;       // blocks in the cache
   int kv_blocks_free = 0;  // after the last step
 };
@@ -113,14 +116,20 @@ class BatchingEngine final : public CompletionEngine {
   BatchingEngine(BatchingEngineOptions options, std::unique_ptr<model::PagedGptForward> forward,
                  BatchScheduler scheduler, ServingGroups groups);
   void Run();
-  // Sends the followers a header (and payload). Engine thread.
-  absl::Status Broadcast(StepKind kind, std::vector<int32_t> payload = {});
   // The group failed: every request ends with `status`, and the engine stops. Engine thread.
   void Fail(const absl::Status& status);
   // Moves submitted requests into the scheduler and drops cancelled ones. Engine thread.
   void TakeArrivals();
-  // Runs one planned step and delivers its tokens. Engine thread.
-  void RunStep(const StepPlan& plan);
+  // The message of a planned step. Engine thread.
+  Slot StepSlot(const StepPlan& plan);
+  // One turn: `slot` to this stage's ranks and through this stage's forward; with one stage the
+  // tokens of `plan` are delivered at once, with several the result goes into the ring and the
+  // tokens of the oldest step in flight are delivered when they come back. An error means the
+  // group cannot go on. Engine thread.
+  absl::Status Turn(Slot slot, StepPlan plan);
+  // `plan` ran and sampled `tokens` (one per sampled entry, in order): Complete, then each
+  // sequence gets its token, or ends. Engine thread.
+  absl::Status Deliver(const StepPlan& plan, std::span<const int32_t> tokens);
   // Ends a request: on_finish and out of the scheduler. Engine thread.
   void Finish(RequestId id, absl::Status status, FinishReason reason);
 
@@ -128,7 +137,9 @@ class BatchingEngine final : public CompletionEngine {
   const model::GptConfig config_;
   std::unique_ptr<model::PagedGptForward> forward_;    // engine thread only
   const ServingGroups groups_;                         // engine thread only
+  const SlotLimits slot_limits_;
   BatchScheduler scheduler_;                           // engine thread only
+  std::deque<StepPlan> in_flight_;  // engine thread only: steps in the ring, oldest first
   std::unordered_map<RequestId, Sequence> sequences_;  // engine thread only: in the scheduler
   bool group_failed_ = false;                          // engine thread only
 

@@ -1,8 +1,10 @@
 #include "worker/serving/step_message.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace shardline::serving {
 namespace {
@@ -126,6 +128,107 @@ absl::StatusOr<StepMessage> DecodeStep(std::span<const int32_t> payload,
     m.sampling.push_back(row);
   }
   return m;
+}
+
+SlotLimits SlotLimits::For(const model::PagedCacheOptions& cache, int d_model) {
+  const int64_t n = cache.max_tokens_per_step, seqs = cache.max_seqs_per_step;
+  return SlotLimits{
+      .max_payload_ints = kCounts + 3 * n + seqs * cache.num_blocks + seqs * (1 + kSamplingInts),
+      .max_residual_floats = n * d_model};
+}
+
+namespace {
+
+// The header of `slot`, checked against `limits` on arrival.
+absl::Status CheckHeader(const int32_t* header, const SlotLimits& limits, const std::string& where) {
+  const int32_t kind = header[0], payload = header[1], residual = header[2];
+  const auto bad = [&](std::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": a header of kind ", kind,
+                                                   ", payload ", payload, " ints and residual ",
+                                                   residual, " floats: ", std::string(why)));
+  };
+  switch (static_cast<StepKind>(kind)) {
+    case StepKind::kStep:
+    case StepKind::kTokens:
+      break;
+    case StepKind::kIdle:
+    case StepKind::kStop:
+      if (payload != 0 || residual != 0) return bad("an idle or stop message carries nothing");
+      return absl::OkStatus();
+    default:
+      return bad("no such kind");
+  }
+  // Tokens may be none: a step of prompt chunks only samples nothing.
+  const int32_t least = kind == static_cast<int32_t>(StepKind::kTokens) ? 0 : 1;
+  if (payload < least || payload > limits.max_payload_ints) {
+    return bad(absl::StrCat("the payload must be ", least, "..", limits.max_payload_ints));
+  }
+  if (residual < 0 || residual > limits.max_residual_floats ||
+      (kind == static_cast<int32_t>(StepKind::kTokens) && residual != 0)) {
+    return bad(absl::StrCat("the residual must be 0..", limits.max_residual_floats,
+                            " (0 with tokens)"));
+  }
+  return absl::OkStatus();
+}
+
+void HeaderOf(const Slot& slot, int32_t* header) {
+  header[0] = static_cast<int32_t>(slot.kind);
+  header[1] = static_cast<int32_t>(slot.payload.size());
+  header[2] = static_cast<int32_t>(slot.residual.size());
+}
+
+}  // namespace
+
+absl::Status BroadcastSlot(comm::Communicator& tp, Slot& slot, const SlotLimits& limits) {
+  int32_t header[kHeaderInts] = {0, 0, 0};
+  if (tp.rank() == 0) HeaderOf(slot, header);
+  header[2] = 0;  // every rank computes its own residual
+  RETURN_IF_ERROR(Annotate(tp.Broadcast(header, kHeaderInts, DType::kInt32, 0),
+                           "serving group: broadcast of a message header"));
+  if (tp.rank() != 0) {
+    RETURN_IF_ERROR(CheckHeader(header, limits, "serving group: from the leader"));
+    slot.kind = static_cast<StepKind>(header[0]);
+    slot.payload.resize(header[1]);
+    slot.residual.clear();
+  }
+  if (slot.payload.empty()) return absl::OkStatus();
+  return Annotate(tp.Broadcast(slot.payload.data(), slot.payload.size(), DType::kInt32, 0),
+                  "serving group: broadcast of a message");
+}
+
+absl::StatusOr<Slot> TurnRing(comm::Communicator& pp, const Slot& out, const SlotLimits& limits) {
+  const int P = pp.size(), stage = pp.rank();
+  const int next = (stage + 1) % P, before = (stage + P - 1) % P;
+  int32_t header_out[kHeaderInts], header_in[kHeaderInts] = {0, 0, 0};
+  HeaderOf(out, header_out);
+  RETURN_IF_ERROR(Annotate(pp.SendRecv(header_out, kHeaderInts, next, header_in, kHeaderInts,
+                                       before, DType::kInt32),
+                           absl::StrCat("serving pipeline: stage ", stage, " passing a header")));
+  RETURN_IF_ERROR(
+      CheckHeader(header_in, limits, absl::StrCat("serving pipeline: from stage ", before)));
+  // One body each way: the payload, then the residual's bits.
+  std::vector<int32_t> body_out(out.payload.size() + out.residual.size());
+  std::copy(out.payload.begin(), out.payload.end(), body_out.begin());
+  if (!out.residual.empty()) {
+    std::memcpy(body_out.data() + out.payload.size(), out.residual.data(),
+                out.residual.size() * sizeof(float));
+  }
+  std::vector<int32_t> body_in(static_cast<size_t>(header_in[1]) + header_in[2]);
+  RETURN_IF_ERROR(Annotate(pp.SendRecv(body_out.data(), body_out.size(), next, body_in.data(),
+                                       body_in.size(), before, DType::kInt32),
+                           absl::StrCat("serving pipeline: stage ", stage, " passing a ",
+                                        header_out[0] == static_cast<int32_t>(StepKind::kTokens)
+                                            ? "token message"
+                                            : "step")));
+  Slot in;
+  in.kind = static_cast<StepKind>(header_in[0]);
+  in.payload.assign(body_in.begin(), body_in.begin() + header_in[1]);
+  in.residual.resize(header_in[2]);
+  if (!in.residual.empty()) {
+    std::memcpy(in.residual.data(), body_in.data() + header_in[1],
+                in.residual.size() * sizeof(float));
+  }
+  return in;
 }
 
 }  // namespace shardline::serving
