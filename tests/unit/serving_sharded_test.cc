@@ -352,6 +352,65 @@ TEST_P(ServingShardedTest, AFollowerWhoseLeaderDiesReturnsAnError) {
       std::chrono::seconds(120));
 }
 
+// Two stages turn the ring: a step with its residual and the tokens coming back arrive whole, and
+// a malformed header (raw, from a peer that does not follow the protocol) is refused naming what
+// is wrong, before any body is read.
+TEST(StepMessageTest, TheRingPassesSlotsWholeAndRefusesMalformedHeaders) {
+  RunWorld(
+      1, 2,
+      [&](int, const placement::RankCoords&, const model::ShardedGroups& groups) {
+        comm::Communicator& ring = *groups.pp;
+        const SlotLimits limits{.max_payload_ints = 16, .max_residual_floats = 8};
+        const int stage = ring.rank();
+        // A step from stage 0, tokens from stage 1: each gets the other's.
+        Slot out;
+        if (stage == 0) {
+          out = Slot{.kind = StepKind::kStep, .payload = {1, 2, 3}, .residual = {0.5f, -1.0f}};
+        } else {
+          out = Slot{.kind = StepKind::kTokens, .payload = {7, 8}};
+        }
+        auto in = TurnRing(ring, out, limits);
+        CHILD_CHECK(in.ok(), 2);
+        if (stage == 1) {
+          CHILD_CHECK(in->kind == StepKind::kStep, 3);
+          CHILD_CHECK((in->payload == std::vector<int32_t>{1, 2, 3}), 4);
+          CHILD_CHECK((in->residual == std::vector<float>{0.5f, -1.0f}), 5);
+        } else {
+          CHILD_CHECK(in->kind == StepKind::kTokens, 6);
+          CHILD_CHECK((in->payload == std::vector<int32_t>{7, 8}), 7);
+          CHILD_CHECK(in->residual.empty(), 8);
+        }
+        // Stage 0 now sends raw headers that stage 1 must refuse.
+        const std::vector<std::pair<std::vector<int32_t>, std::string>> bad = {
+            {{9, 1, 0}, "no such kind"},
+            {{2, 1, 0}, "an idle or stop message carries nothing"},
+            {{1, 17, 0}, "the payload must be 1..16"},
+            {{1, 4, 9}, "the residual must be 0..8"},
+            {{4, 2, 1}, "(0 with tokens)"},
+        };
+        for (const auto& [header, why] : bad) {
+          if (stage == 0) {
+            int32_t mine[kHeaderInts] = {0, 0, 0}, theirs[kHeaderInts];
+            std::copy(header.begin(), header.end(), mine);
+            CHILD_CHECK(ring.SendRecv(mine, kHeaderInts, 1, theirs, kHeaderInts, 1, DType::kInt32)
+                            .ok(),
+                        9);
+          } else {
+            auto refused = TurnRing(ring, Slot{.kind = StepKind::kIdle}, limits);
+            CHILD_CHECK(refused.status().code() == absl::StatusCode::kInvalidArgument, 10);
+            const std::string message(refused.status().message());
+            if (message.find(why) == std::string::npos ||
+                message.find("from stage 0") == std::string::npos) {
+              std::fprintf(stderr, "refusal '%s' lacks '%s'\n", message.c_str(), why.c_str());
+              return 11;
+            }
+          }
+        }
+        return 0;
+      },
+      std::chrono::seconds(60));
+}
+
 TEST(StepMessageTest, RoundTripsAndRefusesWhatDoesNotAddUp) {
   const std::vector<int32_t> tokens = {3, 4, 5}, positions = {0, 1, 7}, seq = {0, 0, 1};
   const std::vector<int32_t> tables = {2, 0, 1, 3}, rows = {1, 2};
