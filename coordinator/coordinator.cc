@@ -49,6 +49,10 @@ using Payload = wire::Envelope::Payload;
 constexpr auto kPollInterval = std::chrono::milliseconds(20);
 constexpr auto kGaugeInterval = std::chrono::milliseconds(250);
 constexpr std::chrono::milliseconds kMaxKvWait = std::chrono::minutes(10);
+// How long an aborted serve job's leader has between its agent's SIGTERM and SIGKILL: it fails
+// its open requests with a 503 naming the cause (milliseconds) and exits. Without it the agent's
+// SIGKILL could come before that 503 was written, and the client saw a reset connection.
+constexpr uint32_t kServeLeaderStopGraceMs = 500;
 // Sizes and offsets from the wire stay below this, so sums of two never overflow an int64.
 constexpr uint64_t kMaxDimension = uint64_t{1} << 62;
 
@@ -838,6 +842,10 @@ void Coordinator::StartGeneration(Job& job, const Placement& placement) {
       list[i].setRank(static_cast<uint32_t>(ranks[i]));
       FillDevice(list[i].initDevice(), job.actors[ranks[i]].device);
       list[i].setToken(protocol::AsData(tokens[ranks[i]]));
+      // A serve job's leader answers its open requests (503, with the reason) before it goes.
+      if (job.spec.kind == placement::JobKind::kServe && ranks[i] == 0) {
+        list[i].setStopGraceMs(kServeLeaderStopGraceMs);
+      }
     }
     Send(node->peer, *message);
   }

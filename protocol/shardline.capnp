@@ -312,6 +312,9 @@ struct ActorSpawn {
   rank @0 :UInt32;
   device @1 :Device;
   token @2 :Data;  # the actor's Envelope.actorToken: random, per rank and generation
+  # On an AbortGeneration: 0, SIGKILL at once; else SIGTERM, and SIGKILL this many milliseconds
+  # later if it is still alive (a serve job's leader, to answer its open requests first).
+  stopGraceMs @3 :UInt32;
 }
 
 # Kill every actor of the job's generation (all of the job's generations when 0).

@@ -1,8 +1,10 @@
 #include "worker/actor/actor.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <thread>
 
@@ -44,8 +46,16 @@ constexpr auto kBootstrapSlack = 5s;
 // leader sends a heartbeat every second), and the first step waits for every rank's load. A dead
 // peer is seen at once (shm's pidfds, the agent's exit report), not after this.
 constexpr auto kServingCommTimeout = 120s;
-// How often a serve job's leader reports its service to the coordinator.
+// How often a serve job's leader reports its service to the coordinator, and looks for its
+// agent's SIGTERM.
 constexpr auto kServingReportInterval = 1s;
+constexpr auto kServingSignalPoll = 10ms;
+
+// Set by SIGTERM in a serve job's leader: its agent tears its generation down, with a grace to
+// answer the open requests first (ActorSpawn.stopGraceMs). A lock-free atomic: async-signal-safe.
+std::atomic<bool> serving_terminated{false};
+static_assert(std::atomic<bool>::is_always_lock_free);
+extern "C" void OnServingSigterm(int) { serving_terminated.store(true); }
 
 class MeteredCollectives final : public comm::CommObserver {
  public:
@@ -557,16 +567,34 @@ absl::Status Actor::LeadServing(const training::CheckpointSource& source,
                engine->Batching().kv_blocks, engine_options.block_size);
   // The service runs until the agent ends this process (the job cancelled, or its generation
   // aborted after a fault); a failed step ends it here, and the coordinator restarts the
-  // generation when the job is elastic.
+  // generation when the job is elastic. The agent's SIGTERM (an abort, with a grace before its
+  // SIGKILL) ends every open request with a 503 that says why, before the process goes: a
+  // request the group's failure has not ended already (a rank that hangs rather than dies).
+  struct sigaction on_term {};
+  on_term.sa_handler = OnServingSigterm;
+  sigemptyset(&on_term.sa_mask);
+  sigaction(SIGTERM, &on_term, nullptr);
+  auto next_report = std::chrono::steady_clock::now();
   while (true) {
-    PostServingStatus(server->get(), engine.get(), http.model_name);
+    if (serving_terminated.load()) {
+      engine->StopNow(absl::UnavailableError(
+          "the serving job's generation was aborted by its supervisor (a rank failed or the job "
+          "was cancelled); an elastic job serves again shortly"));
+      (*server)->Stop();
+      reports_->Flush();
+      return absl::CancelledError("stopped by the agent (SIGTERM) after answering open requests");
+    }
+    if (std::chrono::steady_clock::now() >= next_report) {
+      PostServingStatus(server->get(), engine.get(), http.model_name);
+      next_report += kServingReportInterval;
+    }
     if (!engine->Ready()) {
       (*server)->Stop();
       reports_->Flush();
       return absl::UnavailableError("the serving engine stopped after a failed step (a rank of "
                                     "its group failed)");
     }
-    std::this_thread::sleep_for(kServingReportInterval);
+    std::this_thread::sleep_for(kServingSignalPoll);
   }
 }
 

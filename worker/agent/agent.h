@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <optional>
 #include <map>
 #include <memory>
 #include <string>
@@ -54,6 +55,8 @@ class Agent {
     uint32_t generation = 0;
     uint32_t rank = 0;
     bool killed = false;  // by this agent (an abort): its exit is a consequence, not a fault
+    std::chrono::milliseconds stop_grace{0};  // SIGTERM, then SIGKILL this much later (on abort)
+    std::optional<std::chrono::steady_clock::time_point> sigkill_at;  // after its SIGTERM
   };
 
   Agent(AgentOptions options, std::vector<LocalDevice> devices,
@@ -64,7 +67,12 @@ class Agent {
   void SpawnActors(wire::SpawnActors::Reader request);
   // OpenMP/OpenBLAS threads for each actor: the node's cores over its devices, at least 1.
   int ThreadsPerActor() const;
-  void KillActors(const std::string& job_id, uint32_t generation);  // generation 0: all
+  // Kills the actors of `job_id`'s `generation` (empty, 0: all). With `grace`, one spawned with a
+  // stop grace gets SIGTERM and, if still alive when its grace has run out, SIGKILL (ReapActors
+  // sends it); every other one SIGKILL at once.
+  enum class Grace { kNone, kAsSpawned };
+  void KillActors(const std::string& job_id, uint32_t generation, Grace grace = Grace::kNone);
+  // Reaps the actors that exited, and sends SIGKILL to those whose stop grace ran out.
   void ReapActors();
   void ReportExit(pid_t pid, const Child& child, const std::string& description, bool signaled,
                   int code, bool killed_by_agent);

@@ -168,6 +168,20 @@ void BatchingEngine::Shutdown() {
   if (worker_.joinable()) worker_.join();
 }
 
+void BatchingEngine::StopNow(absl::Status reason) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    stopping_ = true;
+    stop_reason_ = std::move(reason);
+  }
+  cv_.notify_all();
+  for (comm::Communicator* c : {groups_.world, groups_.tp, groups_.pp}) {
+    if (c != nullptr) c->Abort();
+  }
+  if (worker_.joinable()) worker_.join();
+}
+
 absl::StatusOr<RequestId> BatchingEngine::Submit(GenerationRequest request,
                                                  StreamCallbacks callbacks) {
   const model::GptConfig& c = config_;
@@ -403,6 +417,11 @@ absl::Status BatchingEngine::Turn(Slot slot, StepPlan plan) {
   return Deliver(done, back.payload);
 }
 
+absl::Status BatchingEngine::StopReason() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stop_reason_;
+}
+
 void BatchingEngine::Fail(const absl::Status& cause) {
   // Whatever the collective said (a peer gone, a timeout, an abort), for a client the service is
   // unavailable (503) until it is restarted; the reason goes with it.
@@ -452,7 +471,9 @@ void BatchingEngine::Run() {
       last_turn = Clock::now();
     }
     if (!turned.ok()) {
-      Fail(turned);
+      // After StopNow the failure is its own abort: the requests get StopNow's reason below.
+      if (StopReason().ok()) Fail(turned);
+      group_failed_ = true;
       break;
     }
     std::lock_guard<std::mutex> lock(mu_);
@@ -466,17 +487,16 @@ void BatchingEngine::Run() {
     std::lock_guard<std::mutex> lock(mu_);
     arrived.swap(arrivals_);
   }
-  for (Sequence& seq : arrived) {
-    seq.callbacks.on_finish(absl::UnavailableError("the engine is shutting down"),
-                            FinishReason::kStop);
-  }
+  const absl::Status stop_reason = StopReason();
+  const absl::Status ending =
+      stop_reason.ok() ? absl::UnavailableError("the engine is shutting down") : stop_reason;
+  for (Sequence& seq : arrived) seq.callbacks.on_finish(ending, FinishReason::kStop);
   std::vector<RequestId> ids;
   for (const auto& [id, seq] : sequences_) ids.push_back(id);
   std::sort(ids.begin(), ids.end());
-  for (RequestId id : ids) {
-    Finish(id, absl::UnavailableError("the engine is shutting down"), FinishReason::kStop);
-  }
-  if (group_failed_ || !group) return;
+  for (RequestId id : ids) Finish(id, ending, FinishReason::kStop);
+  // After StopNow the communicators are aborted: no stop message can go.
+  if (group_failed_ || !group || !stop_reason.ok()) return;
   Slot stop{.kind = StepKind::kStop};
   if (comm::Communicator* stage = StageGroup(groups_); stage != nullptr) {
     if (!BroadcastSlot(*stage, stop, slot_limits_).ok()) return;

@@ -94,8 +94,13 @@ class BatchingEngine final : public CompletionEngine {
   ~BatchingEngine() override;
 
   // Stops taking requests, ends every request with Unavailable (after the step in flight) and
-  // joins the engine thread. Idempotent.
+  // joins the engine thread; the followers get a stop message and return OK. Idempotent.
   void Shutdown();
+  // Ends every request with `reason` at once: aborts the group's communicators (a step in flight
+  // fails at once, and so do the followers' waits) and joins the engine thread. For a leader
+  // whose group is being torn down (its agent's SIGTERM). Callable from any thread; after
+  // Shutdown or StopNow, a no-op.
+  void StopNow(absl::Status reason);
 
   absl::StatusOr<RequestId> Submit(GenerationRequest request, StreamCallbacks callbacks) override;
   void Cancel(RequestId id) override;
@@ -118,6 +123,8 @@ class BatchingEngine final : public CompletionEngine {
   void Run();
   // The group failed: every request ends with `status`, and the engine stops. Engine thread.
   void Fail(const absl::Status& status);
+  // StopNow's reason; OK when it was not called.
+  absl::Status StopReason() const;
   // Moves submitted requests into the scheduler and drops cancelled ones. Engine thread.
   void TakeArrivals();
   // The message of a planned step. Engine thread.
@@ -148,6 +155,7 @@ class BatchingEngine final : public CompletionEngine {
   std::deque<Sequence> arrivals_;     // guarded by mu_: submitted, not yet scheduled
   std::vector<RequestId> cancels_;    // guarded by mu_
   bool stopping_ = false;             // guarded by mu_
+  absl::Status stop_reason_;          // guarded by mu_: StopNow's, for every request left
   RequestId next_id_ = 1;             // guarded by mu_
   int64_t in_scheduler_running_ = 0;  // guarded by mu_: the scheduler's counts, per step
   int64_t in_scheduler_waiting_ = 0;  // guarded by mu_

@@ -229,12 +229,20 @@ absl::Status HttpServer::Impl::Start() {
   if (options_.port == 0) {
     port_ = server_.bind_to_any_port(options_.host);
     if (port_ <= 0) port_ = 0;
-  } else if (server_.bind_to_port(options_.host, options_.port)) {
-    port_ = options_.port;
+  } else {
+    // A restarted serve job's leader takes its predecessor's port, which that one holds until it
+    // has answered its open requests (the agent's stop grace, 500 ms): try for a while.
+    const auto give_up = Clock::now() + std::chrono::seconds(3);
+    bool bound = false;
+    while (!(bound = server_.bind_to_port(options_.host, options_.port)) &&
+           Clock::now() < give_up) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    if (bound) port_ = options_.port;
   }
   if (port_ == 0) {
     return absl::UnavailableError(absl::StrCat("serving: cannot listen on ", options_.host, ":",
-                                               options_.port, " (in use, or not an address here)"));
+                                               options_.port, " (in use for 3 s, or not an address here)"));
   }
   thread_ = std::thread([this] { server_.listen_after_bind(); });
   // stop() before the loop runs would be lost: wait until it does.
