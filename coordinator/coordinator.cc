@@ -1123,11 +1123,14 @@ absl::Status Coordinator::OnStepReport(const std::string& peer, uint64_t request
       spdlog::info("job {} generation {}: serving {} at {}", job.id, job.generation, record.model,
                    record.url);
     }
+    const std::string listened = job.serve_listen;
     if (auto recovery = RecordServing(job, record, clock_->Now())) {
       metrics_.OnRecovered(recovery->cause, recovery->seconds, recovery->steps_lost);
       spdlog::info("job {} generation {}: serving again {:.3f} s after the fault", job.id,
                    job.generation, recovery->seconds);
       Persist(job);
+    } else if (job.serve_listen != listened) {
+      Persist(job);  // the port a `listen: ...:0` got: a coordinator taking over keeps it
     }
   }
   for (auto r : report.getResults()) {

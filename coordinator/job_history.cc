@@ -116,20 +116,7 @@ nlohmann::json JobRecord(const Job& job) {
                        {"bus_gbps", r.bus_gbps}, {"ok", r.ok}, {"detail", r.detail}});
   }
   record["results"] = results;
-  if (job.spec.kind != placement::JobKind::kTrain) return record;
-  // NaN has no JSON spelling: a loss not yet reported is null.
-  const nlohmann::json loss =
-      std::isnan(job.train.loss) ? nlohmann::json() : nlohmann::json(job.train.loss);
-  nlohmann::json skipped = nlohmann::json::array();
-  for (const checkpoint::SkippedStep& step : job.train.skipped) {
-    skipped.push_back({{"step", step.step}, {"reason", step.reason}});
-  }
-  record["train"] = {{"step", job.train.step},
-                     {"loss", loss},
-                     {"last_committed_step", job.train.last_committed_step},
-                     {"committed_here", job.train.committed_here},
-                     {"resumed_step", job.train.resumed_step},
-                     {"skipped_checkpoints", skipped}};
+  if (job.spec.kind == placement::JobKind::kCommCheck) return record;
   nlohmann::json generations = nlohmann::json::array();
   for (const GenerationRecord& g : job.generations) generations.push_back(GenerationToJson(g));
   record["generations"] = std::move(generations);
@@ -146,6 +133,35 @@ nlohmann::json JobRecord(const Job& job) {
                       {"memory_bytes", job.plan.memory_bytes},
                       {"summary", job.plan.summary}};
   }
+  if (job.spec.kind == placement::JobKind::kServe) {
+    // What a coordinator taking the job over cannot get from the spec: the checkpoint's shape read
+    // at submit (the memory model, `parallel: auto`) and the address a generation listened on
+    // (a port 0 resolved: clients keep using it).
+    const placement::ModelSpec& m = job.serve_model;
+    record["serve"] = {{"listen", job.serve_listen},
+                       {"model",
+                        {{"layers", m.layers},
+                         {"heads", m.heads},
+                         {"d_model", m.d_model},
+                         {"d_ff", m.d_ff},
+                         {"vocab", m.vocab},
+                         {"max_seq_len", m.max_seq_len},
+                         {"tied_embeddings", m.tied_embeddings}}}};
+    return record;
+  }
+  // NaN has no JSON spelling: a loss not yet reported is null.
+  const nlohmann::json loss =
+      std::isnan(job.train.loss) ? nlohmann::json() : nlohmann::json(job.train.loss);
+  nlohmann::json skipped = nlohmann::json::array();
+  for (const checkpoint::SkippedStep& step : job.train.skipped) {
+    skipped.push_back({{"step", step.step}, {"reason", step.reason}});
+  }
+  record["train"] = {{"step", job.train.step},
+                     {"loss", loss},
+                     {"last_committed_step", job.train.last_committed_step},
+                     {"committed_here", job.train.committed_here},
+                     {"resumed_step", job.train.resumed_step},
+                     {"skipped_checkpoints", skipped}};
   return record;
 }
 
@@ -172,14 +188,26 @@ absl::StatusOr<Job> JobFromRecord(const nlohmann::json& record, const std::strin
     }
     job.train.last_committed_step = train.value("last_committed_step", int64_t{-1});
     job.train.committed_here = train.value("committed_here", false);
-    for (const auto& entry : record.value("generations", nlohmann::json::array())) {
-      job.generations.push_back(GenerationFromJson(entry));
-    }
     job.train.resumed_step = train.value("resumed_step", int64_t{0});
     for (const auto& skipped : train.value("skipped_checkpoints", nlohmann::json::array())) {
       job.train.skipped.push_back(
           {skipped.at("step").get<int64_t>(), skipped.at("reason").get<std::string>()});
     }
+  }
+  for (const auto& entry : record.value("generations", nlohmann::json::array())) {
+    job.generations.push_back(GenerationFromJson(entry));
+  }
+  if (job.spec.kind == placement::JobKind::kServe && record.contains("serve")) {
+    const auto& serve = record["serve"];
+    job.serve_listen = serve.value("listen", "");
+    const auto& m = serve.at("model");
+    job.serve_model.layers = m.at("layers").get<int64_t>();
+    job.serve_model.heads = m.at("heads").get<int64_t>();
+    job.serve_model.d_model = m.at("d_model").get<int64_t>();
+    job.serve_model.d_ff = m.at("d_ff").get<int64_t>();
+    job.serve_model.vocab = m.at("vocab").get<int64_t>();
+    job.serve_model.max_seq_len = m.at("max_seq_len").get<int64_t>();
+    job.serve_model.tied_embeddings = m.at("tied_embeddings").get<bool>();
   }
   const std::string state = record.at("state").get<std::string>();
   if (job.spec.parallel_auto && state != "pending" && record.contains("plan")) {
@@ -192,7 +220,15 @@ absl::StatusOr<Job> JobFromRecord(const nlohmann::json& record, const std::strin
     layout.zero = plan.at("zero").get<int>();
     layout.micro_batch = plan.value("micro_batch", int64_t{0});
     layout.stage_layers = plan.value("stage_layers", std::vector<int>{});
-    if (auto applied = placement::ApplyPlannedLayout(job.spec, layout); applied.ok()) {
+    absl::Status applied = absl::OkStatus();
+    if (job.spec.kind == placement::JobKind::kServe) {
+      // A serve plan is its tp × pp, as the scheduler sets it (ChooseServe).
+      job.spec.parallel = layout;
+      job.spec.actors = layout.world();
+    } else {
+      applied = placement::ApplyPlannedLayout(job.spec, layout);
+    }
+    if (applied.ok()) {
       job.plan.planned = true;
       job.plan.step_seconds = plan.value("step_seconds", 0.0);
       job.plan.memory_bytes = plan.value("memory_bytes", int64_t{0});

@@ -253,6 +253,30 @@ TEST_F(ClusterServeTest, ALeaderThatCannotAnswerIsKilledWhenItsGraceRunsOut) {
   EXPECT_GE(seconds, 0.4) << "killed before its grace (500 ms) ran out";
 }
 
+// A coordinator killed while it supervises a service takes it over from its state dir: the next
+// generation serves at the same address (the port `listen: ...:0` got, from the job's record),
+// planned again for `parallel: auto` from the checkpoint's shape kept there.
+TEST_F(ClusterServeTest, AKilledCoordinatorTakesTheServiceOverAtTheSameAddress) {
+  const std::string expected = Generated(kPrompts[0]);
+  std::string yaml = ServeJob("svc", model_, 1, 1, "elastic: {max_restarts: 3}\n");
+  yaml.replace(yaml.find("parallel: {tp: 1, pp: 1}"), 24, "parallel: auto");
+  const json job = StartService(yaml);
+  if (!Serving(job)) return;
+  const std::string id = job["job_id"];
+  const std::string url = job["serving"]["url"];
+  ASSERT_TRUE(cluster_.RestartCoordinator().ok());
+  auto back = cluster_.WaitForJob(
+      id, [](const json& j) { return Ended(j) || (j["generation"] >= 2 && Serving(j)); }, 120s);
+  ASSERT_TRUE(back.ok()) << back.status() << cluster_.Log("coordinator");
+  ASSERT_TRUE(Serving(*back)) << back->dump(2) << cluster_.Log("coordinator");
+  EXPECT_EQ((*back)["serving"]["url"], url);
+  EXPECT_THAT((*back)["serving"]["plan_summary"].get<std::string>(),
+              HasSubstr("parallel: auto: tp 1 x pp 1, "));
+  EXPECT_EQ((*back)["serving"]["generations"][0]["cause_kind"], "coordinator_restart");
+  EXPECT_EQ(CompletionText(PostCompletion(url, kPrompts[0], kTokens)), expected);
+  Cancel(id);
+}
+
 TEST_F(ClusterServeTest, AutoPlansTheLayoutFromTheCheckpointAndTheDevices) {
   const std::string expected = Generated(kPrompts[0]);
   std::string yaml = ServeJob("svc", model_, 1, 1);

@@ -94,6 +94,64 @@ TEST(JobHistoryTest, ARunningFixedJobFailedWithItsCoordinator) {
   EXPECT_EQ(back->finished_unix_ms, 5000);
 }
 
+// A serve job keeps what the spec cannot give a coordinator that takes it over: the checkpoint's
+// shape read at submit (so `parallel: auto` can plan again) and the address its generation
+// listened on (a port 0 resolved: the clients' URL), with its generations and its plan.
+TEST(JobHistoryTest, AServeJobKeepsItsModelItsAddressAndItsGenerations) {
+  ManualClock clock;
+  Job job;
+  job.id = "svc-1";
+  job.spec_yaml = "name: svc\nkind: serve\ncheckpoint: m\nparallel: auto\n"
+                  "listen: 127.0.0.1:0\nelastic: {max_restarts: 3}\n";
+  job.spec_dir = job.work_dir = "/tmp";
+  auto spec = placement::ParseJobSpec(job.spec_yaml, "test spec", {"/tmp", "/tmp"});
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  job.spec = *spec;
+  job.state = JobState::kRunning;
+  job.generation = 2;
+  job.serve_listen = "127.0.0.1:41234";
+  job.serve_model.layers = 12;
+  job.serve_model.heads = 12;
+  job.serve_model.d_model = 768;
+  job.serve_model.d_ff = 3072;
+  job.serve_model.vocab = 50257;
+  job.serve_model.max_seq_len = 1024;
+  job.serve_model.tied_embeddings = true;
+  job.generations = {testing::FaultEnded(1, FaultKind::kActorExit, 1, "a", 0, "killed"),
+                     GenerationRecord{.generation = 2}};
+  job.spec.parallel.tp = 2;  // as the scheduler plans a serve job
+  job.spec.actors = 2;
+  job.plan.planned = true;
+  job.plan.summary = "parallel: auto: tp 2 x pp 1";
+  auto back = JobFromRecord(JobRecord(job), "job.json", clock.Now(), 5000);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->serve_listen, "127.0.0.1:41234");
+  EXPECT_EQ(back->serve_model.layers, 12);
+  EXPECT_EQ(back->serve_model.heads, 12);
+  EXPECT_EQ(back->serve_model.d_model, 768);
+  EXPECT_EQ(back->serve_model.d_ff, 3072);
+  EXPECT_EQ(back->serve_model.vocab, 50257);
+  EXPECT_EQ(back->serve_model.max_seq_len, 1024);
+  EXPECT_TRUE(back->serve_model.tied_embeddings);
+  // Taken over: the running generation ended by the restart, after the recorded ones.
+  EXPECT_EQ(back->state, JobState::kRunning);
+  EXPECT_EQ(back->phase, Phase::kRestarting);
+  ASSERT_EQ(back->generations.size(), 2u);
+  EXPECT_EQ(back->generations[0].ending, Ending::kFault);
+  ASSERT_TRUE(back->generations[1].cause);
+  EXPECT_EQ(back->generations[1].cause->kind, FaultKind::kCoordinatorRestart);
+  // A plan for an elastic `auto` job is made again on the devices that come back.
+  EXPECT_FALSE(back->plan.planned);
+  // A serve job that ended keeps the plan it ran with.
+  job.state = JobState::kSucceeded;
+  auto ended = JobFromRecord(JobRecord(job), "job.json", clock.Now(), 5000);
+  ASSERT_TRUE(ended.ok()) << ended.status();
+  EXPECT_TRUE(ended->plan.planned);
+  EXPECT_EQ(ended->spec.parallel.tp, 2);
+  EXPECT_EQ(ended->spec.actors, 2);
+  EXPECT_EQ(ended->plan.summary, "parallel: auto: tp 2 x pp 1");
+}
+
 TEST(JobHistoryTest, AMalformedRecordIsAnErrorNamingItsFile) {
   ManualClock clock;
   auto missing = JobFromRecord(nlohmann::json{{"id", "x-1"}}, "/state/jobs/x-1.json",
