@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <vector>
 
+#include <omp.h>
+
 #include "kernels/cpu/avx512.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/vector_math.h"
@@ -140,85 +142,121 @@ void ForwardPair(float* out_row, const float* q, const float* k_cache, const flo
   for (int d = 0; d < HS; ++d) out_row[d] = acc[d] * inv;
 }
 
-// The sixteen-lane twin of ForwardPair, for head sizes of NV·16 (NV <= 8) on AVX-512 CPUs: q and
-// the accumulator stay in registers, the scores of four positions are summed at once (four
-// independent chains), and the values are accumulated with FMAs. The same pair gives the same bits
-// wherever it is computed (its sums in a fixed order, the softmax rescaled at the same positions as
-// ForwardPair), so the batch invariance holds; the bits differ from ForwardPair's, as the exp's do
-// between widths. In a GPT-2-small decode step of 8 sequences at 32-128 positions ForwardPair was
-// 14% of the step (bench/decode_step_bench, perf): a dozen instructions per position here against
-// some hundred there (four-lane sums, the accumulator through memory, five prefetches a row).
+// The sixteen-lane twin of ForwardPair, for head sizes of NV·16 (NV <= 8) on AVX-512 CPUs, over
+// the heads [h0, h1) of one token at once: a cache slot holds a position's heads side by side, so
+// reading them together streams each key and value row segment from memory in one run, where
+// a pair alone reads 64 floats every NH·HS (a strided walk the hardware prefetcher does not
+// follow). Each head's arithmetic is one pair's, in the same order (its scores summed over 16
+// lanes with FMAs, then the lanes; the softmax rescaled at the same positions as ForwardPair's;
+// the values accumulated in position order with FMAs), so a token's bits do not depend on how its
+// heads are grouped, nor on the batch; they differ from ForwardPair's, as the exp's do between
+// widths. In a GPT-2-small decode step of 8 sequences at 32-128 positions the four-lane pairs were
+// 14% of the step (bench/decode_step_bench, perf).
 template <int NV>
-__attribute__((target("avx512f"))) inline float Dot16(const __m512* qs, const float* k) {
-  __m512 sum = _mm512_mul_ps(qs[0], _mm512_loadu_ps(k));
-  for (int i = 1; i < NV; ++i) sum = _mm512_fmadd_ps(qs[i], _mm512_loadu_ps(k + 16 * i), sum);
+__attribute__((target("avx512f"))) inline float Dot16(const float* q, const float* k) {
+  __m512 sum = _mm512_mul_ps(_mm512_loadu_ps(q), _mm512_loadu_ps(k));
+  for (int i = 1; i < NV; ++i) {
+    sum = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16 * i), _mm512_loadu_ps(k + 16 * i), sum);
+  }
   return _mm512_reduce_add_ps(sum);
 }
 
-template <int NV>
-inline void PrefetchRow16(const float* row) {
-  for (int i = 0; i < NV; ++i) _mm_prefetch(reinterpret_cast<const char*>(row + 16 * i), _MM_HINT_T0);
+// The lines of `floats` floats from `row`.
+inline void PrefetchSpan(const float* row, int floats) {
+  for (int d = 0; d < floats; d += 16) _mm_prefetch(reinterpret_cast<const char*>(row + d), _MM_HINT_T0);
 }
 
+// A thread's scratch for ForwardHeads16: per head its scaled query and accumulator (HS each), its
+// chunk's scores, its running max and sum.
+struct HeadsScratch {
+  explicit HeadsScratch(int NH, int HS)
+      : q(static_cast<size_t>(NH) * HS), acc(q.size()), s(static_cast<size_t>(NH) * kChunk),
+        max(NH), sum(NH) {}
+  std::vector<float> q, acc, s, max, sum;
+};
+
 template <int NV>
-__attribute__((target("avx512f"))) void ForwardPair16(
-    float* out_row, const float* q, const float* k_cache, const float* v_cache,
-    const int32_t* table, int pos, int h, const PagedAttentionBatch& batch, int NH, float scale) {
+__attribute__((target("avx512f"))) void ForwardHeads16(
+    float* out, const float* q, const float* k_cache, const float* v_cache, const int32_t* table,
+    int pos, int h0, int h1, const PagedAttentionBatch& batch, int NH, float scale,
+    HeadsScratch& scratch) {
   constexpr int HS = NV * 16;
-  __m512 qs[NV], acc[NV];
-  for (int i = 0; i < NV; ++i) {
-    qs[i] = _mm512_mul_ps(_mm512_loadu_ps(q + 16 * i), _mm512_set1_ps(scale));
-    acc[i] = _mm512_setzero_ps();
+  const int H = h1 - h0;
+  float* qs = scratch.q.data();
+  float* acc = scratch.acc.data();
+  const __m512 scaled = _mm512_set1_ps(scale);
+  for (int i = 0; i < H * NV; ++i) {
+    _mm512_storeu_ps(qs + 16 * i, _mm512_mul_ps(_mm512_loadu_ps(q + h0 * HS + 16 * i), scaled));
+    _mm512_storeu_ps(acc + 16 * i, _mm512_setzero_ps());
   }
-  float row_max = -INFINITY;
-  float row_sum = 0.0f;
-  float s[kChunk];
+  std::fill_n(scratch.max.begin(), H, -INFINITY);
+  std::fill_n(scratch.sum.begin(), H, 0.0f);
+  // Head h0's rows of the chunk (and of the next chunk's first kAhead): head h0 + g is g·HS on.
   const float* k_rows[kChunk + kAhead];
   const float* v_rows[kChunk + kAhead];
   for (int c0 = 0; c0 <= pos; c0 += kChunk) {
     const int n = std::min(kChunk, pos + 1 - c0);
     const int found = std::min(kChunk + kAhead, pos + 1 - c0);
-    FindRows(k_rows, v_rows, k_cache, v_cache, table, c0, found, h, batch, NH, HS);
+    FindRows(k_rows, v_rows, k_cache, v_cache, table, c0, found, h0, batch, NH, HS);
     if (c0 == 0) {
-      for (int j = 0; j < std::min(kAhead, n); ++j) PrefetchRow16<NV>(k_rows[j]);
+      for (int j = 0; j < std::min(kAhead, n); ++j) PrefetchSpan(k_rows[j], H * HS);
     }
     for (int j = 0; j < n; ++j) {
-      if (j + kAhead < found) PrefetchRow16<NV>(k_rows[j + kAhead]);
-      PrefetchRow16<NV>(v_rows[j]);
-      s[j] = Dot16<NV>(qs, k_rows[j]);
+      if (j + kAhead < found) PrefetchSpan(k_rows[j + kAhead], H * HS);
+      PrefetchSpan(v_rows[j], H * HS);
+      for (int g = 0; g < H; ++g) {
+        scratch.s[g * kChunk + j] = Dot16<NV>(qs + g * HS, k_rows[j] + g * HS);
+      }
     }
-    float chunk_max = -INFINITY;
-    for (int j = 0; j < n; ++j) chunk_max = s[j] > chunk_max ? s[j] : chunk_max;
-    const float new_max = std::fmax(row_max, chunk_max);
-    const float correction = std::exp(row_max - new_max);
-    ExpShiftedInto(s, s, new_max, n);
-    float chunk_sum = 0.0f;
-    for (int j = 0; j < n; ++j) chunk_sum += s[j];  // in position order
-    row_sum = row_sum * correction + chunk_sum;
-    row_max = new_max;
-    const __m512 c = _mm512_set1_ps(correction);
-    for (int i = 0; i < NV; ++i) acc[i] = _mm512_mul_ps(acc[i], c);
-    for (int j = 0; j < n; ++j) {
-      const __m512 p = _mm512_set1_ps(s[j]);
+    for (int g = 0; g < H; ++g) {
+      float* s = scratch.s.data() + g * kChunk;
+      float chunk_max = -INFINITY;
+      for (int j = 0; j < n; ++j) chunk_max = s[j] > chunk_max ? s[j] : chunk_max;
+      const float new_max = std::fmax(scratch.max[g], chunk_max);
+      const float correction = std::exp(scratch.max[g] - new_max);
+      ExpShiftedInto(s, s, new_max, n);
+      float chunk_sum = 0.0f;
+      for (int j = 0; j < n; ++j) chunk_sum += s[j];  // in position order
+      scratch.sum[g] = scratch.sum[g] * correction + chunk_sum;
+      scratch.max[g] = new_max;
+      const __m512 c = _mm512_set1_ps(correction);
       for (int i = 0; i < NV; ++i) {
-        acc[i] = _mm512_fmadd_ps(p, _mm512_loadu_ps(v_rows[j] + 16 * i), acc[i]);
+        float* a = acc + g * HS + 16 * i;
+        _mm512_storeu_ps(a, _mm512_mul_ps(_mm512_loadu_ps(a), c));
+      }
+    }
+    for (int j = 0; j < n; ++j) {
+      for (int g = 0; g < H; ++g) {
+        const __m512 p = _mm512_set1_ps(scratch.s[g * kChunk + j]);
+        const float* v = v_rows[j] + g * HS;
+        for (int i = 0; i < NV; ++i) {
+          float* a = acc + g * HS + 16 * i;
+          _mm512_storeu_ps(a, _mm512_fmadd_ps(p, _mm512_loadu_ps(v + 16 * i), _mm512_loadu_ps(a)));
+        }
       }
     }
   }
-  const __m512 inv = _mm512_set1_ps(1.0f / row_sum);
-  for (int i = 0; i < NV; ++i) _mm512_storeu_ps(out_row + 16 * i, _mm512_mul_ps(acc[i], inv));
+  for (int g = 0; g < H; ++g) {
+    const __m512 inv = _mm512_set1_ps(1.0f / scratch.sum[g]);
+    for (int i = 0; i < NV; ++i) {
+      _mm512_storeu_ps(out + (h0 + g) * HS + 16 * i,
+                       _mm512_mul_ps(_mm512_loadu_ps(acc + g * HS + 16 * i), inv));
+    }
+  }
 }
 
-using ForwardPair16Fn = void (*)(float*, const float*, const float*, const float*, const int32_t*,
-                                 int, int, const PagedAttentionBatch&, int, float);
-constexpr ForwardPair16Fn kForwardPair16[9] = {
-    nullptr,           ForwardPair16<1>, ForwardPair16<2>, ForwardPair16<3>, ForwardPair16<4>,
-    ForwardPair16<5>, ForwardPair16<6>, ForwardPair16<7>, ForwardPair16<8>};
+using ForwardHeads16Fn = void (*)(float*, const float*, const float*, const float*,
+                                  const int32_t*, int, int, int, const PagedAttentionBatch&, int,
+                                  float, HeadsScratch&);
+constexpr ForwardHeads16Fn kForwardHeads16[9] = {
+    nullptr,           ForwardHeads16<1>, ForwardHeads16<2>, ForwardHeads16<3>,
+    ForwardHeads16<4>, ForwardHeads16<5>, ForwardHeads16<6>, ForwardHeads16<7>,
+    ForwardHeads16<8>};
 
 // The sixteen-lane body for this head size on this CPU, or null.
-ForwardPair16Fn WidePair(int HS) {
+ForwardHeads16Fn WideHeads(int HS) {
   if (!WideVectors() || HS % 16 != 0 || HS / 16 < 1 || HS / 16 > 8) return nullptr;
-  return kForwardPair16[HS / 16];
+  return kForwardHeads16[HS / 16];
 }
 
 }  // namespace
@@ -251,21 +289,36 @@ void PagedAttentionForward(float* out, const float* qkv, const float* k_cache, c
   // of a short sequence a few.
   int64_t positions_read = 0;  // Σ (pos + 1): the work, per head and element, of the step
   for (int i = 0; i < N; ++i) positions_read += batch.positions[i] + 1;
-  const ForwardPair16Fn wide = WidePair(HS);
+  if (const ForwardHeads16Fn wide = WideHeads(HS); wide != nullptr) {
+    // Units of a token's heads: whole tokens when there are enough to share among the threads,
+    // else each token's heads in groups (a decode of one sequence still uses every thread).
+    const int threads = omp_get_max_threads();
+    const int groups = std::clamp((2 * threads + N - 1) / N, 1, NH);
+    const int per = (NH + groups - 1) / groups;
+    const int64_t units = int64_t{N} * ((NH + per - 1) / per);
+#pragma omp parallel if (units > 1 && positions_read * 2 * C >= kMinParallelWork)
+    {
+      HeadsScratch scratch(per, HS);
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t unit = 0; unit < units; ++unit) {
+        const int i = static_cast<int>(unit / ((NH + per - 1) / per));
+        const int h0 = static_cast<int>(unit % ((NH + per - 1) / per)) * per;
+        CheckToken(batch, i);
+        wide(out + int64_t{i} * C, qkv + int64_t{i} * 3 * C, k_cache, v_cache,
+             TableRow(batch, batch.token_seq[i]), batch.positions[i], h0, std::min(NH, h0 + per),
+             batch, NH, scale, scratch);
+      }
+    }
+    return;
+  }
 #pragma omp parallel if (pairs > 1 && positions_read * 2 * C >= kMinParallelWork)
   {
-    std::vector<float> scratch(wide != nullptr ? 0 : 2 * static_cast<size_t>(HS));  // q_scaled, acc
+    std::vector<float> scratch(2 * static_cast<size_t>(HS));  // q_scaled, acc
 #pragma omp for schedule(dynamic, 1)
     for (int64_t pair = 0; pair < pairs; ++pair) {
       const int i = static_cast<int>(pair / NH);
       const int h = static_cast<int>(pair % NH);
       CheckToken(batch, i);
-      if (wide != nullptr) {
-        wide(out + int64_t{i} * C + int64_t{h} * HS, qkv + int64_t{i} * 3 * C + int64_t{h} * HS,
-             k_cache, v_cache, TableRow(batch, batch.token_seq[i]), batch.positions[i], h, batch,
-             NH, scale);
-        continue;
-      }
       ForwardPair(out + int64_t{i} * C + int64_t{h} * HS,
                   qkv + int64_t{i} * 3 * C + int64_t{h} * HS, k_cache, v_cache,
                   TableRow(batch, batch.token_seq[i]), batch.positions[i], h, batch, NH, HS, scale,
