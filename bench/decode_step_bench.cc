@@ -1,7 +1,8 @@
 // One continuously batched decode step of the serving engine's forward (model::PagedGptForward,
 // the code `shardline serve` runs) on GPT-2 small with GPT-2's random initialisation: S sequences
 // whose prompts were prefilled to --context positions each decode one token per step, greedy, for
-// --steps steps. Prints milliseconds per step and tokens/s per batch size, without HTTP, clients
+// --steps steps. Prints the prefill step's milliseconds (the first step: a cold cache, and at the
+// first run also the packing), milliseconds per decode step and tokens/s per batch size, without HTTP, clients
 // or a tokenizer: the steady figure under bench/serve_compare.py's noisy end-to-end one (that
 // benchmark's TPOT at concurrency S is this step plus the server's and the clients' share of the
 // cores). Profile it with `perf record bench/decode_step_bench --batch 8`.
@@ -38,8 +39,13 @@ std::vector<int> ParseList(const char* text) {
   return values;
 }
 
-// Milliseconds per decode step of `S` sequences after a prefill of `context` tokens each.
-double DecodeMilliseconds(const model::InferenceWeights& weights, kernels::Allocator& allocator,
+struct StepTimes {
+  double prefill_ms = 0;  // the one step of every sequence's prompt
+  double decode_ms = 0;   // per decode step
+};
+
+// The prefill of `S` sequences of `context` tokens each in one step, then decode steps.
+StepTimes DecodeMilliseconds(const model::InferenceWeights& weights, kernels::Allocator& allocator,
                           int S, int context, int steps) {
   const model::GptConfig& c = weights.config;
   constexpr int kBlockSize = 16;
@@ -85,7 +91,9 @@ double DecodeMilliseconds(const model::InferenceWeights& weights, kernels::Alloc
     }
     return next;
   };
+  const auto prefill_start = Clock::now();
   std::vector<int32_t> next = step();
+  const double prefill = std::chrono::duration<double>(Clock::now() - prefill_start).count();
   // Decode: one token per sequence and step, at the next position; the first step is not timed.
   double seconds = 0;
   for (int t = 0; t <= steps; ++t) {
@@ -98,7 +106,7 @@ double DecodeMilliseconds(const model::InferenceWeights& weights, kernels::Alloc
     next = step();
     if (t > 0) seconds += std::chrono::duration<double>(Clock::now() - start).count();
   }
-  return seconds / steps * 1e3;
+  return StepTimes{.prefill_ms = prefill * 1e3, .decode_ms = seconds / steps * 1e3};
 }
 
 }  // namespace
@@ -145,10 +153,11 @@ int main(int argc, char** argv) {
   const model::InferenceWeights weights = model::InferenceWeights::Of(**gpt);
   std::printf("GPT-2 small shape (%s), %d threads, BLAS %s\n", config.DebugString().c_str(),
               omp_get_max_threads(), kernels::cpu::BlasDescription().c_str());
-  std::printf("sequences | context | ms per step | tokens/s\n");
+  std::printf("sequences | context | prefill ms | ms per step | tokens/s\n");
   for (const int S : batches) {
-    const double ms = DecodeMilliseconds(weights, allocator, S, context, steps);
-    std::printf("%9d | %7d | %11.2f | %8.1f\n", S, context, ms, S * 1e3 / ms);
+    const StepTimes t = DecodeMilliseconds(weights, allocator, S, context, steps);
+    std::printf("%9d | %7d | %10.1f | %11.2f | %8.1f\n", S, context, t.prefill_ms, t.decode_ms,
+                S * 1e3 / t.decode_ms);
     std::fflush(stdout);
   }
   return 0;

@@ -24,17 +24,18 @@
 
 namespace shardline::kernels::cpu {
 
-inline constexpr int kSkinnyMaxRows = 64;
+inline constexpr int kSkinnyMaxRows = 128;
 
 // Whether SkinnyMatmulForward has its own kernel on this CPU, AVX-512 or AVX2 (else it calls
 // MatmulForward).
 bool SkinnyMatmulAvailable();
 
-// Up to how many rows LinearForward runs the skinny kernel rather than the BLAS: 64 with AVX-512
-// (on the Zen 4 EPYC, 2 threads, it beat OpenBLAS 0.3.21's sgemm by 1.3-1.5x at 32 and 64 rows and
-// lost at 128: bench/skinny_matmul_bench), 16 with AVX2 (its eight-lane body beat OpenBLAS's
-// AVX-512 sgemm up to 32 rows there, but nothing was measured on an AVX2 CPU past 8), 0 without.
-// A serving step of a few decodes beside a prompt chunk is such a product.
+// Up to how many rows LinearForward runs the skinny kernel rather than the BLAS: 128 with AVX-512
+// (on the Zen 4 EPYC, 2 threads, bench/skinny_matmul_bench: 1.2-1.5x OpenBLAS 0.3.21's sgemm at
+// 32-64 rows, 1.16-1.18x at 128, 1.0-1.1x at 192-256 in two runs), 16 with AVX2 (its eight-lane
+// body beat OpenBLAS's AVX-512 sgemm up to 32 rows there, but nothing was measured on an AVX2
+// CPU past 8), 0 without. A serving step of a few decodes beside a prompt chunk, or the prefill
+// of a few short prompts, is such a product.
 int SkinnyMatmulMaxRows();
 
 // As MatmulForward (out (N, OC) = inp (N, C) · weight (OC, C)ᵀ + bias, overwriting out), for

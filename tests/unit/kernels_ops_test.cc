@@ -82,10 +82,12 @@ void CheckSkinnyMatmul(const std::string& body) {
     const auto bias = RandomVector(OC, 13);
     std::vector<float> alone(OC);
     // Every row count of the four-row blocks' remainders and of the AVX2 range, then around the
-    // larger multiples of four up to the most rows.
+    // multiples of 16 up to 64, and the most rows.
     std::vector<int> counts;
     for (int N = 1; N <= kSkinnyMaxRows; ++N) {
-      if (N <= 17 || N % 16 <= 1 || N % 16 == 15 || N == kSkinnyMaxRows) counts.push_back(N);
+      if (N <= 17 || (N <= 65 && (N % 16 <= 1 || N % 16 == 15)) || N >= kSkinnyMaxRows - 1) {
+        counts.push_back(N);
+      }
     }
     for (const int N : counts) {
       const std::vector<float> rows(inp.begin(), inp.begin() + N * C);
