@@ -14,8 +14,9 @@ packages=(
   libabsl-dev libspdlog-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev
   # checkpoint checksums (XXH3)
   libxxhash-dev
-  # collectives and compute (OpenBLAS's OpenMP build is the BLAS on AMD CPUs: kernels/cpu/blas.h)
-  libgloo-dev libopenblas-dev libopenblas0-openmp libopenmpi-dev openmpi-bin
+  # collectives and compute (on AMD CPUs the BLAS is oneDNN with AVX-512, else OpenBLAS's OpenMP
+  # build: kernels/cpu/blas.h)
+  libgloo-dev libopenblas-dev libopenblas0-openmp libdnnl2 libopenmpi-dev openmpi-bin
   # vectorized tanh and exp for the CPU kernels (the library PyTorch's CPU kernels use)
   libsleef-dev
   # monitoring: client library, and the real server + promtool for the monitoring tests

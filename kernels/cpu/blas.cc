@@ -4,6 +4,7 @@
 #include <omp.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -190,7 +191,7 @@ void OpenBlasOpenMpSgemm(const enum CBLAS_ORDER order, const enum CBLAS_TRANSPOS
 // The system's OpenBLAS: Debian's libopenblas0-openmp first (GNU OpenMP threads, the pool our
 // kernels and MKL's GNU layer use), else whatever the alternatives system points libopenblas.so.0,
 // libcblas.so.3 or libblas.so.3 at (Debian's default is the pthreads build, with its own threads,
-// OPENBLAS_NUM_THREADS). With `preferred_only` only the build that item 2 of blas.h chooses is
+// OPENBLAS_NUM_THREADS). With `preferred_only` only the build that item 3 of blas.h chooses is
 // taken: OpenMP threads and kernels for this CPU (KnowsThisCpu); the reason another is refused is
 // noted in `tried`.
 bool LoadSystem(Loaded& out, std::string& tried, bool preferred_only) {
@@ -246,10 +247,77 @@ bool LoadSystem(Loaded& out, std::string& tried, bool preferred_only) {
   return false;
 }
 
+// oneDNN's sgemm (Debian's libdnnl2, built on GNU OpenMP: our pool) behind CBLAS's signature.
+// Its signature is row-major: a column-major product is the row-major one of the transposes. It
+// takes its thread count from omp_get_max_threads(), and inside a region its `if` made a team of
+// one it would open a nested team of fresh threads, as OpenBLAS would: 1 for such a call.
+using DnnlSgemmFn = int (*)(char, char, int64_t, int64_t, int64_t, float, const float*, int64_t,
+                            const float*, int64_t, float, float*, int64_t);
+DnnlSgemmFn dnnl_sgemm = nullptr;
+
+void OneDnnSgemm(const enum CBLAS_ORDER order, const enum CBLAS_TRANSPOSE trans_a,
+                 const enum CBLAS_TRANSPOSE trans_b, const blasint m, const blasint n,
+                 const blasint k, const float alpha, const float* a, const blasint lda,
+                 const float* b, const blasint ldb, const float beta, float* c, const blasint ldc) {
+  const char ta = trans_a == CblasNoTrans ? 'N' : 'T';
+  const char tb = trans_b == CblasNoTrans ? 'N' : 'T';
+  const int before = omp_get_max_threads();
+  if (omp_get_level() > 0) omp_set_num_threads(1);
+  const int status = order == CblasRowMajor
+                         ? dnnl_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+                         : dnnl_sgemm(tb, ta, n, m, k, alpha, b, ldb, a, lda, beta, c, ldc);
+  if (omp_get_level() > 0) omp_set_num_threads(before);
+  if (status != 0) {
+    // Only arguments our kernels got wrong make it fail (its workspace is on the stack).
+    std::fprintf(stderr, "shardline: dnnl_sgemm(%c, %c, %d, %d, %d) failed with status %d\n", ta,
+                 tb, m, n, k, status);
+    std::abort();
+  }
+}
+
+struct DnnlVersion {
+  int major, minor, patch;
+  const char* hash;
+  unsigned cpu_runtime, gpu_runtime;
+};
+constexpr unsigned kDnnlRuntimeOmp = 2;  // DNNL_RUNTIME_OMP (dnnl_config.h)
+
+// Debian's oneDNN (libdnnl2): its OpenMP build only, checked on a 2x2 product.
+bool LoadOneDnn(Loaded& out, std::string& tried) {
+  void* library = Open("libdnnl.so.2", tried);
+  if (library == nullptr) return false;
+  auto sgemm = reinterpret_cast<DnnlSgemmFn>(dlsym(library, "dnnl_sgemm"));
+  auto version = reinterpret_cast<const DnnlVersion* (*)()>(dlsym(library, "dnnl_version"));
+  if (sgemm == nullptr || version == nullptr) {
+    Note(tried, "libdnnl.so.2: no dnnl_sgemm");
+    dlclose(library);
+    return false;
+  }
+  const DnnlVersion* v = version();
+  if (v->cpu_runtime != kDnnlRuntimeOmp) {
+    Note(tried, "libdnnl.so.2: not its OpenMP build");
+    dlclose(library);
+    return false;
+  }
+  dnnl_sgemm = sgemm;
+  const float a[4] = {1, 2, 3, 4}, b[4] = {5, 6, 7, 8};
+  float c[4] = {0, 0, 0, 0};
+  OneDnnSgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, 2, 2, 2, 1.0f, a, 2, b, 2, 0.0f, c, 2);
+  if (c[0] != 19 || c[1] != 22 || c[2] != 43 || c[3] != 50) {
+    Note(tried, "libdnnl.so.2: a 2x2 sgemm gave a wrong result");
+    return false;
+  }
+  out.sgemm = &OneDnnSgemm;
+  out.description = "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
+                    std::to_string(v->patch) + " (libdnnl.so.2, GNU OpenMP threads)";
+  return true;
+}
+
 // The library this CPU gets when SHARDLINE_BLAS does not force one (blas.h has the measurements):
-// OpenBLAS on AMD, where MKL takes its generic code path, if its kernels are for this CPU; MKL
-// everywhere else.
-bool PrefersOpenBlas() { return __builtin_cpu_is("amd"); }
+// on AMD, where MKL takes its generic code path, oneDNN where the CPU has AVX-512 and OpenBLAS
+// (if its kernels are for this CPU) where it has not; MKL everywhere else.
+bool IsAmd() { return __builtin_cpu_is("amd"); }
+bool PrefersOneDnn() { return IsAmd() && __builtin_cpu_supports("avx512f"); }
 
 const Loaded& Load() {
   static Loaded loaded;
@@ -258,17 +326,33 @@ const Loaded& Load() {
     std::string tried;
     const char* choice = std::getenv("SHARDLINE_BLAS");
     const std::string want = choice != nullptr ? choice : "";
-    if (want != "" && want != "mkl" && want != "openblas") {
-      std::fprintf(stderr, "shardline: SHARDLINE_BLAS=%s: expected mkl or openblas (or unset)\n",
+    if (want != "" && want != "mkl" && want != "openblas" && want != "onednn") {
+      std::fprintf(stderr,
+                   "shardline: SHARDLINE_BLAS=%s: expected mkl, openblas or onednn (or unset)\n",
                    want.c_str());
       std::abort();
     }
+    if (want == "onednn" || (want == "" && PrefersOneDnn())) {
+      if (LoadOneDnn(loaded, tried)) {
+        if (want == "") loaded.description += ", chosen on an AMD CPU with AVX-512";
+        spdlog::debug("CPU BLAS: {}", loaded.description);
+        return;
+      }
+      if (want == "onednn") {
+        std::fprintf(stderr, "shardline: SHARDLINE_BLAS=onednn but oneDNN cannot be used (%s)\n",
+                     tried.c_str());
+        std::abort();
+      }
+    }
+    // Why a CPU that prefers oneDNN runs another library, for its description.
+    const std::string onednn_note = tried.empty() ? "" : "; not oneDNN: " + tried;
+    tried.clear();
     // Debug, not info: the library a GEMM runs on is the installation's, not news for every
     // `shardline generate`; the actors log BlasDescription() with their calibration. The
     // fallback to OpenBLAS where MKL is wanted is a warning: the installation lacks its BLAS.
-    if (want == "" && PrefersOpenBlas()) {
+    if (want == "" && IsAmd()) {
       if (LoadSystem(loaded, tried, /*preferred_only=*/true)) {
-        loaded.description += ", chosen on an AMD CPU";
+        loaded.description += ", chosen on an AMD CPU" + onednn_note;
         spdlog::debug("CPU BLAS: {}", loaded.description);
         return;
       }
@@ -276,6 +360,7 @@ const Loaded& Load() {
     const std::string amd_note = tried;
     if (want != "openblas" && LoadMkl(loaded, tried)) {
       if (!amd_note.empty()) loaded.description += "; not OpenBLAS on this AMD CPU: " + amd_note;
+      loaded.description += onednn_note;
       spdlog::debug("CPU BLAS: {}", loaded.description);
       return;
     }

@@ -1,6 +1,6 @@
 // The BLAS the CPU kernels multiply with, chosen by measurement (bench/gemm_compare.py: oneMKL,
 // oneDNN, BLIS, OpenBLAS old and new, against PyTorch 2's MKL on the GPT-2 GEMM shapes), by the
-// CPU's vendor:
+// CPU's vendor and vector width:
 //
 //  1. On Intel CPUs (and any CPU but AMD's): Intel oneMKL, from the prefix scripts/install-deps.sh
 //     fills (the CMake cache variable SHARDLINE_MKL_DIR, default /opt/shardline/deps/mkl),
@@ -11,18 +11,24 @@
 //     here; the log line names the code path), not from a table of CPU models: on a 2-core
 //     AVX-512 Xeon it made 0.93-1.12x PyTorch 2's MKL, where Debian's OpenBLAS 0.3.21 does not
 //     know the CPU and runs its generic Prescott kernels (37-57 GFLOP/s against MKL's 300).
-//  2. On AMD CPUs: Debian's OpenBLAS, its OpenMP build (libopenblas0-openmp: the same libgomp
-//     pool), when its own detection gives it kernels for this CPU (an AVX2 core or better; 0.3.21
-//     calls Zen 1-4 "Zen"). MKL takes its generic code path on AMD: on a 2-core Zen 4 EPYC
-//     (2026-12-03) its GPT-2 GEMMs ran at 0.91-0.95x PyTorch 2.15's MKL, where OpenBLAS ran at
-//     1.29-1.33x, and its products of a few rows were slower still (skinny_matmul.h); on a 2-core
-//     Zen 3 EPYC (2026-12-04) MKL made 0.78-0.86x and OpenBLAS 1.00-1.11x, and a GPT-2-small
-//     training step ran 1.24x PyTorch 2.15 with OpenBLAS against 1.13x with MKL. Not everywhere:
-//     the one-thread products of a small model (bench/sharded_step_bench --layout 1x1x2, d_model
-//     256) ran faster on MKL there, 711 against 819 ms a step (medians of 3, alternating). An AMD
-//     CPU that OpenBLAS does not know gets MKL (the log line says why).
-//  3. Else the system OpenBLAS (Debian's libopenblas0), with a warning naming what was missing.
-// SHARDLINE_BLAS=mkl or =openblas forces one (for comparisons and tests; unset in production).
+//  2. On AMD CPUs with AVX-512 (Zen 4 and later): Debian's oneDNN (libdnnl2, built on GNU OpenMP:
+//     the same libgomp pool), through dnnl_sgemm. On a 2-core Zen 4 EPYC (2026-12-05, medians of
+//     5 rounds against PyTorch 2.15's MKL in the same run) it made 1.10-1.26x on the three GPT-2
+//     GEMM shapes where OpenBLAS 0.3.21 made 0.93-1.16x (its fc_proj below 0.95x in both runs),
+//     and a GPT-2-small training step ran 1.43x PyTorch 2.15 (bench/train_step_compare.py); the
+//     one-thread products of bench/dp_compare.py 493.9 against 505.7 ms a step.
+//  3. On other AMD CPUs: Debian's OpenBLAS, its OpenMP build (libopenblas0-openmp: the same
+//     libgomp pool), when its own detection gives it kernels for this CPU (an AVX2 core or better;
+//     0.3.21 calls Zen 1-4 "Zen"). MKL takes its generic code path on AMD: on a 2-core Zen 4 EPYC
+//     (2026-12-03) its GPT-2 GEMMs ran at 0.91-0.95x PyTorch 2.15's MKL, and its products of a
+//     few rows were slower still (skinny_matmul.h); on a 2-core Zen 3 EPYC (2026-12-04) MKL made
+//     0.78-0.86x and OpenBLAS 1.00-1.11x, and a GPT-2-small training step ran 1.24x PyTorch 2.15
+//     with OpenBLAS against 1.13x with MKL (oneDNN was not measured there). Not everywhere: the
+//     one-thread products of a small model (bench/sharded_step_bench --layout 1x1x2, d_model 256)
+//     ran faster on MKL there, 711 against 819 ms a step (medians of 3, alternating). An AMD CPU
+//     that neither suits gets MKL (the log line says why).
+//  4. Else the system OpenBLAS (Debian's libopenblas0), with a warning naming what was missing.
+// SHARDLINE_BLAS=mkl, =openblas or =onednn forces one (for comparisons and tests; unset in production).
 // The library and its version are logged once, at the first GEMM.
 //
 // Loaded with dlopen at the first GEMM rather than linked, for three reasons:
@@ -69,7 +75,7 @@ std::string BlasDescription();
 // A weight matrix (OC, C), as MatmulForward takes it, packed once into MKL's own layout for
 // products of up to max_rows rows (cblas_sgemm_pack / cblas_sgemm_compute): a decode step's few
 // rows then do not pay for repacking the weight on every call — 1.6x faster at 8 rows on GPT-2
-// small's layers (2-core Xeon, MKL 2026.2). Only MKL has it (so not on AMD CPUs, item 2 above);
+// small's layers (2-core Xeon, MKL 2026.2). Only MKL has it (so not on AMD CPUs, items 2-3);
 // the packed copy is as large as the weight, and the weight must stay as it was packed.
 class PackedWeight {
  public:

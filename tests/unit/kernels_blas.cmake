@@ -1,6 +1,7 @@
 # The CPU BLAS (kernels/cpu/blas.h): which library Sgemm() loaded and what its sgemm computes,
-# twice: as the build loads it (oneMKL when configure found it in SHARDLINE_MKL_DIR, and then the
-# test insists on it), and forced onto the fallback, the system OpenBLAS (SHARDLINE_BLAS=openblas).
+# three times: as the build loads it (oneMKL when configure found it in SHARDLINE_MKL_DIR, and then
+# the test insists on it, or the AMD choice), forced onto the fallback, the system OpenBLAS
+# (SHARDLINE_BLAS=openblas), and forced onto oneDNN (SHARDLINE_BLAS=onednn, AMD's AVX-512 choice).
 find_package(OpenMP REQUIRED)
 shardline_test(kernels_blas_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/kernels_blas_test.cc
@@ -11,3 +12,6 @@ endif()
 gtest_discover_tests(kernels_blas_test TEST_SUFFIX .openblas DISCOVERY_TIMEOUT 60
   PROPERTIES TIMEOUT 120 LABELS unit
   ENVIRONMENT SHARDLINE_BLAS=openblas)
+gtest_discover_tests(kernels_blas_test TEST_SUFFIX .onednn DISCOVERY_TIMEOUT 60
+  PROPERTIES TIMEOUT 120 LABELS unit
+  ENVIRONMENT SHARDLINE_BLAS=onednn)

@@ -5,9 +5,10 @@
 // is called from several threads at once or from inside an OpenMP parallel region (our kernels'
 // libgomp pool, which MKL's GNU threading layer shares).
 //
-// ctest runs these twice (tests/unit/kernels_blas.cmake): as the build loads its BLAS (on an AMD
-// CPU OpenBLAS's OpenMP build when it knows the CPU, else MKL when the build found it, and then
-// the run must have loaded it), and with SHARDLINE_BLAS=openblas (and then it must be OpenBLAS).
+// ctest runs these three times (tests/unit/kernels_blas.cmake): as the build loads its BLAS (on an
+// AMD CPU with AVX-512 oneDNN, on another AMD CPU OpenBLAS's OpenMP build when it knows the CPU,
+// else MKL when the build found it, and then the run must have loaded it), with
+// SHARDLINE_BLAS=openblas (and then it must be OpenBLAS), and with SHARDLINE_BLAS=onednn.
 //
 // And that loading it leaves other threads' stacks alone (kernels/cpu/blas.h: a BLAS loaded at
 // start-up puts its thread-local storage on every thread's stack; OpenBLAS 0.3.21's 60 KiB of it
@@ -94,28 +95,39 @@ TEST(BlasTest, NamesTheLibraryItLoaded) {
   const std::string description = BlasDescription();
   ASSERT_FALSE(description.empty());
   ASSERT_NE(Sgemm(), nullptr);
-  // The library this run must have loaded: the one SHARDLINE_BLAS forces; else, on an AMD CPU,
-  // OpenBLAS on GNU OpenMP threads unless the description says why not (no OpenMP build, or its
-  // kernels are not for this CPU); else oneMKL where configure found it, else either.
+  // The library this run must have loaded: the one SHARDLINE_BLAS forces; else, on an AMD CPU
+  // with AVX-512, oneDNN unless the description says why not; on another AMD CPU (or that one
+  // without oneDNN), OpenBLAS on GNU OpenMP threads unless the description says why not (no
+  // OpenMP build, or its kernels are not for this CPU); else oneMKL where configure found it,
+  // else either.
   const char* forced = std::getenv("SHARDLINE_BLAS");
 #ifdef SHARDLINE_TEST_EXPECT_MKL
   std::string want = forced != nullptr ? forced : "mkl";
 #else
   std::string want = forced != nullptr ? forced : "";
 #endif
-  if (forced == nullptr && __builtin_cpu_is("amd") &&
-      description.find("not OpenBLAS on this AMD CPU") == std::string::npos) {
+  if (forced == nullptr && __builtin_cpu_is("amd") && __builtin_cpu_supports("avx512f") &&
+      description.find("not oneDNN") == std::string::npos) {
+    want = "onednn";
+    EXPECT_NE(description.find("chosen on an AMD CPU with AVX-512"), std::string::npos)
+        << description;
+  } else if (forced == nullptr && __builtin_cpu_is("amd") &&
+             description.find("not OpenBLAS on this AMD CPU") == std::string::npos) {
     want = "openblas";
     EXPECT_NE(description.find("chosen on an AMD CPU"), std::string::npos) << description;
     EXPECT_NE(description.find("GNU OpenMP threads"), std::string::npos) << description;
   }
-  if (want == "mkl") {
+  if (want == "onednn") {
+    EXPECT_EQ(description.rfind("oneDNN", 0), 0u) << description;
+    EXPECT_NE(description.find("GNU OpenMP threads"), std::string::npos) << description;
+  } else if (want == "mkl") {
     EXPECT_EQ(description.rfind("Intel oneMKL", 0), 0u) << description;
     EXPECT_NE(description.find("GNU OpenMP threads"), std::string::npos) << description;
   } else if (want == "openblas") {
     EXPECT_NE(description.find("OpenBLAS"), std::string::npos) << description;
   } else {
-    EXPECT_TRUE(want.empty()) << "SHARDLINE_BLAS=" << want << ": expected mkl or openblas";
+    EXPECT_TRUE(want.empty()) << "SHARDLINE_BLAS=" << want
+                              << ": expected mkl, openblas or onednn";
   }
   std::printf("CPU BLAS: %s\n", description.c_str());
 }
