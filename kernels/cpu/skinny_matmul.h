@@ -32,7 +32,8 @@ bool SkinnyMatmulAvailable();
 
 // Up to how many rows LinearForward runs the skinny kernel rather than the BLAS: 128 with AVX-512
 // (on the Zen 4 EPYC, 2 threads, bench/skinny_matmul_bench: 1.2-1.5x OpenBLAS 0.3.21's sgemm at
-// 32-64 rows, 1.16-1.18x at 128, 1.0-1.1x at 192-256 in two runs), 16 with AVX2 (its eight-lane
+// 32-64 rows, 1.16-1.18x at 128, 1.0-1.1x at 192-256 in two runs; against oneDNN 2.6.3, the BLAS
+// there now, 1.6x at 64, 1.21-1.29x at 128, 1.05-1.13x at 192-256), 16 with AVX2 (its eight-lane
 // body beat OpenBLAS's AVX-512 sgemm up to 32 rows there, but nothing was measured on an AVX2
 // CPU past 8), 0 without. A serving step of a few decodes beside a prompt chunk, or the prefill
 // of a few short prompts, is such a product.
