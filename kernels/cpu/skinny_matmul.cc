@@ -158,7 +158,10 @@ void Columns(const RowsFn* rows_fn, int group, float* out, const float* inp, con
 
 bool SkinnyMatmulAvailable() { return WideVectors() || Avx2Vectors(); }
 
-int SkinnyMatmulMaxRows() { return WideVectors() ? kSkinnyMaxRows : Avx2Vectors() ? 16 : 0; }
+int SkinnyMatmulMaxRows(int64_t weight_bytes) {
+  if (WideVectors()) return weight_bytes >= kSkinnyStreamedBytes ? kSkinnyMaxRows : 16;
+  return Avx2Vectors() ? 16 : 0;
+}
 
 void SkinnyMatmulForward(float* out, const float* inp, const float* weight, const float* bias,
                          int N, int C, int OC) {
@@ -185,7 +188,8 @@ void LinearForward(float* out, const float* inp, const float* weight, const Pack
                    const float* bias, int N, int C, int OC) {
   // MKL's packed GEMM keeps the products past 16 rows it was measured on (the Xeon).
   const bool use_packed = packed != nullptr && N > 16 && N <= packed->max_rows();
-  if (!use_packed && N <= SkinnyMatmulMaxRows()) {
+  if (!use_packed &&
+      N <= SkinnyMatmulMaxRows(int64_t{C} * OC * static_cast<int64_t>(sizeof(float)))) {
     SkinnyMatmulForward(out, inp, weight, bias, N, C, OC);
     return;
   }

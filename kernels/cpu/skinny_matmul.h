@@ -22,6 +22,8 @@
 // a request's greedy tokens do not depend on its batch.
 #pragma once
 
+#include <cstdint>
+
 namespace shardline::kernels::cpu {
 
 inline constexpr int kSkinnyMaxRows = 128;
@@ -30,14 +32,20 @@ inline constexpr int kSkinnyMaxRows = 128;
 // MatmulForward).
 bool SkinnyMatmulAvailable();
 
-// Up to how many rows LinearForward runs the skinny kernel rather than the BLAS: 128 with AVX-512
-// (on the Zen 4 EPYC, 2 threads, bench/skinny_matmul_bench: 1.2-1.5x OpenBLAS 0.3.21's sgemm at
-// 32-64 rows, 1.16-1.18x at 128, 1.0-1.1x at 192-256 in two runs; against oneDNN 2.6.3, the BLAS
-// there now, 1.6x at 64, 1.21-1.29x at 128, 1.05-1.13x at 192-256), 16 with AVX2 (its eight-lane
-// body beat OpenBLAS's AVX-512 sgemm up to 32 rows there, but nothing was measured on an AVX2
-// CPU past 8), 0 without. A serving step of a few decodes beside a prompt chunk, or the prefill
-// of a few short prompts, is such a product.
-int SkinnyMatmulMaxRows();
+// Up to how many rows LinearForward runs the skinny kernel rather than the BLAS, for a weight of
+// `weight_bytes`: 16 with AVX-512 or AVX2, 0 without; with AVX-512, 128 for a weight of at least
+// kSkinnyStreamedBytes. The kernel wins by reading each weight once from memory: on the Zen 4 EPYC
+// (2 threads, bench/skinny_matmul_bench, GPT-2 small's weights streamed) it made 1.2-1.5x
+// OpenBLAS 0.3.21's sgemm at 32-64 rows and 1.16-1.18x at 128, and against oneDNN 2.6.3 1.6x at 64
+// and 1.21-1.29x at 128. A weight that stays in a core's cache is another matter: one thread
+// multiplying a 192 KiB weight over and over (a small model's layer, as in the default
+// `shardline up` job) ran at 0.60-0.76x oneDNN from 8 to 128 rows (a 1 MiB one, at the limit,
+// 0.79-1.11x: in a model that fits no cache it is streamed too); past 16 rows those stay on the
+// BLAS (at up to 16 rows the kernel's batch invariance is kept for every size). The eight-lane body was measured against OpenBLAS's AVX-512 sgemm up to 32 rows only
+// (and on an AVX2 CPU at 8). A serving step of a few decodes beside a prompt chunk, or the prefill
+// of a few short prompts, of a model that does not fit a cache, takes the 128.
+inline constexpr int64_t kSkinnyStreamedBytes = int64_t{1} << 20;  // the Zen 4's L2 a core
+int SkinnyMatmulMaxRows(int64_t weight_bytes);
 
 // As MatmulForward (out (N, OC) = inp (N, C) · weight (OC, C)ᵀ + bias, overwriting out), for
 // 1 <= N <= kSkinnyMaxRows; other N go to MatmulForward.
@@ -47,7 +55,7 @@ void SkinnyMatmulForward(float* out, const float* inp, const float* weight, cons
 class PackedWeight;
 // MatmulForward for a block's linears (training and inference) and the paged head, choosing by
 // N: `packed` (null: none) for 17 to its max_rows() rows (MKL's packed GEMM, on Intel CPUs), else
-// the skinny kernel up to SkinnyMatmulMaxRows(), else sgemm (MKL's matrix-vector path for one row, as fast as the
+// the skinny kernel up to SkinnyMatmulMaxRows(its bytes), else sgemm (MKL's matrix-vector path for one row, as fast as the
 // packed one).
 void LinearForward(float* out, const float* inp, const float* weight, const PackedWeight* packed,
                    const float* bias, int N, int C, int OC);

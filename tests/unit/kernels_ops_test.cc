@@ -112,34 +112,37 @@ void CheckSkinnyMatmul(const std::string& body) {
 
 TEST(SkinnyMatmulTest, MatchesTheReferenceAndEachRowIsItsOwn) {
   CheckSkinnyMatmul(WideVectors() ? "avx512" : Avx2Vectors() ? "avx2" : "baseline");
-  EXPECT_EQ(SkinnyMatmulMaxRows(), WideVectors() ? kSkinnyMaxRows : Avx2Vectors() ? 16 : 0);
+  EXPECT_EQ(SkinnyMatmulMaxRows(kSkinnyStreamedBytes),
+            WideVectors() ? kSkinnyMaxRows : Avx2Vectors() ? 16 : 0);
+  EXPECT_EQ(SkinnyMatmulMaxRows(kSkinnyStreamedBytes - 1), SkinnyMatmulAvailable() ? 16 : 0);
   if (WideVectors() && Avx2Vectors()) {
     UseAvx2AtMost(true);
     ASSERT_TRUE(SkinnyMatmulAvailable());
-    EXPECT_EQ(SkinnyMatmulMaxRows(), 16);
+    EXPECT_EQ(SkinnyMatmulMaxRows(kSkinnyStreamedBytes), 16);
     CheckSkinnyMatmul("avx2");
     UseAvx2AtMost(false);
   }
 }
 
 // Without packed weights, LinearForward is the skinny kernel up to SkinnyMatmulMaxRows() rows
-// (the same bits) and MatmulForward past it.
+// (the same bits) and MatmulForward past it, for a weight that a cache holds and one it does not.
 TEST(SkinnyMatmulTest, LinearForwardTakesTheSkinnyKernelUpToItsRows) {
-  const int C = 40, OC = 33;
-  const int most = SkinnyMatmulMaxRows();
-  for (const int N : {1, most, most + 1}) {
-    if (N < 1) continue;
-    const auto inp = RandomVector(N * C, 17);
-    const auto weight = RandomVector(OC * C, 18);
-    const auto bias = RandomVector(OC, 19);
-    std::vector<float> out(N * OC), expected(N * OC);
-    LinearForward(out.data(), inp.data(), weight.data(), nullptr, bias.data(), N, C, OC);
-    if (N <= most) {
-      SkinnyMatmulForward(expected.data(), inp.data(), weight.data(), bias.data(), N, C, OC);
-    } else {
-      MatmulForward(expected.data(), inp.data(), weight.data(), bias.data(), N, C, OC);
+  for (const auto [C, OC] : {std::pair{40, 33}, std::pair{1024, 1025}}) {
+    const int most = SkinnyMatmulMaxRows(int64_t{C} * OC * 4);
+    for (const int N : {1, most, most + 1}) {
+      if (N < 1) continue;
+      const auto inp = RandomVector(N * C, 17);
+      const auto weight = RandomVector(OC * C, 18);
+      const auto bias = RandomVector(OC, 19);
+      std::vector<float> out(N * OC), expected(N * OC);
+      LinearForward(out.data(), inp.data(), weight.data(), nullptr, bias.data(), N, C, OC);
+      if (N <= most) {
+        SkinnyMatmulForward(expected.data(), inp.data(), weight.data(), bias.data(), N, C, OC);
+      } else {
+        MatmulForward(expected.data(), inp.data(), weight.data(), bias.data(), N, C, OC);
+      }
+      EXPECT_EQ(out, expected) << "N " << N << " C " << C << " OC " << OC;
     }
-    EXPECT_EQ(out, expected) << "N " << N;
   }
 }
 
@@ -148,7 +151,7 @@ TEST(SkinnyMatmulTest, WithoutAvx2ItIsMatmulForward) {
   EXPECT_EQ(SkinnyMatmulAvailable(), WideVectors() || Avx2Vectors());
   UseBaselineVectors(true);
   EXPECT_FALSE(SkinnyMatmulAvailable());
-  EXPECT_EQ(SkinnyMatmulMaxRows(), 0);
+  EXPECT_EQ(SkinnyMatmulMaxRows(kSkinnyStreamedBytes), 0);
   const int N = 5, C = 33, OC = 17;
   const auto inp = RandomVector(N * C, 14);
   const auto weight = RandomVector(OC * C, 15);
