@@ -21,25 +21,37 @@ constexpr int kColumnBlock = 32;
 
 // The sixteen-lane body takes weight rows four at a time (kWeightRows) and, while those four
 // rows sit in L1, every block of up to four input rows (kRowBlock): 16 accumulators, and per 16 k
-// 4 weight loads and 4 input loads for 16 FMAs. Two weight rows by eight input rows (the first
-// body) needed 10 loads per 16 FMAs and ran at half the FMA peak with the weights in cache.
+// 4 weight loads and 4 input loads for 16 FMAs. Past four input rows, the first pass over a weight
+// row, the one that waits for memory, takes up to eight input rows (kStreamRowBlock) by two
+// weight rows (16 accumulators, 10 loads per 16 FMAs): the FMAs of eight rows then hide the
+// memory's latency, where four rows' passes were one memory-bound pass and one compute-bound
+// after it (perf: the stalls sat on the weights' loads). On the Zen 4 EPYC, 2 threads, paired
+// runs: a GPT-2-small decode step of 8 sequences 19.6-19.9 ms against 23.7-24.2
+// (bench/decode_step_bench), its products at 6 rows 15.6-16.8 ms against 18.7-19.1
+// (bench/skinny_matmul_bench), and 12 to 128 rows within the noise of before. With the weights
+// already in cache the two-by-eight body alone ran at half the FMA peak, hence four by four after
+// the first pass.
 constexpr int kWeightRows = 4;
 constexpr int kRowBlock = 4;
+constexpr int kStreamRowBlock = 8;
 // The weights are streamed from memory once per product, and the FMAs keep the core too busy for
 // the hardware prefetcher alone to keep enough of them in flight: the rows kPrefetchRows ahead are
 // asked into L2, a cache line per 16 k. On a 2-core AMD EPYC (Zen 4) a decode step of GPT-2 small
 // at 8 rows took 25.6 ms with the first body, 25.2 ms with this one without prefetching, 21.8 ms
 // prefetching 8 rows ahead into L1 and 18.1 ms 32 rows ahead into L2 (27 GB/s of weights, where a
-// plain read of memory gives 29-30 GB/s) (bench/skinny_matmul_bench).
+// plain read of memory gives 29-30 GB/s) (bench/skinny_matmul_bench); 64 rows ahead were no
+// better.
 constexpr int kPrefetchRows = 32;
 
-// Input rows [0, M) of out (M <= kRowBlock) for the weight rows w[0..3] (the same row repeated
-// past the block's end), their outputs at columns n..n+3 (`rows` of them real). Each output is one
-// dot product: 16 lanes over k, then the lanes' sum, whatever M and the grouping.
-template <int M>
+// Input rows [0, M) of out for the weight rows w[0..W-1] (the same row repeated past the block's
+// end), their outputs at columns n..n+W-1 (`rows` of them real), asking for the W rows at
+// `prefetch` (null: none) into L2. Each output is one dot product: 16 lanes over k, then the
+// lanes' sum, whatever W, M and the grouping, so a row's bits do not depend on its batch.
+template <int W, int M>
 __attribute__((target("avx512f"))) void Rows(float* out, const float* inp, const float* const* w,
                                              const float* prefetch, const float* bias, int C,
                                              int OC, int n, int rows) {
+  constexpr int kWeightRows = W;
   __m512 acc[kWeightRows][M];
   for (int r = 0; r < kWeightRows; ++r) {
     for (int m = 0; m < M; ++m) acc[r][m] = _mm512_setzero_ps();
@@ -75,9 +87,13 @@ __attribute__((target("avx512f"))) void Rows(float* out, const float* inp, const
   }
 }
 
-using RowsFn = void (*)(float*, const float*, const float* const*, const float*, const float*,
-                        int, int, int, int);
-constexpr RowsFn kRows[kRowBlock + 1] = {nullptr, Rows<1>, Rows<2>, Rows<3>, Rows<4>};
+using RowsFn = void (*)(float*, const float*, const float* const*, const float*, const float*, int,
+                        int, int, int);
+constexpr RowsFn kRows[kRowBlock + 1] = {nullptr, Rows<4, 1>, Rows<4, 2>, Rows<4, 3>, Rows<4, 4>};
+constexpr int kStreamWeightRows = 2;
+constexpr RowsFn kStreamRows[kStreamRowBlock + 1] = {nullptr,    Rows<2, 1>, Rows<2, 2>,
+                                                     Rows<2, 3>, Rows<2, 4>, Rows<2, 5>,
+                                                     Rows<2, 6>, Rows<2, 7>, Rows<2, 8>};
 
 // The eight-lane twin, for AVX2 CPUs (Zen 2 and 3, Xeons before Skylake-SP): 16 ymm registers
 // hold two weight rows, the accumulators of 4 input rows for each and an input load, so it takes
@@ -96,9 +112,9 @@ __attribute__((target("avx2"))) inline float Sum8(__m256 v) {
 }
 
 template <int M>
-__attribute__((target("avx2,fma"))) void Rows8(float* out, const float* inp,
-                                               const float* const* w, const float* prefetch,
-                                               const float* bias, int C, int OC, int n, int rows) {
+__attribute__((target("avx2,fma"))) void Rows8(float* out, const float* inp, const float* const* w,
+                                               const float* prefetch, const float* bias, int C,
+                                               int OC, int n, int rows) {
   __m256 acc[kWeightRows8][M];
   for (int r = 0; r < kWeightRows8; ++r) {
     for (int m = 0; m < M; ++m) acc[r][m] = _mm256_setzero_ps();
@@ -136,18 +152,31 @@ __attribute__((target("avx2,fma"))) void Rows8(float* out, const float* inp,
 
 constexpr RowsFn kRows8[kRowBlock + 1] = {nullptr, Rows8<1>, Rows8<2>, Rows8<3>, Rows8<4>};
 
-// Rows [0, N) of out for the weight rows [n0, n1), `group` weight rows at a time by `rows_fn`.
-void Columns(const RowsFn* rows_fn, int group, float* out, const float* inp, const float* weight,
-             const float* bias, int N, int C, int OC, int n0, int n1) {
+// Rows [0, N) of out for the weight rows [n0, n1), `group` weight rows at a time by `rows_fn`;
+// `stream_rows` (null: none) takes the first pass over each group when N > kRowBlock, two weight
+// rows at a time.
+void Columns(const RowsFn* rows_fn, const RowsFn* stream_rows, int group, float* out,
+             const float* inp, const float* weight, const float* bias, int N, int C, int OC, int n0,
+             int n1) {
+  const bool stream_pass = stream_rows != nullptr && N > kRowBlock;
   for (int n = n0; n < n1; n += group) {
     const int rows = std::min(group, n1 - n);
     const float* w[kWeightRows];
     for (int r = 0; r < group; ++r) w[r] = weight + int64_t{n + std::min(r, rows - 1)} * C;
     // Only the first pass over these rows reads memory; the prefetch stops at the matrix's end.
-    const float* prefetch = n + kPrefetchRows + group <= OC
-                                ? weight + int64_t{n + kPrefetchRows} * C
-                                : nullptr;
-    for (int m0 = 0; m0 < N; m0 += kRowBlock) {
+    const float* prefetch =
+        n + kPrefetchRows + group <= OC ? weight + int64_t{n + kPrefetchRows} * C : nullptr;
+    int m0 = 0;
+    if (stream_pass) {
+      const int M = std::min(kStreamRowBlock, N);
+      for (int pair = 0; pair < rows; pair += kStreamWeightRows) {
+        stream_rows[M](out, inp, w + pair,
+                       prefetch == nullptr ? nullptr : prefetch + int64_t{pair} * C, bias, C, OC,
+                       n + pair, std::min(kStreamWeightRows, rows - pair));
+      }
+      m0 = M;
+    }
+    for (; m0 < N; m0 += kRowBlock) {
       rows_fn[std::min(kRowBlock, N - m0)](out + int64_t{m0} * OC, inp + int64_t{m0} * C, w,
                                            m0 == 0 ? prefetch : nullptr, bias, C, OC, n, rows);
     }
@@ -177,9 +206,9 @@ void SkinnyMatmulForward(float* out, const float* inp, const float* weight, cons
     const int n0 = block * kColumnBlock;
     const int n1 = std::min(OC, n0 + kColumnBlock);
     if (wide) {
-      Columns(kRows, kWeightRows, out, inp, weight, bias, N, C, OC, n0, n1);
+      Columns(kRows, kStreamRows, kWeightRows, out, inp, weight, bias, N, C, OC, n0, n1);
     } else {
-      Columns(kRows8, kWeightRows8, out, inp, weight, bias, N, C, OC, n0, n1);
+      Columns(kRows8, nullptr, kWeightRows8, out, inp, weight, bias, N, C, OC, n0, n1);
     }
   }
 }

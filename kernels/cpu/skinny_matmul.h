@@ -8,10 +8,10 @@
 // the memory gives 4x that; its packed GEMM (PackedWeight) does not change that there. llama.cpp's
 // server, whose own kernels stream the weights, decoded 2x faster on the same machine
 // (bench/serve_compare.py). This kernel keeps four weight rows in registers for the dot products of
-// up to four rows at a time (16 accumulators of 16 lanes) with AVX-512 (WideVectors()), asking
-// for the weights a few rows ahead into L2 (bench/skinny_matmul_bench: a GPT-2-small decode step
-// of 8 rows in 19.3 ms against 21-24 ms with a pair of weight rows by eight rows and no look-ahead,
-// on a 2-core Zen 4 EPYC), or two weight rows for 4 rows at a time with AVX2 and FMA
+// up to four rows at a time (16 accumulators of 16 lanes) with AVX-512 (WideVectors()), the first
+// pass over the weights taking up to eight rows by two weight rows, asking for the weights a few
+// rows ahead into L2 (on a 2-core Zen 4 EPYC: a GPT-2-small decode step of 8 sequences in
+// 19.6-19.9 ms, 23.7-24.2 ms with four-row passes only; skinny_matmul.cc), or two weight rows for 4 rows at a time with AVX2 and FMA
 // (Avx2Vectors(); 8 accumulators of 8 lanes): on a 2-core AVX2 Zen 3 EPYC
 // GPT-2 small served 187.2 output tokens/s at 8 sequences with it, 80.7 with OpenBLAS 0.3.21
 // multiplying the steps' rows (bench/serve_compare.py, 2026-12-04). Elsewhere it is
