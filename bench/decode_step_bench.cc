@@ -2,10 +2,10 @@
 // the code `shardline serve` runs) on GPT-2 small with GPT-2's random initialisation: S sequences
 // whose prompts were prefilled to --context positions each decode one token per step, greedy, for
 // --steps steps. Prints the prefill step's milliseconds (the first step: a cold cache, and at the
-// first run also the packing), milliseconds per decode step and tokens/s per batch size, without HTTP, clients
-// or a tokenizer: the steady figure under bench/serve_compare.py's noisy end-to-end one (that
-// benchmark's TPOT at concurrency S is this step plus the server's and the clients' share of the
-// cores). Profile it with `perf record bench/decode_step_bench --batch 8`.
+// first run also the packing), milliseconds per decode step and tokens/s per batch size, without
+// HTTP, clients or a tokenizer: the steady figure under bench/serve_compare.py's noisy end-to-end
+// one (that benchmark's TPOT at concurrency S is this step plus the server's and the clients' share
+// of the cores). Profile it with `perf record bench/decode_step_bench --batch 8`.
 //
 //   bench/decode_step_bench [--batch 1,8] [--context 32] [--steps 48] [--layers 12]
 //
@@ -46,7 +46,7 @@ struct StepTimes {
 
 // The prefill of `S` sequences of `context` tokens each in one step, then decode steps.
 StepTimes DecodeMilliseconds(const model::InferenceWeights& weights, kernels::Allocator& allocator,
-                          int S, int context, int steps) {
+                             int S, int context, int steps) {
   const model::GptConfig& c = weights.config;
   constexpr int kBlockSize = 16;
   const int blocks_per_seq = (context + steps + kBlockSize) / kBlockSize;
@@ -86,8 +86,8 @@ StepTimes DecodeMilliseconds(const model::InferenceWeights& weights, kernels::Al
     }
     std::vector<int32_t> next(S);
     for (int s = 0; s < S; ++s) {
-      next[s] = static_cast<int32_t>(kernels::cpu::ArgMax(logits->data() + int64_t{s} * c.vocab,
-                                                          c.vocab));
+      next[s] = static_cast<int32_t>(
+          kernels::cpu::ArgMax(logits->data() + int64_t{s} * c.vocab, c.vocab));
     }
     return next;
   };
@@ -129,20 +129,21 @@ int main(int argc, char** argv) {
     } else if (flag == "--layers") {
       layers = std::atoi(argv[i + 1]);
     } else {
-      std::fprintf(stderr,
-                   "usage: %s [--batch 1,8] [--context 32] [--steps 48] [--layers 12]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--batch 1,8] [--context 32] [--steps 48] [--layers 12]\n",
+                   argv[0]);
       return 2;
     }
   }
   if (context < 1 || steps < 1 || layers < 1 ||
       std::any_of(batches.begin(), batches.end(), [](int b) { return b < 1; }) ||
       context + steps + 1 > 1024) {
-    std::fprintf(stderr, "decode_step_bench: need --batch >= 1, --context >= 1, --steps >= 1, "
-                         "--layers >= 1 and context + steps < 1024\n");
+    std::fprintf(stderr,
+                 "decode_step_bench: need --batch >= 1, --context >= 1, --steps >= 1, "
+                 "--layers >= 1 and context + steps < 1024\n");
     return 2;
   }
-  const model::GptConfig config{.layers = layers, .heads = 12, .d_model = 768, .vocab = 50257,
-                                .max_seq_len = 1024};
+  const model::GptConfig config{
+      .layers = layers, .heads = 12, .d_model = 768, .vocab = 50257, .max_seq_len = 1024};
   kernels::CpuAllocator allocator;
   auto gpt = model::GptModel::Create(config, allocator);
   if (!gpt.ok()) {

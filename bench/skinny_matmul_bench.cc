@@ -122,9 +122,9 @@ int main(int argc, char** argv) {
       usage = true;
     }
   }
-  if (usage || steps < 1 ||
-      std::any_of(rows_list.begin(), rows_list.end(),
-                  [](int n) { return n < 1 || n > kSkinnyMaxRows; })) {
+  if (usage || steps < 1 || std::any_of(rows_list.begin(), rows_list.end(), [](int n) {
+        return n < 1 || n > kSkinnyMaxRows;
+      })) {
     std::fprintf(stderr, "usage: %s [--rows 1..%d,...] [--steps N >= 1] [--avx2]\n", argv[0],
                  kSkinnyMaxRows);
     return 2;
@@ -132,12 +132,12 @@ int main(int argc, char** argv) {
   std::vector<Product> products = Gpt2SmallStep();
   double weights = 0;
   for (const Product& p : products) weights += static_cast<double>(p.C) * p.OC;
-  std::printf("GPT-2 small decode step: %zu products, %.0f MB of f32 weights; %d threads; "
-              "skinny kernel %s; BLAS %s\n",
-              products.size(), weights * 4 / 1e6, omp_get_max_threads(),
-              SkinnyMatmulAvailable() ? (WideVectors() ? "AVX-512" : "AVX2")
-                                      : "none (it is sgemm)",
-              BlasDescription().c_str());
+  std::printf(
+      "GPT-2 small decode step: %zu products, %.0f MB of f32 weights; %d threads; "
+      "skinny kernel %s; BLAS %s\n",
+      products.size(), weights * 4 / 1e6, omp_get_max_threads(),
+      SkinnyMatmulAvailable() ? (WideVectors() ? "AVX-512" : "AVX2") : "none (it is sgemm)",
+      BlasDescription().c_str());
   float sink = 0;
   if (__builtin_cpu_supports("avx512f")) {
     SecondsToRead(products, 1, &sink);
@@ -145,17 +145,21 @@ int main(int argc, char** argv) {
     std::printf("plain read of the weights: %.2f ms, %.1f GB/s\n\n", read * 1e3,
                 weights * 4 / read / 1e9);
   }
-  std::printf("rows | skinny ms | skinny GB/s | skinny GFLOP/s | sgemm ms | sgemm GB/s | "
-              "skinny/sgemm\n");
+  std::printf(
+      "rows | skinny ms | skinny GB/s | skinny GFLOP/s | sgemm ms | sgemm GB/s | "
+      "skinny/sgemm\n");
   for (int N : rows_list) {
-    std::vector<float> inp(static_cast<size_t>(N) * 3072, 0.25f), out(static_cast<size_t>(N) * 50257);
+    std::vector<float> inp(static_cast<size_t>(N) * 3072, 0.25f),
+        out(static_cast<size_t>(N) * 50257);
     const auto bias_of = [](const Product& p) { return p.bias.empty() ? nullptr : p.bias.data(); };
-    const double skinny = SecondsPerStep(products, inp, out, steps, [&](Product& p, const float* in, float* o) {
-      SkinnyMatmulForward(o, in, p.weight.data(), bias_of(p), N, p.C, p.OC);
-    });
-    const double sgemm = SecondsPerStep(products, inp, out, steps, [&](Product& p, const float* in, float* o) {
-      MatmulForward(o, in, p.weight.data(), bias_of(p), N, p.C, p.OC);
-    });
+    const double skinny =
+        SecondsPerStep(products, inp, out, steps, [&](Product& p, const float* in, float* o) {
+          SkinnyMatmulForward(o, in, p.weight.data(), bias_of(p), N, p.C, p.OC);
+        });
+    const double sgemm =
+        SecondsPerStep(products, inp, out, steps, [&](Product& p, const float* in, float* o) {
+          MatmulForward(o, in, p.weight.data(), bias_of(p), N, p.C, p.OC);
+        });
     std::printf("%4d | %9.2f | %11.1f | %14.1f | %8.2f | %10.1f | %11.2fx\n", N, skinny * 1e3,
                 weights * 4 / skinny / 1e9, 2 * weights * N / skinny / 1e9, sgemm * 1e3,
                 weights * 4 / sgemm / 1e9, sgemm / skinny);

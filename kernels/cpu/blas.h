@@ -28,8 +28,8 @@
 //     ran faster on MKL there, 711 against 819 ms a step (medians of 3, alternating). An AMD CPU
 //     that neither suits gets MKL (the log line says why).
 //  4. Else the system OpenBLAS (Debian's libopenblas0), with a warning naming what was missing.
-// SHARDLINE_BLAS=mkl, =openblas or =onednn forces one (for comparisons and tests; unset in production).
-// The library and its version are logged once, at the first GEMM.
+// SHARDLINE_BLAS=mkl, =openblas or =onednn forces one (for comparisons and tests; unset in
+// production). The library and its version are logged once, at the first GEMM.
 //
 // Loaded with dlopen at the first GEMM rather than linked, for three reasons:
 //  - The choice above is made where the binary runs, not where it was built.

@@ -1,12 +1,12 @@
 #include "kernels/cpu/paged_attention.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cassert>
 #include <cmath>
 #include <cstdint>
 #include <vector>
-
-#include <omp.h>
 
 #include "kernels/cpu/avx512.h"
 #include "kernels/cpu/parallel.h"
@@ -163,23 +163,29 @@ __attribute__((target("avx512f"))) inline float Dot16(const float* q, const floa
 
 // The lines of `floats` floats from `row`.
 inline void PrefetchSpan(const float* row, int floats) {
-  for (int d = 0; d < floats; d += 16) _mm_prefetch(reinterpret_cast<const char*>(row + d), _MM_HINT_T0);
+  for (int d = 0; d < floats; d += 16) {
+    _mm_prefetch(reinterpret_cast<const char*>(row + d), _MM_HINT_T0);
+  }
 }
 
 // A thread's scratch for ForwardHeads16: per head its scaled query and accumulator (HS each), its
 // chunk's scores, its running max and sum.
 struct HeadsScratch {
   explicit HeadsScratch(int NH, int HS)
-      : q(static_cast<size_t>(NH) * HS), acc(q.size()), s(static_cast<size_t>(NH) * kChunk),
-        max(NH), sum(NH) {}
+      : q(static_cast<size_t>(NH) * HS),
+        acc(q.size()),
+        s(static_cast<size_t>(NH) * kChunk),
+        max(NH),
+        sum(NH) {}
   std::vector<float> q, acc, s, max, sum;
 };
 
 template <int NV>
-__attribute__((target("avx512f"))) void ForwardHeads16(
-    float* out, const float* q, const float* k_cache, const float* v_cache, const int32_t* table,
-    int pos, int h0, int h1, const PagedAttentionBatch& batch, int NH, float scale,
-    HeadsScratch& scratch) {
+__attribute__((target("avx512f"))) void ForwardHeads16(float* out, const float* q,
+                                                       const float* k_cache, const float* v_cache,
+                                                       const int32_t* table, int pos, int h0,
+                                                       int h1, const PagedAttentionBatch& batch,
+                                                       int NH, float scale, HeadsScratch& scratch) {
   constexpr int HS = NV * 16;
   const int H = h1 - h0;
   float* qs = scratch.q.data();
@@ -245,13 +251,12 @@ __attribute__((target("avx512f"))) void ForwardHeads16(
   }
 }
 
-using ForwardHeads16Fn = void (*)(float*, const float*, const float*, const float*,
-                                  const int32_t*, int, int, int, const PagedAttentionBatch&, int,
-                                  float, HeadsScratch&);
+using ForwardHeads16Fn = void (*)(float*, const float*, const float*, const float*, const int32_t*,
+                                  int, int, int, const PagedAttentionBatch&, int, float,
+                                  HeadsScratch&);
 constexpr ForwardHeads16Fn kForwardHeads16[9] = {
-    nullptr,           ForwardHeads16<1>, ForwardHeads16<2>, ForwardHeads16<3>,
-    ForwardHeads16<4>, ForwardHeads16<5>, ForwardHeads16<6>, ForwardHeads16<7>,
-    ForwardHeads16<8>};
+    nullptr,           ForwardHeads16<1>, ForwardHeads16<2>, ForwardHeads16<3>, ForwardHeads16<4>,
+    ForwardHeads16<5>, ForwardHeads16<6>, ForwardHeads16<7>, ForwardHeads16<8>};
 
 // The sixteen-lane body for this head size on this CPU, or null.
 ForwardHeads16Fn WideHeads(int HS) {

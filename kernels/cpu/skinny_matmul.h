@@ -11,9 +11,9 @@
 // up to four rows at a time (16 accumulators of 16 lanes) with AVX-512 (WideVectors()), the first
 // pass over the weights taking up to eight rows by two weight rows, asking for the weights a few
 // rows ahead into L2 (on a 2-core Zen 4 EPYC: a GPT-2-small decode step of 8 sequences in
-// 19.6-19.9 ms, 23.7-24.2 ms with four-row passes only; skinny_matmul.cc), or two weight rows for 4 rows at a time with AVX2 and FMA
-// (Avx2Vectors(); 8 accumulators of 8 lanes): on a 2-core AVX2 Zen 3 EPYC
-// GPT-2 small served 187.2 output tokens/s at 8 sequences with it, 80.7 with OpenBLAS 0.3.21
+// 19.6-19.9 ms, 23.7-24.2 ms with four-row passes only; skinny_matmul.cc), or two weight rows for 4
+// rows at a time with AVX2 and FMA (Avx2Vectors(); 8 accumulators of 8 lanes): on a 2-core AVX2 Zen
+// 3 EPYC GPT-2 small served 187.2 output tokens/s at 8 sequences with it, 80.7 with OpenBLAS 0.3.21
 // multiplying the steps' rows (bench/serve_compare.py, 2026-12-04). Elsewhere it is
 // MatmulForward.
 //
@@ -41,9 +41,10 @@ bool SkinnyMatmulAvailable();
 // multiplying a 192 KiB weight over and over (a small model's layer, as in the default
 // `shardline up` job) ran at 0.60-0.76x oneDNN from 8 to 128 rows (a 1 MiB one, at the limit,
 // 0.79-1.11x: in a model that fits no cache it is streamed too); past 16 rows those stay on the
-// BLAS (at up to 16 rows the kernel's batch invariance is kept for every size). The eight-lane body was measured against OpenBLAS's AVX-512 sgemm up to 32 rows only
-// (and on an AVX2 CPU at 8). A serving step of a few decodes beside a prompt chunk, or the prefill
-// of a few short prompts, of a model that does not fit a cache, takes the 128.
+// BLAS (at up to 16 rows the kernel's batch invariance is kept for every size). The eight-lane body
+// was measured against OpenBLAS's AVX-512 sgemm up to 32 rows only (and on an AVX2 CPU at 8). A
+// serving step of a few decodes beside a prompt chunk, or the prefill of a few short prompts, of a
+// model that does not fit a cache, takes the 128.
 inline constexpr int64_t kSkinnyStreamedBytes = int64_t{1} << 20;  // the Zen 4's L2 a core
 int SkinnyMatmulMaxRows(int64_t weight_bytes);
 
@@ -55,8 +56,8 @@ void SkinnyMatmulForward(float* out, const float* inp, const float* weight, cons
 class PackedWeight;
 // MatmulForward for a block's linears (training and inference) and the paged head, choosing by
 // N: `packed` (null: none) for 17 to its max_rows() rows (MKL's packed GEMM, on Intel CPUs), else
-// the skinny kernel up to SkinnyMatmulMaxRows(its bytes), else sgemm (MKL's matrix-vector path for one row, as fast as the
-// packed one).
+// the skinny kernel up to SkinnyMatmulMaxRows(its bytes), else sgemm (MKL's matrix-vector path for
+// one row, as fast as the packed one).
 void LinearForward(float* out, const float* inp, const float* weight, const PackedWeight* packed,
                    const float* bias, int N, int C, int OC);
 

@@ -1,6 +1,7 @@
-// exp and tanh over arrays, and the index of an array's largest element, four lanes at a time through SLEEF (the SIMD Library for Evaluating
-// Elementary Functions; max error 1.0 ulp, the same bits for a value wherever it sits in the array,
-// so results depend on neither alignment nor thread count).
+// exp and tanh over arrays, and the index of an array's largest element, four lanes at a time
+// through SLEEF (the SIMD Library for Evaluating Elementary Functions; max error 1.0 ulp, the same
+// bits for a value wherever it sits in the array, so results depend on neither alignment nor thread
+// count).
 //
 // Why a library: glibc's scalar expf/tanhf do not vectorise, and its vector variants (libmvec) are
 // only declared under -ffast-math, which would loosen every other kernel's arithmetic. With the

@@ -242,7 +242,8 @@ absl::Status HttpServer::Impl::Start() {
   }
   if (port_ == 0) {
     return absl::UnavailableError(absl::StrCat("serving: cannot listen on ", options_.host, ":",
-                                               options_.port, " (in use for 3 s, or not an address here)"));
+                                               options_.port,
+                                               " (in use for 3 s, or not an address here)"));
   }
   thread_ = std::thread([this] { server_.listen_after_bind(); });
   // stop() before the loop runs would be lost: wait until it does.
