@@ -305,6 +305,7 @@ bool LoadOneDnn(Loaded& out, std::string& tried) {
   OneDnnSgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, 2, 2, 2, 1.0f, a, 2, b, 2, 0.0f, c, 2);
   if (c[0] != 19 || c[1] != 22 || c[2] != 43 || c[3] != 50) {
     Note(tried, "libdnnl.so.2: a 2x2 sgemm gave a wrong result");
+    dnnl_sgemm = nullptr;  // its OpenMP threads may hold the library's code: not dlclosed
     return false;
   }
   out.sgemm = &OneDnnSgemm;
@@ -318,6 +319,15 @@ bool LoadOneDnn(Loaded& out, std::string& tried) {
 // (if its kernels are for this CPU) where it has not; MKL everywhere else.
 bool IsAmd() { return __builtin_cpu_is("amd"); }
 bool PrefersOneDnn() { return IsAmd() && __builtin_cpu_supports("avx512f"); }
+
+// SHARDLINE_BLAS forced `name`, which this installation cannot give: a run must not quietly
+// compare or test another library.
+[[noreturn]] void ForcedButUnusable(const std::string& want, const char* name,
+                                    const std::string& tried) {
+  std::fprintf(stderr, "shardline: SHARDLINE_BLAS=%s but %s cannot be used (%s)\n", want.c_str(),
+               name, tried.c_str());
+  std::abort();
+}
 
 const Loaded& Load() {
   static Loaded loaded;
@@ -338,11 +348,7 @@ const Loaded& Load() {
         spdlog::debug("CPU BLAS: {}", loaded.description);
         return;
       }
-      if (want == "onednn") {
-        std::fprintf(stderr, "shardline: SHARDLINE_BLAS=onednn but oneDNN cannot be used (%s)\n",
-                     tried.c_str());
-        std::abort();
-      }
+      if (want == "onednn") ForcedButUnusable(want, "oneDNN", tried);
     }
     // Why a CPU that prefers oneDNN runs another library, for its description.
     const std::string onednn_note = tried.empty() ? "" : "; not oneDNN: " + tried;
@@ -364,11 +370,7 @@ const Loaded& Load() {
       spdlog::debug("CPU BLAS: {}", loaded.description);
       return;
     }
-    if (want == "mkl") {
-      std::fprintf(stderr, "shardline: SHARDLINE_BLAS=mkl but MKL cannot be used (%s)\n",
-                   tried.c_str());
-      std::abort();
-    }
+    if (want == "mkl") ForcedButUnusable(want, "MKL", tried);
     if (LoadSystem(loaded, tried, /*preferred_only=*/false)) {
       if (want == "openblas") {
         spdlog::debug("CPU BLAS: {} (SHARDLINE_BLAS=openblas)", loaded.description);

@@ -21,9 +21,10 @@
 // position order), so greedy output does not depend on what else is in the batch — up to the
 // GEMMs, whose rounding may depend on how many rows they multiply.
 //
-// A step's products of up to kernels::cpu::SkinnyMatmulMaxRows() rows (decodes, with a short prompt
-// chunk beside them on AVX-512 CPUs for a model that no cache holds) run on kernels::cpu::SkinnyMatmulForward where the CPU has
-// AVX-512 or AVX2 (it streams each weight once). With MKL, the matrices of the blocks and the head
+// A step's products of up to kernels::cpu::SkinnyMatmulMaxRows(the weight's bytes) rows (decodes,
+// with a short prompt chunk beside them on AVX-512 CPUs for a model that no cache holds) run on
+// kernels::cpu::SkinnyMatmulForward where the CPU has AVX-512 or AVX2 (it streams each weight
+// once). With MKL, the matrices of the blocks and the head
 // are also packed once into MKL's layout (kernels::cpu::PackedWeight) for products of 17 to
 // kPackedRows rows, which then run ~1.6x faster than plain sgemm (on the Xeon); that copy doubles
 // the memory of those matrices on the rank.
