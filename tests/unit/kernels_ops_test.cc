@@ -250,8 +250,16 @@ LayerNormRef LayerNormReference(const std::vector<float>& inp, const std::vector
   return r;
 }
 
-TEST(LayerNormTest, ForwardMatchesReference) {
-  for (auto [N, C] : {std::pair{3, 8}, std::pair{96, 512}}) {  // the second one runs threaded
+// Both implementations: the AVX-512 one (where this CPU has it) and the four-lane one.
+class LayerNormTest : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override { UseBaselineVectors(GetParam()); }
+  void TearDown() override { UseBaselineVectors(false); }
+};
+
+TEST_P(LayerNormTest, ForwardMatchesReference) {
+  // Rows shorter than a vector, of whole vectors, and with a tail; the last one runs threaded.
+  for (auto [N, C] : {std::pair{3, 8}, std::pair{5, 37}, std::pair{128, 64}, std::pair{96, 512}}) {
     auto inp = RandomVector(N * C, 11, -2.0f, 3.0f);
     const auto weight = RandomVector(C, 12), bias = RandomVector(C, 13);
     const auto dout = RandomVector(N * C, 14);
@@ -272,7 +280,7 @@ TEST(LayerNormTest, ForwardMatchesReference) {
   }
 }
 
-TEST(LayerNormTest, BackwardMatchesFiniteDifferences) {
+TEST_P(LayerNormTest, BackwardMatchesFiniteDifferences) {
   const int N = 3, C = 6;
   auto inp = RandomVector(N * C, 15, -2.0f, 2.0f);
   auto weight = RandomVector(C, 16), bias = RandomVector(C, 17);
@@ -293,6 +301,10 @@ TEST(LayerNormTest, BackwardMatchesFiniteDifferences) {
   ExpectGradientMatches(loss, weight, MinusPrefill(dweight), "layernorm dweight", tol);
   ExpectGradientMatches(loss, bias, MinusPrefill(dbias), "layernorm dbias", tol);
 }
+
+INSTANTIATE_TEST_SUITE_P(Widths, LayerNormTest, ::testing::Bool(), [](const auto& info) {
+  return std::string(info.param ? "FourLanes" : "Widest");
+});
 
 // ---------------------------------------------------------------------------------------------
 // exp and tanh over arrays (vector_math.h), at every width this CPU has: 0 the widest, 1 AVX2
