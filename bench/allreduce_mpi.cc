@@ -7,7 +7,8 @@
 // (RunAllreduceBench): the ratio is then paired. That is the figure to trust on a host whose
 // speed changes from one run to the next (a VM whose vCPUs the hypervisor moves between core
 // complexes ran 64 KiB-1 MiB 2-5x slower in some runs than in others, alike for both).
-// shm is the default (tuned) communicator; shm-oneshot, shm-copy and shm-single force one
+// shm is the default (tuned) communicator; shm-oneshot, shm-copy, shm-single and the streamed
+// variants of the first two (shm-oneshot-streamed, shm-copy-streamed) force one
 // algorithm each (ShmOptions::all_reduce), to see what the tuner chooses between. shm-shared is
 // the tuned communicator over a buffer from SharedHostAllocator, which its peers map (as the
 // trainer's data-parallel gradients are; MPI and the other shm rows use plain heap memory).
@@ -49,7 +50,7 @@ int main(int argc, char** argv) {
   // ParseArgs insists on --ranks >= 2; the world size is what counts here.
   if (!bench::ParseArgs(argc, argv, args,
                         "mpirun -np N allreduce_mpi [--min-bytes B] [--max-bytes B] "
-                        "[--label NAME] [--impl mpi,shm,shm-shared,shm-copy,shm-single,shm-oneshot --store DIR]") ||
+                        "[--label NAME] [--impl mpi,shm,shm-shared,shm-copy,shm-single,shm-oneshot,shm-copy-streamed,shm-oneshot-streamed --store DIR]") ||
       size < 2) {
     if (size < 2) fprintf(stderr, "allreduce_mpi: run it with mpirun -np N, N >= 2\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
@@ -83,10 +84,14 @@ int main(int argc, char** argv) {
       options.all_reduce = comm::ShmAlgorithm::kSingleCopy;
     } else if (name == "shm-oneshot") {
       options.all_reduce = comm::ShmAlgorithm::kOneShot;
+    } else if (name == "shm-copy-streamed") {
+      options.all_reduce = comm::ShmAlgorithm::kChunkedStreamed;
+    } else if (name == "shm-oneshot-streamed") {
+      options.all_reduce = comm::ShmAlgorithm::kOneShotStreamed;
     } else if (name != "shm" && name != "shm-shared") {
       fprintf(stderr,
               "allreduce_mpi: --impl lists mpi, shm, shm-shared, shm-copy, shm-single, "
-              "shm-oneshot, not '%s'\n",
+              "shm-oneshot, shm-copy-streamed, shm-oneshot-streamed, not '%s'\n",
               name.c_str());
       MPI_Abort(MPI_COMM_WORLD, 2);
     }

@@ -16,6 +16,8 @@ const char* ShmAlgorithmName(ShmAlgorithm algorithm) {
     case ShmAlgorithm::kOneShot: return "one-shot";
     case ShmAlgorithm::kChunked: return "chunked";
     case ShmAlgorithm::kSingleCopy: return "single-copy";
+    case ShmAlgorithm::kOneShotStreamed: return "one-shot-streamed";
+    case ShmAlgorithm::kChunkedStreamed: return "chunked-streamed";
   }
   return "?";
 }

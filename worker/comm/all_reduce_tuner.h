@@ -23,8 +23,13 @@ enum class ShmAlgorithm : uint8_t {
   kOneShot = 0,     // every rank copies its input into the segment and reduces all of them
   kChunked = 1,     // reduce-scatter + all-gather through the segment
   kSingleCopy = 2,  // reduce-scatter + all-gather reading the peers' buffers (process_vm_readv)
+  // The first two with their writes into the segment streamed past this core's caches: slower
+  // where the cores share a cache, much faster where a store to a line a peer has read waits for
+  // the peer to give it up (shm_communicator.cc, StreamCopy).
+  kOneShotStreamed = 3,
+  kChunkedStreamed = 4,
 };
-constexpr int kShmAlgorithms = 3;
+constexpr int kShmAlgorithms = 5;
 const char* ShmAlgorithmName(ShmAlgorithm algorithm);
 
 class AllReduceTuner {
@@ -70,7 +75,7 @@ class AllReduceTuner {
     uint64_t runs = 0;
   };
   std::array<Slot, kBuckets> buckets_{};
-  std::array<bool, kShmAlgorithms> allowed_{true, true, true};
+  std::array<bool, kShmAlgorithms> allowed_{true, true, true, true, true};
 };
 
 }  // namespace shardline::comm

@@ -3,8 +3,9 @@
 // csrc/cpu/shm.cpp) are PyTorch extensions that spin forever on a dead peer. The shape follows
 // them and MPICH's release/gather: per-rank control lines with release/acquire counters, one-shot
 // for small messages, and for large ones whichever is fastest here, timed on the live traffic
-// (all_reduce_tuner.h), of a chunked one-shot, a chunked reduce-scatter + all-gather, and
-// OpenMPI's single-copy idea (each rank reads its peers' buffers through process_vm_readv).
+// (all_reduce_tuner.h), of a chunked one-shot, a chunked reduce-scatter + all-gather (each also
+// with streamed stores into the segment), and OpenMPI's single-copy idea (each rank reads its
+// peers' buffers through process_vm_readv).
 #include "worker/comm/shm_communicator.h"
 
 #include <fcntl.h>
@@ -72,6 +73,38 @@ constexpr size_t kOneShotChunk = size_t{128} << 10;
 constexpr size_t kPeerBlocksKept = 8;
 
 size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+// A copy into lines a peer reads, around this core's caches (non-temporal stores), for the
+// streamed algorithms (all_reduce_tuner.h). A normal store to a line a peer has read must first
+// take the line back from the peer's cache (a read-for-ownership), one line at a time: on the
+// 2-vCPU EPYC, 64 KiB written over lines the other vCPU had just read took 27.7 us with normal
+// stores and 2.0 us streamed in one of the host's moods (7.2 and 2.1 in another), and the peer
+// then read the streamed bytes at 27-28 GB/s (22-59 GB/s from the writer's cache). Which wins
+// depends on the moment: the tuner times both.
+void StreamCopy(void* to, const void* from, size_t bytes) {
+#if defined(__x86_64__)
+  char* dst = static_cast<char*>(to);
+  const char* src = static_cast<const char*>(from);
+  // Up to the first 16-byte boundary the normal way, then whole 16-byte stores (SSE2: every
+  // x86-64 has them, and the write-combining buffers join them into lines), then the tail.
+  const size_t head = std::min(bytes, (16 - reinterpret_cast<uintptr_t>(dst) % 16) % 16);
+  std::memcpy(dst, src, head);
+  size_t i = head;
+  for (; i + 16 <= bytes; i += 16) {
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
+  }
+  std::memcpy(dst + i, src + i, bytes - i);
+  // Streamed stores are weakly ordered: they must be visible before the release that publishes
+  // them.
+  _mm_sfence();
+#else
+  std::memcpy(to, from, bytes);
+#endif
+}
+
+void PlainCopy(void* to, const void* from, size_t bytes) { std::memcpy(to, from, bytes); }
+using CopyFn = void (*)(void*, const void*, size_t);
 
 inline void CpuRelax() {
 #if defined(__x86_64__)
@@ -219,11 +252,12 @@ A Combine(ReduceOp op, A a, A b) {
 
 // The op is a template parameter so that each inner loop is one plain, vectorisable expression.
 // `out` may be one of the inputs (in place); `copy`, when not null, gets the same result (the
-// segment's result slot, written in the same pass instead of read back from `out`). The partial
-// sums live in `acc`, a block in L1, so the vectoriser needs no alias checks against `out`.
+// segment's result slot, written block by block from `out` while it is in L1, by `copy_fn`).
+// The partial sums live in `acc`, a block in L1, so the vectoriser needs no alias checks against
+// `out`.
 template <typename T, ReduceOp kOp>
 void ReduceTyped(const void* const* inputs, int n, void* out_bytes, void* copy_bytes,
-                 size_t count) {
+                 CopyFn copy_fn, size_t count) {
   using W = Wide<T>;
   using A = typename W::type;
   T* out = static_cast<T*>(out_bytes);
@@ -249,13 +283,11 @@ void ReduceTyped(const void* const* inputs, int n, void* out_bytes, void* copy_b
       for (size_t i = 0; i < len; ++i) acc[i] = static_cast<A>(acc[i] / divisor);
     }
     for (size_t i = 0; i < len; ++i) out[begin + i] = W::Store(acc[i]);
-    if (copy != nullptr) {
-      for (size_t i = 0; i < len; ++i) copy[begin + i] = W::Store(acc[i]);
-    }
+    if (copy != nullptr) copy_fn(copy + begin, out + begin, len * sizeof(T));
   }
 }
 
-using ReduceFn = void (*)(const void* const*, int, void*, void*, size_t);
+using ReduceFn = void (*)(const void* const*, int, void*, void*, CopyFn, size_t);
 
 template <typename T>
 ReduceFn PickForOp(ReduceOp op) {
@@ -430,6 +462,12 @@ class ShmCommunicator final : public Communicator {
         case ShmAlgorithm::kChunked:
           RETURN_IF_ERROR(Chunked(bytes_out, count, esize, reduce, what));
           break;
+        case ShmAlgorithm::kOneShotStreamed:
+          RETURN_IF_ERROR(OneShot(bytes_out, count, esize, reduce, what, StreamCopy));
+          break;
+        case ShmAlgorithm::kChunkedStreamed:
+          RETURN_IF_ERROR(Chunked(bytes_out, count, esize, reduce, what, StreamCopy));
+          break;
       }
       if (!forced_.has_value() && rank_ == 0) {
         if (peer_reads_ == PeerReads::kNo) tuner_.Disallow(ShmAlgorithm::kSingleCopy);
@@ -499,7 +537,7 @@ class ShmCommunicator final : public Communicator {
         }
         RETURN_IF_ERROR(PublishAndWait(phase, what));
         for (int r = 0; r < size_; ++r) inputs_[r] = Input(r, phase) + rank_ * len * esize;
-        reduce(inputs_.data(), size_, out + offset * esize, nullptr, len);
+        reduce(inputs_.data(), size_, out + offset * esize, nullptr, PlainCopy, len);
       }
       return absl::OkStatus();
     });
@@ -557,28 +595,29 @@ class ShmCommunicator final : public Communicator {
  private:
   enum class PeerReads { kUntried, kYes, kNo };
 
-  // Every rank copies its input into its slot, and reduces everyone's: one phase per chunk. The
-  // chunks alternate between the two slots by phase parity, so a rank writes the next while a
-  // slow peer still reads the last.
-  absl::Status OneShot(char* data, size_t count, size_t esize, ReduceFn reduce,
-                       const OpText& what) {
+  // Every rank copies its input into its slot (by `into_segment`), and reduces everyone's: one
+  // phase per chunk. The chunks alternate between the two slots by phase parity, so a rank writes
+  // the next while a slow peer still reads the last.
+  absl::Status OneShot(char* data, size_t count, size_t esize, ReduceFn reduce, const OpText& what,
+                       CopyFn into_segment = PlainCopy) {
     const size_t chunk = std::min(kOneShotChunk, layout_.slot_bytes) / esize;
     for (size_t offset = 0; offset < count; offset += chunk) {
       const size_t len = std::min(chunk, count - offset);
       char* mine = data + offset * esize;
       const uint64_t phase = NextPhase();
-      std::memcpy(Input(rank_, phase), mine, len * esize);
+      into_segment(Input(rank_, phase), mine, len * esize);
       RETURN_IF_ERROR(PublishAndWait(phase, what));
       for (int r = 0; r < size_; ++r) inputs_[r] = r == rank_ ? mine : Input(r, phase);
       // In place is safe: a block's inputs are all read before its outputs are written.
-      reduce(inputs_.data(), size_, mine, nullptr, len);
+      reduce(inputs_.data(), size_, mine, nullptr, PlainCopy, len);
     }
     return absl::OkStatus();
   }
 
-  // Reduce-scatter + all-gather through the segment, a slot's worth per round.
-  absl::Status Chunked(char* data, size_t count, size_t esize, ReduceFn reduce,
-                       const OpText& what) {
+  // Reduce-scatter + all-gather through the segment, a slot's worth per round; what goes into
+  // the segment by `into_segment`.
+  absl::Status Chunked(char* data, size_t count, size_t esize, ReduceFn reduce, const OpText& what,
+                       CopyFn into_segment = PlainCopy) {
     const size_t chunk = layout_.slot_bytes / esize;
     for (size_t offset = 0; offset < count; offset += chunk) {
       const size_t len = std::min(chunk, count - offset);
@@ -587,20 +626,21 @@ class ShmCommunicator final : public Communicator {
       // the slices the others reduce go into the segment, and only theirs come back out: the
       // fewest bytes moved, which is what a memory-bound collective is timed by.
       const size_t lo = len * rank_ / size_, hi = len * (rank_ + 1) / size_;
-      const auto others = [&](char* to, const char* from) {
-        std::memcpy(to, from, lo * esize);
-        std::memcpy(to + hi * esize, from + hi * esize, (len - hi) * esize);
+      const auto others = [&](char* to, const char* from, CopyFn copy) {
+        copy(to, from, lo * esize);
+        copy(to + hi * esize, from + hi * esize, (len - hi) * esize);
       };
       const uint64_t scatter = NextPhase();
-      others(Input(rank_, scatter), mine);
+      others(Input(rank_, scatter), mine, into_segment);
       RETURN_IF_ERROR(PublishAndWait(scatter, what));
       const uint64_t gather = NextPhase();
       for (int r = 0; r < size_; ++r) {
         inputs_[r] = (r == rank_ ? mine : Input(r, scatter)) + lo * esize;
       }
-      reduce(inputs_.data(), size_, mine + lo * esize, Result(gather) + lo * esize, hi - lo);
+      reduce(inputs_.data(), size_, mine + lo * esize, Result(gather) + lo * esize, into_segment,
+             hi - lo);
       RETURN_IF_ERROR(PublishAndWait(gather, what));
-      others(mine, Result(gather));
+      others(mine, Result(gather), PlainCopy);
     }
     return absl::OkStatus();
   }
@@ -682,7 +722,7 @@ class ShmCommunicator final : public Communicator {
         }
       }
       // In place: a block's inputs are all read before its outputs are written.
-      reduce(inputs_.data(), size_, data + begin * esize, nullptr, len);
+      reduce(inputs_.data(), size_, data + begin * esize, nullptr, PlainCopy, len);
     }
     RETURN_IF_ERROR(PublishAndWait(NextPhase(), what));
     // All-gather: the others' reduced slices, from their buffers into this one.

@@ -10,16 +10,19 @@
 // last one.
 //
 // Algorithms: up to `one_shot_bytes`, every rank publishes its input and reduces all of them
-// (one phase). Larger all-reduces run one of three (all_reduce_tuner.h), which rank 0 picks per
+// (one phase). Larger all-reduces run one of five (all_reduce_tuner.h), which rank 0 picks per
 // size by timing them on the live traffic and tells the others through the segment: the same
 // one-shot in chunks; chunked reduce-scatter + all-gather (two phases per chunk: rank r reduces
-// slice r of each chunk and the others copy it); or the single copy, where rank r reads slice r
-// of its peers' buffers straight from their memory and the others read its result from its
-// buffer: fewer bytes moved. A buffer from SharedHostAllocator (shared_host_memory.h) is read
-// through the reader's own mapping of it; any other through process_vm_readv (OpenMPI's CMA
-// path), if every rank may read every peer (found out on its first run; never again otherwise). Whichever runs, every element is reduced
-// in rank order 0, 1, ..., n-1, so every rank gets bit-identical results, whatever the choice.
-// bf16 and f16 are reduced in f32 and rounded once.
+// slice r of each chunk and the others copy it); either of them with its writes into the segment
+// streamed past the writer's caches (faster where a store to a line a peer has read must first
+// win it back from the peer's cache, slower where the cores share one); or the single copy, where
+// rank r reads slice r of its peers' buffers straight from their memory and the others read its
+// result from its buffer: fewer bytes moved. A buffer from SharedHostAllocator
+// (shared_host_memory.h) is read through the reader's own mapping of it; any other through
+// process_vm_readv (OpenMPI's CMA path), if every rank may read every peer (found out on its first
+// run; never again otherwise). Whichever runs, every element is reduced in rank order 0, 1, ...,
+// n-1, so every rank gets bit-identical results, whatever the choice. bf16 and f16 are reduced in
+// f32 and rounded once.
 //
 // Waiting spins briefly, then yields, then sleeps on a futex in the segment with a deadline. Every
 // wait checks the abort word (any rank's Abort() fails every rank's pending and later operations)
