@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "worker/comm/all_reduce_tuner.h"
+
 namespace shardline::bench {
 
 struct AllreduceBenchArgs {
@@ -84,8 +86,14 @@ struct AllreduceImpl {
 // Implementations alternate operation by operation in the same processes, each operation timed
 // on its own: load from elsewhere on a shared machine then hits them alike, instead of whichever
 // happened to run during a burst. About kSecondsPerImpl of operations per implementation and
-// point, at least 5 (the huge sizes take seconds per operation on a loaded machine).
-inline int WarmupIterations(size_t bytes) { return bytes >= (size_t{64} << 20) ? 1 : 3; }
+// point, at least 5 (the huge sizes take seconds per operation on a loaded machine). Before them,
+// as many untimed operations per implementation as Shardline's shared-memory all-reduce needs to
+// time each of its candidate algorithms at a size (all_reduce_tuner.h): a cost once per size,
+// which a training job pays in its first steps and which five timed operations of 256 MiB would
+// otherwise be mostly made of.
+inline int WarmupIterations(size_t /*bytes*/) {
+  return shardline::comm::AllReduceTuner::kWarmRuns * shardline::comm::kShmAlgorithms;
+}
 constexpr double kSecondsPerImpl = 0.5;
 
 inline double BusBandwidthGBps(int ranks, size_t bytes, double seconds_per_op) {

@@ -16,7 +16,9 @@ implementation alike, and two separate runs compare the host's moods rather than
 runs with its own algorithm choice and shared-memory transport (vader, CMA single copy) and,
 unless --quick, once more with the ring algorithm forced (coll_tuned_allreduce_algorithm 4);
 each is repeated --rounds times and the table gives medians, the ratio column the median of the
-paired ratios against MPI's better run and their range. Shardline's Gloo path, raw Gloo and
+paired ratios against MPI's better run and their range. Every implementation first runs
+untimed operations at each size, as many as Shardline's tuner needs to try each of its
+algorithms there (allreduce_bench_common.h). Shardline's Gloo path, raw Gloo and
 memcpy run interleaved in the same forked processes (allreduce_gloo), once.
 
 Two Shardline rows: `shm` all-reduces a plain heap buffer, as MPI does; `shm-shared` one from
