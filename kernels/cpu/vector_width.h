@@ -1,7 +1,7 @@
 // Which vector width the CPU kernels' hand-vectorised loops run at. The binary targets baseline
 // x86-64 (no -march: it runs on every node of a cluster), whose vectors are four floats wide;
-// the hot elementwise loops (GELU, AdamW, exp and tanh) also have sixteen-lane AVX-512 bodies,
-// each with its own target attribute, chosen here at run time.
+// the hot elementwise loops (GELU, LayerNorm, AdamW, exp and tanh) also have sixteen-lane AVX-512
+// bodies, each with its own target attribute, chosen here at run time.
 #pragma once
 
 namespace shardline::kernels::cpu {
