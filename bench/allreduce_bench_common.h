@@ -91,9 +91,8 @@ struct AllreduceImpl {
 // time each of its candidate algorithms at a size (all_reduce_tuner.h): a cost once per size,
 // which a training job pays in its first steps and which five timed operations of 256 MiB would
 // otherwise be mostly made of.
-inline int WarmupIterations(size_t /*bytes*/) {
-  return shardline::comm::AllReduceTuner::kWarmRuns * shardline::comm::kShmAlgorithms;
-}
+constexpr int kWarmupIterations =
+    shardline::comm::AllReduceTuner::kWarmRuns * shardline::comm::kShmAlgorithms;
 constexpr double kSecondsPerImpl = 0.5;
 
 inline double BusBandwidthGBps(int ranks, size_t bytes, double seconds_per_op) {
@@ -135,17 +134,17 @@ inline int RunAllreduceBench(int rank, int ranks, const AllreduceBenchArgs& args
     // Iterations from the first implementation's warm-up, averaged over the ranks by
     // an all-reduce so that every rank runs the same count.
     const auto warm_start = Clock::now();
-    for (int i = 0; i < WarmupIterations(bytes); ++i) {
+    for (int i = 0; i < kWarmupIterations; ++i) {
       if (!impls[0].all_reduce(buffer_of(impls[0]), count)) return 12;
     }
     float estimate = static_cast<float>(
         std::chrono::duration<double>(Clock::now() - warm_start).count() /
-        WarmupIterations(bytes));
+        kWarmupIterations);
     if (!impls[0].all_reduce(&estimate, 1)) return 12;
     const int iters = static_cast<int>(std::clamp(kSecondsPerImpl / (estimate / ranks), 5.0,
                                                   5000.0));
     for (size_t k = 1; k < impls.size(); ++k) {  // impls[0] was warmed up above
-      for (int i = 0; i < WarmupIterations(bytes); ++i) {
+      for (int i = 0; i < kWarmupIterations; ++i) {
         if (!impls[k].all_reduce(buffer_of(impls[k]), count)) return 12;
       }
     }
