@@ -139,7 +139,10 @@ Json PlanToJson(const PlanInfo& plan) {
           {"micro_batch", plan.micro_batch},
           {"stage_layers", plan.stage_layers},
           {"device", plan.device},
-          {"precision", plan.precision}};
+          {"precision", plan.precision},
+          {"schedule", plan.schedule},
+          {"virtual_stages", plan.virtual_stages},
+          {"recompute", plan.recompute}};
 }
 
 PlanInfo PlanFromJson(const Json& json) {
@@ -152,6 +155,10 @@ PlanInfo PlanFromJson(const Json& json) {
   plan.stage_layers = Int64s(json.at("stage_layers"));
   plan.device = json.at("device").get<std::string>();
   plan.precision = json.at("precision").get<std::string>();
+  // Written since the schedules and recomputation came; older manifests have none of the three.
+  if (json.contains("schedule")) plan.schedule = json.at("schedule").get<std::string>();
+  if (json.contains("virtual_stages")) plan.virtual_stages = Int64(json.at("virtual_stages"));
+  if (json.contains("recompute")) plan.recompute = json.at("recompute").get<std::string>();
   return plan;
 }
 

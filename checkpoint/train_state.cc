@@ -50,8 +50,14 @@ StateTensor ParseStateTensorName(std::string_view name) {
 }
 
 std::string PlanSummary(const PlanInfo& plan) {
+  std::string schedule;
+  if (plan.schedule != "1f1b") {
+    schedule = absl::StrCat(" · ", plan.schedule, " ×", plan.virtual_stages);
+  }
+  const std::string recompute =
+      plan.recompute != "none" ? absl::StrCat(" · recompute ", plan.recompute) : std::string();
   return absl::StrCat("tp ", plan.tp, " · pp ", plan.pp, " · dp ", plan.dp, " · ZeRO ", plan.zero,
-                      " (", plan.device, ", ", plan.precision, ")");
+                      schedule, recompute, " (", plan.device, ", ", plan.precision, ")");
 }
 
 absl::Status CheckSameModel(const Gpt2Config& stored, const Gpt2Config& config,

@@ -83,11 +83,17 @@ struct PlanInfo {
   std::vector<int64_t> stage_layers;  // layers per pipeline stage
   std::string device = "cpu";         // "cpu", "cuda"
   std::string precision = "fp32";     // "fp32", "bf16"
+  // The pipeline schedule and activation recomputation (placement::PipelineScheduleName,
+  // RecomputeModeName); a manifest from before them has neither and reads as 1f1b, 1, none.
+  std::string schedule = "1f1b";   // "1f1b", "interleaved"
+  int64_t virtual_stages = 1;      // chunks of layers per stage: 1 for 1f1b, >= 2 interleaved
+  std::string recompute = "none";  // "none", "selective", "full"
 
   bool operator==(const PlanInfo&) const = default;
 };
 
-// "tp 2 · pp 2 · dp 1 · ZeRO 0 (cpu, fp32)", for listings.
+// "tp 2 · pp 2 · dp 1 · ZeRO 0 (cpu, fp32)", for listings; a schedule other than 1f1b and a
+// recomputation other than none are added: "... · ZeRO 0 · interleaved ×2 · recompute full (...)".
 std::string PlanSummary(const PlanInfo& plan);
 
 // OK when the two model configs are equal; otherwise InvalidArgument, prefixed by `where`, naming the

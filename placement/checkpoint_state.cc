@@ -45,6 +45,9 @@ checkpoint::PlanInfo CheckpointPlanOf(const TrainSpec& spec, const ParallelSpec&
   }
   plan.device = spec.device == TrainDevice::kCuda ? "cuda" : "cpu";
   plan.precision = spec.precision == TrainPrecision::kBFloat16 ? "bf16" : "fp32";
+  plan.schedule = std::string(PipelineScheduleName(parallel.schedule));
+  plan.virtual_stages = parallel.virtual_stages;
+  plan.recompute = std::string(RecomputeModeName(parallel.recompute));
   return plan;
 }
 

@@ -66,6 +66,42 @@ TEST(ManifestTest, RoundTripsThroughAFileWithEverySection) {
   EXPECT_THAT(ManifestToJson(manifest), HasSubstr("\"xxh3_64\": \"0123456789abcdef\""));
 }
 
+TEST(ManifestTest, ThePlanKeepsItsScheduleAndRecomputationAndOldManifestsReadAsBefore) {
+  Manifest interleaved = TwoRanks();
+  interleaved.plan.schedule = "interleaved";
+  interleaved.plan.virtual_stages = 2;
+  interleaved.plan.recompute = "selective";
+  const std::string json = ManifestToJson(interleaved);
+  EXPECT_THAT(json, HasSubstr("\"schedule\": \"interleaved\""));
+  absl::StatusOr<Manifest> parsed = ParseManifest(json, "m.json");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->plan, interleaved.plan);
+  EXPECT_EQ(PlanSummary(parsed->plan),
+            "tp 2 · pp 1 · dp 1 · ZeRO 0 · interleaved ×2 · recompute selective (cpu, fp32)");
+
+  // A manifest written before the three keys: 1F1B, one chunk, no recomputation.
+  std::string old = ManifestToJson(TwoRanks());
+  for (const std::string key : {",\n  \"schedule\": \"1f1b\"", ",\n  \"virtual_stages\": 1",
+                                ",\n  \"recompute\": \"none\""}) {
+    const size_t at = old.find(key);
+    ASSERT_NE(at, std::string::npos) << key << " in\n" << old;
+    old.erase(at, key.size());
+  }
+  ASSERT_EQ(old.find("recompute"), std::string::npos);
+  parsed = ParseManifest(old, "old.json");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->plan.schedule, "1f1b");
+  EXPECT_EQ(parsed->plan.virtual_stages, 1);
+  EXPECT_EQ(parsed->plan.recompute, "none");
+  EXPECT_EQ(parsed->plan, TwoRanks().plan);
+  EXPECT_EQ(PlanSummary(parsed->plan), "tp 2 · pp 1 · dp 1 · ZeRO 0 (cpu, fp32)");
+
+  // A wrong type is an error naming the plan.
+  std::string bad = ManifestToJson(interleaved);
+  bad.replace(bad.find("\"virtual_stages\": 2"), 19, "\"virtual_stages\": 2.5");
+  EXPECT_THAT(ParseManifest(bad, "bad.json").status().message(), HasSubstr("in plan"));
+}
+
 TEST(ManifestTest, FilesMustBeListedNamedInsideTheStepAndOfTheirRank) {
   Manifest unlisted = TwoRanks();
   unlisted.files.erase("rank-1.safetensors");
