@@ -42,6 +42,11 @@ constexpr std::string_view kPp = "pp";
 constexpr std::string_view kDp = "dp";
 constexpr std::string_view kZero = "zero";
 constexpr std::string_view kStages = "stages";
+constexpr std::string_view kSchedule = "schedule";
+constexpr std::string_view kVirtualStages = "virtual_stages";
+constexpr std::string_view kRecompute = "recompute";
+// Past this a virtual_stages is a typo: every chunk needs a layer, and ParseModel bounds layers.
+constexpr int64_t kMaxVirtualStages = 1024;
 
 constexpr std::string_view kElastic = "elastic";
 constexpr std::string_view kElasticMin = "min_actors";
@@ -238,12 +243,16 @@ absl::StatusOr<std::vector<int>> ParseStages(const YamlMap& parallel, int pp, in
   return stages;
 }
 
-// `parallel: {tp, pp, dp, zero, stages}`, each optional (a single-rank layout by default). The
-// checks that need the model, the batch or the actors are ValidateParallel's, run by the caller;
-// only the stage list is checked here, so that its errors point into the list.
+// `parallel: {tp, pp, dp, zero, stages, schedule, virtual_stages, recompute}`, each optional (a
+// single-rank layout, 1F1B, no recomputation by default; virtual_stages defaults to 2 with
+// schedule: interleaved). The checks that need the model, the batch or the actors are
+// ValidateParallel's, run by the caller (the interleaved schedule's among them: its messages name
+// schedule, virtual_stages, pp and the layers or micro-batches); only the stage list is checked
+// here, so that its errors point into the list.
 absl::StatusOr<ParallelSpec> ParseParallel(const YamlMap& map, int64_t layers) {
   ASSIGN_OR_RETURN(const YamlMap parallel,
-                   map.OptionalMap(kParallel, {kTp, kPp, kDp, kZero, kStages}));
+                   map.OptionalMap(kParallel, {kTp, kPp, kDp, kZero, kStages, kSchedule,
+                                               kVirtualStages, kRecompute}));
   ParallelSpec spec;
   const IntRange degree{.min = 1, .max = kMaxActors};
   ASSIGN_OR_RETURN(const int64_t tp, parallel.OptionalInt64(kTp, spec.tp, degree));
@@ -255,6 +264,24 @@ absl::StatusOr<ParallelSpec> ParseParallel(const YamlMap& map, int64_t layers) {
   spec.pp = static_cast<int>(pp);
   spec.dp = static_cast<int>(dp);
   spec.zero = static_cast<int>(zero);
+  // The spellings are parallel_layout's (PipelineScheduleName, RecomputeModeName).
+  using Schedule = PipelineScheduleKind;
+  const EnumName<Schedule> schedules[] = {
+      {PipelineScheduleName(Schedule::k1F1B), Schedule::k1F1B},
+      {PipelineScheduleName(Schedule::kInterleaved), Schedule::kInterleaved}};
+  const EnumName<RecomputeMode> recomputes[] = {
+      {RecomputeModeName(RecomputeMode::kNone), RecomputeMode::kNone},
+      {RecomputeModeName(RecomputeMode::kSelective), RecomputeMode::kSelective},
+      {RecomputeModeName(RecomputeMode::kFull), RecomputeMode::kFull}};
+  ASSIGN_OR_RETURN(spec.schedule, parallel.OptionalEnum(kSchedule, schedules, spec.schedule));
+  // Two chunks per stage unless told: the smallest interleaving, and the one that most layer
+  // counts divide.
+  const int64_t default_chunks = spec.schedule == Schedule::kInterleaved ? 2 : 1;
+  ASSIGN_OR_RETURN(
+      const int64_t chunks,
+      parallel.OptionalInt64(kVirtualStages, default_chunks, {.min = 1, .max = kMaxVirtualStages}));
+  spec.virtual_stages = static_cast<int>(chunks);
+  ASSIGN_OR_RETURN(spec.recompute, parallel.OptionalEnum(kRecompute, recomputes, spec.recompute));
   ASSIGN_OR_RETURN(spec.stage_layers, ParseStages(parallel, spec.pp, layers));
   if (!spec.stage_layers.empty()) {
     absl::Status stages = StagesOf(spec, static_cast<int>(layers)).status();
@@ -654,8 +681,12 @@ absl::Status ApplyPlannedLayout(JobSpec& spec, const ParallelSpec& layout) {
     own_at_dp.dp = layout.dp;
     const bool same_micro_batch = MicroBatchSize(own_at_dp, spec.train.batch) ==
                                   MicroBatchSize(layout, spec.train.batch);
+    // The schedule and the recomputation are part of the layout: the engine's memory and the
+    // step's results (the order gradients accumulate in) depend on them.
     if (own.tp != layout.tp || own.pp != layout.pp || !same_dp || own.zero != layout.zero ||
-        own.stage_layers != layout.stage_layers || !same_micro_batch) {
+        own.stage_layers != layout.stage_layers || !same_micro_batch ||
+        own.schedule != layout.schedule || own.virtual_stages != layout.virtual_stages ||
+        own.recompute != layout.recompute) {
       return absl::InvalidArgumentError(
           spec.elastic.enabled
               ? "the job's layout is fixed by its spec; an elastic job takes only another dp in "

@@ -112,9 +112,12 @@ struct JobSpec {
   // (sequences per step, over all data-parallel ranks). In YAML every TrainSpec key sits at the
   // top level (model, data, optimizer, steps, batch, seq_len, seed, checkpoint, log_interval).
   TrainSpec train;
-  // Only meaningful for kTrain: YAML `parallel: {tp, pp, dp, zero, stages}` (stages →
-  // stage_layers) and the top-level `micro_batch`, kept 0 when absent (batch / dp, whatever dp a
-  // re-plan picks: read it through MicroBatchSize). Validated by ValidateParallel.
+  // Only meaningful for kTrain: YAML `parallel: {tp, pp, dp, zero, stages, schedule,
+  // virtual_stages, recompute}` (stages → stage_layers; schedule 1f1b | interleaved, virtual_stages
+  // default 2 when interleaved, else 1; recompute none | selective | full) and the top-level
+  // `micro_batch`, kept 0 when absent (batch / dp, whatever dp a re-plan picks: read it through
+  // MicroBatchSize). Validated by ValidateParallel; `parallel: auto` leaves the schedule and the
+  // recomputation to the planner too.
   ParallelSpec parallel;
   // Only meaningful for kTrain: YAML `parallel: auto`. The placement planner picks the layout
   // when the job starts, on the devices that are free then; until ApplyPlannedLayout, `parallel`

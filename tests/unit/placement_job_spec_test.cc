@@ -614,7 +614,7 @@ TEST(TrainJobSpecTest, ApplyPlannedLayout) {
 TEST(TrainJobSpecTest, ParallelKeyErrors) {
   EXPECT_THAT(ErrorOf(std::string(kMinimalTrain) + "parallel: 4\n"),
               HasSubstr("job.yaml:10:11: parallel: expected a mapping with keys: tp, pp, dp, "
-                        "zero, stages; got '4'"));
+                        "zero, stages, schedule, virtual_stages, recompute; got '4'"));
   EXPECT_THAT(ErrorOf(std::string(kMinimalTrain) + "parallel:\n"),
               HasSubstr("job.yaml:10:1: parallel: has no value"));
   const std::string unknown = ErrorOf(std::string(kMinimalTrain) + "parallel:\n  tensor: 2\n");
@@ -628,6 +628,90 @@ TEST(TrainJobSpecTest, ParallelKeyErrors) {
               HasSubstr("job.yaml:11:7: parallel.dp: expected an integer, got 'two'"));
   EXPECT_THAT(ErrorOf(std::string(kMinimalTrain) + "micro_batch: 0\n"),
               HasSubstr("job.yaml:10:14: micro_batch: must be between 1 and 1048576, got 0"));
+}
+
+TEST(TrainJobSpecTest, ScheduleAndRecomputationAreRead) {
+  absl::StatusOr<JobSpec> plain = Parse(std::string(kMinimalTrain) + "parallel: {pp: 2}\n");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->parallel.schedule, PipelineScheduleKind::k1F1B);
+  EXPECT_EQ(plain->parallel.virtual_stages, 1);
+  EXPECT_EQ(plain->parallel.recompute, RecomputeMode::kNone);
+
+  absl::StatusOr<JobSpec> spec = Parse(std::string(kMinimalTrain) +
+                                       "micro_batch: 2\n"
+                                       "parallel:\n"
+                                       "  pp: 2\n"
+                                       "  schedule: interleaved\n"
+                                       "  virtual_stages: 2\n"
+                                       "  recompute: selective\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->parallel.schedule, PipelineScheduleKind::kInterleaved);
+  EXPECT_EQ(spec->parallel.virtual_stages, 2);
+  EXPECT_EQ(spec->parallel.recompute, RecomputeMode::kSelective);
+  EXPECT_EQ(spec->actors, 2);
+
+  // Interleaved alone is two chunks per stage; recompute goes with any schedule.
+  spec = Parse(std::string(kMinimalTrain) +
+               "micro_batch: 1\nparallel: {pp: 2, schedule: interleaved, recompute: full}\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->parallel.virtual_stages, 2);
+  EXPECT_EQ(spec->parallel.recompute, RecomputeMode::kFull);
+  spec = Parse(std::string(kMinimalTrain) + "parallel: {recompute: full}\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->parallel.schedule, PipelineScheduleKind::k1F1B);
+  EXPECT_EQ(spec->parallel.recompute, RecomputeMode::kFull);
+
+  // The actors take the coordinator's layout only with the same schedule and recomputation.
+  ParallelSpec other = plain->parallel;
+  other.recompute = RecomputeMode::kFull;
+  JobSpec fixed = *plain;
+  EXPECT_TRUE(ApplyPlannedLayout(fixed, plain->parallel).ok());
+  EXPECT_THAT(Message(ApplyPlannedLayout(fixed, other)),
+              HasSubstr("only `parallel: auto` takes a planned one"));
+  other = spec->parallel;
+  other.virtual_stages = 4;
+  fixed = *spec;
+  EXPECT_FALSE(ApplyPlannedLayout(fixed, other).ok());
+}
+
+// Bad input: a schedule or recomputation the engine cannot run with the rest of the spec is
+// refused at submit, naming the keys and the values.
+TEST(TrainJobSpecTest, ScheduleErrorsNameTheKeysAndValues) {
+  const std::string train = kMinimalTrain;
+  EXPECT_THAT(ErrorOf(train + "parallel: {pp: 2, schedule: zb}\n"),
+              HasSubstr("job.yaml:10:29: parallel.schedule: expected one of '1f1b', "
+                        "'interleaved', got 'zb'"));
+  EXPECT_THAT(ErrorOf(train + "parallel: {recompute: some}\n"),
+              HasSubstr("job.yaml:10:23: parallel.recompute: expected one of 'none', "
+                        "'selective', 'full', got 'some'"));
+  EXPECT_THAT(ErrorOf(train + "parallel: {pp: 2, schedule: interleaved, virtual_stages: 0}\n"),
+              HasSubstr("parallel.virtual_stages: must be between 1 and 1024, got 0"));
+  // 4 layers do not cut into pp·virtual_stages = 2·4 = 8 chunks.
+  EXPECT_THAT(ErrorOf(train + "parallel: {pp: 2, schedule: interleaved, virtual_stages: 4}\n"),
+              HasSubstr("job.yaml:10:11: parallel: schedule: interleaved cuts the 4 layers into "
+                        "pp·virtual_stages = 2·4 = 8 equal chunks, but 4 is not divisible by 8: "
+                        "remainder 4"));
+  // Micro-batches per step must come in groups of pp.
+  EXPECT_THAT(
+      ErrorOf(std::string(kMinimalTrain)
+                  .replace(std::string(kMinimalTrain).find("batch: 8"), 8, "batch: 6") +
+              "micro_batch: 2\nparallel: {pp: 2, schedule: interleaved, virtual_stages: 2}\n"),
+      HasSubstr("job.yaml:11:11: parallel: schedule: interleaved runs micro-batches in groups of "
+                "pp 2, but a step has 3 micro-batches (batch 6 / dp 1 / micro_batch 2)"));
+  EXPECT_THAT(
+      ErrorOf(std::string(kMinimalTrain)
+                  .replace(std::string(kMinimalTrain).find("batch: 8"), 8, "batch: 3") +
+              "parallel: {pp: 2, schedule: interleaved, virtual_stages: 2}\n"),
+      HasSubstr("parallel: schedule: interleaved runs micro-batches in groups of pp 2, but a "
+                "step has 1 micro-batches (batch 3 / dp 1 / micro_batch 3)"));
+  EXPECT_THAT(ErrorOf(train + "parallel: {pp: 2, virtual_stages: 2}\n"),
+              HasSubstr("job.yaml:10:11: parallel: virtual_stages 2 needs schedule: interleaved"));
+  EXPECT_THAT(ErrorOf(train + "parallel: {schedule: interleaved}\n"),
+              HasSubstr("parallel: schedule: interleaved needs pp >= 2, got pp 1"));
+  EXPECT_THAT(ErrorOf(train + "parallel: {pp: 2, schedule: interleaved, virtual_stages: 1}\n"),
+              HasSubstr("parallel: schedule: interleaved needs virtual_stages >= 2, got 1"));
+  EXPECT_THAT(ErrorOf(train + "parallel: {pp: 2, schedule: interleaved, stages: [3, 1]}\n"),
+              HasSubstr("parallel: stages cannot be given with schedule: interleaved"));
 }
 
 TEST(TrainJobSpecTest, StageListErrorsPointIntoTheList) {
