@@ -19,6 +19,7 @@
 #include "common/status_macros.h"
 #include "coordinator/bootstrap_tracker.h"
 #include "coordinator/checkpoint_tracker.h"
+#include "coordinator/layout_wire.h"
 #include "coordinator/progress.h"
 #include "coordinator/status_view.h"
 #include "placement/checkpoint_state.h"
@@ -918,16 +919,7 @@ absl::Status Coordinator::OnRegisterActor(const std::string& peer, uint64_t requ
   if (job.spec.kind != placement::JobKind::kCommCheck) {
     // The layout the ranks run: for `parallel: auto` the planner's, which the spec does not say.
     const placement::ParallelSpec& parallel = job.spec.parallel;
-    auto layout = assignment.initParallel();
-    layout.setTp(static_cast<uint32_t>(parallel.tp));
-    layout.setPp(static_cast<uint32_t>(parallel.pp));
-    layout.setDp(static_cast<uint32_t>(parallel.dp));
-    layout.setZero(static_cast<uint32_t>(parallel.zero));
-    layout.setMicroBatch(static_cast<uint64_t>(parallel.micro_batch));
-    auto stages = layout.initStageLayers(static_cast<unsigned>(parallel.stage_layers.size()));
-    for (size_t i = 0; i < parallel.stage_layers.size(); ++i) {
-      stages.set(static_cast<unsigned>(i), static_cast<uint32_t>(parallel.stage_layers[i]));
-    }
+    FillParallelLayout(parallel, assignment.initParallel());
     if (job.spec.kind == placement::JobKind::kTrain) {
       assignment.setResumeManifest(CapText(job.train.resume_manifest));
       assignment.setCalibrate(job.Calibrates());

@@ -6,7 +6,9 @@
 #include <fstream>
 
 #include "checkpoint/file_system.h"
+#include "common/status_macros.h"
 #include "coordinator/scheduler.h"
+#include "placement/parallel_layout.h"
 #include "spdlog/spdlog.h"
 
 namespace shardline::coordinator {
@@ -129,6 +131,9 @@ nlohmann::json JobRecord(const Job& job) {
                       {"zero", p.zero},
                       {"micro_batch", p.micro_batch},
                       {"stage_layers", p.stage_layers},
+                      {"schedule", std::string(placement::PipelineScheduleName(p.schedule))},
+                      {"virtual_stages", p.virtual_stages},
+                      {"recompute", std::string(placement::RecomputeModeName(p.recompute))},
                       {"step_seconds", job.plan.step_seconds},
                       {"memory_bytes", job.plan.memory_bytes},
                       {"summary", job.plan.summary}};
@@ -220,6 +225,14 @@ absl::StatusOr<Job> JobFromRecord(const nlohmann::json& record, const std::strin
     layout.zero = plan.at("zero").get<int>();
     layout.micro_batch = plan.value("micro_batch", int64_t{0});
     layout.stage_layers = plan.value("stage_layers", std::vector<int>{});
+    // Records from before the schedules and recomputation ran 1F1B without recomputing.
+    auto schedule = placement::ParsePipelineSchedule(plan.value("schedule", "1f1b"));
+    if (!schedule.ok()) return Annotate(schedule.status(), where + ": plan.schedule");
+    layout.schedule = *schedule;
+    layout.virtual_stages = plan.value("virtual_stages", 1);
+    auto recompute = placement::ParseRecomputeMode(plan.value("recompute", "none"));
+    if (!recompute.ok()) return Annotate(recompute.status(), where + ": plan.recompute");
+    layout.recompute = *recompute;
     absl::Status applied = absl::OkStatus();
     if (job.spec.kind == placement::JobKind::kServe) {
       // A serve plan is its tp × pp, as the scheduler sets it (ChooseServe).

@@ -384,6 +384,22 @@ struct ParallelLayout {
   zero @3 :UInt32;
   microBatch @4 :UInt64;    # 0: batch / dp
   stageLayers @5 :List(UInt32);  # empty: an even split
+  # The pipeline schedule and activation recomputation (placement::PipelineScheduleKind,
+  # RecomputeMode). A sender from before them sends neither: 1F1B, one chunk, no recomputation.
+  schedule @6 :PipelineSchedule;
+  virtualStages @7 :UInt32 = 1;  # chunks of layers per stage: 1 for 1F1B, >= 2 interleaved
+  recompute @8 :RecomputeMode;
+}
+
+enum PipelineSchedule {
+  oneFOneB @0;              # 1F1B (PipeDream-Flush)
+  interleaved @1;           # Megatron-LM's interleaved 1F1B
+}
+
+enum RecomputeMode {
+  none @0;
+  selective @1;
+  full @2;
 }
 
 struct Group {

@@ -152,6 +152,62 @@ TEST(JobHistoryTest, AServeJobKeepsItsModelItsAddressAndItsGenerations) {
   EXPECT_EQ(ended->plan.summary, "parallel: auto: tp 2 x pp 1");
 }
 
+// A `parallel: auto` job's record keeps the schedule and the recomputation the planner chose; a
+// record written before they existed loads as 1F1B without recomputation.
+TEST(JobHistoryTest, APlannedJobKeepsItsScheduleAndRecomputation) {
+  ManualClock clock;
+  Job job;
+  job.id = "t-2";
+  job.spec_yaml =
+      "name: t\nkind: train\ndevices: cpu\n"
+      "model: {layers: 4, heads: 4, d_model: 32, max_seq_len: 32}\n"
+      "data: {synthetic: {seed: 1, bytes: 64KiB}}\n"
+      "steps: 40\nbatch: 8\nseq_len: 32\nparallel: auto\n";
+  job.spec_dir = job.work_dir = "/tmp";
+  auto spec = placement::ParseJobSpec(job.spec_yaml, "test spec", {"/tmp", "/tmp"});
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  job.spec = *spec;
+  placement::ParallelSpec plan;
+  plan.pp = 2;
+  plan.micro_batch = 2;  // 4 micro-batches: a multiple of pp, as interleaving needs
+  plan.schedule = placement::PipelineScheduleKind::kInterleaved;
+  plan.virtual_stages = 2;
+  plan.recompute = placement::RecomputeMode::kSelective;
+  ASSERT_TRUE(placement::ApplyPlannedLayout(job.spec, plan).ok());
+  job.plan.planned = true;
+  job.state = JobState::kSucceeded;
+  const nlohmann::json record = JobRecord(job);
+  EXPECT_EQ(record["plan"]["schedule"], "interleaved");
+  EXPECT_EQ(record["plan"]["virtual_stages"], 2);
+  EXPECT_EQ(record["plan"]["recompute"], "selective");
+  auto back = JobFromRecord(record, "job.json", clock.Now(), 5000);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_TRUE(back->plan.planned);
+  EXPECT_EQ(back->spec.parallel.pp, 2);
+  EXPECT_EQ(back->spec.parallel.schedule, placement::PipelineScheduleKind::kInterleaved);
+  EXPECT_EQ(back->spec.parallel.virtual_stages, 2);
+  EXPECT_EQ(back->spec.parallel.recompute, placement::RecomputeMode::kSelective);
+
+  // From before the fields: 1F1B, one chunk, no recomputation.
+  nlohmann::json old = record;
+  for (const char* key : {"schedule", "virtual_stages", "recompute"}) old["plan"].erase(key);
+  back = JobFromRecord(old, "old.json", clock.Now(), 5000);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_TRUE(back->plan.planned);
+  EXPECT_EQ(back->spec.parallel.pp, 2);
+  EXPECT_EQ(back->spec.parallel.schedule, placement::PipelineScheduleKind::k1F1B);
+  EXPECT_EQ(back->spec.parallel.virtual_stages, 1);
+  EXPECT_EQ(back->spec.parallel.recompute, placement::RecomputeMode::kNone);
+
+  // A spelling no version wrote is a malformed record, named.
+  nlohmann::json bad = record;
+  bad["plan"]["recompute"] = "most";
+  auto refused = JobFromRecord(bad, "/state/jobs/t-2.json", clock.Now(), 5000);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("/state/jobs/t-2.json: plan.recompute: unknown recompute mode \"most\""));
+}
+
 TEST(JobHistoryTest, AMalformedRecordIsAnErrorNamingItsFile) {
   ManualClock clock;
   auto missing = JobFromRecord(nlohmann::json{{"id", "x-1"}}, "/state/jobs/x-1.json",

@@ -20,6 +20,7 @@
 #include "worker/actor/calibration.h"
 #include "worker/actor/comm_check.h"
 #include "worker/actor/coordinator_store.h"
+#include "worker/actor/layout_wire.h"
 #include "worker/actor/report_queue.h"
 #include "kernels/cpu/blas.h"
 #include "worker/comm/communicator.h"
@@ -227,20 +228,10 @@ absl::Status Actor::Register() {
     }
   } else if (spec_.kind == placement::JobKind::kTrain && assignment.hasParallel()) {
     // The coordinator's layout: for `parallel: auto` the planner's, which the spec does not say.
-    const auto layout = assignment.getParallel();
-    placement::ParallelSpec parallel;
-    // Clamped so that no wire value wraps negative; ApplyPlannedLayout refuses what is too big.
-    const auto degree = [](uint32_t v) {
-      return static_cast<int>(std::min<uint32_t>(v, 1u << 30));
-    };
-    parallel.tp = degree(layout.getTp());
-    parallel.pp = degree(layout.getPp());
-    parallel.dp = degree(layout.getDp());
-    parallel.zero = degree(layout.getZero());
-    parallel.micro_batch =
-        static_cast<int64_t>(std::min<uint64_t>(layout.getMicroBatch(), uint64_t{1} << 40));
-    for (uint32_t layers : layout.getStageLayers()) parallel.stage_layers.push_back(degree(layers));
-    if (auto status = placement::ApplyPlannedLayout(spec_, parallel); !status.ok()) {
+    absl::StatusOr<placement::ParallelSpec> parallel =
+        ParallelSpecFromWire(assignment.getParallel());
+    if (!parallel.ok()) return Annotate(parallel.status(), "the assignment's layout");
+    if (auto status = placement::ApplyPlannedLayout(spec_, *parallel); !status.ok()) {
       return Annotate(status, "the assignment's layout");
     }
   } else if (spec_.kind == placement::JobKind::kTrain && spec_.parallel_auto) {
