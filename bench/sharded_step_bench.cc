@@ -1,11 +1,15 @@
 // One fixed GPT, trained under every (tp, pp, dp) that fits this machine's cores (world ≤ 4): step
 // time, tokens/s, and the share of the step in compute, communication and the pipeline bubble;
 // then the measured bubble of pipelines of 2 and 4 stages against the 1F1B schedule's
-// (p−1)/(m+p−1) for m micro-batches. Every rank is a forked process with the communicators CPU
+// (p−1)/(m+p−1) for m micro-batches; then the schedules and recomputation modes side by side:
+// 1F1B against interleaved 1F1B (2 chunks per stage) at pp 2 and 4, and recompute none /
+// selective / full, each with its measured bubble and the activation memory its ranks hold
+// (--schedules runs only that table). Every rank is a forked process with the communicators CPU
 // actors get (shared memory on one host; --backend gloo: Gloo over loopback, what `backend: gloo`
 // forces), tests/support/forked_world.h. Not part of ctest.
 //
 //   build/bench/sharded_step_bench [--steps N] [--threads T] [--layout TPxPPxDP] [--backend B]
+//                                  [--schedules]
 //
 // Threads per rank default to max(1, cores / world), so every layout uses the same cores; with
 // fewer cores than ranks the processes share them, and the table says so. --layout runs that one
@@ -47,10 +51,14 @@ constexpr int kGlobalBatch = 16;
 struct Layout {
   int tp, pp, dp;
   int64_t micro_batch;
+  int virtual_stages = 1;  // > 1: the interleaved schedule
+  placement::RecomputeMode recompute = placement::RecomputeMode::kNone;
 };
 
 struct Measured {
   double seconds = 0, compute = 0, comm = 0, bubble = 0;  // per step, averaged over timed steps
+  double activation_bytes = 0;                            // ShardedMemory::activation_bytes
+  double simulated_bubble = 0;                            // the schedule's, unit-time passes
 };
 
 // In a rank: one warm-up step, then `steps` timed ones; writes its averages.
@@ -64,6 +72,11 @@ int RunRank(const std::string& dir, const Layout& layout, int steps, int threads
   options.parallel.pp = layout.pp;
   options.parallel.dp = layout.dp;
   options.parallel.micro_batch = layout.micro_batch;
+  if (layout.virtual_stages > 1) {
+    options.parallel.schedule = placement::PipelineScheduleKind::kInterleaved;
+    options.parallel.virtual_stages = layout.virtual_stages;
+  }
+  options.parallel.recompute = layout.recompute;
   options.coords = coords;
   options.global_batch = kGlobalBatch;
   options.seq_len = kSeqLen;
@@ -100,7 +113,8 @@ int RunRank(const std::string& dir, const Layout& layout, int steps, int threads
   }
   std::ofstream(dir + "/rank-" + std::to_string(rank) + ".txt")
       << sum.seconds / steps << " " << sum.compute / steps << " " << sum.comm / steps << " "
-      << sum.bubble / steps << "\n";
+      << sum.bubble / steps << " " << (*gpt)->memory().activation_bytes << " "
+      << (*gpt)->schedule().SimulatedBubble() << "\n";
   return 0;
 }
 
@@ -123,7 +137,7 @@ std::vector<Measured> Run(const Layout& layout, int steps, int threads,
     for (int rank = 0; rank < grid->world(); ++rank) {
       Measured m;
       std::ifstream(dir + "/rank-" + std::to_string(rank) + ".txt") >> m.seconds >> m.compute >>
-          m.comm >> m.bubble;
+          m.comm >> m.bubble >> m.activation_bytes >> m.simulated_bubble;
       out.push_back(m);
     }
   } else {
@@ -137,7 +151,7 @@ std::vector<Measured> Run(const Layout& layout, int steps, int threads,
 [[noreturn]] void Usage(const char* program, const std::string& why) {
   std::fprintf(stderr,
                "%s: %s\nusage: %s [--steps N] [--threads T] [--layout TPxPPxDP] "
-               "[--backend cpu|gloo]\n",
+               "[--backend cpu|gloo] [--schedules]\n",
                program, why.c_str(), program);
   std::exit(2);
 }
@@ -151,6 +165,52 @@ int PositiveInt(const char* program, const std::string& flag, const std::string&
   return static_cast<int>(v);
 }
 
+// 1F1B against interleaved at pp 2 and 4, and the recomputation modes: step time, bubble
+// (measured, mean over stages; and the schedule's own for unit-time passes) and the activation
+// memory of the rank that holds the most.
+void ScheduleTable(int steps, int threads, int cores, testing::ForkedBackend backend) {
+  std::printf(
+      "\nSchedules and recomputation (tp=dp=1): bubble measured as above, and the\n"
+      "schedule's simulated bubble (forward 1, backward 2 units per stage's layers)\n");
+  std::printf(
+      " p  m  schedule     recompute | step ms | bubble measured  simulated | "
+      "activations MiB (largest rank)\n");
+  struct Row {
+    int p, m, v;
+    placement::RecomputeMode recompute;
+  };
+  std::vector<Row> rows;
+  for (int p : {2, 4}) {
+    for (int m : {4, 8}) {
+      for (int v : {1, 2}) rows.push_back({p, m, v, placement::RecomputeMode::kNone});
+    }
+  }
+  for (const placement::RecomputeMode mode :
+       {placement::RecomputeMode::kNone, placement::RecomputeMode::kSelective,
+        placement::RecomputeMode::kFull}) {
+    rows.push_back({2, 4, 1, mode});
+  }
+  for (const Row& row : rows) {
+    Layout layout{1, row.p, 1, kGlobalBatch / row.m, row.v, row.recompute};
+    const int per_rank = threads > 0 ? threads : std::max(1, cores / row.p);
+    const std::vector<Measured> ranks = Run(layout, steps, per_rank, backend);
+    if (ranks.empty()) continue;
+    double bubble = 0, simulated = 0, activations = 0, seconds = 0;
+    for (const Measured& r : ranks) {
+      bubble += r.bubble / r.seconds;
+      simulated += r.simulated_bubble;
+      activations = std::max(activations, r.activation_bytes);
+      seconds = std::max(seconds, r.seconds);
+    }
+    bubble /= static_cast<double>(ranks.size());
+    simulated /= static_cast<double>(ranks.size());
+    std::printf("%2d %2d  %-12s %-9s | %7.1f | %14.1f%% %9.1f%% | %8.1f\n", row.p, row.m,
+                row.v > 1 ? ("interleaved" + std::to_string(row.v)).c_str() : "1f1b",
+                std::string(placement::RecomputeModeName(row.recompute)).c_str(), seconds * 1e3,
+                100 * bubble, 100 * simulated, activations / (1 << 20));
+  }
+}
+
 }  // namespace
 }  // namespace shardline
 
@@ -158,11 +218,16 @@ int main(int argc, char** argv) {
   using namespace shardline;
   int steps = 5;
   int threads = 0;
+  bool schedules_only = false;
   std::vector<Layout> only;
   testing::ForkedBackend backend = testing::ForkedBackend::kCpu;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "--help" || flag == "-h") Usage(argv[0], "help");
+    if (flag == "--schedules") {
+      schedules_only = true;
+      continue;
+    }
     if (flag != "--steps" && flag != "--threads" && flag != "--layout" && flag != "--backend") {
       Usage(argv[0], "unknown argument " + flag);
     }
@@ -192,6 +257,10 @@ int main(int argc, char** argv) {
               steps, cores,
               backend == testing::ForkedBackend::kGloo ? "Gloo over loopback"
                                                        : "the CPU backend (shared memory)");
+  if (schedules_only) {
+    ScheduleTable(steps, threads, cores, backend);
+    return 0;
+  }
   std::printf("tp pp dp | world thr/rank | step ms | tokens/s | compute  comm  bubble (share of "
               "the slowest rank's step)\n");
   std::vector<Layout> layouts = {{1, 1, 1, 4}, {2, 1, 1, 4}, {1, 2, 1, 4}, {1, 1, 2, 4},
@@ -230,5 +299,6 @@ int main(int argc, char** argv) {
                   100.0 * (p - 1) / (m + p - 1));
     }
   }
+  ScheduleTable(steps, threads, cores, backend);
   return 0;
 }

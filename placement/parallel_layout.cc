@@ -164,6 +164,100 @@ absl::StatusOr<std::vector<StageRange>> StagesOf(const ParallelSpec& spec, int l
   return stages;
 }
 
+namespace {
+
+// Megatron-LM's interleaved schedule runs micro-batches in groups of pp.
+absl::Status CheckInterleavedMicroBatches(const ParallelSpec& spec, int64_t batch) {
+  if (spec.schedule != PipelineScheduleKind::kInterleaved) return absl::OkStatus();
+  const int64_t mb = spec.micro_batch > 0 ? spec.micro_batch : batch / spec.dp;
+  const int64_t count = batch / spec.dp / mb;
+  if (count % spec.pp == 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "schedule: interleaved runs micro-batches in groups of pp ", spec.pp, ", but a step has ",
+      count, " micro-batches (batch ", batch, " / dp ", spec.dp, " / micro_batch ", mb,
+      "): choose a micro_batch that gives a multiple of ", spec.pp));
+}
+
+}  // namespace
+
+std::string_view PipelineScheduleName(PipelineScheduleKind kind) {
+  return kind == PipelineScheduleKind::kInterleaved ? "interleaved" : "1f1b";
+}
+
+std::string_view RecomputeModeName(RecomputeMode mode) {
+  switch (mode) {
+    case RecomputeMode::kSelective:
+      return "selective";
+    case RecomputeMode::kFull:
+      return "full";
+    case RecomputeMode::kNone:
+      break;
+  }
+  return "none";
+}
+
+absl::StatusOr<PipelineScheduleKind> ParsePipelineSchedule(std::string_view name) {
+  for (const PipelineScheduleKind kind :
+       {PipelineScheduleKind::k1F1B, PipelineScheduleKind::kInterleaved}) {
+    if (name == PipelineScheduleName(kind)) return kind;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown pipeline schedule \"", std::string(name),
+                                                 "\": expected 1f1b or interleaved"));
+}
+
+absl::StatusOr<RecomputeMode> ParseRecomputeMode(std::string_view name) {
+  for (const RecomputeMode mode :
+       {RecomputeMode::kNone, RecomputeMode::kSelective, RecomputeMode::kFull}) {
+    if (name == RecomputeModeName(mode)) return mode;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown recompute mode \"", std::string(name),
+                                                 "\": expected none, selective or full"));
+}
+
+absl::StatusOr<std::vector<std::vector<StageRange>>> ChunksOf(const ParallelSpec& spec,
+                                                              int layers) {
+  if (spec.schedule != PipelineScheduleKind::kInterleaved) {
+    if (spec.virtual_stages != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "virtual_stages ", spec.virtual_stages,
+          " needs schedule: interleaved (the 1f1b schedule runs one chunk per stage)"));
+    }
+    ASSIGN_OR_RETURN(const std::vector<StageRange> stages, StagesOf(spec, layers));
+    std::vector<std::vector<StageRange>> chunks;
+    for (const StageRange& stage : stages) chunks.push_back({stage});
+    return chunks;
+  }
+  RETURN_IF_ERROR(CheckDegree("pp", spec.pp));
+  if (spec.pp < 2) {
+    return absl::InvalidArgumentError(absl::StrCat("schedule: interleaved needs pp >= 2, got pp ",
+                                                   spec.pp, " (one stage has no bubble)"));
+  }
+  if (spec.virtual_stages < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("schedule: interleaved needs virtual_stages >= 2, got ", spec.virtual_stages));
+  }
+  if (!spec.stage_layers.empty()) {
+    return absl::InvalidArgumentError(
+        "stages cannot be given with schedule: interleaved (its chunks are always equal)");
+  }
+  const int64_t chunks = int64_t{spec.pp} * spec.virtual_stages;
+  if (layers % chunks != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "schedule: interleaved cuts the ", layers, " layers into pp·virtual_stages = ", spec.pp,
+        "·", spec.virtual_stages, " = ", chunks, " equal chunks, but ", layers,
+        " is not divisible by ", chunks, ": remainder ", layers % chunks));
+  }
+  const int size = static_cast<int>(layers / chunks);
+  std::vector<std::vector<StageRange>> out(spec.pp);
+  for (int c = 0; c < spec.virtual_stages; ++c) {
+    for (int s = 0; s < spec.pp; ++s) {
+      const int first = (c * spec.pp + s) * size;
+      out[s].push_back({first, first + size});
+    }
+  }
+  return out;
+}
+
 absl::Status ValidateParallel(const ModelSpec& model, int64_t batch, const ParallelSpec& spec,
                               int devices) {
   RETURN_IF_ERROR(CheckDegree("tp", spec.tp));
@@ -209,6 +303,7 @@ absl::Status ValidateParallel(const ModelSpec& model, int64_t batch, const Paral
     return absl::InvalidArgumentError(absl::StrCat("layers ", model.layers, " is too many"));
   }
   RETURN_IF_ERROR(StagesOf(spec, static_cast<int>(model.layers)).status());
+  RETURN_IF_ERROR(ChunksOf(spec, static_cast<int>(model.layers)).status());
 
   const int64_t world = WorldOf(spec);
   if (world != devices) {
@@ -235,7 +330,7 @@ absl::Status ValidateParallel(const ModelSpec& model, int64_t batch, const Paral
       return absl::InvalidArgumentError(absl::StrCat("batch ", batch, " is not divisible by dp ",
                                                      spec.dp, ": remainder ", batch % spec.dp));
     }
-    return absl::OkStatus();
+    return CheckInterleavedMicroBatches(spec, batch);
   }
   if (spec.micro_batch * spec.dp > batch) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -248,7 +343,7 @@ absl::Status ValidateParallel(const ModelSpec& model, int64_t batch, const Paral
         absl::StrCat("batch ", batch, " is not divisible by micro_batch·dp = ", spec.micro_batch,
                      "·", spec.dp, " = ", per_step, ": remainder ", batch % per_step));
   }
-  return absl::OkStatus();
+  return CheckInterleavedMicroBatches(spec, batch);
 }
 
 int64_t MicroBatchSize(const ParallelSpec& spec, int64_t batch) {

@@ -19,6 +19,30 @@
 
 namespace shardline::placement {
 
+// The pipeline schedule a training step runs (worker/model/pipeline_schedule.h builds its
+// per-stage action lists).
+//   k1F1B: PipeDream-Flush, Megatron-LM's non-interleaved schedule; each stage holds one
+//     contiguous range of layers. Bubble (pp − 1)/m of the step for m micro-batches.
+//   kInterleaved: Megatron-LM's interleaved 1F1B; each stage holds `virtual_stages` chunks of
+//     layers (stage s holds virtual stages s, s + pp, s + 2·pp, ...). Bubble (pp − 1)/(v·m), at
+//     the price of v times the pipeline transfers and more activations in flight.
+enum class PipelineScheduleKind { k1F1B, kInterleaved };
+// Activation recomputation (Megatron-LM's --recompute-granularity):
+//   kNone: every block keeps what its backward reads;
+//   kSelective: a block keeps its matrix multiplies' outputs (q/k/v, the MLP's pre-activation,
+//     the residual) and recomputes the cheap, wide rest in its backward: both LayerNorms, the
+//     attention output (from q/k/v and the kept log-sum-exp) and the GELU;
+//   kFull: a block keeps only its input and reruns its whole forward (with its tensor-parallel
+//     all-reduces) in its backward.
+enum class RecomputeMode { kNone, kSelective, kFull };
+
+// "1f1b", "interleaved"; "none", "selective", "full": the YAML spellings.
+std::string_view PipelineScheduleName(PipelineScheduleKind kind);
+std::string_view RecomputeModeName(RecomputeMode mode);
+// The inverses; InvalidArgument listing the accepted spellings.
+absl::StatusOr<PipelineScheduleKind> ParsePipelineSchedule(std::string_view name);
+absl::StatusOr<RecomputeMode> ParseRecomputeMode(std::string_view name);
+
 struct ParallelSpec {
   int tp = 1;
   int pp = 1;
@@ -31,6 +55,10 @@ struct ParallelSpec {
   int64_t micro_batch = 0;
   // Layers per pipeline stage, pp entries summing to the model's layers; empty: BalancedStages.
   std::vector<int> stage_layers;
+  PipelineScheduleKind schedule = PipelineScheduleKind::k1F1B;
+  // Chunks of layers per pipeline stage: 1 for 1F1B, >= 2 for the interleaved schedule.
+  int virtual_stages = 1;
+  RecomputeMode recompute = RecomputeMode::kNone;
 
   int world() const { return tp * pp * dp; }
 };
@@ -98,12 +126,21 @@ std::vector<StageRange> BalancedStages(int layers, int pp);
 // summing to `layers`).
 absl::StatusOr<std::vector<StageRange>> StagesOf(const ParallelSpec& spec, int layers);
 
+// Every stage's chunks of layers, in the order the stage runs them (chunk c of stage s is
+// virtual stage c·pp + s). 1F1B: one chunk per stage, StagesOf's. Interleaved: the layers cut
+// into pp·virtual_stages equal chunks; InvalidArgument (naming pp, virtual_stages and the layers)
+// when they do not divide or when stage_layers is given (an interleaved split is always even).
+absl::StatusOr<std::vector<std::vector<StageRange>>> ChunksOf(const ParallelSpec& spec, int layers);
+
 // Whether `spec` can run `model` on `devices` actors with a global batch of `batch` sequences,
 // before anything is spawned. InvalidArgument saying which rule fails and by how much:
 //   tp, pp, dp < 1, zero not in 0..3 (zero >= 1 with dp = 1 is allowed: it shards over a group
 //   of one, which changes nothing), tp > heads, heads % tp, tp > d_ff, d_ff % tp (tp must divide
 //   both; the vocabulary may split unevenly), tp > vocab, layers < pp, a bad stage_layers,
 //   tp·pp·dp ≠ devices ("tp·pp·dp = 2·2·2 = 8 but the job has 4 actors: 4 too many"),
+//   the interleaved schedule with pp < 2, virtual_stages < 2, layers not divisible by
+//   pp·virtual_stages, or micro-batches per step not divisible by pp (Megatron-LM's rule: the
+//   schedule runs micro-batches in groups of pp); 1F1B with virtual_stages other than 1;
 //   batch < dp, micro_batch > batch/dp ("micro_batch 8 is more than batch/dp = 16/4 = 4, ..."),
 //   batch % (micro_batch·dp) ("batch 10 is not divisible by micro_batch·dp = 2·4 = 8:
 //   remainder 2"), and with the default micro_batch batch % dp. The messages name no YAML key

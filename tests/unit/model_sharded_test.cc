@@ -53,18 +53,40 @@ struct Case {
   bool tied = true;
   // The backend CPU actors get (shared memory), or Gloo, which `backend: gloo` forces.
   testing::ForkedBackend backend = testing::ForkedBackend::kCpu;
+  // The interleaved schedule with this many chunks per stage when > 1.
+  int virtual_stages = 1;
+  placement::RecomputeMode recompute = placement::RecomputeMode::kNone;
+  int layers = 4;
   std::string Name() const {
     return "tp" + std::to_string(tp) + "_pp" + std::to_string(pp) + "_dp" + std::to_string(dp) +
            "_zero" + std::to_string(zero) + (tied ? "" : "_untied") +
-           (backend == testing::ForkedBackend::kGloo ? "_gloo" : "");
+           (backend == testing::ForkedBackend::kGloo ? "_gloo" : "") +
+           (virtual_stages > 1 ? "_interleaved" + std::to_string(virtual_stages) : "") +
+           (recompute != placement::RecomputeMode::kNone
+                ? "_recompute_" + std::string(placement::RecomputeModeName(recompute))
+                : "") +
+           (layers != 4 ? "_layers" + std::to_string(layers) : "");
   }
 };
 
+Case Interleaved(int tp, int pp, int dp, int zero, int layers, bool tied = true) {
+  Case c{tp, pp, dp, zero, tied};
+  c.virtual_stages = 2;
+  c.layers = layers;
+  return c;
+}
+
+Case Recomputing(int tp, int pp, int dp, int zero, placement::RecomputeMode mode) {
+  Case c{tp, pp, dp, zero};
+  c.recompute = mode;
+  return c;
+}
+
 void PrintTo(const Case& c, std::ostream* os) { *os << c.Name(); }
 
-GptConfig Config(bool tied) {
+GptConfig Config(bool tied, int layers = 4) {
   GptConfig c;
-  c.layers = 4;
+  c.layers = layers;
   c.heads = 4;
   c.d_model = 32;
   c.vocab = 257;  // the byte vocabulary: prime, so tp = 2 splits it unevenly (128 + 129)
@@ -80,6 +102,11 @@ placement::ParallelSpec Parallel(const Case& c) {
   p.dp = c.dp;
   p.zero = c.zero;
   p.micro_batch = 2;  // 4 micro-batches per step at dp = 1, 2 at dp = 2
+  if (c.virtual_stages > 1) {
+    p.schedule = placement::PipelineScheduleKind::kInterleaved;
+    p.virtual_stages = c.virtual_stages;
+  }
+  p.recompute = c.recompute;
   return p;
 }
 
@@ -114,9 +141,9 @@ std::vector<float> ReadFloats(const std::string& path) {
 }
 
 // Child: the single-device run. Writes the losses, then every parameter in ParamLayout order.
-int RunReference(const std::string& dir, bool tied) {
+int RunReference(const std::string& dir, bool tied, int layers) {
   kernels::CpuAllocator allocator;
-  auto gpt = GptModel::Create(Config(tied), allocator);
+  auto gpt = GptModel::Create(Config(tied, layers), allocator);
   if (!gpt.ok()) return 2;
   (*gpt)->InitGpt2(kSeed);
   data::Sampler sampler = MakeSampler();
@@ -140,7 +167,7 @@ int RunReference(const std::string& dir, bool tied) {
 int RunRank(const std::string& dir, const Case& c, int rank, const placement::RankCoords& coords,
             const ShardedGroups& groups) {
   ShardedOptions options;
-  options.config = Config(c.tied);
+  options.config = Config(c.tied, c.layers);
   options.parallel = Parallel(c);
   options.coords = coords;
   options.global_batch = kGlobalBatch;
@@ -182,7 +209,7 @@ int RunRank(const std::string& dir, const Case& c, int rank, const placement::Ra
   const ShardedMemory memory = (*model)->memory();
   std::ofstream(dir + "/memory-" + std::to_string(rank) + ".txt")
       << bytes_after_create << " " << memory.param_bytes << " " << memory.grad_bytes << " "
-      << memory.optimizer_bytes << "\n";
+      << memory.optimizer_bytes << " " << memory.activation_bytes << "\n";
   return 0;
 }
 
@@ -202,12 +229,12 @@ void RunWorld(const std::string& dir, const Case& c) {
 }
 
 // The single-device reference, in a child of its own.
-void RunReferenceChild(const std::string& dir, bool tied) {
+void RunReferenceChild(const std::string& dir, bool tied, int layers) {
   auto grid = placement::RankGrid::Create(1, 1, 1);
   ASSERT_TRUE(grid.ok());
   const testing::ForkedWorldResult result = testing::RunForkedWorld(
       *grid, dir, [&](int, const placement::RankCoords&, const ShardedGroups&) {
-        return RunReference(dir, tied);
+        return RunReference(dir, tied, layers);
       });
   ASSERT_TRUE(result.ok()) << "reference run: " << result.Describe();
 }
@@ -237,18 +264,18 @@ TEST_P(ShardedEquivalenceTest, LossesAndFinalParametersMatchTheSingleDeviceRun) 
   const std::string dir = testing::MakeTempDir("shardline_sharded");
   ASSERT_FALSE(dir.empty());
   const int world = c.tp * c.pp * c.dp;
-  RunReferenceChild(dir, c.tied);
+  RunReferenceChild(dir, c.tied, c.layers);
   RunWorld(dir, c);
   if (HasFailure()) return;
 
   const std::vector<float> reference = ReadFloats(dir + "/reference.bin");
-  const GptConfig config = Config(c.tied);
+  const GptConfig config = Config(c.tied, c.layers);
   const ParamLayout single(config);
   ASSERT_EQ(reference.size(), size_t(kSteps + single.total()));
   auto grid = placement::RankGrid::Create(c.tp, c.pp, c.dp);
   ASSERT_TRUE(grid.ok());
-  auto stages = placement::StagesOf(Parallel(c), config.layers);
-  ASSERT_TRUE(stages.ok());
+  auto chunks = placement::ChunksOf(Parallel(c), config.layers);
+  ASSERT_TRUE(chunks.ok()) << chunks.status();
   int64_t compared = 0, loose = 0;
   double worst = 0;
   for (int rank = 0; rank < world; ++rank) {
@@ -259,8 +286,7 @@ TEST_P(ShardedEquivalenceTest, LossesAndFinalParametersMatchTheSingleDeviceRun) 
           << "rank " << rank << " step " << step + 1;
     }
     const placement::RankCoords coords = grid->Coords(rank);
-    ShardPlace place{c.tp, coords.tp, (*stages)[coords.pp].first, (*stages)[coords.pp].last,
-                     coords.pp == 0, coords.pp == c.pp - 1};
+    ShardPlace place{c.tp, coords.tp, (*chunks)[coords.pp], coords.pp == 0, coords.pp == c.pp - 1};
     auto layout = ShardLayout::Create(config, place);
     ASSERT_TRUE(layout.ok());
     size_t at = kSteps;
@@ -303,6 +329,20 @@ std::vector<Case> EquivalenceCases() {
   cases.push_back(Case{2, 2, 2, 3});
   cases.push_back(Case{2, 2, 2, 0, /*tied=*/false});
   cases.push_back(Case{2, 2, 1, 2, /*tied=*/false});
+  // The interleaved schedule (two chunks per stage) at pp 2 and 4, with data and tensor
+  // parallelism, ZeRO, and an untied head on the last stage's last chunk.
+  cases.push_back(Interleaved(1, 2, 1, 0, 4));
+  cases.push_back(Interleaved(1, 4, 1, 0, 8));
+  cases.push_back(Interleaved(2, 2, 1, 0, 4, /*tied=*/false));
+  cases.push_back(Interleaved(1, 2, 2, 3, 4));
+  // Recomputation: selective and full, alone, with tensor parallelism (full reruns the
+  // all-reduces), with the pipeline and with ZeRO 3 (the units gathered again).
+  for (const placement::RecomputeMode mode :
+       {placement::RecomputeMode::kSelective, placement::RecomputeMode::kFull}) {
+    cases.push_back(Recomputing(1, 1, 1, 0, mode));
+    cases.push_back(Recomputing(2, 2, 1, 0, mode));
+  }
+  cases.push_back(Recomputing(1, 2, 2, 3, placement::RecomputeMode::kFull));
   // Every kind of group and a sharded optimizer over Gloo too.
   cases.push_back(Case{2, 2, 2, 0, true, testing::ForkedBackend::kGloo});
   cases.push_back(Case{1, 2, 2, 3, true, testing::ForkedBackend::kGloo});
@@ -355,15 +395,59 @@ TEST(ShardedMemoryTest, EachZeroStageShardsWhatItShould) {
   EXPECT_NEAR(static_cast<double>(state3) / static_cast<double>(state0), 0.5, 0.01);
 }
 
+// What recomputation saves, by the allocator's accounting and the model's, exactly: at 1×1×1 the
+// one slot keeps 4 layers' activations; selective drops both LayerNorms' outputs, the attention
+// output and the GELU (3·C + F floats per token) from each and keeps one layer's worth to
+// recompute into, full keeps nothing but the residual inputs and one whole layer to rerun into.
+TEST(ShardedMemoryTest, RecomputationKeepsLessActivationMemoryByExactlyWhatItDrops) {
+  struct Reading {
+    int64_t in_use = 0, params = 0, grads = 0, optimizer = 0, activations = 0;
+  };
+  std::map<placement::RecomputeMode, Reading> readings;
+  for (const placement::RecomputeMode mode :
+       {placement::RecomputeMode::kNone, placement::RecomputeMode::kSelective,
+        placement::RecomputeMode::kFull}) {
+    const std::string dir = testing::MakeTempDir("shardline_sharded");
+    RunWorld(dir, Recomputing(1, 1, 1, 0, mode));
+    ASSERT_FALSE(HasFailure());
+    Reading& r = readings[mode];
+    std::ifstream(dir + "/memory-0.txt") >> r.in_use >> r.params >> r.grads >> r.optimizer >>
+        r.activations;
+    std::filesystem::remove_all(dir);
+  }
+  const GptConfig config = Config(true);
+  const int64_t N = 2 * kSeqLen;  // micro_batch 2
+  const int64_t C = config.d_model, F = config.ff(), NH = config.heads;
+  const int64_t layers = config.layers;
+  const int64_t dropped = N * (3 * C + F);             // selective, per layer
+  const int64_t block = N * (7 * C + 4 + NH + 2 * F);  // BlockActivations, per layer
+  const Reading& none = readings[placement::RecomputeMode::kNone];
+  const Reading& selective = readings[placement::RecomputeMode::kSelective];
+  const Reading& full = readings[placement::RecomputeMode::kFull];
+  EXPECT_EQ(none.activations - selective.activations, 4 * (layers - 1) * dropped);
+  EXPECT_EQ(none.activations - full.activations, 4 * (layers - 1) * block);
+  for (const Reading* r : {&selective, &full}) {
+    EXPECT_EQ(none.in_use - r->in_use, none.activations - r->activations);
+    EXPECT_EQ(r->params, none.params);
+  }
+}
+
 TEST(ShardLayoutTest, RefusesLayoutsThatDoNotDivideTheModel) {
   GptConfig config = Config(true);
-  ShardPlace place{3, 0, 0, 4, true, true};
+  ShardPlace place{3, 0, {{0, 4}}, true, true};
   auto layout = ShardLayout::Create(config, place);
   EXPECT_EQ(layout.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(layout.status().message()), HasSubstr("tp 3 must divide heads 4"));
-  place = ShardPlace{1, 0, 2, 2, true, true};
+  place = ShardPlace{1, 0, {{2, 2}}, true, true};
   EXPECT_THAT(std::string(ShardLayout::Create(config, place).status().message()),
               HasSubstr("stage layers [2, 2)"));
+  // An interleaved stage's chunks must ascend without overlapping.
+  place = ShardPlace{1, 0, {{2, 4}, {1, 3}}, true, true};
+  EXPECT_THAT(std::string(ShardLayout::Create(config, place).status().message()),
+              HasSubstr("stage layers [1, 3) are not a non-empty range inside [4, 4)"));
+  place = ShardPlace{1, 0, {}, true, true};
+  EXPECT_THAT(std::string(ShardLayout::Create(config, place).status().message()),
+              HasSubstr("at least one chunk"));
 }
 
 TEST(ShardLayoutTest, TensorParallelBoxesCoverEachTensorOnce) {
@@ -371,7 +455,7 @@ TEST(ShardLayoutTest, TensorParallelBoxesCoverEachTensorOnce) {
   const GptConfig config = Config(true);
   std::map<std::string, int64_t> covered;
   for (int r = 0; r < 2; ++r) {
-    auto layout = ShardLayout::Create(config, ShardPlace{2, r, 0, 4, true, true});
+    auto layout = ShardLayout::Create(config, ShardPlace{2, r, {{0, 4}}, true, true});
     ASSERT_TRUE(layout.ok());
     EXPECT_EQ(layout->vocab_begin(), r == 0 ? 0 : 128);
     EXPECT_EQ(layout->vocab_end(), r == 0 ? 128 : 257);

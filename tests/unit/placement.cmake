@@ -21,6 +21,11 @@ shardline_test(placement_parallel_layout_test
   LIBS shardline_placement
   LABELS unit)
 
+shardline_test(placement_pipeline_schedule_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/placement_pipeline_schedule_test.cc
+  LIBS shardline_placement
+  LABELS unit)
+
 # The planner's pieces: cluster specs, the cost model (checked against the CPU trainer's own
 # allocation, hence shardline_model), and the search.
 foreach(test placement_cluster_spec_test placement_planner_test)

@@ -256,8 +256,7 @@ TEST(CostModelTest, ParamsMatchShardLayout) {
       model::ShardPlace place;
       place.tp_size = 2;
       place.tp_index = c.tp;
-      place.first_layer = stages[c.pp].first;
-      place.last_layer = stages[c.pp].last;
+      place.chunks = {stages[c.pp]};
       place.first_stage = c.pp == 0;
       place.last_stage = c.pp == 1;
       absl::StatusOr<model::ShardLayout> layout = model::ShardLayout::Create(config, place);

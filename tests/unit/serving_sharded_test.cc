@@ -101,7 +101,7 @@ TEST_P(ServingSamplingTest, VocabParallelSamplingGivesSampleTokensTokens) {
       [&](int rank, const placement::RankCoords&, const model::ShardedGroups& groups) {
         const model::GptConfig c = Config();
         auto layout = model::ShardLayout::Create(
-            c, {.tp_size = tp, .tp_index = rank, .first_layer = 0, .last_layer = c.layers});
+            c, {.tp_size = tp, .tp_index = rank, .chunks = {{0, c.layers}}});
         CHILD_CHECK(layout.ok(), 2);
         const int v0 = layout->vocab_begin(), v1 = layout->vocab_end(), V = c.vocab;
         // Rows of every kind: greedy (with ties across ranks), the whole vocabulary, top-k

@@ -92,7 +92,7 @@ absl::StatusOr<double> MeasureBlockRate(const BlockShape& shape, int blocks, int
   config.max_seq_len = shape.T;
   model::ShardPlace place;
   place.tp_size = shape.tp;
-  place.last_layer = blocks;
+  place.chunks = {{0, blocks}};
   place.first_stage = place.last_stage = false;
   ASSIGN_OR_RETURN(const model::ShardLayout layout, model::ShardLayout::Create(config, place));
   // Parameters and their gradients. The values are what training sees (GPT-2's init scale, unit

@@ -42,6 +42,50 @@ inline void CarveBlockActivations(Carver& c, const BlockDims& d, BlockActivation
   b.fch_gelu = c.Take(N * d.F);
 }
 
+// What one block keeps from its forward to its backward under `mode`, carved from `c` (a
+// micro-batch's slot); what it does not keep points into `recomputed`, one block's buffers
+// (CarveRecomputeScratch) that every block of the stage shares and RecomputeBlock refills just
+// before each backward. kNone keeps everything (CarveBlockActivations); kSelective keeps what the
+// matrix multiplies produced (q/k/v, the residual after attention, the MLP's pre-activation) and
+// the LayerNorms' statistics and attention's log-sum-exp (a few floats per row); kFull keeps
+// nothing here: the block's input is the slot's residual, from which RecomputeBlock reruns it.
+inline void CarveKeptBlockActivations(Carver& c, const BlockDims& d, placement::RecomputeMode mode,
+                                      const BlockActivations& recomputed, BlockActivations& b) {
+  if (mode == placement::RecomputeMode::kNone) {
+    CarveBlockActivations(c, d, b);
+    return;
+  }
+  b = recomputed;
+  if (mode == placement::RecomputeMode::kFull) return;
+  const int64_t N = d.N();
+  b.ln1_mean = c.Take(N);
+  b.ln1_rstd = c.Take(N);
+  b.qkv = c.Take(N * 3 * d.Attn());
+  b.att_lse = c.Take(N * d.NH);
+  b.resid_mid = c.Take(N * d.C);
+  b.ln2_mean = c.Take(N);
+  b.ln2_rstd = c.Take(N);
+  b.fch = c.Take(N * d.F);
+}
+
+// The one block's buffers that CarveKeptBlockActivations points the unkept activations at:
+// nothing for kNone, the LayerNorms' outputs, the attention output and the GELU for kSelective, a
+// whole block for kFull.
+inline void CarveRecomputeScratch(Carver& c, const BlockDims& d, placement::RecomputeMode mode,
+                                  BlockActivations& r) {
+  r = BlockActivations{};
+  if (mode == placement::RecomputeMode::kNone) return;
+  if (mode == placement::RecomputeMode::kFull) {
+    CarveBlockActivations(c, d, r);
+    return;
+  }
+  const int64_t N = d.N();
+  r.ln1 = c.Take(N * d.C);
+  r.atty = c.Take(N * d.Attn());
+  r.ln2 = c.Take(N * d.C);
+  r.fch_gelu = c.Take(N * d.F);
+}
+
 // The scratch one block's backward uses, shared by every block.
 inline void CarveBlockGradScratch(Carver& c, const BlockDims& d, BlockGradScratch& s) {
   const int64_t N = d.N();

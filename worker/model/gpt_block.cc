@@ -64,6 +64,25 @@ absl::Status BlockForward(const BlockDims& d, const BlockParams& p, const float*
   return absl::OkStatus();
 }
 
+absl::Status RecomputeBlock(placement::RecomputeMode mode, const BlockDims& d, const BlockParams& p,
+                            const float* x, float* y, const BlockActivations& a,
+                            const AllReduceFn& all_reduce) {
+  switch (mode) {
+    case placement::RecomputeMode::kNone:
+      return absl::OkStatus();
+    case placement::RecomputeMode::kFull:
+      return BlockForward(d, p, x, y, a, all_reduce);
+    case placement::RecomputeMode::kSelective:
+      break;
+  }
+  const int N = static_cast<int>(d.N());
+  cpu::LayerNormForward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1_w, p.ln1_b, N, d.C);
+  cpu::AttentionForward(a.atty, a.att_lse, a.qkv, d.B, d.T, d.NH, d.HS);
+  cpu::LayerNormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.resid_mid, p.ln2_w, p.ln2_b, N, d.C);
+  cpu::GeluForward(a.fch_gelu, a.fch, d.N() * d.F);
+  return absl::OkStatus();
+}
+
 absl::Status BlockBackward(const BlockDims& d, const BlockParams& p, const BlockParams& g,
                            const float* x, const float* dy, float* dx, const BlockActivations& a,
                            const BlockGradScratch& s, const AllReduceFn& all_reduce) {

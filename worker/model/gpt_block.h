@@ -13,6 +13,7 @@
 #include <functional>
 
 #include "absl/status/status.h"
+#include "placement/parallel_layout.h"
 #include "worker/model/param_layout.h"
 
 namespace shardline::model {
@@ -69,6 +70,17 @@ absl::Status BlockForward(const BlockDims& dims, const BlockParams& params, cons
                           float* y, const BlockActivations& acts,
                           const AllReduceFn& all_reduce = nullptr,
                           const AttentionFn& attention = nullptr);
+
+// Refills what a block run under `mode` did not keep from its forward (CarveKeptBlockActivations
+// in carver.h), so that BlockBackward can run: kSelective recomputes both LayerNorms' outputs,
+// the attention output with its log-sum-exp, and the GELU, from x and the kept q/k/v, residual
+// and MLP pre-activation (no matrix multiply, no communication); kFull reruns the whole forward
+// from x into `acts`, with its tensor-parallel all-reduces, writing the block's output to y (the
+// caller may pass the forward's own output buffer: the values are the same bits). kNone: nothing.
+// The recomputed values equal the forward's bit for bit (same kernels, same inputs).
+absl::Status RecomputeBlock(placement::RecomputeMode mode, const BlockDims& dims,
+                            const BlockParams& params, const float* x, float* y,
+                            const BlockActivations& acts, const AllReduceFn& all_reduce = nullptr);
 
 // dy (B,T,C) is the gradient of y. Accumulates into dx (B,T,C) and every tensor of `grads`.
 // x and `acts` are the forward's.

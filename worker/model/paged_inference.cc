@@ -51,8 +51,7 @@ absl::StatusOr<std::unique_ptr<ShardWeights>> ShardWeights::Load(const GptConfig
                    ShardLayout::Create(config, ShardPlace{
                                                    .tp_size = tp_size,
                                                    .tp_index = tp_index,
-                                                   .first_layer = first_layer,
-                                                   .last_layer = last_layer,
+                                                   .chunks = {{first_layer, last_layer}},
                                                    .first_stage = stage == 0,
                                                    .last_stage = stage == pp_size - 1,
                                                }));
@@ -104,7 +103,7 @@ BoxReader ModelBoxReader(const GptModel& model) {
     // layout.
     ASSIGN_OR_RETURN(
         ShardLayout whole,
-        ShardLayout::Create(model.config(), ShardPlace{.last_layer = model.config().layers}));
+        ShardLayout::Create(model.config(), ShardPlace{.chunks = {{0, model.config().layers}}}));
     const ShardTensor* tensor = nullptr;
     for (const ShardTensor& t : whole.tensors()) {
       if (t.name == name) tensor = &t;

@@ -5,6 +5,12 @@
 
 namespace shardline::model {
 
+int ShardPlace::layers() const {
+  int n = 0;
+  for (const placement::StageRange& chunk : chunks) n += chunk.size();
+  return n;
+}
+
 absl::StatusOr<ShardLayout> ShardLayout::Create(const GptConfig& config, const ShardPlace& place) {
   RETURN_IF_ERROR(config.Validate());
   const int tp = place.tp_size;
@@ -20,11 +26,17 @@ absl::StatusOr<ShardLayout> ShardLayout::Create(const GptConfig& config, const S
     return absl::InvalidArgumentError(absl::StrCat("tp ", tp, " is larger than the vocabulary ",
                                                    config.vocab));
   }
-  if (place.first_layer < 0 || place.first_layer >= place.last_layer ||
-      place.last_layer > config.layers) {
-    return absl::InvalidArgumentError(absl::StrCat("stage layers [", place.first_layer, ", ",
-                                                   place.last_layer, ") are not a non-empty range "
-                                                   "inside [0, ", config.layers, ")"));
+  if (place.chunks.empty()) {
+    return absl::InvalidArgumentError("a stage needs at least one chunk of layers");
+  }
+  int previous_end = 0;
+  for (const placement::StageRange& chunk : place.chunks) {
+    if (chunk.first < previous_end || chunk.first >= chunk.last || chunk.last > config.layers) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "stage layers [", chunk.first, ", ", chunk.last, ") are not a non-empty range inside [",
+          previous_end, ", ", config.layers, ") after the stage's earlier chunks"));
+    }
+    previous_end = chunk.last;
   }
   ShardLayout layout;
   layout.config_ = config;
@@ -61,32 +73,35 @@ absl::StatusOr<ShardLayout> ShardLayout::Create(const GptConfig& config, const S
     layout.AddUnit("wpe");
     add("wpe", {config.max_seq_len, C}, {0, 0}, {config.max_seq_len, C}, true, true);
   }
-  layout.first_layer_unit_ = static_cast<int>(layout.units_.size());
-  for (int l = place.first_layer; l < place.last_layer; ++l) {
-    layout.AddUnit(absl::StrCat("h.", l));
-    const int64_t unit_begin = layout.total_;
-    const std::string p = absl::StrCat("h.", l, ".");
-    std::vector<int64_t> offsets;
-    auto add_block = [&](std::string name, std::vector<int64_t> global,
-                         std::vector<int64_t> box_offsets, std::vector<int64_t> shape,
-                         bool replica, bool decay) {
-      offsets.push_back(layout.total_ - unit_begin);
-      add(p + name, std::move(global), std::move(box_offsets), std::move(shape), replica, decay);
-    };
-    // The order is BlockParams' order (ParamLayout::Block relies on the same one).
-    add_block("ln1.w", {C}, {0}, {C}, true, false);
-    add_block("ln1.b", {C}, {0}, {C}, true, false);
-    add_block("qkv.w", {3, C, C}, {0, r * Cs, 0}, {3, Cs, C}, false, true);
-    add_block("qkv.b", {3, C}, {0, r * Cs}, {3, Cs}, false, false);
-    add_block("attn_proj.w", {C, C}, {0, r * Cs}, {C, Cs}, false, true);
-    add_block("attn_proj.b", {C}, {0}, {C}, true, false);
-    add_block("ln2.w", {C}, {0}, {C}, true, false);
-    add_block("ln2.b", {C}, {0}, {C}, true, false);
-    add_block("fc.w", {F, C}, {r * Fs, 0}, {Fs, C}, false, true);
-    add_block("fc.b", {F}, {r * Fs}, {Fs}, false, false);
-    add_block("fc_proj.w", {C, F}, {0, r * Fs}, {C, Fs}, false, true);
-    add_block("fc_proj.b", {C}, {0}, {C}, true, false);
-    if (layout.block_offsets_.empty()) layout.block_offsets_ = offsets;
+  layout.layer_units_.assign(config.layers, -1);
+  for (const placement::StageRange& chunk : place.chunks) {
+    for (int l = chunk.first; l < chunk.last; ++l) {
+      layout.layer_units_[l] = static_cast<int>(layout.units_.size());
+      layout.AddUnit(absl::StrCat("h.", l));
+      const int64_t unit_begin = layout.total_;
+      const std::string p = absl::StrCat("h.", l, ".");
+      std::vector<int64_t> offsets;
+      auto add_block = [&](std::string name, std::vector<int64_t> global,
+                           std::vector<int64_t> box_offsets, std::vector<int64_t> shape,
+                           bool replica, bool decay) {
+        offsets.push_back(layout.total_ - unit_begin);
+        add(p + name, std::move(global), std::move(box_offsets), std::move(shape), replica, decay);
+      };
+      // The order is BlockParams' order (ParamLayout::Block relies on the same one).
+      add_block("ln1.w", {C}, {0}, {C}, true, false);
+      add_block("ln1.b", {C}, {0}, {C}, true, false);
+      add_block("qkv.w", {3, C, C}, {0, r * Cs, 0}, {3, Cs, C}, false, true);
+      add_block("qkv.b", {3, C}, {0, r * Cs}, {3, Cs}, false, false);
+      add_block("attn_proj.w", {C, C}, {0, r * Cs}, {C, Cs}, false, true);
+      add_block("attn_proj.b", {C}, {0}, {C}, true, false);
+      add_block("ln2.w", {C}, {0}, {C}, true, false);
+      add_block("ln2.b", {C}, {0}, {C}, true, false);
+      add_block("fc.w", {F, C}, {r * Fs, 0}, {Fs, C}, false, true);
+      add_block("fc.b", {F}, {r * Fs}, {Fs}, false, false);
+      add_block("fc_proj.w", {C, F}, {0, r * Fs}, {C, Fs}, false, true);
+      add_block("fc_proj.b", {C}, {0}, {C}, true, false);
+      if (layout.block_offsets_.empty()) layout.block_offsets_ = offsets;
+    }
   }
   if (place.last_stage) {
     layout.lnf_unit_ = static_cast<int>(layout.units_.size());

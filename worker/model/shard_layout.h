@@ -14,7 +14,8 @@
 //     holds a copy of its wte rows for the head; the copies' gradients are summed between the two
 //     stages every step, so they stay equal (Megatron's embedding group).
 //
-// Units, in buffer order: "wte", "wpe" (first stage), "h.{l}" per layer, "lnf", "lm_head" (last
+// Units, in buffer order: "wte", "wpe" (first stage), "h.{l}" per layer held (ascending), "lnf",
+// "lm_head" (last
 // stage; "lm_head" holds lm_head.w, or the wte copy when tied and not also the first stage).
 // The tied copy is its own unit so that its ZeRO partition lines up with the first stage's "wte".
 #pragma once
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "placement/parallel_layout.h"
 #include "worker/model/gpt_config.h"
 #include "worker/model/param_layout.h"
 
@@ -33,10 +35,12 @@ namespace shardline::model {
 struct ShardPlace {
   int tp_size = 1;
   int tp_index = 0;
-  int first_layer = 0;  // the stage's layers [first_layer, last_layer)
-  int last_layer = 0;
-  bool first_stage = true;
-  bool last_stage = true;
+  // The stage's chunks of layers [first, last), ascending and disjoint: one under 1F1B.
+  std::vector<placement::StageRange> chunks;
+  bool first_stage = true;  // holds the embedding (before chunk 0)
+  bool last_stage = true;   // holds the final LayerNorm and the head (after the last chunk)
+
+  int layers() const;  // held, over all chunks
 };
 
 struct ShardTensor {
@@ -61,7 +65,7 @@ struct ShardUnit {
 class ShardLayout {
  public:
   // InvalidArgument when `config` is invalid or `place` does not fit it (tp must divide heads and
-  // d_ff; the layer range must lie inside the model and be non-empty).
+  // d_ff; the chunks must be non-empty, ascending, disjoint ranges inside the model).
   static absl::StatusOr<ShardLayout> Create(const GptConfig& config, const ShardPlace& place);
 
   const GptConfig& config() const { return config_; }
@@ -81,7 +85,7 @@ class ShardLayout {
   int wpe_unit() const { return wpe_unit_; }
   int lnf_unit() const { return lnf_unit_; }
   int head_unit() const { return head_unit_; }  // "lm_head", or -1: the head reads "wte"
-  int layer_unit(int layer) const { return first_layer_unit_ + (layer - place_.first_layer); }
+  int layer_unit(int layer) const { return layer_units_[layer]; }
 
   // Pointers to layer `layer`'s tensors inside a buffer holding its unit (unit_base = the unit's
   // first float); the same for a gradient buffer.
@@ -98,7 +102,8 @@ class ShardLayout {
   std::vector<ShardUnit> units_;
   int64_t total_ = 0;
   int vocab_begin_ = 0, vocab_end_ = 0;
-  int wte_unit_ = -1, wpe_unit_ = -1, lnf_unit_ = -1, head_unit_ = -1, first_layer_unit_ = -1;
+  int wte_unit_ = -1, wpe_unit_ = -1, lnf_unit_ = -1, head_unit_ = -1;
+  std::vector<int> layer_units_;        // per model layer: its unit, -1 when not held here
   std::vector<int64_t> block_offsets_;  // a layer's 12 tensors from its unit's start
 };
 

@@ -123,9 +123,10 @@ class ShardedGpt::CommThread {
 // The activations one micro-batch keeps between its forward and its backward.
 struct ShardedGpt::Slot {
   kernels::Tensor buffer;
-  std::vector<float*> residual;  // stage layers + 1, (b,T,C)
+  int chunk = 0;
+  std::vector<float*> residual;  // chunk layers + 1, (b,T,C)
   std::vector<BlockActivations> blocks;
-  float* lnf = nullptr;       // last stage: (b,T,C)
+  float* lnf = nullptr;       // the chunk holding the head: (b,T,C)
   float* lnf_mean = nullptr;  // (b,T)
   float* lnf_rstd = nullptr;
   float* logits = nullptr;    // (b,T,Vs): this rank's vocabulary columns only
@@ -183,13 +184,11 @@ absl::StatusOr<std::unique_ptr<ShardedGpt>> ShardedGpt::Create(const ShardedOpti
                                                    " is not divisible by micro_batch·dp = ", mb,
                                                    "·", par.dp));
   }
-  ASSIGN_OR_RETURN(const std::vector<placement::StageRange> stages,
-                   placement::StagesOf(par, options.config.layers));
+  ASSIGN_OR_RETURN(const auto chunks, placement::ChunksOf(par, options.config.layers));
   ShardPlace place;
   place.tp_size = par.tp;
   place.tp_index = c.tp;
-  place.first_layer = stages[c.pp].first;
-  place.last_layer = stages[c.pp].last;
+  place.chunks = chunks[c.pp];
   place.first_stage = c.pp == 0;
   place.last_stage = c.pp == par.pp - 1;
   ASSIGN_OR_RETURN(ShardLayout layout, ShardLayout::Create(options.config, place));
@@ -200,6 +199,9 @@ absl::StatusOr<std::unique_ptr<ShardedGpt>> ShardedGpt::Create(const ShardedOpti
   model->dp_index_ = c.dp;
   model->micro_batch_ = mb;
   model->micro_batches_ = static_cast<int>(placement::MicroBatchCount(par, options.global_batch));
+  ASSIGN_OR_RETURN(placement::PipelineSchedule schedule,
+                   placement::PipelineSchedule::Of(par, model->micro_batches_));
+  model->schedule_.emplace(std::move(schedule));
   if (groups.tp != nullptr) {
     ShardedGpt* self = model.get();
     model->tp_all_reduce_ = [self](float* data, int64_t n) { return self->TpAllReduce(data, n); };
@@ -245,67 +247,154 @@ absl::Status ShardedGpt::Allocate() {
   gathered_.assign(units.size(), kernels::Tensor());
   grad_scratch_.assign(units.size(), kernels::Tensor());
 
-  // Activations: one slot per micro-batch in flight. Under 1F1B stage s has at most pp − s
-  // forwards waiting for their backward.
-  const auto& par = options_.parallel;
+  // Activations: per chunk, one slot per micro-batch in flight (the schedule's count: under 1F1B
+  // stage s has at most pp − s forwards waiting for their backward). What each block keeps in its
+  // slot depends on the recomputation mode; the rest lives once, in the recompute scratch.
   const int stage = options_.coords.pp;
-  const int nslots = std::min(par.pp - stage, micro_batches_);
+  const std::vector<placement::StageRange>& chunks = layout_.place().chunks;
+  const int nchunks = static_cast<int>(chunks.size());
   const int64_t N = micro_batch_ * options_.seq_len;
   const int64_t C = options_.config.d_model;
   const int64_t Vs = layout_.vocab_shard();
   const BlockDims dims = MicroBatchDims();
-  const int layers = layout_.place().last_layer - layout_.place().first_layer;
-  const bool last = layout_.place().last_stage;
-  auto carve_slot = [&](Carver& c, Slot& s) {
-    s.residual.assign(layers + 1, nullptr);
-    for (float*& r : s.residual) r = c.Take(N * C);
-    s.blocks.assign(layers, BlockActivations{});
-    for (BlockActivations& b : s.blocks) CarveBlockActivations(c, dims, b);
-    if (!last) return;
-    s.lnf = c.Take(N * C);
-    s.lnf_mean = c.Take(N);
-    s.lnf_rstd = c.Take(N);
-    s.logits = c.Take(N * Vs);
-    s.losses = c.Take(N);
-    s.lse = c.Take(N);
-    s.local_max = c.Take(N);
-    s.global_max = c.Take(N);
-    s.sumexp = c.Take(N);
-    s.target_logit = c.Take(N);
-  };
-  slots_.clear();
-  for (int i = 0; i < nslots; ++i) {
-    auto slot = std::make_unique<Slot>();
+  const placement::RecomputeMode mode = options_.parallel.recompute;
+  // Carves with `carve` from one zeroed allocation of the activation allocator into `buffer`.
+  const auto allocate = [&](kernels::Tensor& buffer, const auto& carve) -> absl::Status {
     Carver counter(nullptr);
-    carve_slot(counter, *slot);
-    ASSIGN_OR_RETURN(slot->buffer, kernels::Tensor::Zeros({counter.used()}, DType::kFloat32,
-                                                          activation_allocator));
-    Carver carver(slot->buffer.data<float>());
-    carve_slot(carver, *slot);
-    slots_.push_back(std::move(slot));
-  }
-  auto carve_backward = [&](Carver& c) {
-    dresidual_.assign(layers + 1, nullptr);
+    carve(counter);
+    buffer = kernels::Tensor();
+    if (counter.used() == 0) return absl::OkStatus();
+    ASSIGN_OR_RETURN(
+        buffer, kernels::Tensor::Zeros({counter.used()}, DType::kFloat32, activation_allocator));
+    Carver carver(buffer.data<float>());
+    carve(carver);
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(allocate(recompute_buffer_,
+                           [&](Carver& c) { CarveRecomputeScratch(c, dims, mode, recomputed_); }));
+  // Two pools: the chunks without the head share one (they have the same layers under either
+  // schedule), sized by the most of their micro-batches in flight at once; the head's chunk has its
+  // own, whose slots also hold the logits and the loss's statistics.
+  int most_layers = 0;
+  for (const placement::StageRange& chunk : chunks)
+    most_layers = std::max(most_layers, chunk.size());
+  const auto make_slots = [&](int count, bool head, std::vector<std::unique_ptr<Slot>>& pool) {
+    pool.clear();
+    for (int i = 0; i < count; ++i) {
+      auto slot = std::make_unique<Slot>();
+      Slot& s = *slot;
+      RETURN_IF_ERROR(allocate(s.buffer, [&](Carver& c) {
+        s.residual.assign(most_layers + 1, nullptr);
+        for (float*& r : s.residual) r = c.Take(N * C);
+        s.blocks.assign(most_layers, BlockActivations{});
+        for (BlockActivations& b : s.blocks)
+          CarveKeptBlockActivations(c, dims, mode, recomputed_, b);
+        if (!head) return;
+        s.lnf = c.Take(N * C);
+        s.lnf_mean = c.Take(N);
+        s.lnf_rstd = c.Take(N);
+        s.logits = c.Take(N * Vs);
+        s.losses = c.Take(N);
+        s.lse = c.Take(N);
+        s.local_max = c.Take(N);
+        s.global_max = c.Take(N);
+        s.sumexp = c.Take(N);
+        s.target_logit = c.Take(N);
+      }));
+      pool.push_back(std::move(slot));
+    }
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(make_slots(schedule_->MaxInFlightWithoutHead(stage), false, body_slots_));
+  RETURN_IF_ERROR(
+      make_slots(layout_.place().last_stage ? schedule_->MaxInFlight(stage, nchunks - 1) : 0, true,
+                 head_slots_));
+  const bool last = layout_.place().last_stage;
+  RETURN_IF_ERROR(allocate(backward_buffer_, [&](Carver& c) {
+    dresidual_.assign(most_layers + 1, nullptr);
     for (float*& r : dresidual_) r = c.Take(N * C);
     CarveBlockGradScratch(c, dims, scratch_);
     if (!last) return;
     dlnf_ = c.Take(N * C);
     dlogits_ = c.Take(N * Vs);
     dlosses_ = c.Take(N);
-  };
-  Carver counter(nullptr);
-  carve_backward(counter);
-  ASSIGN_OR_RETURN(backward_buffer_, kernels::Tensor::Zeros({counter.used()}, DType::kFloat32,
-                                                            activation_allocator));
-  Carver carver(backward_buffer_.data<float>());
-  carve_backward(carver);
+  }));
+  const int held = schedule_->MaxEarlyGradients(stage);
+  RETURN_IF_ERROR(allocate(held_buffer_, [&](Carver& c) {
+    held_buffers_.clear();
+    for (int i = 0; i < held; ++i) held_buffers_.push_back(c.Take(N * C));
+  }));
+  ResetInFlight();
+  // A gradient receive is early unless the next pass after it is the backward that reads it.
+  const std::vector<placement::PipeAction>& actions = schedule_->Actions(stage);
+  receives_early_.assign(actions.size(), false);
+  for (size_t k = 0; k < actions.size(); ++k) {
+    const placement::PipeAction& a = actions[k];
+    if ((a.op != placement::PipeOp::kRecv && a.op != placement::PipeOp::kSendRecv) ||
+        a.recv.payload != placement::PipePayload::kGradient) {
+      continue;
+    }
+    for (size_t x = k + 1; x < actions.size(); ++x) {
+      const placement::PipeAction& b = actions[x];
+      if (b.op != placement::PipeOp::kForward && b.op != placement::PipeOp::kBackward) continue;
+      receives_early_[k] = !(b.op == placement::PipeOp::kBackward &&
+                             b.micro_batch == a.recv.micro_batch && b.chunk == a.recv.chunk);
+      break;
+    }
+  }
   return absl::OkStatus();
 }
 
+void ShardedGpt::ResetInFlight() {
+  const size_t nchunks = layout_.place().chunks.size();
+  slot_of_.assign(nchunks, std::vector<Slot*>(micro_batches_, nullptr));
+  // Taken from the back: the first slot first, as 1F1B's round robin did.
+  free_body_slots_.clear();
+  for (auto it = body_slots_.rbegin(); it != body_slots_.rend(); ++it) {
+    free_body_slots_.push_back(it->get());
+  }
+  free_head_slots_.clear();
+  for (auto it = head_slots_.rbegin(); it != head_slots_.rend(); ++it) {
+    free_head_slots_.push_back(it->get());
+  }
+  free_held_ = held_buffers_;
+  held_.assign(nchunks, std::vector<float*>(micro_batches_, nullptr));
+}
+
+bool ShardedGpt::HoldsEmbedding(int chunk) const {
+  return layout_.place().first_stage && chunk == 0;
+}
+
+bool ShardedGpt::HoldsHead(int chunk) const {
+  return layout_.place().last_stage && chunk == static_cast<int>(layout_.place().chunks.size()) - 1;
+}
+
+ShardedGpt::Slot& ShardedGpt::SlotFor(int micro_batch, int chunk) {
+  Slot*& slot = slot_of_[chunk][micro_batch];
+  if (slot == nullptr) {
+    // The schedule's analysis counted the slots in flight, so the pool is never empty here.
+    std::vector<Slot*>& free = HoldsHead(chunk) ? free_head_slots_ : free_body_slots_;
+    slot = free.back();
+    free.pop_back();
+    slot->chunk = chunk;
+  }
+  return *slot;
+}
+
+void ShardedGpt::ReleaseSlot(int micro_batch, int chunk) {
+  (HoldsHead(chunk) ? free_head_slots_ : free_body_slots_).push_back(slot_of_[chunk][micro_batch]);
+  slot_of_[chunk][micro_batch] = nullptr;
+}
+
 ShardedMemory ShardedGpt::memory() const {
+  int64_t activations = static_cast<int64_t>(backward_buffer_.nbytes() +
+                                             recompute_buffer_.nbytes() + held_buffer_.nbytes());
+  for (const auto* pool : {&body_slots_, &head_slots_}) {
+    for (const auto& slot : *pool) activations += static_cast<int64_t>(slot->buffer.nbytes());
+  }
   return ShardedMemory{static_cast<int64_t>(params_.nbytes()),
                        static_cast<int64_t>(grads_.nbytes()),
-                       static_cast<int64_t>(adam_m_.nbytes() + adam_v_.nbytes())};
+                       static_cast<int64_t>(adam_m_.nbytes() + adam_v_.nbytes()), activations};
 }
 
 int64_t ShardedGpt::shared_bytes() const {
@@ -588,7 +677,9 @@ absl::Status ShardedGpt::Forward(Slot& slot, const std::vector<int32_t>& tokens,
   const int64_t NC = int64_t{N} * C;
   slot.tokens = tokens;
   slot.targets = targets;
-  if (place.first_stage) {
+  const placement::StageRange range = place.chunks[slot.chunk];
+  const int L = range.size();
+  if (HoldsEmbedding(slot.chunk)) {
     // Vocab-parallel embedding: rows outside this rank's vocabulary embed to zero, and the sum
     // over the tensor-parallel group is the full embedding.
     ASSIGN_OR_RETURN(float* wte, UnitParams(layout_.wte_unit()));
@@ -600,8 +691,8 @@ absl::Status ShardedGpt::Forward(Slot& slot, const std::vector<int32_t>& tokens,
     cpu::PositionEmbeddingForward(slot.residual[0], wpe, b, T, C);
     ReleaseParams(layout_.wpe_unit());
   }
-  for (int l = place.first_layer; l < place.last_layer; ++l) {
-    const int i = l - place.first_layer;
+  for (int l = range.first; l < range.last; ++l) {
+    const int i = l - range.first;
     const int u = layout_.layer_unit(l);
     ASSIGN_OR_RETURN(float* p, UnitParams(u));
     RETURN_IF_ERROR(Annotate(BlockForward(MicroBatchDims(), layout_.Block(p), slot.residual[i],
@@ -609,9 +700,8 @@ absl::Status ShardedGpt::Forward(Slot& slot, const std::vector<int32_t>& tokens,
                              absl::StrCat("layer ", l)));
     ReleaseParams(u);
   }
-  if (!place.last_stage) return absl::OkStatus();
+  if (!HoldsHead(slot.chunk)) return absl::OkStatus();
 
-  const int L = place.last_layer - place.first_layer;
   ASSIGN_OR_RETURN(float* lnf, UnitParams(layout_.lnf_unit()));
   cpu::LayerNormForward(slot.lnf, slot.lnf_mean, slot.lnf_rstd, slot.residual[L], lnf, lnf + C, N,
                         C);
@@ -636,15 +726,16 @@ absl::Status ShardedGpt::Forward(Slot& slot, const std::vector<int32_t>& tokens,
   return absl::OkStatus();
 }
 
-absl::Status ShardedGpt::Backward(Slot& slot, bool last_micro_batch) {
+absl::Status ShardedGpt::Backward(Slot& slot, const float* dy, bool last_micro_batch) {
   const ShardPlace& place = layout_.place();
   const int b = static_cast<int>(micro_batch_);
   const int T = options_.seq_len;
   const int N = b * T;
   const int C = options_.config.d_model;
   const int64_t NC = int64_t{N} * C;
-  const int L = place.last_layer - place.first_layer;
-  if (place.last_stage) {
+  const placement::StageRange range = place.chunks[slot.chunk];
+  const int L = range.size();
+  if (HoldsHead(slot.chunk)) {
     const int Vs = layout_.vocab_shard();
     // The loss is the mean over the global batch: every position's gradient is 1/(batch·T), and
     // the data-parallel sum of the ranks' gradients is the gradient of that mean.
@@ -672,21 +763,29 @@ absl::Status ShardedGpt::Backward(Slot& slot, bool last_micro_batch) {
                            slot.lnf_mean, slot.lnf_rstd, N, C);
     ReleaseParams(layout_.lnf_unit());
     RETURN_IF_ERROR(GradsReady(layout_.lnf_unit(), last_micro_batch));
+    dy = dresidual_[L];
   }
-  for (int l = place.last_layer - 1; l >= place.first_layer; --l) {
-    const int i = l - place.first_layer;
+  for (int l = range.last - 1; l >= range.first; --l) {
+    const int i = l - range.first;
     const int u = layout_.layer_unit(l);
     ASSIGN_OR_RETURN(float* p, UnitParams(u));
     ASSIGN_OR_RETURN(float* g, UnitGrads(u));
+    const BlockParams params = layout_.Block(p);
+    // Full recomputation writes the block's output again where the forward did: the next block's
+    // backward, which read it, is done.
+    RETURN_IF_ERROR(Annotate(
+        RecomputeBlock(options_.parallel.recompute, MicroBatchDims(), params, slot.residual[i],
+                       slot.residual[i + 1], slot.blocks[i], tp_all_reduce_),
+        absl::StrCat("layer ", l, " recomputation")));
     std::fill(dresidual_[i], dresidual_[i] + NC, 0.0f);
-    RETURN_IF_ERROR(Annotate(BlockBackward(MicroBatchDims(), layout_.Block(p), layout_.Block(g),
-                                           slot.residual[i], dresidual_[i + 1], dresidual_[i],
-                                           slot.blocks[i], scratch_, tp_all_reduce_),
+    RETURN_IF_ERROR(Annotate(BlockBackward(MicroBatchDims(), params, layout_.Block(g),
+                                           slot.residual[i], i + 1 == L ? dy : dresidual_[i + 1],
+                                           dresidual_[i], slot.blocks[i], scratch_, tp_all_reduce_),
                              absl::StrCat("layer ", l, " backward")));
     ReleaseParams(u);
     RETURN_IF_ERROR(GradsReady(u, last_micro_batch));
   }
-  if (place.first_stage) {
+  if (HoldsEmbedding(slot.chunk)) {
     ASSIGN_OR_RETURN(float* wte_g, UnitGrads(layout_.wte_unit()));
     cpu::TokenEmbeddingBackward(wte_g, dresidual_[0], slot.tokens.data(), N, C,
                                 layout_.vocab_begin(), layout_.vocab_end());
@@ -811,43 +910,66 @@ absl::Status ShardedGpt::GatherUpdatedParams() {
   return status;
 }
 
+absl::Status ShardedGpt::Transfer(const placement::PipeAction& action, size_t index) {
+  using placement::PipeOp;
+  using placement::PipePayload;
+  const int64_t NC = micro_batch_ * options_.seq_len * int64_t{options_.config.d_model};
+  const std::vector<placement::StageRange>& chunks = layout_.place().chunks;
+  const float* send = nullptr;
+  float* recv = nullptr;
+  const placement::PipeMessage& out = action.send;
+  const placement::PipeMessage& in = action.recv;
+  if (action.op == PipeOp::kSend || action.op == PipeOp::kSendRecv) {
+    // An activation leaves from its slot, a gradient from the backward's buffer, where the
+    // backward that computed it left it (the schedule sends it before the next backward).
+    send = out.payload == PipePayload::kActivation
+               ? SlotFor(out.micro_batch, out.chunk).residual[chunks[out.chunk].size()]
+               : dresidual_[0];
+  }
+  if (action.op == PipeOp::kRecv || action.op == PipeOp::kSendRecv) {
+    if (in.payload == PipePayload::kActivation) {
+      recv = SlotFor(in.micro_batch, in.chunk).residual[0];
+    } else if (receives_early_[index]) {
+      float*& held = held_[in.chunk][in.micro_batch];
+      held = free_held_.back();
+      free_held_.pop_back();
+      recv = held;
+    } else {
+      recv = dresidual_[chunks[in.chunk].size()];
+    }
+  }
+  // Time spent here is the bubble: waiting for a neighbouring stage.
+  const auto start = Clock::now();
+  comm::Communicator* pp = groups_.pp;
+  absl::Status status;
+  if (send != nullptr && recv != nullptr) {
+    status = pp->SendRecv(send, NC, out.peer, recv, NC, in.peer, DType::kFloat32);
+  } else if (send != nullptr) {
+    status = pp->Send(send, NC, DType::kFloat32, out.peer);
+  } else {
+    status = pp->Recv(recv, NC, DType::kFloat32, in.peer);
+  }
+  pp_seconds_ += Since(start);
+  return Annotate(status, absl::StrCat("pipeline ", placement::DebugString(action), " (stage ",
+                                       options_.coords.pp, " of ", options_.parallel.pp, ")"));
+}
+
 absl::StatusOr<StepStats> ShardedGpt::TrainStep(const MicroBatchSource& source, int64_t step,
                                                 float learning_rate) {
   const auto step_start = Clock::now();
   tp_seconds_ = pp_seconds_ = dp_wait_seconds_ = 0;
+  loss_sum_ = 0;
+  // A step that failed half-way left micro-batches in flight.
+  ResetInFlight();
   const ShardPlace& place = layout_.place();
-  const int P = options_.parallel.pp;
-  const int s = options_.coords.pp;
   const int m = micro_batches_;
   const int T = options_.seq_len;
-  const int64_t NC = micro_batch_ * T * int64_t{options_.config.d_model};
-  const int L = place.last_layer - place.first_layer;
   std::fill(grads_.data<float>(), grads_.data<float>() + grads_.numel(), 0.0f);
 
   std::vector<int32_t> tokens, targets;
-  double loss_sum = 0.0;
-  auto slot_of = [&](int i) -> Slot& { return *slots_[i % slots_.size()]; };
-  comm::Communicator* pp = groups_.pp;
-  // One pipeline transfer of a (micro-batch, T, C) activation or gradient: a send to stage `to`, a
-  // receive from stage `from`, or both in flight at once (a null buffer: that half is absent).
-  // Time spent here is the bubble: waiting for a neighbouring stage.
-  auto transfer = [&](const float* send, int to, float* recv, int from, const char* what) {
-    const auto start = Clock::now();
-    absl::Status status;
-    if (send != nullptr && recv != nullptr) {
-      status = pp->SendRecv(send, NC, to, recv, NC, from, DType::kFloat32);
-    } else if (send != nullptr) {
-      status = pp->Send(send, NC, DType::kFloat32, to);
-    } else {
-      status = pp->Recv(recv, NC, DType::kFloat32, from);
-    }
-    pp_seconds_ += Since(start);
-    return Annotate(status, absl::StrCat("pipeline ", what, " (stage ", s, " of ", P, ")"));
-  };
-  auto forward = [&](int i) -> absl::Status {
-    // Only the ends of the pipeline read data: the first stage embeds the tokens, the last
-    // scores the targets.
-    if (place.first_stage || place.last_stage) {
+  auto forward = [&](int i, int chunk) -> absl::Status {
+    // Only the ends of the model read data: the embedding the tokens, the head the targets.
+    if (HoldsEmbedding(chunk) || HoldsHead(chunk)) {
       const int64_t first_sample =
           placement::FirstSample(options_.parallel, options_.global_batch, options_.coords.dp, i);
       RETURN_IF_ERROR(source(first_sample, micro_batch_, tokens, targets));
@@ -858,54 +980,34 @@ absl::StatusOr<StepStats> ShardedGpt::TrainStep(const MicroBatchSource& source, 
                                                        " targets, expected ", micro_batch_ * T));
       }
     }
-    if (place.first_stage) {
+    if (HoldsEmbedding(chunk)) {
       RETURN_IF_ERROR(Annotate(
           cpu::ValidateTokens(tokens.data(), static_cast<int64_t>(tokens.size()),
                               options_.config.vocab),
           absl::StrCat("micro-batch ", i, " tokens")));
     }
-    return Forward(slot_of(i), tokens, targets, loss_sum);
+    return Forward(SlotFor(i, chunk), tokens, targets, loss_sum_);
   };
 
-  // 1F1B (PipeDream-Flush, as Megatron-LM's non-interleaved schedule).
-  const int warmup = std::min(P - s - 1, m);
-  const int remaining = m - warmup;
-  for (int i = 0; i < warmup; ++i) {
-    if (!place.first_stage) {
-      RETURN_IF_ERROR(transfer(nullptr, 0, slot_of(i).residual[0], s - 1,
-                               "receive of activations"));
-    }
-    RETURN_IF_ERROR(forward(i));
-    if (!place.last_stage) {
-      RETURN_IF_ERROR(transfer(slot_of(i).residual[L], s + 1, nullptr, 0, "send of activations"));
-    }
-  }
-  if (remaining > 0 && !place.first_stage) {
-    RETURN_IF_ERROR(transfer(nullptr, 0, slot_of(warmup).residual[0], s - 1,
-                             "receive of activations"));
-  }
-  for (int j = 0; j < remaining; ++j) {
-    const int i = warmup + j;
-    RETURN_IF_ERROR(forward(i));
-    if (!place.last_stage) {
-      RETURN_IF_ERROR(transfer(slot_of(i).residual[L], s + 1, dresidual_[L], s + 1,
-                               "send of activations / receive of gradients"));
-    }
-    RETURN_IF_ERROR(Backward(slot_of(j), j == m - 1));
-    if (place.first_stage) continue;
-    const bool last_steady = j == remaining - 1;
-    RETURN_IF_ERROR(transfer(dresidual_[0], s - 1,
-                             last_steady ? nullptr : slot_of(i + 1).residual[0], s - 1,
-                             last_steady ? "send of gradients"
-                                         : "send of gradients / receive of activations"));
-  }
-  for (int j = remaining; j < m; ++j) {
-    if (!place.last_stage) {
-      RETURN_IF_ERROR(transfer(nullptr, 0, dresidual_[L], s + 1, "receive of gradients"));
-    }
-    RETURN_IF_ERROR(Backward(slot_of(j), j == m - 1));
-    if (!place.first_stage) {
-      RETURN_IF_ERROR(transfer(dresidual_[0], s - 1, nullptr, 0, "send of gradients"));
+  // The stage's list from the schedule (1F1B, or interleaved over chunks).
+  const std::vector<placement::PipeAction>& actions = schedule_->Actions(options_.coords.pp);
+  for (size_t k = 0; k < actions.size(); ++k) {
+    const placement::PipeAction& a = actions[k];
+    switch (a.op) {
+      case placement::PipeOp::kForward:
+        RETURN_IF_ERROR(forward(a.micro_batch, a.chunk));
+        break;
+      case placement::PipeOp::kBackward: {
+        float*& held = held_[a.chunk][a.micro_batch];
+        const float* dy = held != nullptr ? held : dresidual_[place.chunks[a.chunk].size()];
+        RETURN_IF_ERROR(Backward(SlotFor(a.micro_batch, a.chunk), dy, a.micro_batch == m - 1));
+        if (held != nullptr) free_held_.push_back(held);
+        held = nullptr;
+        ReleaseSlot(a.micro_batch, a.chunk);
+        break;
+      }
+      default:
+        RETURN_IF_ERROR(Transfer(a, k));
     }
   }
 
@@ -917,7 +1019,7 @@ absl::StatusOr<StepStats> ShardedGpt::TrainStep(const MicroBatchSource& source, 
   ASSIGN_OR_RETURN(const double sum_of_squares, OwnedSumOfSquares());
   // Only the last stage has losses, and its tensor-parallel ranks all hold the same ones.
   double totals[2] = {sum_of_squares,
-                      place.last_stage && options_.coords.tp == 0 ? loss_sum : 0.0};
+                      place.last_stage && options_.coords.tp == 0 ? loss_sum_ : 0.0};
   if (groups_.world != nullptr) {
     wait_start = Clock::now();
     absl::Status status = groups_.world->AllReduce(totals, 2, DType::kFloat64, comm::ReduceOp::kSum);

@@ -5,10 +5,14 @@
 //
 // Per training step (TrainStep):
 //   * the rank's data-parallel share of the global batch is cut into micro-batches and run
-//     through the pipeline with the 1F1B schedule (warm-up forwards, one-forward-one-backward,
-//     cool-down backwards); activations travel forward and their gradients back point to point
-//     between neighbouring stages (SendRecv where both directions are in flight, as Megatron-LM's
-//     send_forward_recv_backward);
+//     through the pipeline by executing this stage's action list from the schedule the spec names
+//     (placement/pipeline_schedule.h: 1F1B, or interleaved 1F1B over several chunks of layers per
+//     stage): forwards and backwards of a micro-batch through a chunk, and the point-to-point
+//     transfers of activations forward and gradients back (SendRecv where both directions are in
+//     flight, as Megatron-LM's send_forward_recv_backward). The engine does not know which
+//     schedule made the list;
+//   * activation recomputation (parallel.recompute) decides what each block keeps between its
+//     forward and backward (carver.h) and refills the rest before the backward (RecomputeBlock);
 //   * inside a stage the tensor-parallel group runs Megatron's layers: one all-reduce after the
 //     vocab-parallel embedding, two per block forward (after the row-parallel attention output and
 //     MLP down-projection) and two per block backward (the column-parallel inputs' gradients), the
@@ -35,6 +39,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -44,6 +49,7 @@
 #include "kernels/allocator.h"
 #include "kernels/tensor.h"
 #include "placement/parallel_layout.h"
+#include "placement/pipeline_schedule.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/shared_host_memory.h"
 #include "worker/model/gpt.h"
@@ -62,7 +68,8 @@ struct ShardedGroups {
 
 struct ShardedOptions {
   GptConfig config;
-  placement::ParallelSpec parallel;  // tp, pp, dp, zero, micro_batch (resolved), stage_layers
+  // tp, pp, dp, zero, micro_batch (resolved), stage_layers, schedule, virtual_stages, recompute
+  placement::ParallelSpec parallel;
   placement::RankCoords coords;
   int64_t global_batch = 0;          // sequences per step over the whole data-parallel group
   int seq_len = 0;
@@ -96,6 +103,9 @@ struct ShardedMemory {
   int64_t param_bytes = 0;      // parameters kept between steps (ZeRO 3: the 1/dp shard)
   int64_t grad_bytes = 0;       // gradients kept between micro-batches (ZeRO 2/3: the shard)
   int64_t optimizer_bytes = 0;  // AdamW moments (ZeRO 1-3: the shard)
+  // Activations kept from forward to backward (the micro-batch slots in flight), the backward's
+  // working buffer, the recomputation scratch and the held gradients.
+  int64_t activation_bytes = 0;
 };
 
 class ShardedGpt {
@@ -111,6 +121,7 @@ class ShardedGpt {
   ShardedGpt& operator=(const ShardedGpt&) = delete;
 
   const ShardLayout& layout() const { return layout_; }
+  const placement::PipelineSchedule& schedule() const { return *schedule_; }
   ShardedMemory memory() const;
   // Bytes allocated outside the allocator given to Create, in memory the peers of a
   // shared-memory group map (the gradients over a shared-memory data-parallel group under
@@ -174,9 +185,22 @@ class ShardedGpt {
   // The unit's gradient of the current micro-batch is complete: hand it to data parallelism.
   absl::Status GradsReady(int u, bool last_micro_batch);
 
+  // Whether chunk c begins with the embedding / ends with the head and loss.
+  bool HoldsEmbedding(int chunk) const;
+  bool HoldsHead(int chunk) const;
+  // The slot holding (micro_batch, chunk)'s activations, taken from the chunk's free ones at the
+  // first use; Release gives it back after the backward.
+  Slot& SlotFor(int micro_batch, int chunk);
+  // Every slot and held-gradient buffer free, as at the start of a step.
+  void ResetInFlight();
+  void ReleaseSlot(int micro_batch, int chunk);
+
   absl::Status Forward(Slot& slot, const std::vector<int32_t>& tokens,
                        const std::vector<int32_t>& targets, double& loss_sum);
-  absl::Status Backward(Slot& slot, bool last_micro_batch);
+  // `dy` is the gradient of the chunk's output (ignored for the chunk that holds the head).
+  absl::Status Backward(Slot& slot, const float* dy, bool last_micro_batch);
+  // Runs one transfer action of the schedule (its buffers found from the micro-batch and chunk).
+  absl::Status Transfer(const placement::PipeAction& action, size_t index);
   absl::Status SumTiedEmbeddings();
   absl::StatusOr<double> OwnedSumOfSquares() const;
   absl::Status Update(double clip_scale, int64_t step, float learning_rate);
@@ -213,9 +237,26 @@ class ShardedGpt {
   std::vector<kernels::Tensor> gathered_;     // ZeRO 3: units gathered for the current use
   std::vector<kernels::Tensor> grad_scratch_; // ZeRO 2-3: units' gradient of this micro-batch
 
-  std::vector<std::unique_ptr<Slot>> slots_;  // activations of micro-batches in flight
+  std::optional<placement::PipelineSchedule> schedule_;
+  // Activations of micro-batches in flight: the chunks without the head share one pool (the
+  // schedule's MaxInFlightWithoutHead slots), the head's chunk has its own; which are free, and
+  // which slot holds which (chunk, micro-batch).
+  std::vector<std::unique_ptr<Slot>> body_slots_, head_slots_;
+  std::vector<Slot*> free_body_slots_, free_head_slots_;
+  std::vector<std::vector<Slot*>> slot_of_;  // [chunk][micro-batch], null when none
+  // Gradients received before the pass ahead of their backward (MaxEarlyGradients of them);
+  // held_[chunk][micro-batch] is where one waits, null when none.
+  kernels::Tensor held_buffer_;
+  std::vector<float*> held_buffers_, free_held_;
+  std::vector<std::vector<float*>> held_;
+  // Per action of this stage's list: a gradient receive the schedule delivers early (see
+  // PipelineSchedule::MaxEarlyGradients).
+  std::vector<bool> receives_early_;
+  // The one block's buffers that recomputation refills (carver.h).
+  kernels::Tensor recompute_buffer_;
+  BlockActivations recomputed_;
   kernels::Tensor backward_buffer_;           // one backward at a time: shared scratch
-  std::vector<float*> dresidual_;
+  std::vector<float*> dresidual_;             // the largest chunk's layers + 1
   BlockGradScratch scratch_;
   float* dlnf_ = nullptr;
   float* dlogits_ = nullptr;
@@ -224,6 +265,7 @@ class ShardedGpt {
   AllReduceFn tp_all_reduce_;  // the blocks' tensor-parallel all-reduce; empty without tp
   std::unique_ptr<CommThread> comm_thread_;
   double tp_seconds_ = 0, pp_seconds_ = 0, dp_wait_seconds_ = 0;
+  double loss_sum_ = 0;  // this step's, on the stage holding the head
 };
 
 }  // namespace shardline::model

@@ -6,7 +6,7 @@ namespace shardline::model {
 
 std::vector<StatePiece> WholeModelPieces(const GptConfig& config) {
   // A one-rank cut is the whole model in ParamLayout order, with the checkpoint's views.
-  const ShardPlace whole{1, 0, 0, config.layers, true, true};
+  const ShardPlace whole{1, 0, {{0, config.layers}}, true, true};
   const absl::StatusOr<ShardLayout> layout = ShardLayout::Create(config, whole);
   std::vector<StatePiece> pieces;
   if (!layout.ok()) return pieces;

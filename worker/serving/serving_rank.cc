@@ -17,7 +17,7 @@ absl::Status CheckServingLayout(const model::GptConfig& config, int tp, int pp,
                                                    " pipeline stages"));
   }
   auto layout = model::ShardLayout::Create(
-      config, {.tp_size = tp, .tp_index = 0, .first_layer = 0, .last_layer = config.layers});
+      config, {.tp_size = tp, .tp_index = 0, .chunks = {{0, config.layers}}});
   if (!layout.ok()) return Annotate(layout.status(), absl::StrCat(tp_name, " ", tp));
   return CacheOptionsFor(config, engine, tp, pp).status();
 }
