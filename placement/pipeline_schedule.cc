@@ -363,6 +363,19 @@ absl::Status PipelineSchedule::Analyse() {
     return absl::InternalError(
         absl::StrCat(where, ": stage ", s, " at ", DebugString(a), ": ", what));
   };
+  struct Live {
+    std::vector<int> now, most;
+    int now_body = 0, most_body = 0;
+    void Resize(int V) { now.assign(V, 0), most.assign(V, 0); }
+    void Take(int chunk, bool head) {
+      most[chunk] = std::max(most[chunk], ++now[chunk]);
+      if (!head) most_body = std::max(most_body, ++now_body);
+    }
+    void Release(int chunk, bool head) {
+      --now[chunk];
+      if (!head) --now_body;
+    }
+  };
   struct StageState {
     size_t pc = 0;
     bool send_done = false, recv_done = false;
@@ -372,8 +385,9 @@ absl::Status PipelineSchedule::Analyse() {
     std::vector<int> next_backward;  // per chunk: backwards run in micro-batch order
     int last_backward_mb = -1, last_backward_chunk = -1;
     // Activation slots and early gradients in use, per chunk and in all.
-    std::vector<int> live, max_live;
-    int live_body = 0, max_live_body = 0;  // over the chunks but the head's
+    // Micro-batches whose backward has not run: by forward (the activations a slot keeps) and by
+    // input (received, or embedded), per chunk and over the chunks but the head's.
+    Live forwards, inputs;
     int early = 0, max_early = 0;
     std::vector<std::vector<char>> early_grad;
   };
@@ -382,17 +396,14 @@ absl::Status PipelineSchedule::Analyse() {
     s.have_input.assign(m, std::vector<char>(V, 0));
     s.forwarded = s.have_grad = s.backwarded = s.early_grad = s.have_input;
     s.next_backward.assign(V, 0);
-    s.live.assign(V, 0);
-    s.max_live.assign(V, 0);
+    s.forwards.Resize(V);
+    s.inputs.Resize(V);
   }
   // The head's chunk: the last one of the last stage.
   const auto is_head = [&](const StageState& s, int chunk) {
     return &s == &st[P - 1] && chunk == V - 1;
   };
-  const auto take_slot = [&](StageState& s, int chunk) {
-    s.max_live[chunk] = std::max(s.max_live[chunk], ++s.live[chunk]);
-    if (!is_head(s, chunk)) s.max_live_body = std::max(s.max_live_body, ++s.live_body);
-  };
+
   // Whether the next pass after position pc on `stage` is the backward of (mb, chunk).
   const auto consumed_next = [&](int stage, size_t pc, int mb, int chunk) {
     const std::vector<PipeAction>& list = actions_[stage];
@@ -427,7 +438,8 @@ absl::Status PipelineSchedule::Analyse() {
         if (a.op == PipeOp::kForward) {
           if (me.forwarded[mb][c]) return bug(s, a, "a second forward");
           if (v > 0 && !me.have_input[mb][c]) return bug(s, a, "its input was not received");
-          if (v == 0) take_slot(me, c);
+          if (v == 0) me.inputs.Take(c, is_head(me, c));
+          me.forwards.Take(c, is_head(me, c));
           me.forwarded[mb][c] = 1;
         } else {
           if (!me.forwarded[mb][c]) return bug(s, a, "a backward before its forward");
@@ -436,8 +448,8 @@ absl::Status PipelineSchedule::Analyse() {
           if (me.next_backward[c] != mb) return bug(s, a, "backwards out of micro-batch order");
           ++me.next_backward[c];
           me.backwarded[mb][c] = 1;
-          --me.live[c];
-          if (!is_head(me, c)) --me.live_body;
+          me.forwards.Release(c, is_head(me, c));
+          me.inputs.Release(c, is_head(me, c));
           if (me.early_grad[mb][c]) --me.early;
           me.last_backward_mb = mb;
           me.last_backward_chunk = c;
@@ -485,7 +497,7 @@ absl::Status PipelineSchedule::Analyse() {
             if (b.recv.payload == PipePayload::kActivation) {
               if (peer.have_input[mb][c]) return bug(msg.peer, b, "a second input");
               peer.have_input[mb][c] = 1;
-              take_slot(peer, c);
+              peer.inputs.Take(c, is_head(peer, c));
             } else {
               if (peer.have_grad[mb][c]) return bug(msg.peer, b, "a second gradient");
               peer.have_grad[mb][c] = 1;
@@ -528,6 +540,8 @@ absl::Status PipelineSchedule::Analyse() {
   double length = 0, busy = 0;
   max_in_flight_.clear();
   max_in_flight_body_.clear();
+  max_inputs_.clear();
+  max_inputs_body_.clear();
   max_early_gradients_.clear();
   for (int s = 0; s < P; ++s) {
     for (int mb = 0; mb < m; ++mb) {
@@ -542,8 +556,10 @@ absl::Status PipelineSchedule::Analyse() {
     }
     length = std::max(length, st[s].clock);
     busy += st[s].busy;
-    max_in_flight_.push_back(st[s].max_live);
-    max_in_flight_body_.push_back(st[s].max_live_body);
+    max_in_flight_.push_back(st[s].forwards.most);
+    max_in_flight_body_.push_back(st[s].forwards.most_body);
+    max_inputs_.push_back(st[s].inputs.most);
+    max_inputs_body_.push_back(st[s].inputs.most_body);
     max_early_gradients_.push_back(st[s].max_early);
   }
   rendezvous_length_ = length;

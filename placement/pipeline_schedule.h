@@ -87,14 +87,18 @@ class PipelineSchedule {
   // micro-batch order (the order gradients accumulate in).
   const std::vector<PipeAction>& Actions(int stage) const { return actions_[stage]; }
 
-  // The most micro-batches of `chunk` whose activations stage `stage` keeps at once: a
-  // micro-batch's activations are live from the receive of its input (or its forward, where
-  // nothing is received) to the end of its backward. 1F1B: min(pp − stage, micro-batches).
+  // The most micro-batches of `chunk` whose activations stage `stage` keeps at once, from their
+  // forward to the end of their backward. 1F1B: min(pp − stage, micro-batches).
   int MaxInFlight(int stage, int chunk) const { return max_in_flight_[stage][chunk]; }
-  // The most micro-batches in flight at once over all of the stage's chunks but the one holding
-  // the head (the last stage's last chunk), whose activations differ: chunks of equal layers can
-  // share this many slots. 1F1B: MaxInFlight(stage, 0) but on the last stage, 0 there.
+  // The same at once over all of the stage's chunks but the one holding the head (the last
+  // stage's last chunk), whose activations differ: chunks of equal layers can share this many
+  // slots. 1F1B: MaxInFlight(stage, 0), but 0 on the last stage.
   int MaxInFlightWithoutHead(int stage) const { return max_in_flight_body_[stage]; }
+  // The most inputs (a chunk's first activation) held at once, from their receive (or the
+  // embedding) to the end of their backward: an input can arrive before its forward, since a
+  // send does not wait for its receiver's turn. 1F1B: equal to the forwards in flight.
+  int MaxInputs(int stage, int chunk) const { return max_inputs_[stage][chunk]; }
+  int MaxInputsWithoutHead(int stage) const { return max_inputs_body_[stage]; }
   // The most gradients stage `stage` holds received but not yet consumed, not counting one
   // received right before its backward (with no other pass in between), which the backward reads
   // where it lands. 1F1B: 0. The engine keeps this many gradient buffers.
@@ -120,6 +124,8 @@ class PipelineSchedule {
   std::vector<std::vector<PipeAction>> actions_;
   std::vector<std::vector<int>> max_in_flight_;
   std::vector<int> max_in_flight_body_;
+  std::vector<std::vector<int>> max_inputs_;
+  std::vector<int> max_inputs_body_;
   std::vector<int> max_early_gradients_;
   double simulated_length_ = 0, simulated_bubble_ = 0, rendezvous_length_ = 0;
 };

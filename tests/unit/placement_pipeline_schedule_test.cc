@@ -47,6 +47,9 @@ TEST(PipelineScheduleTest, OneFOneBKeepsMinOfStagesLeftAndMicroBatchesInFlight) 
       ASSERT_TRUE(schedule.ok()) << "P=" << P << " m=" << m << ": " << schedule.status();
       for (int s = 0; s < P; ++s) {
         EXPECT_EQ(schedule->MaxInFlight(s, 0), std::min(P - s, m)) << "P=" << P << " m=" << m;
+        // Each input arrives right before its forward.
+        EXPECT_EQ(schedule->MaxInputs(s, 0), schedule->MaxInFlight(s, 0));
+        EXPECT_EQ(schedule->MaxInFlightWithoutHead(s), s == P - 1 ? 0 : std::min(P - s, m));
         EXPECT_EQ(schedule->MaxEarlyGradients(s), 0);
         EXPECT_EQ(Count(schedule->Actions(s), PipeOp::kForward), m);
         EXPECT_EQ(Count(schedule->Actions(s), PipeOp::kBackward), m);
@@ -107,17 +110,18 @@ TEST(PipelineScheduleTest, InterleavedIsCheckedAndHasLessBubbleThanOneFOneB) {
             EXPECT_LE(interleaved->MaxInFlight(s, c), m);
           }
           // Megatron's in-flight forwards: (P − s − 1)·2 + (V − 1)·P waiting plus the one
-          // running (all m·V when m = P). The first stage receives nothing and keeps exactly that
-          // many; later ones take a slot when an activation arrives, which can be before the
-          // forward that reads it (the send never waits, see pipeline_schedule.cc), and count the
-          // head's chunk apart: at most pp + 1 slots more.
-          const int megatron = m == P ? m * V : std::min(m * V, (P - s - 1) * 2 + (V - 1) * P + 1);
-          if (s == 0) {
-            EXPECT_EQ(together, megatron) << "P=" << P << " V=" << V << " m=" << m;
-          } else {
-            EXPECT_LE(together, megatron + P + 1)
-                << "P=" << P << " V=" << V << " m=" << m << " stage " << s;
-          }
+          // running (all m·V when m = P); the last stage's head has a pool of its own, one more.
+          // Inputs may arrive earlier than their forward (a send does not wait for its receiver's
+          // turn), and are counted apart.
+          const int megatron =
+              m == P ? m * V : std::min(m * V, (P - s - 1) * 2 + (V - 1) * P + 1);
+          EXPECT_LE(together, megatron + (s == P - 1 ? 1 : 0))
+              << "P=" << P << " V=" << V << " m=" << m << " stage " << s;
+          const int inputs = interleaved->MaxInputsWithoutHead(s) +
+                             (s == P - 1 ? interleaved->MaxInputs(s, V - 1) : 0);
+          EXPECT_GE(inputs, together);
+          EXPECT_LE(inputs, together + P + 1)
+              << "P=" << P << " V=" << V << " m=" << m << " stage " << s;
         }
       }
     }

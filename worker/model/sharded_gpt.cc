@@ -274,7 +274,8 @@ absl::Status ShardedGpt::Allocate() {
                            [&](Carver& c) { CarveRecomputeScratch(c, dims, mode, recomputed_); }));
   // Two pools: the chunks without the head share one (they have the same layers under either
   // schedule), sized by the most of their micro-batches in flight at once; the head's chunk has its
-  // own, whose slots also hold the logits and the loss's statistics.
+  // own, whose slots also hold the logits and the loss's statistics. A slot's input (residual[0])
+  // comes from a pool of its own, taken when the input arrives, which can be before the forward.
   int most_layers = 0;
   for (const placement::StageRange& chunk : chunks)
     most_layers = std::max(most_layers, chunk.size());
@@ -285,7 +286,7 @@ absl::Status ShardedGpt::Allocate() {
       Slot& s = *slot;
       RETURN_IF_ERROR(allocate(s.buffer, [&](Carver& c) {
         s.residual.assign(most_layers + 1, nullptr);
-        for (float*& r : s.residual) r = c.Take(N * C);
+        for (size_t i = 1; i < s.residual.size(); ++i) s.residual[i] = c.Take(N * C);
         s.blocks.assign(most_layers, BlockActivations{});
         for (BlockActivations& b : s.blocks)
           CarveKeptBlockActivations(c, dims, mode, recomputed_, b);
@@ -305,11 +306,20 @@ absl::Status ShardedGpt::Allocate() {
     }
     return absl::OkStatus();
   };
+  const bool last = layout_.place().last_stage;
   RETURN_IF_ERROR(make_slots(schedule_->MaxInFlightWithoutHead(stage), false, body_slots_));
   RETURN_IF_ERROR(
-      make_slots(layout_.place().last_stage ? schedule_->MaxInFlight(stage, nchunks - 1) : 0, true,
-                 head_slots_));
-  const bool last = layout_.place().last_stage;
+      make_slots(last ? schedule_->MaxInFlight(stage, nchunks - 1) : 0, true, head_slots_));
+  const auto make_inputs = [&](int count, kernels::Tensor& buffer, std::vector<float*>& inputs) {
+    return allocate(buffer, [&](Carver& c) {
+      inputs.clear();
+      for (int i = 0; i < count; ++i) inputs.push_back(c.Take(N * C));
+    });
+  };
+  RETURN_IF_ERROR(
+      make_inputs(schedule_->MaxInputsWithoutHead(stage), body_input_buffer_, body_inputs_));
+  RETURN_IF_ERROR(make_inputs(last ? schedule_->MaxInputs(stage, nchunks - 1) : 0,
+                              head_input_buffer_, head_inputs_));
   RETURN_IF_ERROR(allocate(backward_buffer_, [&](Carver& c) {
     dresidual_.assign(most_layers + 1, nullptr);
     for (float*& r : dresidual_) r = c.Take(N * C);
@@ -357,6 +367,9 @@ void ShardedGpt::ResetInFlight() {
   for (auto it = head_slots_.rbegin(); it != head_slots_.rend(); ++it) {
     free_head_slots_.push_back(it->get());
   }
+  free_body_inputs_.assign(body_inputs_.rbegin(), body_inputs_.rend());
+  free_head_inputs_.assign(head_inputs_.rbegin(), head_inputs_.rend());
+  input_of_.assign(nchunks, std::vector<float*>(micro_batches_, nullptr));
   free_held_ = held_buffers_;
   held_.assign(nchunks, std::vector<float*>(micro_batches_, nullptr));
 }
@@ -369,26 +382,41 @@ bool ShardedGpt::HoldsHead(int chunk) const {
   return layout_.place().last_stage && chunk == static_cast<int>(layout_.place().chunks.size()) - 1;
 }
 
+// The schedule's analysis counted the slots and inputs in flight, so a pool is never empty here.
+float* ShardedGpt::InputFor(int micro_batch, int chunk) {
+  float*& input = input_of_[chunk][micro_batch];
+  if (input == nullptr) {
+    std::vector<float*>& free = HoldsHead(chunk) ? free_head_inputs_ : free_body_inputs_;
+    input = free.back();
+    free.pop_back();
+  }
+  return input;
+}
+
 ShardedGpt::Slot& ShardedGpt::SlotFor(int micro_batch, int chunk) {
   Slot*& slot = slot_of_[chunk][micro_batch];
   if (slot == nullptr) {
-    // The schedule's analysis counted the slots in flight, so the pool is never empty here.
     std::vector<Slot*>& free = HoldsHead(chunk) ? free_head_slots_ : free_body_slots_;
     slot = free.back();
     free.pop_back();
     slot->chunk = chunk;
+    slot->residual[0] = InputFor(micro_batch, chunk);
   }
   return *slot;
 }
 
 void ShardedGpt::ReleaseSlot(int micro_batch, int chunk) {
-  (HoldsHead(chunk) ? free_head_slots_ : free_body_slots_).push_back(slot_of_[chunk][micro_batch]);
+  const bool head = HoldsHead(chunk);
+  (head ? free_head_slots_ : free_body_slots_).push_back(slot_of_[chunk][micro_batch]);
   slot_of_[chunk][micro_batch] = nullptr;
+  (head ? free_head_inputs_ : free_body_inputs_).push_back(input_of_[chunk][micro_batch]);
+  input_of_[chunk][micro_batch] = nullptr;
 }
 
 ShardedMemory ShardedGpt::memory() const {
-  int64_t activations = static_cast<int64_t>(backward_buffer_.nbytes() +
-                                             recompute_buffer_.nbytes() + held_buffer_.nbytes());
+  int64_t activations = static_cast<int64_t>(
+      backward_buffer_.nbytes() + recompute_buffer_.nbytes() + held_buffer_.nbytes() +
+      body_input_buffer_.nbytes() + head_input_buffer_.nbytes());
   for (const auto* pool : {&body_slots_, &head_slots_}) {
     for (const auto& slot : *pool) activations += static_cast<int64_t>(slot->buffer.nbytes());
   }
@@ -928,7 +956,7 @@ absl::Status ShardedGpt::Transfer(const placement::PipeAction& action, size_t in
   }
   if (action.op == PipeOp::kRecv || action.op == PipeOp::kSendRecv) {
     if (in.payload == PipePayload::kActivation) {
-      recv = SlotFor(in.micro_batch, in.chunk).residual[0];
+      recv = InputFor(in.micro_batch, in.chunk);
     } else if (receives_early_[index]) {
       float*& held = held_[in.chunk][in.micro_batch];
       held = free_held_.back();

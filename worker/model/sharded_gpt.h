@@ -191,6 +191,9 @@ class ShardedGpt {
   // The slot holding (micro_batch, chunk)'s activations, taken from the chunk's free ones at the
   // first use; Release gives it back after the backward.
   Slot& SlotFor(int micro_batch, int chunk);
+  // The buffer of (micro_batch, chunk)'s input, taken at the first use (a receive, or the forward
+  // that embeds it); released with its slot.
+  float* InputFor(int micro_batch, int chunk);
   // Every slot and held-gradient buffer free, as at the start of a step.
   void ResetInFlight();
   void ReleaseSlot(int micro_batch, int chunk);
@@ -243,6 +246,10 @@ class ShardedGpt {
   // which slot holds which (chunk, micro-batch).
   std::vector<std::unique_ptr<Slot>> body_slots_, head_slots_;
   std::vector<Slot*> free_body_slots_, free_head_slots_;
+  // The slots' inputs (the schedule's MaxInputs), in the same two pools, and which holds what.
+  kernels::Tensor body_input_buffer_, head_input_buffer_;
+  std::vector<float*> body_inputs_, head_inputs_, free_body_inputs_, free_head_inputs_;
+  std::vector<std::vector<float*>> input_of_;  // [chunk][micro-batch], null when none
   std::vector<std::vector<Slot*>> slot_of_;  // [chunk][micro-batch], null when none
   // Gradients received before the pass ahead of their backward (MaxEarlyGradients of them);
   // held_[chunk][micro-batch] is where one waits, null when none.
