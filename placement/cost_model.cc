@@ -101,6 +101,41 @@ int64_t LayerActivationsPerToken(const Dims& d, Precision p) {
          kStatBytes * (2 * NormStats(d) + d.NH /*att_lse*/);
 }
 
+// What selective recomputation drops of a layer's activations per token, in elements: both
+// norms' outputs (ln1, ln2: C each), the attention output (atty: Cs) and the MLP's activation
+// output (gpt: fch_gelu; llama: silu(gate)·up: Fs). Each is rebuilt in the backward from what is
+// kept (the residual input and resid_mid with the norms' statistics, q/k/v with att_lse, the MLP's
+// pre-activations); the recompute scratch holds one layer's worth.
+int64_t SelectiveDroppedPerToken(const Dims& d) { return 2 * d.C + d.Cs + d.Fs; }
+
+// The activation bytes one layer keeps per token for its backward under `mode`, the residual
+// input not counted.
+int64_t KeptActivationsPerToken(const Dims& d, Precision p, RecomputeMode mode) {
+  switch (mode) {
+    case RecomputeMode::kSelective:
+      return LayerActivationsPerToken(d, p) - ActBytes(p) * SelectiveDroppedPerToken(d);
+    case RecomputeMode::kFull:
+      return 0;
+    case RecomputeMode::kNone:
+      break;
+  }
+  return LayerActivationsPerToken(d, p);
+}
+
+// The scratch the recomputation rebuilds one layer into, per token: selective the dropped
+// tensors, full the whole layer's activations.
+int64_t RecomputeScratchPerToken(const Dims& d, Precision p, RecomputeMode mode) {
+  switch (mode) {
+    case RecomputeMode::kSelective:
+      return ActBytes(p) * SelectiveDroppedPerToken(d);
+    case RecomputeMode::kFull:
+      return LayerActivationsPerToken(d, p);
+    case RecomputeMode::kNone:
+      break;
+  }
+  return 0;
+}
+
 // The backward's working buffer per token: the gradient of one layer's activations
 // (ShardedGpt's BlockGradScratch: dresid_mid, dln, the MLP's and attention's gradients).
 int64_t LayerScratchPerToken(const Dims& d, Precision p) {
@@ -252,14 +287,47 @@ ModelStats DeriveModel(const ModelSpec& model, int64_t seq_len) {
 }
 
 int64_t LayerActivationBytes(const ModelSpec& model, int64_t seq_len, int64_t micro_batch, int tp,
-                             Precision precision, bool recompute) {
+                             Precision precision, RecomputeMode recompute) {
   const Dims d = DimsOf(model, tp);
   const int64_t tokens = micro_batch * seq_len;
-  // Full recomputation keeps only the layer's input (Korthikanti et al. 2022, §4.2: 2sbh bytes in
-  // bf16 per layer).
-  if (recompute) return tokens * ActBytes(precision) * d.C;
   return tokens * (ActBytes(precision) * d.C /*the residual input*/ +
-                   LayerActivationsPerToken(d, precision));
+                   KeptActivationsPerToken(d, precision, recompute));
+}
+
+absl::StatusOr<std::vector<StageSlots>> ScheduleSlots(const ParallelSpec& par,
+                                                      int64_t micro_batches) {
+  std::vector<StageSlots> out(par.pp);
+  if (par.schedule == PipelineScheduleKind::k1F1B) {
+    if (par.pp < 1 || micro_batches < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("no 1F1B schedule for pp ", par.pp, " and ",
+                                                     micro_batches, " micro-batches"));
+    }
+    // 1F1B: stage s has at most pp − s forwards waiting for their backward (ShardedGpt::Allocate);
+    // the last stage's one chunk holds the head.
+    for (int s = 0; s < par.pp; ++s) {
+      const int64_t slots = std::min<int64_t>(par.pp - s, micro_batches);
+      (s + 1 == par.pp ? out[s].head_slots : out[s].body_slots) = slots;
+      out[s].inputs = slots;  // each arrives right before its forward
+    }
+    return out;
+  }
+  if (micro_batches > INT_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat(micro_batches, " micro-batches is too many"));
+  }
+  ASSIGN_OR_RETURN(const PipelineSchedule schedule,
+                   PipelineSchedule::Of(par, static_cast<int>(micro_batches)));
+  for (int s = 0; s < par.pp; ++s) {
+    out[s].chunks = schedule.virtual_stages();
+    const int head_chunk = schedule.virtual_stages() - 1;
+    out[s].body_slots = schedule.MaxInFlightWithoutHead(s);
+    out[s].inputs = schedule.MaxInputsWithoutHead(s);
+    if (s + 1 == par.pp) {
+      out[s].head_slots = schedule.MaxInFlight(s, head_chunk);
+      out[s].inputs += schedule.MaxInputs(s, head_chunk);
+    }
+    out[s].early_gradients = schedule.MaxEarlyGradients(s);
+  }
+  return out;
 }
 
 int64_t VocabShardRows(int64_t vocab, int tp, int tp_index) {
@@ -272,15 +340,16 @@ MemoryBreakdown StageMemoryTerms::At(int64_t layers) const {
   m.params = fixed.params + layers * per_layer.params;
   m.grads = fixed.grads + layers * per_layer.grads;
   m.optimizer = fixed.optimizer + layers * per_layer.optimizer;
-  m.activations = fixed.activations + layers * per_layer.activations;
-  m.backward = fixed.backward + layers * per_layer.backward;
+  const int64_t chunk_layers = layers / std::max(chunks, 1);
+  m.activations = fixed.activations + chunk_layers * per_layer.activations;
+  m.backward = fixed.backward + chunk_layers * per_layer.backward;
   m.comm_buffers = layers >= 1 && layers <= 3 ? comm_buffers_few[layers - 1] : fixed.comm_buffers;
   return m;
 }
 
 StageMemoryTerms StageMemory(const ModelSpec& model, const TrainSetup& setup,
-                             const ParallelSpec& par, bool recompute, int stage,
-                             int64_t vocab_rows) {
+                             const ParallelSpec& par, int stage, int64_t vocab_rows,
+                             const StageSlots& kept) {
   const Dims d = DimsOf(model, par.tp);
   const Precision p = setup.precision;
   const int64_t e = ActBytes(p);
@@ -289,11 +358,13 @@ StageMemoryTerms StageMemory(const ModelSpec& model, const TrainSetup& setup,
   const int64_t dp = par.dp;
   const int64_t mb = par.micro_batch;
   const int64_t N = mb * setup.seq_len;  // tokens of one micro-batch
-  const int64_t micro_batches = setup.global_batch / (dp * mb);
-  // 1F1B: stage s has at most pp − s forwards waiting for their backward (ShardedGpt::Allocate).
-  const int64_t slots = std::min<int64_t>(par.pp - stage, micro_batches);
+  const RecomputeMode recompute = par.recompute;
+  // The slots of both pools (StageSlots), each for one chunk.
+  const int64_t slots = kept.body_slots + kept.head_slots;
+  const int64_t head_slots = kept.head_slots;
 
   StageMemoryTerms t;
+  t.chunks = std::max(1, kept.chunks);
   // Weights, gradients, optimizer state: unit by unit (a layer, an embedding table), each sharded
   // over the data-parallel group in ceil(size / dp) pieces when ZeRO shards it (ShardedGpt pads the
   // shards so every rank sends the same count).
@@ -318,26 +389,31 @@ StageMemoryTerms StageMemory(const ModelSpec& model, const TrainSetup& setup,
     }
   }
 
-  // Activations: `slots` micro-batch slots (ShardedGpt::Slot). Per layer: its input on the
-  // residual stream and everything its backward reads; or, recomputing, only the input.
-  const int64_t per_layer_slot = N * (e * d.C + (recompute ? 0 : LayerActivationsPerToken(d, p)));
+  // Activations: `slots` micro-batch slots (ShardedGpt::Slot), each for a chunk. Per layer of a
+  // chunk: its output on the residual stream and what the recomputation mode keeps of what its
+  // backward reads.
+  const int64_t per_layer_slot = N * (e * d.C + KeptActivationsPerToken(d, p, recompute));
   t.per_layer.activations = slots * per_layer_slot;
-  // The stage's output (the residual list has layers + 1 entries); on the last stage the final
-  // norm's output and statistics, this rank's logits (fp32) and the loss's per-token numbers:
-  // losses, lse, local_max, global_max, sumexp, target_logit.
-  int64_t slot_fixed = N * e * d.C;
+  // The chunks' inputs (the first of a residual list's layers + 1 entries), in a pool of their own
+  // (an input may arrive before its forward takes a slot); in the head's slots (the last stage's
+  // last chunk's) the final norm's output and statistics, this rank's logits (fp32) and the loss's
+  // per-token numbers: losses, lse, local_max, global_max, sumexp, target_logit.
+  t.fixed.activations = kept.inputs * N * e * d.C;
   if (last) {
-    slot_fixed +=
-        N * (e * d.C + kStatBytes * NormStats(d) + kFp32Bytes * vocab_rows + kStatBytes * 6);
+    t.fixed.activations +=
+        head_slots * N *
+        (e * d.C + kStatBytes * NormStats(d) + kFp32Bytes * vocab_rows + kStatBytes * 6);
   }
-  t.fixed.activations = slots * slot_fixed;
 
-  // The backward's shared buffer (one micro-batch at a time): the residual stream's gradients
-  // (layers + 1 entries) and one layer's gradient scratch; on the last stage the gradients of the
-  // final norm, the logits (fp32) and the losses. Recomputation adds the one layer it rebuilds.
+  // The backward's shared buffer (one micro-batch at a time), sized for the stage's largest
+  // chunk: the residual stream's gradients (chunk layers + 1 entries) and one layer's gradient
+  // scratch; on the last stage the gradients of the final norm, the logits (fp32) and the losses.
+  // Recomputation adds the one layer it rebuilds (RecomputeScratchPerToken), and the schedule its
+  // gradients received before their backward can run, (N, C) each.
   t.per_layer.backward = N * e * d.C;
   t.fixed.backward = N * (e * d.C + LayerScratchPerToken(d, p));
-  if (recompute) t.fixed.backward += N * LayerActivationsPerToken(d, p);
+  t.fixed.backward += N * RecomputeScratchPerToken(d, p, recompute);
+  t.fixed.backward += kept.early_gradients * N * e * d.C;
   if (last) t.fixed.backward += N * (e * d.C + kFp32Bytes * vocab_rows + kStatBytes);
 
   // Transient buffers of the data-parallel reduction (TransientPeak).
@@ -368,14 +444,10 @@ StageMemoryTerms StageMemory(const ModelSpec& model, const TrainSetup& setup,
   return t;
 }
 
-absl::StatusOr<MemoryBreakdown> PredictRankMemory(const ModelSpec& model, const TrainSetup& setup,
-                                                  const ParallelSpec& parallel, bool recompute,
-                                                  int rank) {
+absl::StatusOr<std::vector<MemoryBreakdown>> PredictMemoryPerRank(const ModelSpec& model,
+                                                                  const TrainSetup& setup,
+                                                                  const ParallelSpec& parallel) {
   RETURN_IF_ERROR(ValidateParallel(model, setup.global_batch, parallel, parallel.world()));
-  if (rank < 0 || rank >= parallel.world()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rank ", rank, " is outside the layout's ", parallel.world(), " ranks"));
-  }
   if (setup.seq_len < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("seq_len must be at least 1, got ", setup.seq_len));
@@ -383,26 +455,33 @@ absl::StatusOr<MemoryBreakdown> PredictRankMemory(const ModelSpec& model, const 
   ASSIGN_OR_RETURN(const std::vector<StageRange> stages,
                    StagesOf(parallel, static_cast<int>(model.layers)));
   ASSIGN_OR_RETURN(const RankGrid grid, RankGrid::Create(parallel.tp, parallel.pp, parallel.dp));
-  const RankCoords c = grid.Coords(rank);
   ParallelSpec resolved = parallel;
   resolved.micro_batch = MicroBatchSize(parallel, setup.global_batch);
-  const StageMemoryTerms terms = StageMemory(model, setup, resolved, recompute, c.pp,
-                                             VocabShardRows(model.vocab, parallel.tp, c.tp));
-  return terms.At(stages[c.pp].size());
-}
-
-absl::StatusOr<std::vector<MemoryBreakdown>> PredictMemoryPerRank(const ModelSpec& model,
-                                                                  const TrainSetup& setup,
-                                                                  const ParallelSpec& parallel,
-                                                                  bool recompute) {
+  // The schedule once for every rank: an interleaved one is built and checked.
+  ASSIGN_OR_RETURN(
+      const std::vector<StageSlots> slots,
+      ScheduleSlots(resolved, setup.global_batch / (resolved.dp * resolved.micro_batch)));
   std::vector<MemoryBreakdown> out;
-  RETURN_IF_ERROR(ValidateParallel(model, setup.global_batch, parallel, parallel.world()));
   out.reserve(parallel.world());
   for (int r = 0; r < parallel.world(); ++r) {
-    ASSIGN_OR_RETURN(MemoryBreakdown m, PredictRankMemory(model, setup, parallel, recompute, r));
-    out.push_back(m);
+    const RankCoords c = grid.Coords(r);
+    const StageMemoryTerms terms = StageMemory(
+        model, setup, resolved, c.pp, VocabShardRows(model.vocab, parallel.tp, c.tp), slots[c.pp]);
+    out.push_back(terms.At(stages[c.pp].size()));
   }
   return out;
+}
+
+absl::StatusOr<MemoryBreakdown> PredictRankMemory(const ModelSpec& model, const TrainSetup& setup,
+                                                  const ParallelSpec& parallel, int rank) {
+  if (rank < 0 || rank >= parallel.world()) {
+    RETURN_IF_ERROR(ValidateParallel(model, setup.global_batch, parallel, parallel.world()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, " is outside the layout's ", parallel.world(), " ranks"));
+  }
+  ASSIGN_OR_RETURN(const std::vector<MemoryBreakdown> all,
+                   PredictMemoryPerRank(model, setup, parallel));
+  return all[rank];
 }
 
 CostModelOptions CostModelOptions::Defaults() {
@@ -446,8 +525,7 @@ double MeasuredHalfDim(const NodeSpec& node, Precision precision) {
 }
 
 StageCostTerms StageCost(const ModelSpec& model, const TrainSetup& setup, const ParallelSpec& par,
-                         bool recompute, int stage, const StageHardware& hw,
-                         const CostModelOptions& options) {
+                         int stage, const StageHardware& hw, const CostModelOptions& options) {
   const Dims d = DimsOf(model, par.tp);
   const Precision p = setup.precision;
   const double e = static_cast<double>(ActBytes(p));
@@ -475,19 +553,39 @@ StageCostTerms StageCost(const ModelSpec& model, const TrainSetup& setup, const 
       d.llama ? static_cast<double>(2 * d.C * d.Cs + 2 * d.C * d.KVs + 3 * d.C * d.Fs)
               : static_cast<double>(4 * d.C * d.Cs + 2 * d.C * d.Fs);
   // Forward: 2 FLOPs per weight per token, and attention 4·T·Cs per token on this rank's heads.
-  const double layer_forward = N * (2.0 * matmul_weights + 4.0 * T * static_cast<double>(d.Cs));
+  const double attention_forward = N * 4.0 * T * static_cast<double>(d.Cs);
+  const double layer_forward = N * 2.0 * matmul_weights + attention_forward;
+  const bool full = par.recompute == RecomputeMode::kFull;
   // Backward twice the forward; full recomputation runs the forward once more.
-  const double passes = recompute ? 4.0 : 3.0;
+  const double passes = full ? 4.0 : 3.0;
 
   StageCostTerms c;
   c.layer_compute = passes * layer_forward / rate;
+  if (par.recompute == RecomputeMode::kSelective) {
+    // Selective recomputation reruns what it dropped (SelectiveDroppedPerToken): the attention's
+    // QKᵀ and AV, priced as FLOPs at the layer's rate (no causal halving, as the forward's), and
+    // the norms, GELU and the attention output's write, which do a handful of operations per
+    // element and are bound by memory: each reads its input and writes its output (norms: C in
+    // and out, twice; GELU: Fs; attention: q/k/v in, Cs out). Korthikanti et al. 2022 (§5)
+    // measure selective recomputation at a few percent of a step for GPT-3-sized layers, where
+    // full recomputation costs about a third: here the attention's 4·T·Cs against the layer's
+    // forward is its FLOP share, the memory term what the FLOP count misses.
+    c.layer_compute += attention_forward / rate;
+    if (hw.memory_bandwidth > 0) {
+      const double qkv = static_cast<double>(d.Cs + 2 * d.KVs);
+      const double elements =
+          4.0 * C + 2.0 * static_cast<double>(d.Fs) + qkv + static_cast<double>(d.Cs);
+      c.layer_compute += N * elements * e / hw.memory_bandwidth;
+    }
+  }
   // Megatron's layers: two all-reduces of the (N, C) activations in the forward (after the
   // row-parallel attention output and MLP down-projection), two in the backward (the
-  // column-parallel inputs' gradients), two more in a recomputed forward.
+  // column-parallel inputs' gradients), two more in a fully recomputed forward. Selective
+  // recomputation rebuilds only what sits between them and all-reduces nothing.
   const double activation_bytes = N * C * e;
   const double tp_all_reduce =
       AllReduceSeconds(activation_bytes, tp, hw.tp_bandwidth, hw.tp_latency_s);
-  c.layer_tp = (recompute ? 6.0 : 4.0) * tp_all_reduce;
+  c.layer_tp = (full ? 6.0 : 4.0) * tp_all_reduce;
   if (first) {
     // The vocab-parallel embedding: one all-reduce of its output; the lookup itself is memory
     // traffic, not FLOPs.
@@ -504,16 +602,23 @@ StageCostTerms StageCost(const ModelSpec& model, const TrainSetup& setup, const 
   }
   // Pipeline: each micro-batch's activation goes to the next stage and its gradient back to the
   // previous one, (N, C) each; the sends block (1F1B as Megatron-LM runs it without overlap).
-  if (!last) c.p2p += PointToPointSeconds(activation_bytes, hw.p2p_bandwidth, hw.p2p_latency_s);
-  if (!first) {
-    c.p2p += PointToPointSeconds(activation_bytes, hw.prev_p2p_bandwidth, hw.prev_p2p_latency_s);
-  }
+  // Interleaved, every chunk sends: v times each, but for the wrap from the last stage's chunk c
+  // to the first stage's chunk c + 1 (and its gradient back), v − 1 times. That link is not in
+  // StageHardware: it is priced as the stage's own other link.
+  const double v = par.schedule == PipelineScheduleKind::kInterleaved ? par.virtual_stages : 1;
+  const double to_next = PointToPointSeconds(activation_bytes, hw.p2p_bandwidth, hw.p2p_latency_s);
+  const double to_prev =
+      PointToPointSeconds(activation_bytes, hw.prev_p2p_bandwidth, hw.prev_p2p_latency_s);
+  if (!last) c.p2p += v * to_next;
+  if (!first) c.p2p += v * to_prev;
+  if (v > 1 && first) c.p2p += (v - 1) * to_next;
+  if (v > 1 && last) c.p2p += (v - 1) * to_prev;
   return c;
 }
 
 StepTime PredictStepTime(const ModelSpec& model, const TrainSetup& setup,
-                         const ParallelSpec& parallel, bool recompute,
-                         const std::vector<StageHardware>& hw, const CostModelOptions& options) {
+                         const ParallelSpec& parallel, const std::vector<StageHardware>& hw,
+                         const CostModelOptions& options) {
   ParallelSpec par = parallel;
   par.micro_batch = MicroBatchSize(parallel, setup.global_batch);
   const absl::StatusOr<std::vector<StageRange>> stages =
@@ -522,14 +627,14 @@ StepTime PredictStepTime(const ModelSpec& model, const TrainSetup& setup,
   std::vector<StageCostTerms> terms(par.pp);
   std::vector<int> layers(par.pp);
   for (int s = 0; s < par.pp; ++s) {
-    terms[s] = StageCost(model, setup, par, recompute, s, hw[s], options);
+    terms[s] = StageCost(model, setup, par, s, hw[s], options);
     layers[s] = (*stages)[s].size();
   }
-  return StepTimeOfStages(model, setup, par, recompute, hw, terms, layers, options);
+  return StepTimeOfStages(model, setup, par, hw, terms, layers, options);
 }
 
 StepTime StepTimeOfStages(const ModelSpec& model, const TrainSetup& setup, const ParallelSpec& par,
-                          bool recompute, const std::vector<StageHardware>& hw,
+                          const std::vector<StageHardware>& hw,
                           const std::vector<StageCostTerms>& terms, const std::vector<int>& layers,
                           const CostModelOptions& options,
                           const std::vector<StageMemoryTerms>* memory) {
@@ -537,8 +642,11 @@ StepTime StepTimeOfStages(const ModelSpec& model, const TrainSetup& setup, const
   const double m = static_cast<double>(setup.global_batch / (par.dp * par.micro_batch));
   const Precision p = setup.precision;
   const int dp = par.dp;
-  // The backward's share of a micro-batch's compute (2 of 3 passes; 3 of 4 recomputing).
-  const double backward_share = recompute ? 0.75 : 2.0 / 3.0;
+  // The backward's share of a micro-batch's compute (2 of 3 passes; 3 of 4 recomputing fully;
+  // selective recomputation's few percent move it by less than a percent and are left out).
+  const double backward_share = par.recompute == RecomputeMode::kFull ? 0.75 : 2.0 / 3.0;
+  const double chunks =
+      par.schedule == PipelineScheduleKind::kInterleaved ? std::max(par.virtual_stages, 1) : 1;
 
   double sum = 0;
   int bottleneck = 0;
@@ -553,13 +661,15 @@ StepTime StepTimeOfStages(const ModelSpec& model, const TrainSetup& setup, const
   }
   // 1F1B: the first micro-batch crosses every stage (fill and drain), the others follow at the
   // pace of the slowest stage: Σ t_s + (m − 1)·max t_s (Narayanan et al. 2021 §2.2's bubble of
-  // (p − 1)/m for equal stages).
+  // (p − 1)/m for equal stages). Interleaved, the fill and drain cross the stages chunk by chunk,
+  // each a 1/v of the stage: the bubble is (Σ t_s − max t_s)/v, §2.2's (p − 1)/(v·m)
+  // (PipelineSchedule::SimulatedBubble agrees: tests/unit/placement_cost_model_test.cc).
   const StageCostTerms& b = terms[bottleneck];
   const double nb = layers[bottleneck];
   out.compute = m * (b.fixed_compute + nb * b.layer_compute);
   out.tp = m * (b.fixed_tp + nb * b.layer_tp);
   out.pp = m * b.p2p;
-  out.bubble = sum - slowest;
+  out.bubble = (sum - slowest) / chunks;
 
   // Data parallelism, stage by stage: what is left of the stage's reduction after the overlap,
   // and after the slack the stage has (it finished its last backward before stage 0 did, which
@@ -567,10 +677,12 @@ StepTime StepTimeOfStages(const ModelSpec& model, const TrainSetup& setup, const
   double slack = 0;
   for (int s = 0; s < par.pp; ++s) {
     const double n = layers[s];
+    // Only the parameter counts are read here, which do not depend on the schedule's slots.
     const StageMemoryTerms mem =
         memory != nullptr
             ? (*memory)[s]
-            : StageMemory(model, setup, par, recompute, s, VocabShardRows(model.vocab, par.tp, -1));
+            : StageMemory(model, setup, par, s, VocabShardRows(model.vocab, par.tp, -1),
+                          StageSlots{1, 1, 0, 1, 0});
     // Parameters of this rank, whole (ZeRO shards what it keeps, not what it reduces).
     const double params =
         static_cast<double>(mem.fixed_param_count) + n * static_cast<double>(mem.layer_param_count);

@@ -1,17 +1,22 @@
 // The cost model behind the placement planner: what a model is (parameters, FLOPs, activation
 // sizes), how many bytes one rank of a layout holds (weights, gradients, optimizer state,
-// activations in flight under 1F1B, communication buffers) and how long one training step takes
-// (compute, tensor-parallel all-reduces, pipeline sends and bubble, data-parallel reduction).
+// activations in flight under its pipeline schedule, communication buffers) and how long one
+// training step takes (compute and recomputation, tensor-parallel all-reduces, pipeline sends and
+// bubble, data-parallel reduction). A layout's schedule and recomputation are its ParallelSpec's
+// (schedule, virtual_stages, recompute).
 // Pure arithmetic: no I/O, no cluster walking (the planner maps ranks to devices and hands this
 // model the hardware each stage sees, StageHardware). Every constant has its source next to it in
 // cost_model.cc.
 //
 // The memory model is Shardline's own implementation, element by element, so that with
-// Precision::kFp32 and no recomputation PredictRankMemory gives the bytes a CPU actor's ShardedGpt
+// Precision::kFp32 PredictRankMemory gives the bytes a CPU actor's ShardedGpt
 // (worker/model/sharded_gpt.cc, Allocate) holds: fp32 parameters, gradients and AdamW m and v
 // (16 bytes per parameter at ZeRO 0; the ZeRO shards are ceil(unit / dp) per unit, as
-// ShardedGpt pads them), one activation slot per micro-batch in flight (min(pp − stage,
-// micro-batches) slots) and the shared backward buffer. With kBf16 the same tensors are counted
+// ShardedGpt pads them); the schedule's activation slots (StageSlots; 1F1B: min(pp − stage,
+// micro-batches)), each a chunk's residual list and per layer what the recomputation mode keeps;
+// one backward buffer sized for the stage's largest chunk; the recomputation's scratch for one
+// layer; and the schedule's early gradient buffers (MaxEarlyGradients; 0 under 1F1B). With kBf16
+// the same tensors are counted
 // at 2 bytes (bf16 activations and weights, fp32 logits for the loss) and the optimizer keeps fp32
 // master weights (ZeRO paper's 2 + 2 + 12 bytes per parameter).
 #pragma once
@@ -24,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "placement/cluster_spec.h"
 #include "placement/parallel_layout.h"
+#include "placement/pipeline_schedule.h"
 #include "placement/train_spec.h"
 
 namespace shardline::placement {
@@ -71,12 +77,17 @@ struct ModelStats {
 ModelStats DeriveModel(const ModelSpec& model, int64_t seq_len);
 
 // Activation bytes one layer keeps for its backward, for one micro-batch of `micro_batch`
-// sequences on one tensor-parallel rank: everything its backward reads (ln inputs and outputs with
-// their statistics, q/k/v, the attention output and its log-sum-exp, the MLP's hidden
-// activations), or with `recompute` only the layer's input (full recomputation, Korthikanti et
-// al. 2022 §4.2). The per-rank slot adds the stage's output and, on the last stage, the logits.
+// sequences on one tensor-parallel rank: its input on the residual stream and, by `recompute`,
+//   kNone: everything its backward reads (ln inputs and outputs with their statistics, q/k/v, the
+//     attention output and its log-sum-exp, the MLP's hidden activations);
+//   kSelective: that without what is cheap to rebuild — both norms' outputs, the attention output
+//     and the GELU's (SwiGLU's product's) output — keeping the statistics, q/k/v, the log-sum-exp,
+//     resid_mid and the MLP's pre-activations (Korthikanti et al. 2022 §5's selective
+//     recomputation, with our attention keeping its log-sum-exp instead of the probabilities);
+//   kFull: nothing more (Korthikanti et al. 2022 §4.2: 2sbh bytes in bf16 per layer).
+// The per-rank slot adds the chunk's output and, on the last stage, the logits.
 int64_t LayerActivationBytes(const ModelSpec& model, int64_t seq_len, int64_t micro_batch, int tp,
-                             Precision precision, bool recompute);
+                             Precision precision, RecomputeMode recompute);
 
 // ---- memory ----
 
@@ -99,9 +110,12 @@ struct MemoryBreakdown {
 
 // The bytes of one rank of pipeline stage `stage` as a function of the stage's layer count n:
 // fixed + n · per_layer, exactly (the planner's layer → stage split and its memory bound use it).
+// Under the interleaved schedule a stage's n layers are `chunks` equal chunks, and its activations
+// and backward buffer grow with a chunk's layers: those two are fixed + (n / chunks) · per_layer.
 struct StageMemoryTerms {
   MemoryBreakdown fixed;      // embedding (first stage), head and loss (last), buffers
-  MemoryBreakdown per_layer;  // one more layer on the stage
+  MemoryBreakdown per_layer;  // one more layer on the stage (activations, backward: on each chunk)
+  int chunks = 1;             // the stage's chunks of layers: 1 under 1F1B
   // The rank's parameters before ZeRO shards them (what data parallelism reduces), in elements.
   int64_t fixed_param_count = 0;
   int64_t layer_param_count = 0;
@@ -112,30 +126,54 @@ struct StageMemoryTerms {
   MemoryBreakdown At(int64_t layers) const;
 };
 
-// `parallel` needs tp, pp, dp, zero and micro_batch (resolved, ≥ 1); stage_layers is not read.
-// `vocab_rows` is the rank's vocabulary shard (VocabShardRows). Expects a valid layout.
+// What the pipeline schedule makes a stage keep, as ShardedGpt::Allocate pools it: activation
+// slots for the forwards in flight, each sized for one of the stage's (equal) chunks — a pool
+// the chunks without the head share (PipelineSchedule::MaxInFlightWithoutHead) and, on the last
+// stage, the head's chunk's own (MaxInFlight of its last chunk), whose slots also hold the head;
+// the chunks' inputs, an (N, C) buffer each from their arrival to their backward's end
+// (MaxInputsWithoutHead, and MaxInputs of the head's chunk); and the gradients received before
+// their backward (MaxEarlyGradients), an (N, C) buffer each.
+struct StageSlots {
+  int chunks = 1;
+  int64_t body_slots = 0;
+  int64_t head_slots = 0;
+  int64_t inputs = 0;
+  int64_t early_gradients = 0;
+};
+
+// Every stage's StageSlots for `parallel` (validated; schedule and virtual_stages read) running
+// `micro_batches` micro-batches per step. 1F1B: min(pp − stage, micro-batches) slots (the last
+// stage's one is the head's), as many inputs and no early gradient, the schedule's numbers in
+// closed form
+// (PipelineSchedule's header states them; the planner prices thousands of 1F1B layouts and need
+// not build each); interleaved: PipelineSchedule::Of's. Its error for sizes it cannot schedule.
+absl::StatusOr<std::vector<StageSlots>> ScheduleSlots(const ParallelSpec& parallel,
+                                                      int64_t micro_batches);
+
+// `parallel` needs tp, pp, dp, zero and micro_batch (resolved, ≥ 1) and its recompute mode;
+// stage_layers is not read. `vocab_rows` is the rank's vocabulary shard (VocabShardRows); `slots`
+// the stage's (ScheduleSlots). Expects a valid layout.
 StageMemoryTerms StageMemory(const ModelSpec& model, const TrainSetup& setup,
-                             const ParallelSpec& parallel, bool recompute, int stage,
-                             int64_t vocab_rows);
+                             const ParallelSpec& parallel, int stage, int64_t vocab_rows,
+                             const StageSlots& slots);
 
 // The vocabulary rows tensor-parallel rank `tp_index` of `tp` holds, as ShardLayout cuts them
 // ([V·r/tp, V·(r+1)/tp)); the largest shard over all ranks when tp_index is −1.
 int64_t VocabShardRows(int64_t vocab, int tp, int tp_index);
 
-// The bytes one rank of `parallel` (validated, micro_batch resolved or 0 for batch/dp) holds while
-// training `model` with `setup`'s global batch, seq_len and precision. InvalidArgument when the
-// layout is not valid for the model and batch (ValidateParallel's message) or the rank is outside
-// it. With kFp32 and recompute false this is ShardedGpt's allocation exactly (after Create:
-// total() − comm_buffers), and comm_buffers its transient peak in a training step (for ZeRO 2
-// the worst case of a full communication queue, which CPU actors reach).
+// The bytes one rank of `parallel` (validated, micro_batch resolved or 0 for batch/dp; its
+// schedule and recompute mode) holds while training `model` with `setup`'s global batch, seq_len
+// and precision. InvalidArgument when the layout is not valid for the model and batch
+// (ValidateParallel's message) or the rank is outside it. With kFp32 this is ShardedGpt's
+// allocation exactly (after Create: total() − comm_buffers), and comm_buffers its transient peak
+// in a training step (for ZeRO 2 the worst case of a full communication queue, which CPU actors
+// reach).
 absl::StatusOr<MemoryBreakdown> PredictRankMemory(const ModelSpec& model, const TrainSetup& setup,
-                                                  const ParallelSpec& parallel, bool recompute,
-                                                  int rank);
+                                                  const ParallelSpec& parallel, int rank);
 // Every rank's, in rank order.
 absl::StatusOr<std::vector<MemoryBreakdown>> PredictMemoryPerRank(const ModelSpec& model,
                                                                   const TrainSetup& setup,
-                                                                  const ParallelSpec& parallel,
-                                                                  bool recompute);
+                                                                  const ParallelSpec& parallel);
 
 // ---- time ----
 
@@ -181,7 +219,7 @@ struct StepTime {
   double compute = 0;    // the bottleneck stage's forward and backward kernels, all micro-batches
   double tp = 0;         // its tensor-parallel all-reduces
   double pp = 0;         // its point-to-point activation and gradient transfers
-  double bubble = 0;     // 1F1B's fill and drain: the other stages' share of the critical path
+  double bubble = 0;     // the schedule's fill and drain: the other stages' share of the path
   double dp = 0;         // the data-parallel reduction (and ZeRO gathers) not hidden by overlap
   double optimizer = 0;  // AdamW's update of the rank's (shard of the) parameters
   double total = 0;
@@ -192,29 +230,35 @@ struct StepTime {
 struct StageCostTerms {
   double fixed_compute = 0;  // embedding (first stage), head and loss (last stage)
   double fixed_tp = 0;       // their tensor-parallel all-reduces
-  double p2p = 0;            // sending the activation forward and its gradient back
-  double layer_compute = 0;  // one transformer layer, forward and backward (and recompute)
+  double p2p = 0;            // sending the activations forward and the gradients back (each chunk)
+  double layer_compute = 0;  // one transformer layer, forward and backward (and recomputation)
   double layer_tp = 0;       // its tensor-parallel all-reduces
   double fixed() const { return fixed_compute + fixed_tp + p2p; }
   double per_layer() const { return layer_compute + layer_tp; }
   double At(int64_t layers) const { return fixed() + static_cast<double>(layers) * per_layer(); }
 };
+// `par`'s recompute mode prices the recomputation: kFull one more forward of every layer with its
+// two tensor-parallel all-reduces; kSelective the attention's forward (QKᵀ and AV, at the layer's
+// rate) and the memory traffic of the rebuilt norms, attention output and GELU (at
+// memory_bandwidth). Its schedule prices the sends: the interleaved one sends every micro-batch's
+// activation and gradient once per chunk.
 StageCostTerms StageCost(const ModelSpec& model, const TrainSetup& setup, const ParallelSpec& par,
-                         bool recompute, int stage, const StageHardware& hw,
-                         const CostModelOptions& options);
+                         int stage, const StageHardware& hw, const CostModelOptions& options);
 
 // The step time of `parallel` (validated, stage_layers resolved or empty for BalancedStages) with
 // hw[s] for stage s (pp entries).
 StepTime PredictStepTime(const ModelSpec& model, const TrainSetup& setup,
-                         const ParallelSpec& parallel, bool recompute,
-                         const std::vector<StageHardware>& hw, const CostModelOptions& options);
+                         const ParallelSpec& parallel, const std::vector<StageHardware>& hw,
+                         const CostModelOptions& options);
 
 // PredictStepTime's arithmetic on stage terms already computed (terms[s] = StageCost of stage s;
 // `memory`, when given, StageMemory of every stage) and `layers[s]` layers on stage s; `parallel`
 // needs micro_batch resolved. The planner uses it to time candidates without recomputing terms.
+// The bubble is the schedule's: (Σ_s t_s − max_s t_s) / virtual_stages for stage times t_s of one
+// micro-batch, which for equal stages is (pp − 1)/m of the step under 1F1B and (pp − 1)/(v·m)
+// interleaved (Narayanan et al. 2021 §2.2).
 StepTime StepTimeOfStages(const ModelSpec& model, const TrainSetup& setup,
-                          const ParallelSpec& parallel, bool recompute,
-                          const std::vector<StageHardware>& hw,
+                          const ParallelSpec& parallel, const std::vector<StageHardware>& hw,
                           const std::vector<StageCostTerms>& terms, const std::vector<int>& layers,
                           const CostModelOptions& options,
                           const std::vector<StageMemoryTerms>* memory = nullptr);

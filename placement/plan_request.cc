@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -20,6 +21,8 @@ constexpr std::string_view kMicroBatch = "micro_batch";
 constexpr std::string_view kDtype = "dtype";
 constexpr std::string_view kZero = "zero";
 constexpr std::string_view kRecompute = "recompute";
+constexpr std::string_view kSchedule = "schedule";
+constexpr std::string_view kVirtualStages = "virtual_stages";
 constexpr std::string_view kDevices = "devices";
 constexpr std::string_view kMin = "min";
 constexpr std::string_view kMax = "max";
@@ -92,13 +95,120 @@ absl::Status ParseZeroStages(const YamlMap& map, PlanTrainSpec& spec) {
   return absl::OkStatus();
 }
 
+// `key: NAME` or `key: [NAME, ...]`, each NAME one of `names`: the values, in the order given,
+// each once. An empty list is an error (it allows nothing).
+template <typename E>
+absl::StatusOr<std::vector<E>> ParseNameList(const YamlMap& map, std::string_view key,
+                                             std::span<const EnumName<E>> names) {
+  std::vector<std::string_view> allowed;
+  for (const EnumName<E>& name : names) allowed.push_back(name.name);
+  std::vector<E> out;
+  if (map.OptionalString(key, "").ok()) {
+    ASSIGN_OR_RETURN(const E value, map.RequiredEnum<E>(key, names));
+    return std::vector<E>{value};
+  }
+  ASSIGN_OR_RETURN(const std::vector<std::string> texts, map.OptionalStringList(key, allowed));
+  if (texts.empty()) return map.ErrorAt(key, "lists nothing; leave the key out to allow all");
+  for (size_t i = 0; i < texts.size(); ++i) {
+    for (const EnumName<E>& name : names) {
+      if (name.name != texts[i]) continue;
+      if (std::find(out.begin(), out.end(), name.value) != out.end()) {
+        return map.ErrorAtElement(key, i, absl::StrCat("'", texts[i], "' is listed twice"));
+      }
+      out.push_back(name.value);
+    }
+  }
+  return out;
+}
+
+// `recompute: true | false | MODE | [MODE, ...]`: true allows every mode (the default), false
+// only none.
+absl::Status ParseRecompute(const YamlMap& map, PlanTrainSpec& spec) {
+  if (!map.Has(kRecompute)) return absl::OkStatus();
+  const EnumName<RecomputeMode> modes[] = {
+      {RecomputeModeName(RecomputeMode::kNone), RecomputeMode::kNone},
+      {RecomputeModeName(RecomputeMode::kSelective), RecomputeMode::kSelective},
+      {RecomputeModeName(RecomputeMode::kFull), RecomputeMode::kFull}};
+  if (absl::StatusOr<bool> all = map.OptionalBool(kRecompute, true); all.ok()) {
+    if (!*all) spec.recompute_modes = {RecomputeMode::kNone};
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::vector<RecomputeMode>> listed =
+      ParseNameList<RecomputeMode>(map, kRecompute, modes);
+  if (listed.ok()) {
+    spec.recompute_modes = *std::move(listed);
+    return absl::OkStatus();
+  }
+  if (map.OptionalString(kRecompute, "").ok()) {
+    // A scalar that is neither: say every form the key takes.
+    const std::string text = *map.OptionalString(kRecompute, "");
+    return map.ErrorAt(kRecompute, absl::StrCat("expected true, false, a recompute mode (none, "
+                                                "selective, full) or a list of them, got '",
+                                                text, "'"));
+  }
+  return listed.status();
+}
+
+// `schedule: 1f1b | interleaved | [...]` and `virtual_stages: V | [V, ...]` (the interleaved
+// schedule's chunks per stage, each ≥ 2): PlanTrainSpec::virtual_stages.
+absl::Status ParseSchedules(const YamlMap& map, PlanTrainSpec& spec) {
+  using Schedule = PipelineScheduleKind;
+  const EnumName<Schedule> names[] = {
+      {PipelineScheduleName(Schedule::k1F1B), Schedule::k1F1B},
+      {PipelineScheduleName(Schedule::kInterleaved), Schedule::kInterleaved}};
+  std::vector<Schedule> schedules = {Schedule::k1F1B, Schedule::kInterleaved};
+  if (map.Has(kSchedule)) {
+    ASSIGN_OR_RETURN(schedules, ParseNameList<Schedule>(map, kSchedule, names));
+  }
+  std::vector<int> chunks = {2, 4};
+  if (map.Has(kVirtualStages)) {
+    const IntRange range{.min = 2, .max = 1024};
+    chunks.clear();
+    if (map.OptionalString(kVirtualStages, "").ok()) {
+      ASSIGN_OR_RETURN(const int64_t v, map.OptionalInt64(kVirtualStages, 2, range));
+      chunks.push_back(static_cast<int>(v));
+    } else {
+      ASSIGN_OR_RETURN(const std::vector<std::string> texts,
+                       map.OptionalStringList(kVirtualStages));
+      for (size_t i = 0; i < texts.size(); ++i) {
+        int v = 0;
+        const std::string& text = texts[i];
+        const bool digits = !text.empty() && std::all_of(text.begin(), text.end(), [](char c) {
+          return std::isdigit(static_cast<unsigned char>(c));
+        });
+        if (!digits || !absl::SimpleAtoi(text, &v) || v < 2 || v > 1024) {
+          return map.ErrorAtElement(
+              kVirtualStages, i,
+              absl::StrCat("expected chunks per stage from 2 to 1024, got '", text, "'"));
+        }
+        chunks.push_back(v);
+      }
+      if (chunks.empty()) {
+        return map.ErrorAt(kVirtualStages, "lists nothing; leave it out to try 2 and 4");
+      }
+    }
+    if (std::find(schedules.begin(), schedules.end(), Schedule::kInterleaved) == schedules.end()) {
+      return map.ErrorAt(kVirtualStages, "needs the interleaved schedule among `schedule`");
+    }
+  }
+  spec.virtual_stages.clear();
+  if (std::find(schedules.begin(), schedules.end(), Schedule::k1F1B) != schedules.end()) {
+    spec.virtual_stages.push_back(1);
+  }
+  if (std::find(schedules.begin(), schedules.end(), Schedule::kInterleaved) != schedules.end()) {
+    spec.virtual_stages.insert(spec.virtual_stages.end(), chunks.begin(), chunks.end());
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<PlanTrainSpec> ParsePlanTrainSpec(const std::string& yaml_text,
                                                  const std::string& source_name) {
-  ASSIGN_OR_RETURN(const YamlMap map, YamlMap::Parse(yaml_text, source_name,
-                                                     {kGlobalBatch, kSeqLen, kMicroBatch, kDtype,
-                                                      kZero, kRecompute, kDevices}));
+  ASSIGN_OR_RETURN(const YamlMap map,
+                   YamlMap::Parse(yaml_text, source_name,
+                                  {kGlobalBatch, kSeqLen, kMicroBatch, kDtype, kZero, kRecompute,
+                                   kSchedule, kVirtualStages, kDevices}));
   PlanTrainSpec spec;
   ASSIGN_OR_RETURN(spec.global_batch,
                    map.RequiredInt64(kGlobalBatch, {.min = 1, .max = kMaxBatch}));
@@ -108,7 +218,8 @@ absl::StatusOr<PlanTrainSpec> ParsePlanTrainSpec(const std::string& yaml_text,
     ASSIGN_OR_RETURN(spec.precision, map.RequiredEnum<Precision>(kDtype, kPrecisions));
   }
   RETURN_IF_ERROR(ParseZeroStages(map, spec));
-  ASSIGN_OR_RETURN(spec.allow_recompute, map.OptionalBool(kRecompute, spec.allow_recompute));
+  RETURN_IF_ERROR(ParseRecompute(map, spec));
+  RETURN_IF_ERROR(ParseSchedules(map, spec));
   ASSIGN_OR_RETURN(const int64_t devices,
                    map.OptionalInt64(kDevices, 0, {.min = 1, .max = kMaxDevices}));
   spec.devices = static_cast<int>(devices);
@@ -150,7 +261,8 @@ absl::StatusOr<PlanRequest> PlanRequestFor(const ModelSpec& model, const Cluster
   PlanConstraints& constraints = request.constraints;
   constraints.devices = train.devices;
   constraints.zero_stages = train.zero_stages;
-  constraints.allow_recompute = train.allow_recompute;
+  constraints.recompute_modes = train.recompute_modes;
+  constraints.virtual_stages = train.virtual_stages;
   // A range of one size is a fixed micro-batch.
   if (train.max_micro_batch > 0 && train.max_micro_batch == train.min_micro_batch) {
     constraints.micro_batch = train.min_micro_batch;
@@ -168,7 +280,6 @@ PlanRequest PlanRequestForJob(const JobSpec& spec, const ClusterSpec& cluster) {
     request.constraints.micro_batch = spec.parallel.micro_batch;
     request.train.min_micro_batch = request.train.max_micro_batch = spec.parallel.micro_batch;
   }
-  request.constraints.allow_recompute = false;
   request.alternatives = 0;
   return request;
 }
@@ -184,8 +295,13 @@ PlanRequest PlanRequestForLayout(const JobSpec& spec, const ClusterSpec& cluster
   const int64_t micro_batch = MicroBatchSize(p, spec.train.batch);
   request.constraints.micro_batch = micro_batch;
   request.train.min_micro_batch = request.train.max_micro_batch = micro_batch;
-  // A layout that cannot be cut leaves the split to the planner, whose rules then say why.
-  if (auto stages = StagesOf(p, static_cast<int>(spec.train.model.layers)); stages.ok()) {
+  request.constraints.recompute_modes = {p.recompute};
+  request.constraints.virtual_stages = {
+      p.schedule == PipelineScheduleKind::kInterleaved ? p.virtual_stages : 1};
+  // A layout that cannot be cut leaves the split to the planner, whose rules then say why. (The
+  // interleaved schedule's split is always even: nothing to fix.)
+  if (auto stages = StagesOf(p, static_cast<int>(spec.train.model.layers));
+      stages.ok() && p.schedule == PipelineScheduleKind::k1F1B) {
     for (const StageRange& stage : *stages) {
       request.constraints.stage_layers.push_back(stage.size());
     }

@@ -6,7 +6,10 @@
 //   micro_batch: 4           # a fixed micro-batch size, or a range {min: 1, max: 8}; default any
 //   dtype: bf16              # fp32 | bf16; default fp32 on a cluster of CPU nodes, else bf16
 //   zero: [0, 1, 2, 3]       # the ZeRO stages the planner may pick; default all four
-//   recompute: true          # whether it may pick activation recomputation; default true
+//   recompute: true          # the recomputation modes it may pick: true (none, selective, full),
+//                            # false (none), one mode or a list of them; default true
+//   schedule: [1f1b, interleaved]  # the pipeline schedules it may pick; default both
+//   virtual_stages: [2, 4]   # interleaved: the chunks per stage it may pick; default 2 and 4
 //   devices: 64              # exactly this many devices (tp·pp·dp); default any up to the
 //   cluster's
 //
@@ -36,7 +39,10 @@ struct PlanTrainSpec {
   int64_t max_micro_batch = 0;         // 0: no upper bound but the batch's
   std::optional<Precision> precision;  // unset: by the cluster's devices
   std::vector<int> zero_stages = {0, 1, 2, 3};
-  bool allow_recompute = true;
+  std::vector<RecomputeMode> recompute_modes = {RecomputeMode::kNone, RecomputeMode::kSelective,
+                                                RecomputeMode::kFull};
+  // PlanConstraints::virtual_stages: 1 for 1F1B, the interleaved schedule's chunk counts after.
+  std::vector<int> virtual_stages = {1, 2, 4};
   int devices = 0;  // 0: any
 };
 
@@ -60,12 +66,14 @@ absl::StatusOr<PlanRequest> PlanRequestFor(const ModelSpec& model, const Cluster
 
 // The request for a `parallel: auto` train job on `cluster` (the devices it may use): its model,
 // batch and seq_len; its micro_batch when the spec fixes one; the precision the job's devices
-// train in (fp32 on CPU, bf16 on CUDA); no activation recomputation, which the trainer does not
-// do. The planner chooses the rest.
+// train in (fp32 on CPU, bf16 on CUDA). The planner chooses the rest, the schedule and the
+// recomputation among them (on CPU as on GPU: recomputation only costs time, so the time model
+// picks it only where memory needs it).
 PlanRequest PlanRequestForJob(const JobSpec& spec, const ClusterSpec& cluster);
 
 // The same with every choice fixed to the job's layout (spec.parallel: tp, pp, dp, zero, the
-// micro-batch, the stage split, devices = tp·pp·dp): the plan is that layout's price — its
+// micro-batch, the stage split, the schedule and the recomputation, devices = tp·pp·dp): the plan
+// is that layout's price — its
 // predicted step time and memory on `cluster` (its rank → device map as the planner packs
 // data-parallel groups, which is the coordinator's node-order placement on alike devices).
 PlanRequest PlanRequestForLayout(const JobSpec& spec, const ClusterSpec& cluster);

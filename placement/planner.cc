@@ -6,9 +6,12 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <optional>
 #include <queue>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -207,7 +210,10 @@ std::vector<StageSite> SitesOf(const SlotMap& m, Order order, int pp, int dp) {
 // ---- the layer → stage split ----
 
 // The most layers stage s can hold in `capacity` bytes (0 when not even its fixed part fits).
-int64_t MaxLayersByMemory(const StageMemoryTerms& t, int64_t capacity) {
+// Under the interleaved schedule (t.chunks > 1) every stage holds exactly `even` layers (the
+// split is always even): `even` when they fit, else 0.
+int64_t MaxLayersByMemory(const StageMemoryTerms& t, int64_t capacity, int even) {
+  if (t.chunks > 1) return t.At(even).total() <= capacity ? even : 0;
   const int64_t fixed = t.fixed.total();
   const int64_t per = t.per_layer.total();
   if (fixed + per > capacity) return 0;
@@ -326,7 +332,8 @@ std::vector<int> FastSplit(const std::vector<StageCostTerms>& cost,
 struct Candidate {
   int tp = 1, pp = 1, dp = 1, zero = 0;
   int64_t micro_batch = 1;
-  bool recompute = false;
+  int virtual_stages = 1;  // 1: 1F1B; ≥ 2: interleaved
+  RecomputeMode recompute = RecomputeMode::kNone;
   Order order = Order::kDpInner;
   double time = kInf;  // screening's step time
 
@@ -338,20 +345,31 @@ struct Candidate {
     par.dp = dp;
     par.zero = zero;
     par.micro_batch = micro_batch;
+    par.schedule =
+        virtual_stages > 1 ? PipelineScheduleKind::kInterleaved : PipelineScheduleKind::k1F1B;
+    par.virtual_stages = virtual_stages;
+    par.recompute = recompute;
     return par;
   }
 };
 
-std::string Describe(int tp, int pp, int dp, int zero, int64_t mb, bool recompute) {
-  return absl::StrCat("tp=", tp, " pp=", pp, " dp=", dp, " zero=", zero, " micro_batch=", mb,
-                      recompute ? " recompute" : "");
+// "tp=1 pp=4 dp=8 zero=1 micro_batch=2", then " interleaved=2" and " recompute=selective" when
+// they are not 1F1B and none.
+std::string Describe(const ParallelSpec& p) {
+  return absl::StrCat("tp=", p.tp, " pp=", p.pp, " dp=", p.dp, " zero=", p.zero,
+                      " micro_batch=", p.micro_batch,
+                      p.schedule == PipelineScheduleKind::kInterleaved
+                          ? absl::StrCat(" interleaved=", p.virtual_stages)
+                          : std::string(),
+                      p.recompute != RecomputeMode::kNone
+                          ? absl::StrCat(" recompute=", AbslView(RecomputeModeName(p.recompute)))
+                          : std::string());
 }
 
-std::string Describe(const Candidate& c) {
-  return Describe(c.tp, c.pp, c.dp, c.zero, c.micro_batch, c.recompute);
-}
+std::string Describe(const Candidate& c) { return Describe(c.Parallel()); }
 
 enum Reason {
+  kScheduleIndivisible,
   kTpIndivisible,
   kTpVocab,
   kTooManyDevices,
@@ -359,11 +377,14 @@ enum Reason {
   kNodeFit,
   kOutOfMemory,
   kSlower,
+  kSlowerUnbuilt,
   kZeroAlone,
   kReasons,
 };
 
 constexpr std::string_view kReasonText[kReasons] = {
+    "the interleaved schedule does not fit (pp·virtual_stages must divide the layers and pp the "
+    "micro-batches)",
     "tp does not divide heads, kv_heads and d_ff",
     "tp is more than the vocabulary",
     "needs more devices than the cluster has",
@@ -371,6 +392,8 @@ constexpr std::string_view kReasonText[kReasons] = {
     "tensor-parallel groups do not fit in the nodes",
     "out of memory",
     "fits, but cannot be among the fastest (a lower bound of its step time is slower)",
+    "interleaved, cannot be among the fastest (a lower bound of its step time is slower; its "
+    "schedule and memory were not worked out)",
     "ZeRO ≥ 1 without data parallelism (the same as ZeRO 0)",
 };
 
@@ -409,7 +432,8 @@ struct Search {
   std::vector<int> dps;                   // divisors of the global batch, ascending
   std::vector<std::vector<int64_t>> mbs;  // per dps entry: the micro-batch sizes allowed
   std::vector<int> zeros;
-  std::vector<bool> recomputes;
+  std::vector<RecomputeMode> recomputes;
+  std::vector<int> chunk_counts;  // virtual_stages to try: 1 is 1F1B
   int64_t devices = 0;
   Rejections rejected;
   Miss miss;
@@ -420,6 +444,20 @@ struct Search {
   int64_t feasible = 0;
 
   size_t refine = kRefine;  // at least the alternatives asked for, plus the best
+
+  // The schedules' slots, by (pp, virtual_stages, micro-batches): an interleaved schedule is
+  // built and checked once per shape, not per candidate. nullopt: the shape cannot be scheduled.
+  mutable std::map<std::tuple<int, int, int64_t>, std::optional<std::vector<StageSlots>>> slots;
+  const std::vector<StageSlots>* SlotsOf(const ParallelSpec& par, int64_t micro_batches) const {
+    const auto key = std::make_tuple(par.pp, par.virtual_stages, micro_batches);
+    auto it = slots.find(key);
+    if (it == slots.end()) {
+      absl::StatusOr<std::vector<StageSlots>> made = ScheduleSlots(par, micro_batches);
+      it =
+          slots.emplace(key, made.ok() ? std::make_optional(*std::move(made)) : std::nullopt).first;
+    }
+    return it->second ? &*it->second : nullptr;
+  }
 
   double Cutoff() const { return fastest.size() < refine ? kInf : fastest.top(); }
   void Timed(const Candidate& c) {
@@ -433,19 +471,28 @@ struct Search {
 };
 
 // Memory terms of every stage for one candidate (the fullest tensor-parallel rank: the largest
-// vocabulary shard). Middle stages differ only in their activation slots (min(pp − s,
-// micro-batches)), and activations are linear in the slots, so one middle stage is computed and
-// the others scaled from it.
-void StageTerms(const Search& s, const ParallelSpec& par, bool recompute,
-                std::vector<StageMemoryTerms>& out) {
+// vocabulary shard). False when the schedule cannot be built for it. Under 1F1B middle stages
+// differ only in their activation slots (min(pp − s, micro-batches)), and activations are linear
+// in the slots, so one middle stage is computed and the others scaled from it; the interleaved
+// schedule's stages are each their own.
+bool StageTerms(const Search& s, const ParallelSpec& par, std::vector<StageMemoryTerms>& out) {
+  const int64_t micro_batches = s.train.global_batch / (int64_t{par.dp} * par.micro_batch);
+  const std::vector<StageSlots>* slots = s.SlotsOf(par, micro_batches);
+  if (slots == nullptr) return false;
   out.resize(par.pp);
   const int64_t vocab_rows = VocabShardRows(s.model.vocab, par.tp, -1);
-  out[0] = StageMemory(s.model, s.train, par, recompute, 0, vocab_rows);
-  if (par.pp == 1) return;
-  out[par.pp - 1] = StageMemory(s.model, s.train, par, recompute, par.pp - 1, vocab_rows);
-  if (par.pp == 2) return;
-  const StageMemoryTerms middle = StageMemory(s.model, s.train, par, recompute, 1, vocab_rows);
-  const int64_t micro_batches = s.train.global_batch / (int64_t{par.dp} * par.micro_batch);
+  if (par.schedule == PipelineScheduleKind::kInterleaved) {
+    for (int p = 0; p < par.pp; ++p) {
+      out[p] = StageMemory(s.model, s.train, par, p, vocab_rows, (*slots)[p]);
+    }
+    return true;
+  }
+  out[0] = StageMemory(s.model, s.train, par, 0, vocab_rows, (*slots)[0]);
+  if (par.pp == 1) return true;
+  out[par.pp - 1] =
+      StageMemory(s.model, s.train, par, par.pp - 1, vocab_rows, (*slots)[par.pp - 1]);
+  if (par.pp == 2) return true;
+  const StageMemoryTerms middle = StageMemory(s.model, s.train, par, 1, vocab_rows, (*slots)[1]);
   const int64_t slots1 = std::min<int64_t>(par.pp - 1, micro_batches);
   const int64_t fixed_per_slot = middle.fixed.activations / slots1;
   const int64_t layer_per_slot = middle.per_layer.activations / slots1;
@@ -455,6 +502,7 @@ void StageTerms(const Search& s, const ParallelSpec& par, bool recompute,
     out[p].fixed.activations = fixed_per_slot * slots;
     out[p].per_layer.activations = layer_per_slot * slots;
   }
+  return true;
 }
 
 bool SameSites(const std::vector<StageSite>& a, const std::vector<StageSite>& b) {
@@ -474,8 +522,10 @@ bool SameSites(const std::vector<StageSite>& a, const std::vector<StageSite>& b)
 }
 
 // The step time no split can beat: the slowest stage takes at least the fractional optimum T*
-// (Σ_s (T* − a_s)/b_s = L), and the first micro-batch crosses every stage.
-double StepLowerBound(const std::vector<StageCostTerms>& cost, int layers, double micro_batches) {
+// (Σ_s (T* − a_s)/b_s = L), and the first micro-batch crosses every stage. Interleaved, the fill
+// is a 1/v of that: only m·T* is sure.
+double StepLowerBound(const std::vector<StageCostTerms>& cost, int layers, double micro_batches,
+                      bool interleaved) {
   double inv = 0, ratio = 0, fixed = 0, min_per = kInf;
   for (const StageCostTerms& c : cost) {
     const double per = c.per_layer();
@@ -485,10 +535,11 @@ double StepLowerBound(const std::vector<StageCostTerms>& cost, int layers, doubl
     min_per = std::min(min_per, per);
   }
   const double t_star = (layers + ratio) / inv;
+  if (interleaved) return micro_batches * t_star;
   return (micro_batches - 1) * t_star + fixed + layers * min_per;
 }
 
-// One (tp, pp, dp): both orders, every zero, recompute and micro-batch.
+// One (tp, pp, dp): both orders, every zero, schedule, recompute and micro-batch.
 void SearchLayout(Search& s, const SlotMap& map, int tp, int pp, int dp, size_t dp_index) {
   const int layers = static_cast<int>(s.model.layers);
   std::vector<StageSite> sites[2];
@@ -500,105 +551,162 @@ void SearchLayout(Search& s, const SlotMap& map, int tp, int pp, int dp, size_t 
   std::vector<StageCostTerms> cost(pp);
   std::vector<StageHardware> hw(pp);
   const std::vector<int64_t>& mbs = s.mbs[dp_index];
+  const int64_t per_zero =
+      static_cast<int64_t>(mbs.size() * s.recomputes.size() * s.chunk_counts.size());
   const bool zero_zero_allowed = std::find(s.zeros.begin(), s.zeros.end(), 0) != s.zeros.end();
   for (const int zero : s.zeros) {
     if (dp == 1 && zero > 0 && zero_zero_allowed) {
       // ZeRO shards over the data-parallel group; over a group of one it is ZeRO 0 again.
-      const int64_t n = static_cast<int64_t>(mbs.size() * s.recomputes.size());
-      s.candidates += n;
-      s.rejected.Add(kZeroAlone, n, [&] {
+      s.candidates += per_zero;
+      s.rejected.Add(kZeroAlone, per_zero, [&] {
         return absl::StrCat("tp=", tp, " pp=", pp, " dp=1 zero=", zero, " is tp=", tp, " pp=", pp,
                             " dp=1 zero=0");
       });
       continue;
     }
-    for (const bool recompute : s.recomputes) {
-      for (size_t i = 0; i < mbs.size(); ++i) {
-        ++s.candidates;
-        ParallelSpec par;
-        par.tp = tp;
-        par.pp = pp;
-        par.dp = dp;
-        par.zero = zero;
-        par.micro_batch = mbs[i];
-        const double micro_batches =
-            static_cast<double>(s.train.global_batch / (int64_t{dp} * mbs[i]));
-        StageTerms(s, par, recompute, mem);
-        Candidate best;
-        best.time = kInf;
-        bool fits = false;
-        double bound = kInf;
-        for (const Order o : kOrders) {
-          if (o == Order::kPpInner && one_order) break;
-          const std::vector<StageSite>& site = sites[static_cast<int>(o)];
-          for (int p = 0; p < pp; ++p) max_layers[p] = MaxLayersByMemory(mem[p], site[p].capacity);
-          // Memory first: the cheap exact bound (does any split fit?).
-          int64_t room = 0;
-          bool each = true;
-          for (int p = 0; p < pp; ++p) {
-            each = each && max_layers[p] >= 1;
-            room += std::min<int64_t>(max_layers[p], layers);
-          }
-          if (!each || room < layers) continue;
-          fits = true;
-          for (int p = 0; p < pp; ++p) {
-            hw[p] = site[p].hw;
-            cost[p] = StageCost(s.model, s.train, par, recompute, p, hw[p], s.options);
-          }
-          // Then the time bound: a candidate that cannot enter the fastest few is not split.
-          const double lower = StepLowerBound(cost, layers, micro_batches);
-          bound = std::min(bound, lower);
-          if (lower >= s.Cutoff()) continue;
-          const std::vector<int> split = FastSplit(cost, max_layers, layers);
-          if (split.empty()) continue;
-          const StepTime t =
-              StepTimeOfStages(s.model, s.train, par, recompute, hw, cost, split, s.options, &mem);
-          if (t.total < best.time) {
-            best = Candidate{tp, pp, dp, zero, mbs[i], recompute, o, t.total};
-          }
-        }
-        if (fits) {
-          if (best.time < kInf) {
-            ++s.feasible;
-            s.Timed(best);
-          } else {
-            s.rejected.Add(kSlower, 1, [&] {
-              return absl::StrCat(Describe(tp, pp, dp, zero, mbs[i], recompute), ": at least ",
-                                  absl::StrFormat("%.3g", bound), " s per step, the ", s.refine,
-                                  " fastest take at most ", absl::StrFormat("%.3g", s.Cutoff()),
-                                  " s");
-            });
-          }
-          continue;
-        }
-        // Out of memory in both orders; larger micro-batches only need more (activations grow
-        // with the micro-batch, and slots·micro_batch never shrinks), so count them too.
-        const int64_t rest = static_cast<int64_t>(mbs.size() - i);
-        s.candidates += rest - 1;
-        // How far off: the even split's worst stage on the dp-inner sites.
-        const std::vector<StageRange> even = BalancedStages(layers, pp);
-        const std::vector<StageSite>& site = sites[0];
-        double worst = -kInf;
-        int worst_stage = 0;
-        for (int p = 0; p < pp; ++p) {
-          const double over = static_cast<double>(mem[p].At(even[p].size()).total()) -
-                              static_cast<double>(site[p].capacity);
-          if (over > worst) {
-            worst = over;
-            worst_stage = p;
-          }
-        }
-        const Candidate c{tp, pp, dp, zero, mbs[i], recompute, Order::kDpInner, kInf};
-        const int64_t need = mem[worst_stage].At(even[worst_stage].size()).total();
-        if (worst < s.miss.short_bytes) {
-          s.miss = Miss{worst, c, worst_stage, need, site[worst_stage].capacity};
-        }
-        s.rejected.Add(kOutOfMemory, rest, [&] {
-          return absl::StrCat(Describe(c), ": stage ", worst_stage, " needs ",
-                              FormatApproxByteSize(static_cast<double>(need)), " per device, ",
-                              FormatApproxByteSize(static_cast<double>(site[worst_stage].capacity)), " free");
+    for (const int chunks : s.chunk_counts) {
+      const bool interleaved = chunks > 1;
+      if (interleaved && (pp < 2 || layers % (int64_t{pp} * chunks) != 0)) {
+        // With one stage there is nothing to interleave; otherwise the chunks must be equal.
+        const int64_t n = static_cast<int64_t>(mbs.size() * s.recomputes.size());
+        s.candidates += n;
+        s.rejected.Add(kScheduleIndivisible, n, [&] {
+          return absl::StrCat("tp=", tp, " pp=", pp, " dp=", dp, " interleaved=", chunks, ": ",
+                              pp < 2 ? "one stage"
+                                     : absl::StrCat("layers ", layers, " % (pp·virtual_stages = ",
+                                                    pp * chunks, ") = ", layers % (pp * chunks)));
         });
-        break;
+        continue;
+      }
+      for (const RecomputeMode recompute : s.recomputes) {
+        for (size_t i = 0; i < mbs.size(); ++i) {
+          ++s.candidates;
+          Candidate base;
+          base.tp = tp;
+          base.pp = pp;
+          base.dp = dp;
+          base.zero = zero;
+          base.micro_batch = mbs[i];
+          base.virtual_stages = chunks;
+          base.recompute = recompute;
+          const ParallelSpec par = base.Parallel();
+          const int64_t micro_batch_count = s.train.global_batch / (int64_t{dp} * mbs[i]);
+          const double micro_batches = static_cast<double>(micro_batch_count);
+          if (interleaved && micro_batch_count % pp != 0) {
+            s.rejected.Add(kScheduleIndivisible, 1, [&] {
+              return absl::StrCat(Describe(par), ": ", micro_batch_count,
+                                  " micro-batches are not a multiple of pp ", pp);
+            });
+            continue;
+          }
+          if (interleaved) {
+            // Building an interleaved schedule (for its memory) costs more than timing it: a
+            // candidate that cannot enter the fastest few whatever its memory is not built.
+            double bound = kInf;
+            for (const Order o : kOrders) {
+              if (o == Order::kPpInner && one_order) break;
+              const std::vector<StageSite>& site = sites[static_cast<int>(o)];
+              for (int p = 0; p < pp; ++p) {
+                cost[p] = StageCost(s.model, s.train, par, p, site[p].hw, s.options);
+              }
+              bound = std::min(bound, StepLowerBound(cost, layers, micro_batches, true));
+            }
+            if (bound >= s.Cutoff()) {
+              s.rejected.Add(kSlowerUnbuilt, 1, [&] {
+                return absl::StrCat(Describe(par), ": at least ", absl::StrFormat("%.3g", bound),
+                                    " s per step, the ", s.refine, " fastest take at most ",
+                                    absl::StrFormat("%.3g", s.Cutoff()), " s");
+              });
+              continue;
+            }
+          }
+          if (!StageTerms(s, par, mem)) {
+            s.rejected.Add(kScheduleIndivisible, 1, [&] {
+              return absl::StrCat(Describe(par), ": the schedule cannot be built");
+            });
+            continue;
+          }
+          Candidate best;
+          best.time = kInf;
+          bool fits = false;
+          double bound = kInf;
+          for (const Order o : kOrders) {
+            if (o == Order::kPpInner && one_order) break;
+            const std::vector<StageSite>& site = sites[static_cast<int>(o)];
+            for (int p = 0; p < pp; ++p) {
+              max_layers[p] = MaxLayersByMemory(mem[p], site[p].capacity, layers / pp);
+            }
+            // Memory first: the cheap exact bound (does any split fit?).
+            int64_t room = 0;
+            bool each = true;
+            for (int p = 0; p < pp; ++p) {
+              each = each && max_layers[p] >= 1;
+              room += std::min<int64_t>(max_layers[p], layers);
+            }
+            if (!each || room < layers) continue;
+            fits = true;
+            for (int p = 0; p < pp; ++p) {
+              hw[p] = site[p].hw;
+              cost[p] = StageCost(s.model, s.train, par, p, hw[p], s.options);
+            }
+            // Then the time bound: a candidate that cannot enter the fastest few is not split.
+            const double lower = StepLowerBound(cost, layers, micro_batches, interleaved);
+            bound = std::min(bound, lower);
+            if (lower >= s.Cutoff()) continue;
+            const std::vector<int> split = FastSplit(cost, max_layers, layers);
+            if (split.empty()) continue;
+            const StepTime t =
+                StepTimeOfStages(s.model, s.train, par, hw, cost, split, s.options, &mem);
+            if (t.total < best.time) {
+              best = base;
+              best.order = o;
+              best.time = t.total;
+            }
+          }
+          if (fits) {
+            if (best.time < kInf) {
+              ++s.feasible;
+              s.Timed(best);
+            } else {
+              s.rejected.Add(kSlower, 1, [&] {
+                return absl::StrCat(Describe(par), ": at least ", absl::StrFormat("%.3g", bound),
+                                    " s per step, the ", s.refine, " fastest take at most ",
+                                    absl::StrFormat("%.3g", s.Cutoff()), " s");
+              });
+            }
+            continue;
+          }
+          // Out of memory in both orders; under 1F1B larger micro-batches only need more
+          // (activations grow with the micro-batch, and slots·micro_batch never shrinks), so count
+          // them too. The interleaved schedule's slots are not monotone so: each is looked at.
+          const int64_t rest = interleaved ? 1 : static_cast<int64_t>(mbs.size() - i);
+          s.candidates += rest - 1;
+          // How far off: the even split's worst stage on the dp-inner sites.
+          const std::vector<StageRange> even = BalancedStages(layers, pp);
+          const std::vector<StageSite>& site = sites[0];
+          double worst = -kInf;
+          int worst_stage = 0;
+          for (int p = 0; p < pp; ++p) {
+            const double over = static_cast<double>(mem[p].At(even[p].size()).total()) -
+                                static_cast<double>(site[p].capacity);
+            if (over > worst) {
+              worst = over;
+              worst_stage = p;
+            }
+          }
+          const Candidate& c = base;
+          const int64_t need = mem[worst_stage].At(even[worst_stage].size()).total();
+          if (worst < s.miss.short_bytes) {
+            s.miss = Miss{worst, c, worst_stage, need, site[worst_stage].capacity};
+          }
+          s.rejected.Add(kOutOfMemory, rest, [&] {
+            return absl::StrCat(
+                Describe(c), ": stage ", worst_stage, " needs ",
+                FormatApproxByteSize(static_cast<double>(need)), " per device, ",
+                FormatApproxByteSize(static_cast<double>(site[worst_stage].capacity)), " free");
+          });
+          if (!interleaved) break;
+        }
       }
     }
   }
@@ -613,13 +721,13 @@ Miss ExactMiss(const Search& s, const SlotMap& map, const Miss& estimate) {
   const ParallelSpec par = c.Parallel();
   const std::vector<StageSite> sites = SitesOf(map, Order::kDpInner, c.pp, c.dp);
   std::vector<StageMemoryTerms> mem;
-  StageTerms(s, par, c.recompute, mem);
+  if (!StageTerms(s, par, mem)) return estimate;
   std::vector<int64_t> max_layers(c.pp);
   const auto fits = [&](int64_t extra) {
     int64_t room = 0;
     for (int p = 0; p < c.pp; ++p) {
-      max_layers[p] = std::min<int64_t>(MaxLayersByMemory(mem[p], sites[p].capacity + extra),
-                                        layers - (c.pp - 1));
+      max_layers[p] = std::min<int64_t>(
+          MaxLayersByMemory(mem[p], sites[p].capacity + extra, layers / c.pp), layers - (c.pp - 1));
       if (max_layers[p] < 1) return false;
       room += max_layers[p];
     }
@@ -668,14 +776,14 @@ bool Refine(const Search& s, const SlotMap& map, const Candidate& c, PlannedLayo
   ParallelSpec par = c.Parallel();
   const std::vector<StageSite> sites = SitesOf(map, c.order, c.pp, c.dp);
   std::vector<StageMemoryTerms> mem;
-  StageTerms(s, par, c.recompute, mem);
+  if (!StageTerms(s, par, mem)) return false;
   std::vector<int64_t> max_layers(c.pp);
   std::vector<StageCostTerms> cost(c.pp);
   std::vector<StageHardware> hw(c.pp);
   for (int p = 0; p < c.pp; ++p) {
-    max_layers[p] = MaxLayersByMemory(mem[p], sites[p].capacity);
+    max_layers[p] = MaxLayersByMemory(mem[p], sites[p].capacity, layers / c.pp);
     hw[p] = sites[p].hw;
-    cost[p] = StageCost(s.model, s.train, par, c.recompute, p, hw[p], s.options);
+    cost[p] = StageCost(s.model, s.train, par, p, hw[p], s.options);
   }
   const std::vector<int>& fixed_split = s.request.constraints.stage_layers;
   std::vector<int> split;
@@ -688,12 +796,14 @@ bool Refine(const Search& s, const SlotMap& map, const Candidate& c, PlannedLayo
     }
   }
   if (split.empty()) return false;
-  par.stage_layers = split;
+  // The interleaved schedule's split is always even (max_layers allowed nothing else) and is not
+  // written out: ChunksOf refuses a given one.
+  if (par.schedule != PipelineScheduleKind::kInterleaved) par.stage_layers = split;
   // The planner's promise: every plan passes the layout rules and fits every device.
   if (!ValidateParallel(s.model, s.train.global_batch, par, par.world()).ok()) return false;
   out = PlannedLayout{};
   out.parallel = par;
-  out.recompute = c.recompute;
+  out.stage_layers = split;
   out.micro_batches = s.train.global_batch / (int64_t{c.dp} * c.micro_batch);
   out.mapping = std::string(OrderName(c.order));
   double worst_ratio = -1;
@@ -709,7 +819,7 @@ bool Refine(const Search& s, const SlotMap& map, const Candidate& c, PlannedLayo
       out.memory_capacity = sites[p].capacity;
     }
   }
-  out.time = StepTimeOfStages(s.model, s.train, par, c.recompute, hw, cost, split, s.options);
+  out.time = StepTimeOfStages(s.model, s.train, par, hw, cost, split, s.options);
   const double tokens = static_cast<double>(s.train.global_batch * s.train.seq_len);
   const int world = par.world();
   out.tokens_per_s = tokens / out.time.total;
@@ -784,6 +894,21 @@ absl::Status CheckRequest(const PlanRequest& r) {
     return absl::InvalidArgumentError(absl::StrCat(
         "constraints: devices ", c.devices, " is more than the cluster's ", r.cluster.devices()));
   }
+  if (c.recompute_modes.empty()) {
+    return absl::InvalidArgumentError(
+        "constraints: recompute_modes lists no mode; allow at least none");
+  }
+  if (c.virtual_stages.empty()) {
+    return absl::InvalidArgumentError(
+        "constraints: virtual_stages lists no schedule; 1 is 1F1B, 2 and more interleaved");
+  }
+  for (const int v : c.virtual_stages) {
+    // Counts the layers do not divide are candidates the search rejects, with its reason.
+    if (v < 1 || v > 1024) {
+      return absl::InvalidArgumentError(absl::StrCat("constraints: virtual_stages lists ", v,
+                                                     "; chunks per stage are 1 (1F1B) to 1024"));
+    }
+  }
   for (const int z : c.zero_stages) {
     if (z < 0 || z > 3) {
       return absl::InvalidArgumentError(
@@ -822,9 +947,8 @@ std::string CountText(double n) {
 }
 
 std::string LayoutLine(const PlannedLayout& l) {
-  const ParallelSpec& p = l.parallel;
-  return absl::StrCat(Describe(p.tp, p.pp, p.dp, p.zero, p.micro_batch, l.recompute), " (",
-                      l.micro_batches, " micro-batches, ", l.mapping, ")");
+  return absl::StrCat(Describe(l.parallel), " (", l.micro_batches, " micro-batches, ", l.mapping,
+                      ")");
 }
 
 nlohmann::json MemoryJson(const MemoryBreakdown& m) {
@@ -842,8 +966,10 @@ nlohmann::json LayoutJson(const PlannedLayout& l, bool with_devices) {
   j["zero"] = l.parallel.zero;
   j["micro_batch"] = l.parallel.micro_batch;
   j["micro_batches"] = l.micro_batches;
-  j["stage_layers"] = l.parallel.stage_layers;
-  j["recompute"] = l.recompute;
+  j["stage_layers"] = l.stage_layers;
+  j["schedule"] = std::string(PipelineScheduleName(l.parallel.schedule));
+  j["virtual_stages"] = l.parallel.virtual_stages;
+  j["recompute"] = std::string(RecomputeModeName(l.parallel.recompute));
   j["mapping"] = l.mapping;
   j["world"] = l.parallel.world();
   j["memory"] = MemoryJson(l.memory);
@@ -940,7 +1066,13 @@ absl::StatusOr<PlanReport> Plan(const PlanRequest& request) {
     std::sort(s.zeros.begin(), s.zeros.end());
     s.zeros.erase(std::unique(s.zeros.begin(), s.zeros.end()), s.zeros.end());
   }
-  s.recomputes = cons.allow_recompute ? std::vector<bool>{false, true} : std::vector<bool>{false};
+  s.recomputes = cons.recompute_modes;
+  std::sort(s.recomputes.begin(), s.recomputes.end());
+  s.recomputes.erase(std::unique(s.recomputes.begin(), s.recomputes.end()), s.recomputes.end());
+  s.chunk_counts = cons.virtual_stages;
+  std::sort(s.chunk_counts.begin(), s.chunk_counts.end());
+  s.chunk_counts.erase(std::unique(s.chunk_counts.begin(), s.chunk_counts.end()),
+                       s.chunk_counts.end());
   if (s.dps.empty() || s.zeros.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "no layout to choose from: ",
@@ -950,7 +1082,8 @@ absl::StatusOr<PlanReport> Plan(const PlanRequest& request) {
                                        " up to ", s.devices, " divides the global batch ", B,
                                        " with a micro-batch in [", mb_lo, ", ", mb_hi, "]")));
   }
-  const int64_t per_mb = static_cast<int64_t>(s.zeros.size() * s.recomputes.size());
+  const int64_t per_mb =
+      static_cast<int64_t>(s.zeros.size() * s.recomputes.size() * s.chunk_counts.size());
   int64_t per_pp = 0;  // candidates of one (tp, pp) over every dp
   for (const auto& mbs : s.mbs) per_pp += static_cast<int64_t>(mbs.size()) * per_mb;
 
@@ -1140,7 +1273,11 @@ std::string FormatPlan(const PlanReport& r, bool explain) {
                   " tokens, ", AbslView(PrecisionName(r.train.precision)), "\n");
   absl::StrAppend(&out, "cluster: ", r.cluster_name, ", ", r.cluster_devices, " devices\n");
   absl::StrAppend(&out, "plan: ", LayoutLine(b), " on ", p.world(), " devices\n");
-  absl::StrAppend(&out, "  stages: [", absl::StrJoin(p.stage_layers, ", "), "] layers\n");
+  absl::StrAppend(&out, "  stages: [", absl::StrJoin(b.stage_layers, ", "), "] layers",
+                  p.schedule == PipelineScheduleKind::kInterleaved
+                      ? absl::StrCat(", ", p.virtual_stages, " chunks each (interleaved 1F1B)")
+                      : std::string(),
+                  "\n");
   const MemoryBreakdown& m = b.memory;
   absl::StrAppend(
       &out, "  memory per device: ", FormatApproxByteSize(static_cast<double>(m.total())), " of ",

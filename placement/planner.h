@@ -1,12 +1,17 @@
 // The placement planner: given a model, a cluster and a training set-up, choose the layout —
-// (tp, pp, dp, ZeRO stage, micro-batch size, activation recomputation, layer → stage split) — and
+// (tp, pp, dp, ZeRO stage, micro-batch size, pipeline schedule, activation recomputation,
+// layer → stage split) — and
 // the rank → device map that fits in every device's memory and gives the shortest step, and say
 // why (`shardline plan`, and `parallel: auto` jobs in the coordinator). No I/O.
 //
-// Search. Every (tp, pp, dp, zero, micro_batch, recompute) within the constraints is a candidate:
-// tp divides heads, kv_heads and d_ff and fits in one node (tensor-parallel groups never cross a
-// node); pp ≤ layers; dp divides the global batch and micro_batch·dp divides it too;
-// tp·pp·dp ≤ the cluster's devices (fewer when that is faster or the only fit). A candidate is
+// Search. Every (tp, pp, dp, zero, micro_batch, schedule, recompute) within the constraints is a
+// candidate: tp divides heads, kv_heads and d_ff and fits in one node (tensor-parallel groups
+// never cross a node); pp ≤ layers; dp divides the global batch and micro_batch·dp divides it too;
+// tp·pp·dp ≤ the cluster's devices (fewer when that is faster or the only fit); the schedule is
+// 1F1B or interleaved with V virtual stages where ValidateParallel allows it (pp ≥ 2, pp·V divides
+// the layers, pp the micro-batches), whose layer split is always even; recomputation none,
+// selective or full, which trades step time for activation memory (so that memory can be bought
+// with recomputation instead of tensor parallelism, as Megatron-LM users do). A candidate is
 // first checked against a cheap exact memory bound (does any layer split fit every stage?) and
 // only the survivors are timed — unless a lower bound of their step time (FLOPs over the devices'
 // rate; the fractional best split with the pipeline's fill) cannot beat the few fastest found so
@@ -59,9 +64,14 @@ struct PlanConstraints {
   int zero = -1;                                // a fixed ZeRO stage; -1: any of zero_stages
   std::vector<int> zero_stages = {0, 1, 2, 3};  // the stages the planner may choose from
   int64_t micro_batch = 0;  // a fixed micro-batch size (also bounded by TrainSetup's range)
-  // Activation recomputation may be chosen. Set false for jobs the CPU trainer runs: ShardedGpt
-  // does not recompute.
-  bool allow_recompute = true;
+  // The activation recomputation modes the planner may choose (at least one).
+  std::vector<RecomputeMode> recompute_modes = {RecomputeMode::kNone, RecomputeMode::kSelective,
+                                                RecomputeMode::kFull};
+  // The pipeline schedules it may choose, by chunks of layers per stage (at least one): 1 is
+  // 1F1B, V ≥ 2 the interleaved schedule with V virtual stages (for pp ≥ 2 only: with pp = 1
+  // only 1 is tried). Megatron-LM users interleave 2-4 chunks: past that the sends grow and the
+  // layers per chunk shrink for a bubble already small.
+  std::vector<int> virtual_stages = {1, 2, 4};
   // A fixed layer → stage split (pp entries, summing to the layers; needs pp fixed); empty: the
   // planner splits by cost. With every field fixed the planner prices one layout: what the
   // coordinator predicts for a job whose spec fixes its layout.
@@ -85,9 +95,11 @@ struct DevicePlace {
 };
 
 struct PlannedLayout {
-  // tp, pp, dp, zero, micro_batch (resolved, ≥ 1) and stage_layers (pp entries, always filled).
+  // tp, pp, dp, zero, micro_batch (resolved, ≥ 1), schedule, virtual_stages and recompute, and
+  // stage_layers: pp entries under 1F1B; empty under the interleaved schedule, whose split is
+  // always even (ChunksOf; see stage_layers below).
   ParallelSpec parallel;
-  bool recompute = false;            // full activation recomputation
+  std::vector<int> stage_layers;     // layers per stage (pp entries), whatever the schedule
   int64_t micro_batches = 0;         // per step per data-parallel rank: batch / (dp · micro_batch)
   std::string mapping;               // "dp-inner" or "pp-inner" (see above)
   std::vector<DevicePlace> devices;  // rank → device, world() entries
@@ -125,9 +137,9 @@ struct PlanReport {
   PlannedLayout best;
   std::vector<PlannedLayout> alternatives;  // the next best, fastest first
   std::vector<Rejection> rejected;          // most frequent first
-  // Every (tp, pp, dp, zero, micro_batch, recompute) looked at: dp divides the global batch,
-  // micro_batch divides batch/dp inside the allowed range, tp up to the largest node, pp up to the
-  // layers, within the constraints. Each is either rejected (one reason) or feasible:
+  // Every (tp, pp, dp, zero, micro_batch, schedule, recompute) looked at: dp divides the global
+  // batch, micro_batch divides batch/dp inside the allowed range, tp up to the largest node, pp up
+  // to the layers, within the constraints. Each is either rejected (one reason) or feasible:
   // candidates = feasible + Σ rejected[i].count.
   int64_t candidates = 0;
   int64_t feasible = 0;  // fit in memory and were timed
@@ -140,8 +152,8 @@ struct PlanReport {
 //     constraints no layout meets (every candidate was indivisible or out of range; the message
 //     gives the rule with an example);
 //   ResourceExhausted when layouts exist but none fits in memory, saying by how much the closest
-//     candidate misses: "no layout fits: the closest, tp=8 pp=16 dp=1 zero=3 mb=1 recompute,
-//     needs 97.3 GiB on stage 0 where 72.1 GiB is free (25.2 GiB short)".
+//     candidate misses: "no layout fits: the closest, tp=8 pp=16 dp=1 zero=3 micro_batch=1
+//     recompute=full, needs 97.3 GiB on stage 0 where 72.1 GiB is free (25.2 GiB short)".
 absl::StatusOr<PlanReport> Plan(const PlanRequest& request);
 
 // The report for people: the chosen layout, its memory per device and step time broken down,

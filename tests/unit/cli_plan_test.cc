@@ -17,6 +17,7 @@ namespace shardline::cli {
 namespace {
 
 namespace fs = std::filesystem;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -212,7 +213,8 @@ TEST(PlanTrainSpecTest, ParsesEveryKey) {
   EXPECT_EQ(spec->max_micro_batch, 4);
   EXPECT_EQ(spec->precision, placement::Precision::kFp32);
   EXPECT_EQ(spec->zero_stages, (std::vector<int>{0, 1}));
-  EXPECT_FALSE(spec->allow_recompute);
+  EXPECT_THAT(spec->recompute_modes, ElementsAre(placement::RecomputeMode::kNone));
+  EXPECT_EQ(spec->virtual_stages, (std::vector<int>{1, 2, 4}));
   EXPECT_EQ(spec->devices, 0);
 
   spec = placement::ParsePlanTrainSpec("global_batch: 16\nmicro_batch: 2\nzero: 3\ndevices: 4\n",
@@ -223,6 +225,22 @@ TEST(PlanTrainSpecTest, ParsesEveryKey) {
   EXPECT_EQ(spec->zero_stages, (std::vector<int>{3}));
   EXPECT_EQ(spec->devices, 4);
   EXPECT_FALSE(spec->precision.has_value());
+  EXPECT_EQ(spec->recompute_modes.size(), 3u);  // true by default: every mode
+
+  // The schedules and recomputation modes the planner may choose.
+  spec = placement::ParsePlanTrainSpec(
+      "global_batch: 16\nrecompute: [none, selective]\nschedule: interleaved\n"
+      "virtual_stages: [2, 3]\n",
+      "t.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_THAT(spec->recompute_modes,
+              ElementsAre(placement::RecomputeMode::kNone, placement::RecomputeMode::kSelective));
+  EXPECT_EQ(spec->virtual_stages, (std::vector<int>{2, 3}));
+  spec = placement::ParsePlanTrainSpec("global_batch: 16\nrecompute: full\nschedule: 1f1b\n",
+                                       "t.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_THAT(spec->recompute_modes, ElementsAre(placement::RecomputeMode::kFull));
+  EXPECT_EQ(spec->virtual_stages, (std::vector<int>{1}));
 
   // The examples/ file parses too.
   const char* source = std::getenv("SHARDLINE_SOURCE_DIR");
@@ -250,7 +268,20 @@ TEST(PlanTrainSpecTest, ErrorsPointAtTheValue) {
   EXPECT_THAT(SetUpError("global_batch: 8\nzero: [1, 1]\n"),
               HasSubstr("t.yaml:2:11: zero[1]: stage 1 is listed twice"));
   EXPECT_THAT(SetUpError("global_batch: 8\nzero: []\n"), HasSubstr("zero: lists no ZeRO stage"));
-  EXPECT_THAT(SetUpError("global_batch: 8\nrecompute: yes\n"), HasSubstr("t.yaml:2:12: recompute"));
+  EXPECT_THAT(SetUpError("global_batch: 8\nrecompute: yes\n"),
+              HasSubstr("t.yaml:2:12: recompute: expected true, false, a recompute mode (none, "
+                        "selective, full) or a list of them, got 'yes'"));
+  EXPECT_THAT(SetUpError("global_batch: 8\nrecompute: [none, most]\n"),
+              HasSubstr("t.yaml:2:18: recompute[1]: expected one of 'none', 'selective', 'full', "
+                        "got 'most'"));
+  EXPECT_THAT(SetUpError("global_batch: 8\nschedule: zb\n"),
+              HasSubstr("t.yaml:2:11: schedule: expected one of '1f1b', 'interleaved', got 'zb'"));
+  EXPECT_THAT(SetUpError("global_batch: 8\nvirtual_stages: [2, 1]\n"),
+              HasSubstr("t.yaml:2:21: virtual_stages[1]: expected chunks per stage from 2 to "
+                        "1024, got '1'"));
+  EXPECT_THAT(SetUpError("global_batch: 8\nschedule: 1f1b\nvirtual_stages: 2\n"),
+              HasSubstr("t.yaml:3:17: virtual_stages: needs the interleaved schedule among "
+                        "`schedule`"));
   EXPECT_THAT(SetUpError("global_batch: 8\ndevices: 0\n"),
               HasSubstr("t.yaml:2:10: devices: must be between 1 and"));
   EXPECT_THAT(SetUpError("global_batch: [8\n"), HasSubstr("t.yaml:"));

@@ -144,16 +144,21 @@ TEST(CostModelTest, TinyByHand) {
 TEST(CostModelTest, LayerActivations) {
   // Per token: the residual input C, ln1 C + 2 stats, qkv 3C, atty C, lse heads, resid_mid C,
   // ln2 C + 2 stats, fch F, gelu F = 8+8+2+24+8+2+8+8+2+32+32 = 134 floats.
-  EXPECT_EQ(LayerActivationBytes(Tiny(), 16, 2, 1, Precision::kFp32, false), 134 * 32 * 4);
-  // Recomputing: the input only.
-  EXPECT_EQ(LayerActivationBytes(Tiny(), 16, 2, 1, Precision::kFp32, true), 8 * 32 * 4);
+  EXPECT_EQ(LayerActivationBytes(Tiny(), 16, 2, 1, Precision::kFp32, RecomputeMode::kNone),
+            134 * 32 * 4);
+  // Selective: without ln1 (8), atty (8), ln2 (8) and fch_gelu (32): 134 − 56 = 78 floats.
+  EXPECT_EQ(LayerActivationBytes(Tiny(), 16, 2, 1, Precision::kFp32, RecomputeMode::kSelective),
+            78 * 32 * 4);
+  // Full: the input only.
+  EXPECT_EQ(LayerActivationBytes(Tiny(), 16, 2, 1, Precision::kFp32, RecomputeMode::kFull),
+            8 * 32 * 4);
 }
 
 // ---- memory ----
 
 TEST(CostModelTest, MemoryByHand) {
   absl::StatusOr<MemoryBreakdown> m =
-      PredictRankMemory(Tiny(), TinySetup(), Layout(1, 1, 1, 0, 2), false, 0);
+      PredictRankMemory(Tiny(), TinySetup(), Layout(1, 1, 1, 0, 2), 0);
   ASSERT_TRUE(m.ok()) << m.status();
   // fp32 parameters, gradients, AdamW m and v: 4 + 4 + 8 bytes per parameter.
   EXPECT_EQ(m->params, 4288 * 4);
@@ -168,11 +173,101 @@ TEST(CostModelTest, MemoryByHand) {
   EXPECT_EQ(m->comm_buffers, 0);
 }
 
+// MemoryByHand's layout under each recomputation mode: the slot drops what the mode does not
+// keep, per layer; the backward buffer gains the scratch one layer is rebuilt into.
+TEST(CostModelTest, RecomputationModesByHand) {
+  const auto at = [](RecomputeMode mode) {
+    ParallelSpec p = Layout(1, 1, 1, 0, 2);
+    p.recompute = mode;
+    return *PredictRankMemory(Tiny(), TinySetup(), p, 0);
+  };
+  const MemoryBreakdown none = at(RecomputeMode::kNone);
+  const MemoryBreakdown selective = at(RecomputeMode::kSelective);
+  const MemoryBreakdown full = at(RecomputeMode::kFull);
+  // One slot of 32 tokens, 2 layers; selective drops 56 floats per layer and token, full all 126
+  // besides the residual input.
+  EXPECT_EQ(none.activations - selective.activations, 2 * 56 * 32 * 4);
+  EXPECT_EQ(none.activations - full.activations, 2 * 126 * 32 * 4);
+  EXPECT_EQ(selective.backward - none.backward, 56 * 32 * 4);
+  EXPECT_EQ(full.backward - none.backward, 126 * 32 * 4);
+  EXPECT_EQ(selective.params, none.params);
+  EXPECT_EQ(full.optimizer, none.optimizer);
+}
+
+// The interleaved schedule's memory, priced through PipelineSchedule as ShardedGpt pools it:
+// MaxInFlightWithoutHead slots shared by the chunks without the head and, on the last stage,
+// MaxInFlight of the head's chunk, each slot a chunk's layers, the head in the head's slots; the
+// inputs (MaxInputsWithoutHead, MaxInputs of the head's chunk) and MaxEarlyGradients, (N, C)
+// each; one backward buffer for a chunk.
+TEST(CostModelTest, InterleavedSlotsComeFromTheSchedule) {
+  ModelSpec m = Tiny();
+  m.layers = 8;
+  TrainSetup setup = TinySetup();
+  setup.global_batch = 8;  // 8 micro-batches of 1 sequence: N = 16 tokens
+  ParallelSpec p = Layout(1, 2, 1, 0, 1);
+  p.schedule = PipelineScheduleKind::kInterleaved;
+  p.virtual_stages = 2;
+  absl::StatusOr<PipelineSchedule> schedule = PipelineSchedule::Of(p, 8);
+  ASSERT_TRUE(schedule.ok()) << schedule.status();
+  absl::StatusOr<std::vector<StageSlots>> slots = ScheduleSlots(p, 8);
+  ASSERT_TRUE(slots.ok()) << slots.status();
+  ParallelSpec plain = Layout(1, 2, 1, 0, 1);
+  const int64_t e = 4, N = 16;
+  for (int s = 0; s < 2; ++s) {
+    SCOPED_TRACE(s);
+    const int64_t head_slots = s == 1 ? schedule->MaxInFlight(s, 1) : 0;
+    EXPECT_EQ((*slots)[s].chunks, 2);
+    EXPECT_EQ((*slots)[s].body_slots, schedule->MaxInFlightWithoutHead(s));
+    EXPECT_EQ((*slots)[s].head_slots, head_slots);
+    const int64_t inputs =
+        schedule->MaxInputsWithoutHead(s) + (s == 1 ? schedule->MaxInputs(s, 1) : 0);
+    EXPECT_EQ((*slots)[s].inputs, inputs);
+    EXPECT_EQ((*slots)[s].early_gradients, schedule->MaxEarlyGradients(s));
+    const int64_t slot_count = schedule->MaxInFlightWithoutHead(s) + head_slots;
+    EXPECT_GT(slot_count, 2 - s);  // more in flight than 1F1B's
+    const MemoryBreakdown inter = *PredictRankMemory(m, setup, p, s);
+    const MemoryBreakdown one = *PredictRankMemory(m, setup, plain, s);
+    // 1F1B holds min(pp − s, 8) slots of 4 layers; interleaved its slots of 2-layer chunks.
+    const int64_t one_slots = 2 - s;
+    // The head's: lnf 8 + 2 statistics, logits 300, 6 loss numbers.
+    const int64_t head = s == 1 ? N * (10 + 300 + 6) * e : 0;
+    EXPECT_EQ(one.activations, one_slots * (4 * 134 * N * e + 8 * N * e) + one_slots * head);
+    EXPECT_EQ(inter.activations,
+              slot_count * 2 * 134 * N * e + inputs * 8 * N * e + head_slots * head);
+    // The backward buffer holds a chunk's 3 residual gradients, not the stage's 5.
+    EXPECT_EQ(one.backward - inter.backward,
+              2 * 8 * N * e - schedule->MaxEarlyGradients(s) * 8 * N * e);
+    EXPECT_EQ(inter.params, one.params);
+  }
+}
+
+TEST(CostModelTest, OneFOneBSlotsAreTheSchedules) {
+  // ScheduleSlots' closed form for 1F1B is PipelineSchedule's own count.
+  for (const int pp : {1, 2, 3, 4}) {
+    for (const int m : {1, 2, 3, 5, 8}) {
+      ParallelSpec p = Layout(1, pp, 1, 0, 1);
+      absl::StatusOr<PipelineSchedule> schedule = PipelineSchedule::Of(p, m);
+      ASSERT_TRUE(schedule.ok()) << schedule.status();
+      absl::StatusOr<std::vector<StageSlots>> slots = ScheduleSlots(p, m);
+      ASSERT_TRUE(slots.ok()) << slots.status();
+      for (int s = 0; s < pp; ++s) {
+        const bool last = s + 1 == pp;
+        EXPECT_EQ((*slots)[s].chunks, 1);
+        EXPECT_EQ((*slots)[s].body_slots, schedule->MaxInFlightWithoutHead(s)) << pp << " " << m;
+        EXPECT_EQ((*slots)[s].head_slots, last ? schedule->MaxInFlight(s, 0) : 0);
+        EXPECT_EQ((*slots)[s].body_slots + (*slots)[s].head_slots, schedule->MaxInFlight(s, 0));
+        EXPECT_EQ((*slots)[s].inputs, schedule->MaxInputs(s, 0));
+        EXPECT_EQ((*slots)[s].early_gradients, schedule->MaxEarlyGradients(s));
+      }
+    }
+  }
+}
+
 TEST(CostModelTest, ZeroStagesShardUnitByUnit) {
   TrainSetup setup = TinySetup();
   setup.global_batch = 8;
   const auto at = [&](int zero) {
-    return *PredictRankMemory(Tiny(), setup, Layout(1, 1, 4, zero, 1), false, 0);
+    return *PredictRankMemory(Tiny(), setup, Layout(1, 1, 4, zero, 1), 0);
   };
   // Units: wte 2400, wpe 128, two layers of 872, lnf 16; shards ceil(size/4).
   const int64_t whole = 4288;
@@ -196,15 +291,15 @@ TEST(CostModelTest, TransientBuffersOfZero2) {
   m.layers = 4;
   TrainSetup setup = TinySetup();
   setup.global_batch = 8;
-  const MemoryBreakdown b = *PredictRankMemory(m, setup, Layout(1, 1, 2, 2, 2), false, 0);
+  const MemoryBreakdown b = *PredictRankMemory(m, setup, Layout(1, 1, 2, 2, 2), 0);
   // wte 2400 floats, a layer 872 (shard 436).
   EXPECT_EQ(b.comm_buffers, (2400 + 4 * 872 + 436) * 4);
   // Fewer layers than the queue holds: fewer in flight.
   m.layers = 2;
-  const MemoryBreakdown two = *PredictRankMemory(m, setup, Layout(1, 1, 2, 2, 2), false, 0);
+  const MemoryBreakdown two = *PredictRankMemory(m, setup, Layout(1, 1, 2, 2, 2), 0);
   EXPECT_LT(two.comm_buffers, b.comm_buffers);
   // ZeRO 1: one unit's all-gather after the update, shard + gathered: wte 1200 + 2400.
-  const MemoryBreakdown z1 = *PredictRankMemory(m, setup, Layout(1, 1, 2, 1, 2), false, 0);
+  const MemoryBreakdown z1 = *PredictRankMemory(m, setup, Layout(1, 1, 2, 1, 2), 0);
   EXPECT_EQ(z1.comm_buffers, (1200 + 2400) * 4);
 }
 
@@ -212,8 +307,8 @@ TEST(CostModelTest, PipelineSlots) {
   TrainSetup setup = TinySetup();
   setup.global_batch = 8;
   ParallelSpec p = Layout(1, 2, 1, 0, 1);  // 8 micro-batches
-  const MemoryBreakdown first = *PredictRankMemory(Tiny(), setup, p, false, 0);
-  const MemoryBreakdown last = *PredictRankMemory(Tiny(), setup, p, false, 1);
+  const MemoryBreakdown first = *PredictRankMemory(Tiny(), setup, p, 0);
+  const MemoryBreakdown last = *PredictRankMemory(Tiny(), setup, p, 1);
   // Stage 0 keeps 2 slots (1 layer + its output each), stage 1 keeps 1 (with the head's).
   EXPECT_EQ(first.activations, 2 * (134 + 8) * 16 * 4);
   EXPECT_EQ(last.activations, (134 + 8 + 10 + 300 + 6) * 16 * 4);
@@ -223,12 +318,10 @@ TEST(CostModelTest, PipelineSlots) {
 }
 
 TEST(CostModelTest, BadLayoutIsAnError) {
-  EXPECT_THAT(
-      Message(PredictRankMemory(Tiny(), TinySetup(), Layout(3, 1, 1, 0, 0), false, 0).status()),
-      HasSubstr("tp 3 is more than heads 2"));
-  EXPECT_THAT(
-      Message(PredictRankMemory(Tiny(), TinySetup(), Layout(1, 1, 1, 0, 0), false, 1).status()),
-      HasSubstr("rank 1 is outside"));
+  EXPECT_THAT(Message(PredictRankMemory(Tiny(), TinySetup(), Layout(3, 1, 1, 0, 0), 0).status()),
+              HasSubstr("tp 3 is more than heads 2"));
+  EXPECT_THAT(Message(PredictRankMemory(Tiny(), TinySetup(), Layout(1, 1, 1, 0, 0), 1).status()),
+              HasSubstr("rank 1 is outside"));
 }
 
 // The parameter bytes are ShardLayout's, rank by rank (uneven vocabulary shards included).
@@ -239,8 +332,7 @@ TEST(CostModelTest, ParamsMatchShardLayout) {
   for (const bool tied : {true, false}) {
     m.tied_embeddings = tied;
     ParallelSpec p = Layout(2, 2, 1, 0, 1);
-    absl::StatusOr<std::vector<MemoryBreakdown>> all =
-        PredictMemoryPerRank(m, TinySetup(), p, false);
+    absl::StatusOr<std::vector<MemoryBreakdown>> all = PredictMemoryPerRank(m, TinySetup(), p);
     ASSERT_TRUE(all.ok()) << all.status();
     const std::vector<StageRange> stages = *StagesOf(p, 3);
     model::GptConfig config;
@@ -283,7 +375,7 @@ TEST(CostModelTest, MatchesShardedGptAllocation) {
     absl::StatusOr<std::unique_ptr<model::ShardedGpt>> gpt =
         model::ShardedGpt::Create(options, {}, allocator);
     ASSERT_TRUE(gpt.ok()) << gpt.status();
-    const MemoryBreakdown m = *PredictRankMemory(Tiny(), TinySetup(), options.parallel, false, 0);
+    const MemoryBreakdown m = *PredictRankMemory(Tiny(), TinySetup(), options.parallel, 0);
     EXPECT_EQ(static_cast<int64_t>(allocator.stats().bytes_in_use), m.total())
         << "micro_batch " << micro_batch;
     const model::ShardedMemory held = (*gpt)->memory();
@@ -309,7 +401,7 @@ TEST(CostModelTest, StepTimeByHand) {
   // 32 tokens per micro-batch; the thinnest GEMM dimension is Cs = 8, so the rate is
   // 1.36e9 · 8 / (8 + 128) = 8e7 FLOP/s.
   const ParallelSpec p = Layout(1, 1, 1, 0, 2);
-  const StepTime t = PredictStepTime(Tiny(), TinySetup(), p, false, {Hardware(1.36e9)}, o);
+  const StepTime t = PredictStepTime(Tiny(), TinySetup(), p, {Hardware(1.36e9)}, o);
   // Per micro-batch: 2 layers × 3 × 32 tokens × 2048 FLOPs, the head 3 × 32 × 4800.
   const double per_micro_batch = (2 * 3 * 32 * 2048.0 + 3 * 32 * 4800.0) / 8e7;
   EXPECT_NEAR(t.compute, 2 * per_micro_batch, 1e-12);
@@ -331,7 +423,7 @@ TEST(CostModelTest, PipelineBubbleAndSends) {
   setup.global_batch = 8;
   const ParallelSpec p = Layout(1, 2, 1, 0, 1);  // 8 micro-batches of 16 tokens
   const std::vector<StageHardware> hw = {Hardware(1.36e9), Hardware(1.36e9)};
-  const StepTime t = PredictStepTime(m, setup, p, false, hw, o);
+  const StepTime t = PredictStepTime(m, setup, p, hw, o);
   const double layer = 3 * 16 * 2048.0 / 8e7;
   const double head = 3 * 16 * 4800.0 / 8e7;
   // Each stage sends one (16, 8) fp32 activation per micro-batch: 512 bytes at 1e8 B/s + 10 µs.
@@ -348,7 +440,7 @@ TEST(CostModelTest, TensorParallelAllReduces) {
   const CostModelOptions o = CostModelOptions::Defaults();
   TrainSetup setup = TinySetup();
   const ParallelSpec p = Layout(2, 1, 1, 0, 4);  // one micro-batch of 64 tokens
-  const StepTime t = PredictStepTime(Tiny(), setup, p, false, {Hardware(1e9)}, o);
+  const StepTime t = PredictStepTime(Tiny(), setup, p, {Hardware(1e9)}, o);
   // An all-reduce of (64, 8) fp32 over 2 ranks: 2·(1/2)·2048 B / 1e8 B/s + 2·1·10 µs.
   const double ar = 2048 / 1e8 + 2e-5;
   const double stats = 256 / 1e8 + 2e-5;  // the loss's per-token all-reduces
@@ -362,20 +454,20 @@ TEST(CostModelTest, DataParallelReductionIsExposedPastTheOverlap) {
   TrainSetup setup = TinySetup();
   const ParallelSpec p = Layout(1, 1, 2, 0, 2);  // dp 2, one micro-batch of 2 each
   StageHardware hw = Hardware(1.36e9);
-  const StepTime t = PredictStepTime(Tiny(), setup, p, false, {hw}, o);
+  const StepTime t = PredictStepTime(Tiny(), setup, p, {hw}, o);
   // 4288 fp32 gradients all-reduced over 2: 2·(1/2)·17152 B at 1e8 B/s, 2 latencies, plus 2 per
   // further unit (6 units: wte, wpe, 2 layers, lnf, the head's count).
   const double expected = 17152 / 1e8 + 2e-5 + 5 * 2e-5;
   EXPECT_NEAR(t.dp, expected, 1e-12);
   // On CPU actors (fp32) the reduction's threads share the kernels' cores: nothing is hidden.
   o.dp_overlap = 1;
-  EXPECT_NEAR(PredictStepTime(Tiny(), setup, p, false, {hw}, o).dp, expected, 1e-12);
+  EXPECT_NEAR(PredictStepTime(Tiny(), setup, p, {hw}, o).dp, expected, 1e-12);
   // On GPUs (bf16) the backward hides it.
   setup.precision = Precision::kBf16;
   o.dp_overlap = 0;
-  const StepTime exposed = PredictStepTime(Tiny(), setup, p, false, {hw}, o);
+  const StepTime exposed = PredictStepTime(Tiny(), setup, p, {hw}, o);
   o.dp_overlap = 1;
-  const StepTime hidden = PredictStepTime(Tiny(), setup, p, false, {hw}, o);
+  const StepTime hidden = PredictStepTime(Tiny(), setup, p, {hw}, o);
   EXPECT_GT(exposed.dp, 0);
   EXPECT_LT(hidden.dp, exposed.dp);
 }
@@ -383,13 +475,78 @@ TEST(CostModelTest, DataParallelReductionIsExposedPastTheOverlap) {
 TEST(CostModelTest, RecomputeCostsAForwardAndSavesMemory) {
   const CostModelOptions o = CostModelOptions::Defaults();
   const ParallelSpec p = Layout(1, 1, 1, 0, 2);
-  const StepTime plain = PredictStepTime(Tiny(), TinySetup(), p, false, {Hardware(1.36e9)}, o);
-  const StepTime again = PredictStepTime(Tiny(), TinySetup(), p, true, {Hardware(1.36e9)}, o);
+  ParallelSpec full = p;
+  full.recompute = RecomputeMode::kFull;
+  const StepTime plain = PredictStepTime(Tiny(), TinySetup(), p, {Hardware(1.36e9)}, o);
+  const StepTime again = PredictStepTime(Tiny(), TinySetup(), full, {Hardware(1.36e9)}, o);
   const double layers_plain = 2 * (2 * 3 * 32 * 2048.0) / 8e7;
   EXPECT_NEAR(again.compute - plain.compute, layers_plain / 3, 1e-12);
-  const MemoryBreakdown a = *PredictRankMemory(Tiny(), TinySetup(), p, false, 0);
-  const MemoryBreakdown b = *PredictRankMemory(Tiny(), TinySetup(), p, true, 0);
+  const MemoryBreakdown a = *PredictRankMemory(Tiny(), TinySetup(), p, 0);
+  const MemoryBreakdown b = *PredictRankMemory(Tiny(), TinySetup(), full, 0);
   EXPECT_LT(b.activations, a.activations);
+}
+
+// Selective recomputation prices the attention's forward again plus the memory traffic of what it
+// rebuilds; it all-reduces nothing more, where full recomputation reruns the whole forward.
+TEST(CostModelTest, SelectiveRecomputationCostsTheAttentionAndSomeMemoryTraffic) {
+  const CostModelOptions o = CostModelOptions::Defaults();
+  ModelSpec m = Tiny();
+  ParallelSpec p = Layout(2, 1, 1, 0, 2);
+  const StageHardware hw = Hardware(1.36e9);
+  const StageCostTerms none = StageCost(m, TinySetup(), p, 0, hw, o);
+  p.recompute = RecomputeMode::kSelective;
+  const StageCostTerms selective = StageCost(m, TinySetup(), p, 0, hw, o);
+  p.recompute = RecomputeMode::kFull;
+  const StageCostTerms full = StageCost(m, TinySetup(), p, 0, hw, o);
+  // tp 2: Cs = 4, the rate 1.36e9 · 4 / 132. Attention: 32 tokens × 4 · 16 · 4 FLOPs. Memory:
+  // 32 tokens × (4C + 2Fs + qkv + Cs = 32 + 32 + 12 + 4 = 80) floats at 1e9 bytes/s.
+  const double rate = 1.36e9 * 4 / 132;
+  EXPECT_NEAR(selective.layer_compute - none.layer_compute,
+              32 * 4.0 * 16 * 4 / rate + 32 * 80 * 4 / 1e9, 1e-15);
+  EXPECT_DOUBLE_EQ(selective.layer_tp, none.layer_tp);
+  EXPECT_NEAR(full.layer_compute, none.layer_compute * 4 / 3, 1e-15);
+  EXPECT_DOUBLE_EQ(full.layer_tp, none.layer_tp * 6 / 4);
+  EXPECT_LT(selective.layer_compute, full.layer_compute);
+}
+
+// The interleaved schedule's bubble is 1F1B's over v (Narayanan et al. 2021 §2.2), as its
+// simulation says, and it pays for it with v times the sends.
+TEST(CostModelTest, InterleavedBubbleIsBelowOneFOneBs) {
+  const CostModelOptions o = CostModelOptions::Defaults();
+  ModelSpec m = Tiny();
+  m.layers = 16;
+  m.vocab = 8;  // a head that costs little, so the stages are nearly equal
+  TrainSetup setup = TinySetup();
+  setup.global_batch = 8;
+  ParallelSpec plain = Layout(1, 4, 1, 0, 1);
+  ParallelSpec inter = plain;
+  inter.schedule = PipelineScheduleKind::kInterleaved;
+  inter.virtual_stages = 2;
+  std::vector<StageHardware> hw(4, Hardware(1.36e9));
+  // Free sends first: the same stage times, half the fill and drain.
+  std::vector<StageHardware> free_sends = hw;
+  for (StageHardware& h : free_sends) h.p2p_bandwidth = h.prev_p2p_bandwidth = 0;
+  StepTime a = PredictStepTime(m, setup, plain, free_sends, o);
+  StepTime b = PredictStepTime(m, setup, inter, free_sends, o);
+  EXPECT_GT(a.bubble, 0);
+  EXPECT_NEAR(b.bubble, a.bubble / 2, 1e-12);
+  EXPECT_DOUBLE_EQ(b.compute, a.compute);
+  EXPECT_LT(b.total, a.total);
+  // Sends cost: each chunk's, twice as many (but the wrap's, once fewer), in the step and in the
+  // stages the bubble is made of.
+  a = PredictStepTime(m, setup, plain, hw, o);
+  b = PredictStepTime(m, setup, inter, hw, o);
+  EXPECT_GT(b.pp, a.pp);
+  EXPECT_LT(b.bubble, 0.55 * a.bubble);
+  EXPECT_LT(b.total, a.total);
+  // The bubble's share of compute and bubble against the schedule's simulation of unit passes.
+  for (const ParallelSpec& p : {plain, inter}) {
+    const StepTime t = PredictStepTime(m, setup, p, hw, o);
+    absl::StatusOr<PipelineSchedule> schedule = PipelineSchedule::Of(p, 8);
+    ASSERT_TRUE(schedule.ok()) << schedule.status();
+    const double share = t.bubble / (t.bubble + t.compute + t.pp);
+    EXPECT_NEAR(share, schedule->SimulatedBubble(), 0.03) << PipelineScheduleName(p.schedule);
+  }
 }
 
 TEST(CostModelTest, CalibrationReplacesThePeak) {
@@ -427,12 +584,12 @@ TEST(CostModelTest, MeasuredFallOffScalesThinLayers) {
   const double flops = 3.0 * 64 * (2.0 * 12 * 64 * 64 + 4.0 * 32 * 64);
   const double x = 64;  // min(tokens 64, width 64)
   hw.half_dim = 0;
-  EXPECT_NEAR(StageCost(m, setup, par, false, 0, hw, o).layer_compute, flops / 1e10, 1e-12);
+  EXPECT_NEAR(StageCost(m, setup, par, 0, hw, o).layer_compute, flops / 1e10, 1e-12);
   hw.half_dim = 32;
-  EXPECT_NEAR(StageCost(m, setup, par, false, 0, hw, o).layer_compute,
-              flops / (1e10 * x / (x + 32)), 1e-12);
+  EXPECT_NEAR(StageCost(m, setup, par, 0, hw, o).layer_compute, flops / (1e10 * x / (x + 32)),
+              1e-12);
   hw.half_dim = -1;  // not measured: the options' fall-off
-  EXPECT_NEAR(StageCost(m, setup, par, false, 0, hw, o).layer_compute,
+  EXPECT_NEAR(StageCost(m, setup, par, 0, hw, o).layer_compute,
               flops / (1e10 * x / (x + o.gemm_half_dim)), 1e-12);
 
   // tp = 2: each rank does half the FLOPs. A measured fall-off still sees the layer's width
@@ -440,10 +597,10 @@ TEST(CostModelTest, MeasuredFallOffScalesThinLayers) {
   par.tp = 2;
   const double half_flops = 3.0 * 64 * (2.0 * 6 * 64 * 64 + 4.0 * 32 * 32);
   hw.half_dim = 32;
-  EXPECT_NEAR(StageCost(m, setup, par, false, 0, hw, o).layer_compute,
+  EXPECT_NEAR(StageCost(m, setup, par, 0, hw, o).layer_compute,
               half_flops / (1e10 * 64 / (64 + 32)), 1e-12);
   hw.half_dim = -1;
-  EXPECT_NEAR(StageCost(m, setup, par, false, 0, hw, o).layer_compute,
+  EXPECT_NEAR(StageCost(m, setup, par, 0, hw, o).layer_compute,
               half_flops / (1e10 * 32 / (32 + o.gemm_half_dim)), 1e-12);
 }
 

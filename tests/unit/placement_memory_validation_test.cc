@@ -117,8 +117,7 @@ TEST_P(MemoryValidationTest, PredictedBytesPerRankAreWithinTenPercentOfTheAlloca
   setup.global_batch = kGlobalBatch;
   setup.seq_len = kSeqLen;
   setup.precision = placement::Precision::kFp32;
-  auto predicted = placement::PredictMemoryPerRank(Model(), setup, Parallel(layout),
-                                                   /*recompute=*/false);
+  auto predicted = placement::PredictMemoryPerRank(Model(), setup, Parallel(layout));
   ASSERT_TRUE(predicted.ok()) << predicted.status();
   ASSERT_EQ(predicted->size(), size_t(grid->world()));
   for (int rank = 0; rank < grid->world(); ++rank) {

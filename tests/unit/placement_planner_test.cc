@@ -74,7 +74,15 @@ void ExpectSound(const PlanRequest& request, const PlannedLayout& plan) {
   const ParallelSpec& p = plan.parallel;
   ASSERT_TRUE(ValidateParallel(request.model, request.train.global_batch, p, p.world()).ok())
       << ValidateParallel(request.model, request.train.global_batch, p, p.world());
-  ASSERT_EQ(static_cast<int>(p.stage_layers.size()), p.pp);
+  ASSERT_EQ(static_cast<int>(plan.stage_layers.size()), p.pp);
+  // The interleaved schedule's split is even and not written into the layout (ChunksOf).
+  if (p.schedule == PipelineScheduleKind::kInterleaved) {
+    EXPECT_TRUE(p.stage_layers.empty());
+    EXPECT_EQ(std::count(plan.stage_layers.begin(), plan.stage_layers.end(), plan.stage_layers[0]),
+              p.pp);
+  } else {
+    EXPECT_EQ(p.stage_layers, plan.stage_layers);
+  }
   ASSERT_EQ(static_cast<int>(plan.devices.size()), p.world());
   EXPECT_EQ(plan.micro_batches, request.train.global_batch / (p.dp * p.micro_batch));
   EXPECT_GE(p.micro_batch, std::max<int64_t>(1, request.train.min_micro_batch));
@@ -91,7 +99,7 @@ void ExpectSound(const PlanRequest& request, const PlannedLayout& plan) {
     EXPECT_EQ(d.node, plan.devices[r - r % p.tp].node) << "rank " << r;
   }
   absl::StatusOr<std::vector<MemoryBreakdown>> memory =
-      PredictMemoryPerRank(request.model, request.train, p, plan.recompute);
+      PredictMemoryPerRank(request.model, request.train, p);
   ASSERT_TRUE(memory.ok()) << memory.status();
   // plan.memory is the rank fullest relative to its device: some rank's, and no rank is fuller.
   bool found = false;
@@ -124,11 +132,11 @@ TEST(PlannerTest, LocalCpuClusterPlansTheTinyGpt) {
       LoadModelSpecFile(SourceDir() + "/examples/model-gpt-tiny.yaml");
   ASSERT_TRUE(model.ok()) << model.status();
   PlanRequest r = Request(*model, *cluster, 8, 64, Precision::kFp32);
-  r.constraints.allow_recompute = false;
+  r.constraints.recompute_modes = {RecomputeMode::kNone};
   absl::StatusOr<PlanReport> report = Plan(r);
   ASSERT_TRUE(report.ok()) << report.status();
   ExpectSound(r, report->best);
-  EXPECT_FALSE(report->best.recompute);
+  EXPECT_EQ(report->best.parallel.recompute, RecomputeMode::kNone);
   EXPECT_LE(report->best.parallel.world(), 4);
   for (const PlannedLayout& a : report->alternatives) {
     ExpectSound(r, a);
@@ -244,17 +252,17 @@ TEST(PlannerTest, ConstraintsAreHonoured) {
 
   PlanRequest d = Request(Gpt(24, 2048, 16), Cluster("h100-sxm", 4), 256);
   d.constraints.devices = 12;
-  d.constraints.allow_recompute = false;
+  d.constraints.recompute_modes = {RecomputeMode::kNone};
   d.constraints.zero_stages = {0, 2};
   report = Plan(d);
   ASSERT_TRUE(report.ok()) << report.status();
   ExpectSound(d, report->best);
   EXPECT_EQ(report->best.parallel.world(), 12);
-  EXPECT_FALSE(report->best.recompute);
+  EXPECT_EQ(report->best.parallel.recompute, RecomputeMode::kNone);
   EXPECT_TRUE(report->best.parallel.zero == 0 || report->best.parallel.zero == 2);
   for (const PlannedLayout& a : report->alternatives) {
     EXPECT_EQ(a.parallel.world(), 12);
-    EXPECT_FALSE(a.recompute);
+    EXPECT_EQ(a.parallel.recompute, RecomputeMode::kNone);
   }
 }
 
@@ -265,7 +273,7 @@ TEST(PlannerTest, AFixedStageSplitIsPricedAsGiven) {
   r.constraints.dp = 2;
   r.constraints.zero = 1;
   r.constraints.micro_batch = 2;
-  r.constraints.allow_recompute = false;
+  r.constraints.recompute_modes = {RecomputeMode::kNone};
   absl::StatusOr<PlanReport> free_split = Plan(r);
   ASSERT_TRUE(free_split.ok()) << free_split.status();
   // A lopsided split: the same layout, priced with the layers where the caller put them, and
@@ -314,7 +322,8 @@ TEST(PlannerTest, AJobLayoutIsPricedNotReplanned) {
   EXPECT_EQ(request.constraints.dp, 1);
   EXPECT_EQ(request.constraints.zero, 0);
   EXPECT_EQ(request.constraints.micro_batch, 2);
-  EXPECT_FALSE(request.constraints.allow_recompute);
+  EXPECT_THAT(request.constraints.recompute_modes, ElementsAre(RecomputeMode::kNone));
+  EXPECT_THAT(request.constraints.virtual_stages, ElementsAre(1));
   EXPECT_THAT(request.constraints.stage_layers, ElementsAre(3, 3));
   EXPECT_EQ(request.train.precision, Precision::kFp32);
   absl::StatusOr<PlanReport> report = Plan(request);
@@ -323,7 +332,7 @@ TEST(PlannerTest, AJobLayoutIsPricedNotReplanned) {
   EXPECT_EQ(report->best.parallel.pp, 2);
   EXPECT_THAT(report->best.parallel.stage_layers, ElementsAre(3, 3));
   EXPECT_EQ(report->best.parallel.micro_batch, 2);
-  EXPECT_FALSE(report->best.recompute);
+  EXPECT_EQ(report->best.parallel.recompute, RecomputeMode::kNone);
   // PlanRequestForJob leaves the choice to the planner.
   const PlanRequest free_request = PlanRequestForJob(spec, *cluster);
   EXPECT_EQ(free_request.constraints.tp, 0);
@@ -374,6 +383,89 @@ TEST(PlannerTest, LlamaWithGroupedQueryAttention) {
   ASSERT_TRUE(report.ok()) << report.status();
   ExpectSound(r, report->best);
   EXPECT_EQ(model->kv_heads % report->best.parallel.tp, 0);
+}
+
+// Llama-2-7B on 8 DGX H100 with 2M-token batches: without recomputation, one GPU's activations
+// do not fit at the micro-batch that keeps it busy and the planner buys memory with tensor
+// parallelism; allowed to recompute, it runs tp = 1 with selective recomputation, as Megatron-LM
+// and torchtitan users do, and is faster for it.
+TEST(PlannerTest, RecomputationInsteadOfTensorParallelism) {
+  absl::StatusOr<ModelSpec> model =
+      LoadModelSpecFile(SourceDir() + "/examples/model-llama-7b.yaml");
+  ASSERT_TRUE(model.ok()) << model.status();
+  PlanRequest r = Request(*model, Cluster("h100-sxm", 8), 512, 4096);
+  r.constraints.recompute_modes = {RecomputeMode::kNone};
+  absl::StatusOr<PlanReport> without = Plan(r);
+  ASSERT_TRUE(without.ok()) << without.status();
+  ExpectSound(r, without->best);
+  EXPECT_GT(without->best.parallel.tp, 1) << FormatPlan(*without, true);
+
+  r.constraints.recompute_modes = {RecomputeMode::kNone, RecomputeMode::kSelective,
+                                   RecomputeMode::kFull};
+  absl::StatusOr<PlanReport> with = Plan(r);
+  ASSERT_TRUE(with.ok()) << with.status();
+  ExpectSound(r, with->best);
+  const ParallelSpec& p = with->best.parallel;
+  EXPECT_EQ(p.tp, 1) << FormatPlan(*with, true);
+  EXPECT_EQ(p.recompute, RecomputeMode::kSelective);
+  EXPECT_LT(with->best.time.total, without->best.time.total);
+  EXPECT_GT(with->best.mfu, without->best.mfu);
+  // Memory forces it: the same layout without recomputation does not fit.
+  ParallelSpec plain = p;
+  plain.recompute = RecomputeMode::kNone;
+  absl::StatusOr<MemoryBreakdown> need = PredictRankMemory(r.model, r.train, plain, 0);
+  ASSERT_TRUE(need.ok()) << need.status();
+  EXPECT_GT(need->total(), with->best.memory_capacity);
+  EXPECT_LE(with->best.memory.total(), with->best.memory_capacity);
+  // The plan says so, in text and JSON.
+  EXPECT_THAT(FormatPlan(*with, false), HasSubstr("recompute=selective"));
+  EXPECT_EQ(PlanToJson(*with)["best"]["recompute"], "selective");
+  EXPECT_EQ(PlanToJson(*with)["best"]["schedule"], "1f1b");
+}
+
+// The interleaved schedule is a candidate where it fits and is chosen where its smaller bubble
+// pays for its sends: its plans are sound (even split, ValidateParallel, every rank in memory).
+TEST(PlannerTest, InterleavedPlansAreSoundAndCutTheBubble) {
+  PlanRequest r = Request(Gpt(96, 12288, 96), Cluster("h100-sxm", 64), 1536);
+  r.constraints.tp = 4;
+  r.constraints.pp = 16;
+  r.constraints.dp = 8;
+  r.constraints.zero = 1;
+  r.constraints.micro_batch = 1;
+  r.constraints.recompute_modes = {RecomputeMode::kNone};
+  r.constraints.virtual_stages = {1};
+  absl::StatusOr<PlanReport> one = Plan(r);
+  ASSERT_TRUE(one.ok()) << one.status();
+  r.constraints.virtual_stages = {2};
+  absl::StatusOr<PlanReport> two = Plan(r);
+  ASSERT_TRUE(two.ok()) << two.status();
+  ExpectSound(r, two->best);
+  EXPECT_EQ(two->best.parallel.schedule, PipelineScheduleKind::kInterleaved);
+  EXPECT_EQ(two->best.parallel.virtual_stages, 2);
+  EXPECT_THAT(two->best.stage_layers, ::testing::Each(6));
+  // Half the fill and drain, of stages a little slower for their doubled sends.
+  EXPECT_LT(two->best.time.bubble, 0.55 * one->best.time.bubble);
+  EXPECT_GT(two->best.time.bubble, 0.5 * one->best.time.bubble);
+  EXPECT_GT(two->best.time.pp, one->best.time.pp);
+  EXPECT_GT(two->best.memory.activations, one->best.memory.activations);
+  const std::string text = FormatPlan(*two, false);
+  EXPECT_THAT(text, HasSubstr("interleaved=2"));
+  EXPECT_THAT(text, HasSubstr("2 chunks each (interleaved 1F1B)"));
+  const nlohmann::json j = PlanToJson(*two);
+  EXPECT_EQ(j["best"]["schedule"], "interleaved");
+  EXPECT_EQ(j["best"]["virtual_stages"], 2);
+  EXPECT_EQ(j["best"]["stage_layers"].size(), 16u);
+
+  // Free to choose, it takes both where they fit; 32 layers do not cut into pp·V = 3·2 chunks.
+  PlanRequest free = Request(Gpt(32, 4096, 32), Cluster("h100-sxm", 2), 256);
+  free.constraints.pp = 3;
+  free.constraints.virtual_stages = {2};
+  absl::StatusOr<PlanReport> none = Plan(free);
+  ASSERT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument) << none.status();
+  EXPECT_THAT(Message(none.status()),
+              HasSubstr("the interleaved schedule does not fit (pp·virtual_stages must divide the "
+                        "layers and pp the micro-batches) ("));
+  EXPECT_THAT(Message(none.status()), HasSubstr("layers 32 % (pp·virtual_stages = 6) = 2"));
 }
 
 TEST(PlannerTest, ReportsExplainTheChoice) {
