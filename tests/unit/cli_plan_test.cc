@@ -272,7 +272,7 @@ TEST(PlanTrainSpecTest, ErrorsPointAtTheValue) {
               HasSubstr("t.yaml:2:12: recompute: expected true, false, a recompute mode (none, "
                         "selective, full) or a list of them, got 'yes'"));
   EXPECT_THAT(SetUpError("global_batch: 8\nrecompute: [none, most]\n"),
-              HasSubstr("t.yaml:2:18: recompute[1]: expected one of 'none', 'selective', 'full', "
+              HasSubstr("t.yaml:2:19: recompute[1]: expected one of 'none', 'selective', 'full', "
                         "got 'most'"));
   EXPECT_THAT(SetUpError("global_batch: 8\nschedule: zb\n"),
               HasSubstr("t.yaml:2:11: schedule: expected one of '1f1b', 'interleaved', got 'zb'"));
