@@ -141,9 +141,9 @@ int main(int argc, char** argv) {
           shape.name, kind, static_cast<double>(report->model.params) / 1e9, b.parallel.world(),
           static_cast<long long>(shape.batch), b.parallel.tp, b.parallel.pp, b.parallel.dp,
           b.parallel.zero, static_cast<long long>(b.parallel.micro_batch),
-          b.recompute ? "yes" : "no", b.mapping.c_str(), b.time.total, b.tokens_per_s_per_device,
-          tflops, 100 * b.mfu, static_cast<double>(b.memory.total()) / (1 << 30),
-          report->planning_seconds * 1e3);
+          std::string(sp::RecomputeModeName(b.parallel.recompute)).c_str(), b.mapping.c_str(),
+          b.time.total, b.tokens_per_s_per_device, tflops, 100 * b.mfu,
+          static_cast<double>(b.memory.total()) / (1 << 30), report->planning_seconds * 1e3);
     }
   }
   return 0;
