@@ -9,6 +9,7 @@
 
 #include "cli/coordinator_client.h"
 #include "placement/byte_size.h"
+#include "worker/actor/layout_wire.h"
 #include "protocol/envelope.h"
 
 namespace shardline::cli {
@@ -94,8 +95,9 @@ double MeasuredStepSeconds(wire::TrainProgress::Reader t) {
   return t.getComputeSeconds() + t.getCommSeconds() + t.getBubbleSeconds();
 }
 
-// The plan of a train job: "tp 2 x pp 2 x dp 1, zero 1, micro-batch 4 (2 per step)", then the
-// planner's prediction: ", predicted 0.120 s/step calibrated (measured 0.131 s, +9%), 34.1 MiB
+// The plan of a train job: "tp 2 x pp 2 x dp 1, zero 1, micro-batch 4 (2 per step)", with the
+// schedule and the recomputation when they are not the defaults (", interleaved x2, recompute
+// selective"), then the planner's prediction: ", predicted 0.120 s/step calibrated (measured 0.131 s, +9%), 34.1 MiB
 // per device" (", auto: predicted …" when the planner chose the layout; "calibrated" once the
 // job's own ranks' measurements priced it).
 std::string FormatPlan(wire::TrainProgress::Reader t) {
@@ -105,6 +107,17 @@ std::string FormatPlan(wire::TrainProgress::Reader t) {
                      std::to_string(t.getZero()) + ", micro-batch " +
                      std::to_string(t.getMicroBatch()) + " (" +
                      std::to_string(t.getMicroBatches()) + " per step)";
+  if (t.hasLayout()) {
+    // A layout this build cannot read (a newer coordinator's enumerant) shows the rest only.
+    if (const auto layout = actor::ParallelSpecFromWire(t.getLayout()); layout.ok()) {
+      if (layout->schedule == placement::PipelineScheduleKind::kInterleaved) {
+        plan += ", interleaved x" + std::to_string(layout->virtual_stages);
+      }
+      if (layout->recompute != placement::RecomputeMode::kNone) {
+        plan += ", recompute " + std::string(placement::RecomputeModeName(layout->recompute));
+      }
+    }
+  }
   const double predicted = t.getPredictedStepSeconds();
   if (predicted > 0) {
     plan += (t.getAutoPlan() ? ", auto: predicted " : ", predicted ") + Fixed(predicted, 3) +

@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "coordinator/layout_wire.h"
 #include "coordinator/progress.h"
 #include "coordinator/supervisor.h"
 #include "placement/parallel_layout.h"
@@ -186,6 +187,7 @@ void FillTrainProgress(wire::TrainProgress::Builder out, const Job& job) {
     out.setZero(static_cast<uint32_t>(parallel.zero));
     out.setMicroBatch(static_cast<uint64_t>(placement::MicroBatchSize(parallel, spec.batch)));
     out.setMicroBatches(static_cast<uint64_t>(placement::MicroBatchCount(parallel, spec.batch)));
+    FillParallelLayout(parallel, out.initLayout());
   }
   out.setBatch(static_cast<uint64_t>(spec.batch));
   out.setSeqLen(static_cast<uint64_t>(spec.seq_len));

@@ -250,6 +250,8 @@ struct TrainProgress {
   minActors @28 :UInt32;
   maxActors @29 :UInt32;
   loggedStep @30 :UInt64;           # the newest step of log_interval reported (progress lines)
+  layout @31 :ParallelLayout;       # the plan's whole layout, typed (its schedule and
+                                    # recomputation too); unset while an auto job is not planned
 }
 
 # One generation of a train job as its supervisor saw it.

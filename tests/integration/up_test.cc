@@ -128,5 +128,32 @@ TEST(UpTest, RunsAGivenJobSpec) {
       << too_many.output;
 }
 
+// examples/gpt-interleaved.yaml as a user runs it: the interleaved schedule and selective
+// recomputation travel from the YAML through the coordinator to the actors, which train to the
+// end, and the progress lines name both.
+TEST(UpTest, RunsTheInterleavedExampleAndShowsItsScheduleAndRecomputation) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("shardline-up-interleaved-" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  std::ifstream in(SourceDir() + "/examples/gpt-interleaved.yaml");
+  std::string spec((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string relative = "dir: checkpoints/gpt-interleaved";
+  const size_t at = spec.find(relative);
+  ASSERT_NE(at, std::string::npos) << "the example's checkpoint dir moved";
+  spec.replace(at, relative.size(), "dir: " + (dir / "checkpoints").string());
+  std::ofstream(dir / "gpt-interleaved.yaml") << spec;
+
+  auto result =
+      RunShardline({"up", "--devices", "2", "--job", (dir / "gpt-interleaved.yaml").string()}, 300s);
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("succeeded"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("step 100/100"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("tp 1 x pp 2 x dp 1, zero 0, micro-batch 2 (4 per step), "
+                               "interleaved x2, recompute selective"),
+            std::string::npos)
+      << result.output;
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace shardline::testing
