@@ -9,8 +9,8 @@
 
 #include "cli/coordinator_client.h"
 #include "placement/byte_size.h"
-#include "worker/actor/layout_wire.h"
 #include "protocol/envelope.h"
+#include "worker/actor/layout_wire.h"
 
 namespace shardline::cli {
 namespace {
@@ -97,9 +97,9 @@ double MeasuredStepSeconds(wire::TrainProgress::Reader t) {
 
 // The plan of a train job: "tp 2 x pp 2 x dp 1, zero 1, micro-batch 4 (2 per step)", with the
 // schedule and the recomputation when they are not the defaults (", interleaved x2, recompute
-// selective"), then the planner's prediction: ", predicted 0.120 s/step calibrated (measured 0.131 s, +9%), 34.1 MiB
-// per device" (", auto: predicted …" when the planner chose the layout; "calibrated" once the
-// job's own ranks' measurements priced it).
+// selective"), then the planner's prediction: ", predicted 0.120 s/step calibrated
+// (measured 0.131 s, +9%), 34.1 MiB per device" (", auto: predicted …" when the planner chose the
+// layout; "calibrated" once the job's own ranks' measurements priced it).
 std::string FormatPlan(wire::TrainProgress::Reader t) {
   if (t.getAutoPlan() && t.getTp() == 0) return "auto (not planned yet)";
   std::string plan = "tp " + std::to_string(t.getTp()) + " x pp " + std::to_string(t.getPp()) +

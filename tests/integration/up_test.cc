@@ -143,8 +143,8 @@ TEST(UpTest, RunsTheInterleavedExampleAndShowsItsScheduleAndRecomputation) {
   spec.replace(at, relative.size(), "dir: " + (dir / "checkpoints").string());
   std::ofstream(dir / "gpt-interleaved.yaml") << spec;
 
-  auto result =
-      RunShardline({"up", "--devices", "2", "--job", (dir / "gpt-interleaved.yaml").string()}, 300s);
+  auto result = RunShardline(
+      {"up", "--devices", "2", "--job", (dir / "gpt-interleaved.yaml").string()}, 300s);
   EXPECT_EQ(result.exit_code, 0) << result.output;
   EXPECT_NE(result.output.find("succeeded"), std::string::npos) << result.output;
   EXPECT_NE(result.output.find("step 100/100"), std::string::npos) << result.output;
