@@ -26,9 +26,15 @@ constexpr int kGlobalBatch = 8;
 
 struct Layout {
   int tp, pp, dp, zero;
+  int virtual_stages = 1;  // > 1: the interleaved schedule
+  placement::RecomputeMode recompute = placement::RecomputeMode::kNone;
   std::string Name() const {
     return "tp" + std::to_string(tp) + "_pp" + std::to_string(pp) + "_dp" + std::to_string(dp) +
-           "_zero" + std::to_string(zero);
+           "_zero" + std::to_string(zero) +
+           (virtual_stages > 1 ? "_interleaved" + std::to_string(virtual_stages) : "") +
+           (recompute != placement::RecomputeMode::kNone
+                ? "_recompute_" + std::string(placement::RecomputeModeName(recompute))
+                : "");
   }
 };
 
@@ -52,6 +58,11 @@ placement::ParallelSpec Parallel(const Layout& l) {
   p.dp = l.dp;
   p.zero = l.zero;
   p.micro_batch = 2;
+  if (l.virtual_stages > 1) {
+    p.schedule = placement::PipelineScheduleKind::kInterleaved;
+    p.virtual_stages = l.virtual_stages;
+  }
+  p.recompute = l.recompute;
   return p;
 }
 
@@ -93,36 +104,64 @@ int MeasureRank(const std::string& dir, const Layout& layout, int rank,
     if (!(*gpt)->TrainStep(source, step, 1e-3f).ok()) return 4;
   }
   std::ofstream(dir + "/rank-" + std::to_string(rank) + ".txt")
-      << after_create << " " << allocator.stats().peak_bytes + shared << "\n";
+      << after_create << " " << allocator.stats().peak_bytes + shared << " "
+      << (*gpt)->memory().activation_bytes << "\n";
   return 0;
 }
 
 class MemoryValidationTest : public ::testing::TestWithParam<Layout> {};
 
-TEST_P(MemoryValidationTest, PredictedBytesPerRankAreWithinTenPercentOfTheAllocators) {
-  const Layout layout = GetParam();
+struct Measured {
+  int64_t after_create = 0, peak = 0, activations = 0;
+};
+
+// Every rank of `layout`, measured in processes of their own; empty after a failure (reported).
+std::vector<Measured> MeasureLayout(const Layout& layout) {
   auto grid = placement::RankGrid::Create(layout.tp, layout.pp, layout.dp);
-  ASSERT_TRUE(grid.ok());
+  EXPECT_TRUE(grid.ok());
+  if (!grid.ok()) return {};
   const std::string dir = testing::MakeTempDir("shardline_memory");
-  ASSERT_FALSE(dir.empty());
+  EXPECT_FALSE(dir.empty());
   std::filesystem::create_directories(dir + "/store");
   const auto result = testing::RunForkedWorld(
       *grid, dir + "/store",
       [&](int rank, const placement::RankCoords& coords, const model::ShardedGroups& groups) {
         return MeasureRank(dir, layout, rank, coords, groups);
       });
-  ASSERT_TRUE(result.ok()) << result.Describe();
+  EXPECT_TRUE(result.ok()) << result.Describe();
+  std::vector<Measured> out;
+  if (result.ok()) {
+    for (int rank = 0; rank < grid->world(); ++rank) {
+      Measured m;
+      std::ifstream(dir + "/rank-" + std::to_string(rank) + ".txt") >> m.after_create >> m.peak >>
+          m.activations;
+      out.push_back(m);
+    }
+  }
+  std::filesystem::remove_all(dir);
+  return out;
+}
 
+placement::TrainSetup TrainSetup() {
   placement::TrainSetup setup;
   setup.global_batch = kGlobalBatch;
   setup.seq_len = kSeqLen;
   setup.precision = placement::Precision::kFp32;
-  auto predicted = placement::PredictMemoryPerRank(Model(), setup, Parallel(layout));
+  return setup;
+}
+
+TEST_P(MemoryValidationTest, PredictedBytesPerRankAreWithinTenPercentOfTheAllocators) {
+  const Layout layout = GetParam();
+  const std::vector<Measured> measured = MeasureLayout(layout);
+  ASSERT_FALSE(measured.empty());
+  auto grid = placement::RankGrid::Create(layout.tp, layout.pp, layout.dp);
+  ASSERT_TRUE(grid.ok());
+
+  auto predicted = placement::PredictMemoryPerRank(Model(), TrainSetup(), Parallel(layout));
   ASSERT_TRUE(predicted.ok()) << predicted.status();
   ASSERT_EQ(predicted->size(), size_t(grid->world()));
   for (int rank = 0; rank < grid->world(); ++rank) {
-    int64_t after_create = 0, peak = 0;
-    std::ifstream(dir + "/rank-" + std::to_string(rank) + ".txt") >> after_create >> peak;
+    const int64_t after_create = measured[rank].after_create, peak = measured[rank].peak;
     ASSERT_GT(after_create, 0) << "rank " << rank;
     const placement::MemoryBreakdown& p = (*predicted)[rank];
     // What Create allocates: everything but the transient communication buffers.
@@ -131,14 +170,57 @@ TEST_P(MemoryValidationTest, PredictedBytesPerRankAreWithinTenPercentOfTheAlloca
         << "rank " << rank << ": allocated " << after_create << " bytes, predicted " << held;
     EXPECT_NEAR(static_cast<double>(peak) / static_cast<double>(p.total()), 1.0, 0.10)
         << "rank " << rank << ": peak " << peak << " bytes, predicted " << p.total();
+    // The activations alone: the slots, their inputs, the backward's buffer, the recomputation
+    // scratch and the held gradients.
+    EXPECT_NEAR(static_cast<double>(measured[rank].activations) /
+                    static_cast<double>(p.activations + p.backward),
+                1.0, 0.10)
+        << "rank " << rank << ": activations " << measured[rank].activations << " bytes, predicted "
+        << p.activations + p.backward;
   }
-  std::filesystem::remove_all(dir);
+}
+
+// What each recomputation mode saves: the fall of every rank's activation bytes from no
+// recomputation, measured, within 10% of the fall the planner's cost model predicts.
+TEST(RecomputationMemoryTest, ActivationBytesFallAsThePlannerPredicts) {
+  const Layout none{2, 2, 1, 0};
+  const std::vector<Measured> base = MeasureLayout(none);
+  auto base_predicted = placement::PredictMemoryPerRank(Model(), TrainSetup(), Parallel(none));
+  ASSERT_TRUE(base_predicted.ok()) << base_predicted.status();
+  ASSERT_EQ(base.size(), base_predicted->size());
+  for (const placement::RecomputeMode mode :
+       {placement::RecomputeMode::kSelective, placement::RecomputeMode::kFull}) {
+    Layout layout = none;
+    layout.recompute = mode;
+    const std::vector<Measured> measured = MeasureLayout(layout);
+    auto predicted = placement::PredictMemoryPerRank(Model(), TrainSetup(), Parallel(layout));
+    ASSERT_TRUE(predicted.ok()) << predicted.status();
+    ASSERT_EQ(measured.size(), base.size());
+    for (size_t rank = 0; rank < base.size(); ++rank) {
+      const auto activations = [](const placement::MemoryBreakdown& p) {
+        return static_cast<double>(p.activations + p.backward);
+      };
+      const double fell = static_cast<double>(base[rank].activations - measured[rank].activations);
+      const double predicted_fall = activations((*base_predicted)[rank]) -
+                                    activations((*predicted)[rank]);
+      ASSERT_GT(predicted_fall, 0) << layout.Name() << " rank " << rank;
+      EXPECT_NEAR(fell / predicted_fall, 1.0, 0.10)
+          << layout.Name() << " rank " << rank << ": fell " << fell << " bytes, predicted "
+          << predicted_fall;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
     LocalCpuLayouts, MemoryValidationTest,
     ::testing::Values(Layout{1, 1, 1, 0}, Layout{2, 2, 1, 0}, Layout{1, 2, 2, 1},
-                      Layout{1, 1, 2, 2}, Layout{2, 1, 2, 3}, Layout{1, 2, 2, 3}),
+                      Layout{1, 1, 2, 2}, Layout{2, 1, 2, 3}, Layout{1, 2, 2, 3},
+                      // The interleaved schedule and recomputation.
+                      Layout{1, 2, 1, 0, 2}, Layout{2, 2, 1, 0, 2},
+                      Layout{1, 2, 2, 1, 2, placement::RecomputeMode::kSelective},
+                      Layout{1, 1, 1, 0, 1, placement::RecomputeMode::kSelective},
+                      Layout{2, 2, 1, 0, 1, placement::RecomputeMode::kFull},
+                      Layout{1, 2, 2, 3, 1, placement::RecomputeMode::kFull}),
     [](const auto& info) { return info.param.Name(); });
 
 }  // namespace
