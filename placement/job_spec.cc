@@ -682,7 +682,8 @@ absl::Status ApplyPlannedLayout(JobSpec& spec, const ParallelSpec& layout) {
     const bool same_micro_batch = MicroBatchSize(own_at_dp, spec.train.batch) ==
                                   MicroBatchSize(layout, spec.train.batch);
     // The schedule and the recomputation are part of the layout: the engine's memory and the
-    // step's results (the order gradients accumulate in) depend on them.
+    // step's time depend on them (its results do not: a chunk's backwards run in micro-batch
+    // order under every schedule, and recomputation repeats the forward's values exactly).
     if (own.tp != layout.tp || own.pp != layout.pp || !same_dp || own.zero != layout.zero ||
         own.stage_layers != layout.stage_layers || !same_micro_batch ||
         own.schedule != layout.schedule || own.virtual_stages != layout.virtual_stages ||
