@@ -404,16 +404,31 @@ absl::Status PipelineSchedule::Analyse() {
     return &s == &st[P - 1] && chunk == V - 1;
   };
 
-  // Whether the next pass after position pc on `stage` is the backward of (mb, chunk).
-  const auto consumed_next = [&](int stage, size_t pc, int mb, int chunk) {
-    const std::vector<PipeAction>& list = actions_[stage];
-    for (size_t i = pc + 1; i < list.size(); ++i) {
-      const PipeAction& a = list[i];
-      if (a.op != PipeOp::kForward && a.op != PipeOp::kBackward) continue;
-      return a.op == PipeOp::kBackward && a.micro_batch == mb && a.chunk == chunk;
-    }
-    return false;
+  // A received gradient lands where its backward reads it (the backward's working buffer) unless
+  // something writes there first: another backward, or another gradient's receive. Forwards do
+  // not touch it. Then it is held apart.
+  const auto receives_gradient = [](const PipeAction& a) {
+    return (a.op == PipeOp::kRecv || a.op == PipeOp::kSendRecv) &&
+           a.recv.payload == PipePayload::kGradient;
   };
+  for (std::vector<PipeAction>& list : actions_) {
+    for (size_t k = 0; k < list.size(); ++k) {
+      PipeAction& a = list[k];
+      a.held = false;
+      if (!receives_gradient(a)) continue;
+      for (size_t x = k + 1; x < list.size(); ++x) {
+        const PipeAction& b = list[x];
+        if (b.op == PipeOp::kBackward) {
+          a.held = b.micro_batch != a.recv.micro_batch || b.chunk != a.recv.chunk;
+          break;
+        }
+        if (receives_gradient(b)) {
+          a.held = true;
+          break;
+        }
+      }
+    }
+  }
   // A receive's content as the receiver expects it, from the sender's send.
   const auto expected_recv = [&](int from, const PipeMessage& send) {
     const int v = send.chunk * P + from;
@@ -501,7 +516,7 @@ absl::Status PipelineSchedule::Analyse() {
             } else {
               if (peer.have_grad[mb][c]) return bug(msg.peer, b, "a second gradient");
               peer.have_grad[mb][c] = 1;
-              if (!consumed_next(msg.peer, peer.pc, mb, c)) {
+              if (b.held) {
                 peer.early_grad[mb][c] = 1;
                 peer.max_early = std::max(peer.max_early, ++peer.early);
               }

@@ -54,6 +54,10 @@ struct PipeAction {
   int chunk = 0;
   PipeMessage send;  // kSend, kSendRecv
   PipeMessage recv;  // kRecv, kSendRecv
+  // A gradient receive followed, before its backward, by another backward or gradient receive
+  // (which write where the backward reads): the gradient waits in a buffer of its own
+  // (MaxEarlyGradients). Set by the analysis.
+  bool held = false;
   bool operator==(const PipeAction&) const = default;
 };
 
@@ -99,9 +103,9 @@ class PipelineSchedule {
   // send does not wait for its receiver's turn. 1F1B: equal to the forwards in flight.
   int MaxInputs(int stage, int chunk) const { return max_inputs_[stage][chunk]; }
   int MaxInputsWithoutHead(int stage) const { return max_inputs_body_[stage]; }
-  // The most gradients stage `stage` holds received but not yet consumed, not counting one
-  // received right before its backward (with no other pass in between), which the backward reads
-  // where it lands. 1F1B: 0. The engine keeps this many gradient buffers.
+  // The most gradients stage `stage` holds apart at once (PipeAction::held): received but not yet
+  // consumed, with another backward or gradient receive before their own backward. 1F1B: 0. The
+  // engine keeps this many gradient buffers.
   int MaxEarlyGradients(int stage) const { return max_early_gradients_[stage]; }
 
   // The step simulated with a stage's whole forward taking 1 unit and its backward 2 (a chunk's

@@ -57,6 +57,7 @@ struct Case {
   int virtual_stages = 1;
   placement::RecomputeMode recompute = placement::RecomputeMode::kNone;
   int layers = 4;
+  int micro_batch = 2;  // 4 micro-batches per step at dp = 1, 2 at dp = 2
   std::string Name() const {
     return "tp" + std::to_string(tp) + "_pp" + std::to_string(pp) + "_dp" + std::to_string(dp) +
            "_zero" + std::to_string(zero) + (tied ? "" : "_untied") +
@@ -65,7 +66,8 @@ struct Case {
            (recompute != placement::RecomputeMode::kNone
                 ? "_recompute_" + std::string(placement::RecomputeModeName(recompute))
                 : "") +
-           (layers != 4 ? "_layers" + std::to_string(layers) : "");
+           (layers != 4 ? "_layers" + std::to_string(layers) : "") +
+           (micro_batch != 2 ? "_mb" + std::to_string(micro_batch) : "");
   }
 };
 
@@ -101,7 +103,7 @@ placement::ParallelSpec Parallel(const Case& c) {
   p.pp = c.pp;
   p.dp = c.dp;
   p.zero = c.zero;
-  p.micro_batch = 2;  // 4 micro-batches per step at dp = 1, 2 at dp = 2
+  p.micro_batch = c.micro_batch;
   if (c.virtual_stages > 1) {
     p.schedule = placement::PipelineScheduleKind::kInterleaved;
     p.virtual_stages = c.virtual_stages;
@@ -333,6 +335,11 @@ std::vector<Case> EquivalenceCases() {
   // parallelism, ZeRO, and an untied head on the last stage's last chunk.
   cases.push_back(Interleaved(1, 2, 1, 0, 4));
   cases.push_back(Interleaved(1, 4, 1, 0, 8));
+  // 8 micro-batches: stages 0 and 1 receive a gradient with another backward before its own, so
+  // it waits in a buffer of its own (PipeAction::held).
+  Case held = Interleaved(1, 4, 1, 0, 8);
+  held.micro_batch = 1;
+  cases.push_back(held);
   cases.push_back(Interleaved(2, 2, 1, 0, 4, /*tied=*/false));
   cases.push_back(Interleaved(1, 2, 2, 3, 4));
   // Recomputation: selective and full, alone, with tensor parallelism (full reruns the

@@ -51,6 +51,7 @@ TEST(PipelineScheduleTest, OneFOneBKeepsMinOfStagesLeftAndMicroBatchesInFlight) 
         EXPECT_EQ(schedule->MaxInputs(s, 0), schedule->MaxInFlight(s, 0));
         EXPECT_EQ(schedule->MaxInFlightWithoutHead(s), s == P - 1 ? 0 : std::min(P - s, m));
         EXPECT_EQ(schedule->MaxEarlyGradients(s), 0);
+        for (const PipeAction& a : schedule->Actions(s)) EXPECT_FALSE(a.held) << DebugString(a);
         EXPECT_EQ(Count(schedule->Actions(s), PipeOp::kForward), m);
         EXPECT_EQ(Count(schedule->Actions(s), PipeOp::kBackward), m);
       }
@@ -102,6 +103,12 @@ TEST(PipelineScheduleTest, InterleavedIsCheckedAndHasLessBubbleThanOneFOneB) {
             << "P=" << P << " V=" << V << " m=" << m;
         for (int s = 0; s < P; ++s) {
           EXPECT_EQ(Count(interleaved->Actions(s), PipeOp::kForward), m * V);
+          // A stage holds gradients apart exactly when one of its receives is marked so.
+          int held = 0;
+          for (const PipeAction& a : interleaved->Actions(s)) held += a.held;
+          EXPECT_EQ(held > 0, interleaved->MaxEarlyGradients(s) > 0)
+              << "P=" << P << " V=" << V << " m=" << m << " stage " << s;
+          EXPECT_LE(interleaved->MaxEarlyGradients(s), held);
           EXPECT_EQ(Count(interleaved->Actions(s), PipeOp::kBackward), m * V);
           const int together = interleaved->MaxInFlightWithoutHead(s) +
                                (s == P - 1 ? interleaved->MaxInFlight(s, V - 1) : 0);

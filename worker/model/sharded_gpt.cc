@@ -247,7 +247,7 @@ absl::Status ShardedGpt::Allocate() {
   gathered_.assign(units.size(), kernels::Tensor());
   grad_scratch_.assign(units.size(), kernels::Tensor());
 
-  // Activations: per chunk, one slot per micro-batch in flight (the schedule's count: under 1F1B
+  // Activations: one slot per micro-batch in flight, as many as the schedule counts (under 1F1B
   // stage s has at most pp − s forwards waiting for their backward). What each block keeps in its
   // slot depends on the recomputation mode; the rest lives once, in the recompute scratch.
   const int stage = options_.coords.pp;
@@ -335,23 +335,6 @@ absl::Status ShardedGpt::Allocate() {
     for (int i = 0; i < held; ++i) held_buffers_.push_back(c.Take(N * C));
   }));
   ResetInFlight();
-  // A gradient receive is early unless the next pass after it is the backward that reads it.
-  const std::vector<placement::PipeAction>& actions = schedule_->Actions(stage);
-  receives_early_.assign(actions.size(), false);
-  for (size_t k = 0; k < actions.size(); ++k) {
-    const placement::PipeAction& a = actions[k];
-    if ((a.op != placement::PipeOp::kRecv && a.op != placement::PipeOp::kSendRecv) ||
-        a.recv.payload != placement::PipePayload::kGradient) {
-      continue;
-    }
-    for (size_t x = k + 1; x < actions.size(); ++x) {
-      const placement::PipeAction& b = actions[x];
-      if (b.op != placement::PipeOp::kForward && b.op != placement::PipeOp::kBackward) continue;
-      receives_early_[k] = !(b.op == placement::PipeOp::kBackward &&
-                             b.micro_batch == a.recv.micro_batch && b.chunk == a.recv.chunk);
-      break;
-    }
-  }
   return absl::OkStatus();
 }
 
@@ -938,7 +921,7 @@ absl::Status ShardedGpt::GatherUpdatedParams() {
   return status;
 }
 
-absl::Status ShardedGpt::Transfer(const placement::PipeAction& action, size_t index) {
+absl::Status ShardedGpt::Transfer(const placement::PipeAction& action) {
   using placement::PipeOp;
   using placement::PipePayload;
   const int64_t NC = micro_batch_ * options_.seq_len * int64_t{options_.config.d_model};
@@ -957,7 +940,7 @@ absl::Status ShardedGpt::Transfer(const placement::PipeAction& action, size_t in
   if (action.op == PipeOp::kRecv || action.op == PipeOp::kSendRecv) {
     if (in.payload == PipePayload::kActivation) {
       recv = InputFor(in.micro_batch, in.chunk);
-    } else if (receives_early_[index]) {
+    } else if (action.held) {
       float*& held = held_[in.chunk][in.micro_batch];
       held = free_held_.back();
       free_held_.pop_back();
@@ -1018,9 +1001,7 @@ absl::StatusOr<StepStats> ShardedGpt::TrainStep(const MicroBatchSource& source, 
   };
 
   // The stage's list from the schedule (1F1B, or interleaved over chunks).
-  const std::vector<placement::PipeAction>& actions = schedule_->Actions(options_.coords.pp);
-  for (size_t k = 0; k < actions.size(); ++k) {
-    const placement::PipeAction& a = actions[k];
+  for (const placement::PipeAction& a : schedule_->Actions(options_.coords.pp)) {
     switch (a.op) {
       case placement::PipeOp::kForward:
         RETURN_IF_ERROR(forward(a.micro_batch, a.chunk));
@@ -1035,7 +1016,7 @@ absl::StatusOr<StepStats> ShardedGpt::TrainStep(const MicroBatchSource& source, 
         break;
       }
       default:
-        RETURN_IF_ERROR(Transfer(a, k));
+        RETURN_IF_ERROR(Transfer(a));
     }
   }
 

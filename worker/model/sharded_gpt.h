@@ -203,7 +203,7 @@ class ShardedGpt {
   // `dy` is the gradient of the chunk's output (ignored for the chunk that holds the head).
   absl::Status Backward(Slot& slot, const float* dy, bool last_micro_batch);
   // Runs one transfer action of the schedule (its buffers found from the micro-batch and chunk).
-  absl::Status Transfer(const placement::PipeAction& action, size_t index);
+  absl::Status Transfer(const placement::PipeAction& action);
   absl::Status SumTiedEmbeddings();
   absl::StatusOr<double> OwnedSumOfSquares() const;
   absl::Status Update(double clip_scale, int64_t step, float learning_rate);
@@ -256,9 +256,6 @@ class ShardedGpt {
   kernels::Tensor held_buffer_;
   std::vector<float*> held_buffers_, free_held_;
   std::vector<std::vector<float*>> held_;
-  // Per action of this stage's list: a gradient receive the schedule delivers early (see
-  // PipelineSchedule::MaxEarlyGradients).
-  std::vector<bool> receives_early_;
   // The one block's buffers that recomputation refills (carver.h).
   kernels::Tensor recompute_buffer_;
   BlockActivations recomputed_;
