@@ -131,8 +131,9 @@ struct StageMemoryTerms {
 // the chunks without the head share (PipelineSchedule::MaxInFlightWithoutHead) and, on the last
 // stage, the head's chunk's own (MaxInFlight of its last chunk), whose slots also hold the head;
 // the chunks' inputs, an (N, C) buffer each from their arrival to their backward's end
-// (MaxInputsWithoutHead, and MaxInputs of the head's chunk); and the gradients received before
-// their backward (MaxEarlyGradients), an (N, C) buffer each.
+// (MaxInputsWithoutHead, and MaxInputs of the head's chunk); and the gradients held apart
+// (MaxEarlyGradients: another backward or gradient receive comes before their own backward), an
+// (N, C) buffer each.
 struct StageSlots {
   int chunks = 1;
   int64_t body_slots = 0;
@@ -143,10 +144,10 @@ struct StageSlots {
 
 // Every stage's StageSlots for `parallel` (validated; schedule and virtual_stages read) running
 // `micro_batches` micro-batches per step. 1F1B: min(pp − stage, micro-batches) slots (the last
-// stage's one is the head's), as many inputs and no early gradient, the schedule's numbers in
-// closed form
-// (PipelineSchedule's header states them; the planner prices thousands of 1F1B layouts and need
-// not build each); interleaved: PipelineSchedule::Of's. Its error for sizes it cannot schedule.
+// stage's one is the head's), as many inputs and no held gradient, the schedule's numbers in
+// closed form (PipelineSchedule's header states them; the planner prices thousands of 1F1B layouts
+// and need not build each); interleaved: PipelineSchedule::Of's. Its error for sizes it cannot
+// schedule.
 absl::StatusOr<std::vector<StageSlots>> ScheduleSlots(const ParallelSpec& parallel,
                                                       int64_t micro_batches);
 
