@@ -50,6 +50,8 @@ struct Plan {
   int tp = 1, pp = 1, dp = 1, zero = 0;
   int micro_batch = 2;
   std::vector<int> stages;  // empty: even
+  bool interleaved = false;  // the interleaved schedule, 2 chunks per stage
+  std::string recompute = "none";
   bool single() const { return tp * pp * dp == 1 && stages.empty(); }
   int world() const { return tp * pp * dp; }
   std::string Name() const {
@@ -59,6 +61,8 @@ struct Plan {
     if (pp > 1) name += "pp" + std::to_string(pp);
     if (dp > 1) name += "dp" + std::to_string(dp) + "zero" + std::to_string(zero);
     for (int s : stages) name += "_" + std::to_string(s);
+    if (interleaved) name += "_interleaved2";
+    if (recompute != "none") name += "_recompute_" + recompute;
     return name;
   }
 };
@@ -84,7 +88,9 @@ placement::JobSpec JobOf(const Plan& plan, int steps, const std::string& dir) {
       "name: resume\nkind: train\ndevices: cpu\nmicro_batch: " + std::to_string(plan.micro_batch) +
       "\nparallel: {tp: " + std::to_string(plan.tp) + ", pp: " + std::to_string(plan.pp) +
       ", dp: " + std::to_string(plan.dp) + ", zero: " + std::to_string(plan.zero) +
-      (stages.empty() ? "" : ", stages: [" + stages + "]") + "}\n" + TrainSections(steps, dir);
+      (stages.empty() ? "" : ", stages: [" + stages + "]") +
+      (plan.interleaved ? ", schedule: interleaved, virtual_stages: 2" : "") +
+      ", recompute: " + plan.recompute + "}\n" + TrainSections(steps, dir);
   absl::StatusOr<placement::JobSpec> spec = placement::ParseJobSpec(yaml, plan.Name() + ".yaml");
   EXPECT_TRUE(spec.ok()) << spec.status();
   return *spec;
@@ -266,6 +272,12 @@ TEST_P(ResumeOnAnyPlanTest, ResumedRunEqualsTheUninterruptedOne) {
   ASSERT_EQ(first.size(), static_cast<size_t>(kFirst)) << pair.a.Name();
   const std::string saved = checkpoint::ManifestPath(root + "/a", kFirst);
   ASSERT_TRUE(checkpoint::VerifyStep(saved).ok());
+  // Plan A ran as asked: its manifest records the schedule and the recomputation.
+  absl::StatusOr<checkpoint::Manifest> manifest = checkpoint::ReadManifest(saved);
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  EXPECT_EQ(manifest->plan.schedule, pair.a.interleaved ? "interleaved" : "1f1b");
+  EXPECT_EQ(manifest->plan.virtual_stages, pair.a.interleaved ? 2 : 1);
+  EXPECT_EQ(manifest->plan.recompute, pair.a.recompute);
   const std::vector<float> rest = RunPlan(pair.b, kSteps, root + "/b", saved);
   ASSERT_EQ(rest.size(), static_cast<size_t>(kSteps - kFirst)) << pair.b.Name();
   for (int i = 0; i < kFirst; ++i) {
@@ -365,6 +377,13 @@ Plan Single() { return Plan{}; }
 Plan Make(int tp, int pp, int dp, int zero, int micro_batch = 2, std::vector<int> stages = {}) {
   return Plan{tp, pp, dp, zero, micro_batch, std::move(stages)};
 }
+// pp 2 under the interleaved schedule (each stage two chunks of one layer) with `recompute`.
+Plan Interleaved(int tp, int dp, int zero, std::string recompute) {
+  Plan plan = Make(tp, 2, dp, zero);
+  plan.interleaved = true;
+  plan.recompute = std::move(recompute);
+  return plan;
+}
 
 INSTANTIATE_TEST_SUITE_P(
     Pairs, ResumeOnAnyPlanTest,
@@ -375,7 +394,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Pair{Make(1, 1, 2, 2), Make(1, 1, 4, 1, 3)},  // dp2 zero2 → dp4 zero1
                       // Uneven: stages 3|1 and a vocabulary of 257 over tp 2, then stages 1|3 and
                       // ZeRO 2 over dp 3, whose partitions of a layer (12704 values) differ in size.
-                      Pair{Make(2, 2, 1, 0, 2, {3, 1}), Make(1, 2, 3, 2, 2, {1, 3})}),
+                      Pair{Make(2, 2, 1, 0, 2, {3, 1}), Make(1, 2, 3, 2, 2, {1, 3})},
+                      // The schedule and the recomputation are not in the checkpoint's tensors:
+                      // 1F1B → interleaved with selective recomputation, and interleaved with
+                      // full recomputation and ZeRO 1 over dp 3 → single.
+                      Pair{Make(2, 2, 1, 0), Interleaved(1, 1, 0, "selective")},
+                      Pair{Interleaved(1, 3, 1, "full"), Single()}),
     [](const ::testing::TestParamInfo<Pair>& info) {
       return info.param.a.Name() + "_to_" + info.param.b.Name();
     });
