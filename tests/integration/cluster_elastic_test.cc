@@ -95,8 +95,9 @@ TEST_F(ClusterElasticTest, AKilledActorRestartsFromTheLastCommitAndEndsLikeAFaul
   const std::string parallel = "{tp: 2, dp: 2}";
   // The fault-free run of the same plan first.
   const std::string reference_dir = Dir("reference");
-  // Steps enough that the fault lands mid-run however fast the machine is (~0.05 s each here).
-  constexpr int kSteps = 80;
+  // Steps enough that the fault lands mid-run however fast the machine is: 80 steps of ~0.016 s
+  // (a 2-core Zen 4, 2026-12-06) once ended before the poll saw the job past its first commit.
+  constexpr int kSteps = 400;
   auto reference = cluster_.Submit(TrainJob("reference", reference_dir, parallel, "", kSteps));
   ASSERT_TRUE(reference.ok()) << reference.status();
   ASSERT_EQ(End(*reference)["state"], "succeeded");
