@@ -110,12 +110,7 @@ std::string FormatPlan(wire::TrainProgress::Reader t) {
   if (t.hasLayout()) {
     // A layout this build cannot read (a newer coordinator's enumerant) shows the rest only.
     if (const auto layout = actor::ParallelSpecFromWire(t.getLayout()); layout.ok()) {
-      if (layout->schedule == placement::PipelineScheduleKind::kInterleaved) {
-        plan += ", interleaved x" + std::to_string(layout->virtual_stages);
-      }
-      if (layout->recompute != placement::RecomputeMode::kNone) {
-        plan += ", recompute " + std::string(placement::RecomputeModeName(layout->recompute));
-      }
+      plan += placement::ScheduleAndRecomputeSuffix(*layout);
     }
   }
   const double predicted = t.getPredictedStepSeconds();

@@ -57,17 +57,9 @@ std::string PlanSummary(const placement::JobSpec& spec) {
   if (spec.kind == placement::JobKind::kServe) {
     return "tp " + std::to_string(p.tp) + " x pp " + std::to_string(p.pp);
   }
-  // The schedule and the recomputation only where they are not the defaults (1F1B, none).
-  std::string extra;
-  if (p.schedule != placement::PipelineScheduleKind::k1F1B) {
-    extra += ", " + std::string(placement::PipelineScheduleName(p.schedule)) + " x" +
-             std::to_string(p.virtual_stages);
-  }
-  if (p.recompute != placement::RecomputeMode::kNone) {
-    extra += ", recompute " + std::string(placement::RecomputeModeName(p.recompute));
-  }
   return "tp " + std::to_string(p.tp) + " x pp " + std::to_string(p.pp) + " x dp " +
-         std::to_string(p.dp) + ", zero " + std::to_string(p.zero) + extra;
+         std::to_string(p.dp) + ", zero " + std::to_string(p.zero) +
+         placement::ScheduleAndRecomputeSuffix(p);
 }
 
 int AutoMaxActors(const placement::JobSpec& spec) {

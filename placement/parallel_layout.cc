@@ -196,6 +196,18 @@ std::string_view RecomputeModeName(RecomputeMode mode) {
   return "none";
 }
 
+std::string ScheduleAndRecomputeSuffix(const ParallelSpec& spec) {
+  std::string out;
+  if (spec.schedule != PipelineScheduleKind::k1F1B) {
+    absl::StrAppend(&out, ", ", std::string(PipelineScheduleName(spec.schedule)), " x",
+                    spec.virtual_stages);
+  }
+  if (spec.recompute != RecomputeMode::kNone) {
+    absl::StrAppend(&out, ", recompute ", std::string(RecomputeModeName(spec.recompute)));
+  }
+  return out;
+}
+
 absl::StatusOr<PipelineScheduleKind> ParsePipelineSchedule(std::string_view name) {
   for (const PipelineScheduleKind kind :
        {PipelineScheduleKind::k1F1B, PipelineScheduleKind::kInterleaved}) {

@@ -63,6 +63,10 @@ struct ParallelSpec {
   int world() const { return tp * pp * dp; }
 };
 
+// ", interleaved x2, recompute selective": the schedule and the recomputation of `spec` where they
+// are not the defaults (1F1B, none), for plan lines; empty when both are.
+std::string ScheduleAndRecomputeSuffix(const ParallelSpec& spec);
+
 struct RankCoords {
   int tp = 0;
   int dp = 0;

@@ -5,12 +5,6 @@
 
 namespace shardline::model {
 
-int ShardPlace::layers() const {
-  int n = 0;
-  for (const placement::StageRange& chunk : chunks) n += chunk.size();
-  return n;
-}
-
 absl::StatusOr<ShardLayout> ShardLayout::Create(const GptConfig& config, const ShardPlace& place) {
   RETURN_IF_ERROR(config.Validate());
   const int tp = place.tp_size;

@@ -39,8 +39,6 @@ struct ShardPlace {
   std::vector<placement::StageRange> chunks;
   bool first_stage = true;  // holds the embedding (before chunk 0)
   bool last_stage = true;   // holds the final LayerNorm and the head (after the last chunk)
-
-  int layers() const;  // held, over all chunks
 };
 
 struct ShardTensor {

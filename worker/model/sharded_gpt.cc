@@ -969,7 +969,6 @@ absl::StatusOr<StepStats> ShardedGpt::TrainStep(const MicroBatchSource& source, 
                                                 float learning_rate) {
   const auto step_start = Clock::now();
   tp_seconds_ = pp_seconds_ = dp_wait_seconds_ = 0;
-  loss_sum_ = 0;
   // A step that failed half-way left micro-batches in flight.
   ResetInFlight();
   const ShardPlace& place = layout_.place();
@@ -978,6 +977,7 @@ absl::StatusOr<StepStats> ShardedGpt::TrainStep(const MicroBatchSource& source, 
   std::fill(grads_.data<float>(), grads_.data<float>() + grads_.numel(), 0.0f);
 
   std::vector<int32_t> tokens, targets;
+  double loss_sum = 0.0;  // on the stage holding the head
   auto forward = [&](int i, int chunk) -> absl::Status {
     // Only the ends of the model read data: the embedding the tokens, the head the targets.
     if (HoldsEmbedding(chunk) || HoldsHead(chunk)) {
@@ -997,7 +997,7 @@ absl::StatusOr<StepStats> ShardedGpt::TrainStep(const MicroBatchSource& source, 
                               options_.config.vocab),
           absl::StrCat("micro-batch ", i, " tokens")));
     }
-    return Forward(SlotFor(i, chunk), tokens, targets, loss_sum_);
+    return Forward(SlotFor(i, chunk), tokens, targets, loss_sum);
   };
 
   // The stage's list from the schedule (1F1B, or interleaved over chunks).
@@ -1028,7 +1028,7 @@ absl::StatusOr<StepStats> ShardedGpt::TrainStep(const MicroBatchSource& source, 
   ASSIGN_OR_RETURN(const double sum_of_squares, OwnedSumOfSquares());
   // Only the last stage has losses, and its tensor-parallel ranks all hold the same ones.
   double totals[2] = {sum_of_squares,
-                      place.last_stage && options_.coords.tp == 0 ? loss_sum_ : 0.0};
+                      place.last_stage && options_.coords.tp == 0 ? loss_sum : 0.0};
   if (groups_.world != nullptr) {
     wait_start = Clock::now();
     absl::Status status = groups_.world->AllReduce(totals, 2, DType::kFloat64, comm::ReduceOp::kSum);

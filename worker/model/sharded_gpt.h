@@ -269,7 +269,6 @@ class ShardedGpt {
   AllReduceFn tp_all_reduce_;  // the blocks' tensor-parallel all-reduce; empty without tp
   std::unique_ptr<CommThread> comm_thread_;
   double tp_seconds_ = 0, pp_seconds_ = 0, dp_wait_seconds_ = 0;
-  double loss_sum_ = 0;  // this step's, on the stage holding the head
 };
 
 }  // namespace shardline::model
