@@ -47,7 +47,7 @@ struct StepTimes {
 // The prefill of `S` sequences of `context` tokens each in one step, then decode steps.
 StepTimes DecodeMilliseconds(const model::InferenceWeights& weights, kernels::Allocator& allocator,
                              int S, int context, int steps) {
-  const model::GptConfig& c = weights.config;
+  const model::ModelConfig& c = weights.config;
   constexpr int kBlockSize = 16;
   const int blocks_per_seq = (context + steps + kBlockSize) / kBlockSize;
   const model::PagedCacheOptions options{.num_blocks = S * blocks_per_seq,
@@ -142,7 +142,7 @@ int main(int argc, char** argv) {
                  "--layers >= 1 and context + steps < 1024\n");
     return 2;
   }
-  const model::GptConfig config{
+  const model::ModelConfig config{
       .layers = layers, .heads = 12, .d_model = 768, .vocab = 50257, .max_seq_len = 1024};
   kernels::CpuAllocator allocator;
   auto gpt = model::GptModel::Create(config, allocator);

@@ -41,8 +41,8 @@ constexpr GptShape kShapes[] = {
     {"gpt-1t", 128, 25600, 160, 3072, 384, 384},
 };
 
-sp::ModelSpec Gpt(int64_t layers, int64_t d_model, int64_t heads) {
-  sp::ModelSpec m;
+shardline::model::ModelConfig Gpt(int64_t layers, int64_t d_model, int64_t heads) {
+  shardline::model::ModelConfig m;
   m.layers = layers;
   m.d_model = d_model;
   m.heads = heads;
@@ -71,7 +71,8 @@ sp::ClusterSpec Cluster(const std::string& kind, int nodes) {
   return *spec;
 }
 
-sp::PlanRequest Request(const sp::ModelSpec& model, const sp::ClusterSpec& cluster, int64_t batch) {
+sp::PlanRequest Request(const shardline::model::ModelConfig& model, const sp::ClusterSpec& cluster,
+                        int64_t batch) {
   sp::PlanRequest r;
   r.model = model;
   r.cluster = cluster;
@@ -123,7 +124,7 @@ int main(int argc, char** argv) {
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const char* kind : {"a100-80gb", "h100-sxm"}) {
     for (const GptShape& shape : kShapes) {
-      const sp::ModelSpec model = Gpt(shape.layers, shape.d_model, shape.heads);
+      const shardline::model::ModelConfig model = Gpt(shape.layers, shape.d_model, shape.heads);
       const int nodes = std::string(kind) == "a100-80gb" ? shape.a100_nodes : shape.h100_nodes;
       const sp::PlanRequest request = Request(model, Cluster(kind, nodes), shape.batch);
       const absl::StatusOr<sp::PlanReport> report = sp::Plan(request);

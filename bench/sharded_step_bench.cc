@@ -36,8 +36,8 @@ namespace shardline {
 namespace {
 
 // GPT of ~6.6M parameters: big enough that GEMMs dominate one step, small enough for 2 cores.
-model::GptConfig BenchConfig() {
-  model::GptConfig c;
+model::ModelConfig BenchConfig() {
+  model::ModelConfig c;
   c.layers = 8;
   c.heads = 8;
   c.d_model = 256;
@@ -250,13 +250,14 @@ int main(int argc, char** argv) {
     }
   }
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
-  const model::GptConfig config = BenchConfig();
-  std::printf("GPT layers=%d d_model=%d heads=%d vocab=%d seq=%d, global batch %d, %d timed steps "
-              "after 1 warm-up, %d cores, %s\n\n",
-              config.layers, config.d_model, config.heads, config.vocab, kSeqLen, kGlobalBatch,
-              steps, cores,
-              backend == testing::ForkedBackend::kGloo ? "Gloo over loopback"
-                                                       : "the CPU backend (shared memory)");
+  const model::ModelConfig config = BenchConfig();
+  std::printf(
+      "GPT layers=%ld d_model=%ld heads=%ld vocab=%ld seq=%d, global batch %d, %d timed steps "
+      "after 1 warm-up, %d cores, %s\n\n",
+      config.layers, config.d_model, config.heads, config.vocab, kSeqLen, kGlobalBatch, steps,
+      cores,
+      backend == testing::ForkedBackend::kGloo ? "Gloo over loopback"
+                                               : "the CPU backend (shared memory)");
   if (schedules_only) {
     ScheduleTable(steps, threads, cores, backend);
     return 0;

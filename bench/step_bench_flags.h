@@ -10,7 +10,7 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "worker/model/gpt_config.h"
+#include "model/model_config.h"
 
 namespace shardline::bench {
 
@@ -25,8 +25,8 @@ struct StepShape {
   int warmup = 1;  // untimed, first
 
   // A GPT-2-style config of this shape (tied embeddings, d_ff 4·d_model, max_seq_len = seq).
-  model::GptConfig Config() const {
-    model::GptConfig config;
+  model::ModelConfig Config() const {
+    model::ModelConfig config;
     config.layers = layers;
     config.heads = heads;
     config.d_model = d_model;

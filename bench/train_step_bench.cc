@@ -27,15 +27,15 @@
 #include <string>
 #include <vector>
 
+#include "bench/step_bench_flags.h"
 #include "kernels/allocator.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/layernorm.h"
 #include "kernels/cpu/matmul.h"
-#include "bench/step_bench_flags.h"
+#include "model/model_config.h"
 #include "worker/model/gpt.h"
-#include "worker/model/gpt_config.h"
 
 namespace {
 
@@ -310,7 +310,7 @@ int main(int argc, char** argv) {
   setenv("OPENBLAS_NUM_THREADS", threads.c_str(), 1);
   omp_set_num_threads(opt.threads);
 
-  const shardline::model::GptConfig config = opt.Config();
+  const shardline::model::ModelConfig config = opt.Config();
   Check(config.Validate(), "config");
 
   shardline::kernels::CpuAllocator allocator;

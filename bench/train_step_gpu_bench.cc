@@ -26,8 +26,8 @@
 #include "bench/step_bench_flags.h"
 #include "kernels/cuda/blas.h"
 #include "kernels/cuda/cuda_allocator.h"
+#include "model/model_config.h"
 #include "worker/model/cuda/gpt_model.h"
-#include "worker/model/gpt_config.h"
 
 namespace {
 
@@ -83,7 +83,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "train_step_gpu_bench: %s\n", unavailable.c_str());
     return 1;
   }
-  const model::GptConfig config = o.Config();
+  const model::ModelConfig config = o.Config();
   auto created = model::CudaGptModel::Create(config, 0, o.precision);
   Check(created.status(), "creating the model");
   model::CudaGptModel& gpt = **created;

@@ -44,7 +44,7 @@ struct SavedShard {
 struct StepHeader {
   int64_t step = 0;
   int64_t world_size = 0;
-  std::map<std::string, std::string> metadata;  // Gpt2Metadata of the model
+  std::map<std::string, std::string> metadata;  // ModelMetadata of the model
   TrainState train;
   PlanInfo plan;
 };

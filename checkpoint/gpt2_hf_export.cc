@@ -10,6 +10,7 @@
 #include "checkpoint/layout.h"
 #include "checkpoint/safetensors_writer.h"
 #include "common/status_macros.h"
+#include "model/tensor_table.h"
 #include "nlohmann/json.hpp"
 
 namespace shardline::checkpoint {
@@ -32,17 +33,17 @@ nlohmann::json EndOfTextToken(int64_t vocab_size) {
 
 // What GPT2Config reads, with every setting our model computes with spelled out, so that a
 // later change of transformers' defaults cannot change what the file means.
-std::string HfConfigJson(const Gpt2Config& config) {
+std::string HfConfigJson(const model::ModelConfig& config) {
   const nlohmann::json json = {
       {"architectures", {"GPT2LMHeadModel"}},
       {"model_type", "gpt2"},
-      {"vocab_size", config.vocab_size},
-      {"n_positions", config.n_positions},
-      {"n_ctx", config.n_positions},  // the legacy name old loaders read
-      {"n_embd", config.n_embd},
-      {"n_layer", config.n_layer},
-      {"n_head", config.n_head},
-      {"n_inner", config.d_ff},
+      {"vocab_size", config.vocab},
+      {"n_positions", config.max_seq_len},
+      {"n_ctx", config.max_seq_len},  // the legacy name old loaders read
+      {"n_embd", config.d_model},
+      {"n_layer", config.layers},
+      {"n_head", config.heads},
+      {"n_inner", config.ff()},
       {"activation_function", "gelu_new"},  // the tanh GELU of kernels/cpu/elementwise.cc
       {"layer_norm_epsilon", kLayerNormEpsilon},
       {"resid_pdrop", 0.0},  // our training uses no dropout
@@ -53,8 +54,8 @@ std::string HfConfigJson(const Gpt2Config& config) {
       {"scale_attn_by_inverse_layer_idx", false},
       {"reorder_and_upcast_attn", false},
       {"tie_word_embeddings", config.tied_embeddings},
-      {"bos_token_id", EndOfTextToken(config.vocab_size)},
-      {"eos_token_id", EndOfTextToken(config.vocab_size)},
+      {"bos_token_id", EndOfTextToken(config.vocab)},
+      {"eos_token_id", EndOfTextToken(config.vocab)},
       {"use_cache", true},
       {"torch_dtype", "float32"},
   };
@@ -76,10 +77,10 @@ std::vector<float> Transposed(const HostTensor& linear) {
 
 absl::Status ExportHfGpt2(const Gpt2Weights& weights, const std::string& out_dir, FileSystem& fs) {
   const std::string where = absl::StrCat("exporting Hugging Face GPT-2 to ", out_dir);
-  RETURN_IF_ERROR(Annotate(ValidateGpt2Config(weights.config), where));
-  const std::vector<Gpt2TensorSpec> specs = Gpt2TensorSpecs(weights.config);
+  RETURN_IF_ERROR(Annotate(ValidateHfGpt2Config(weights.config), where));
+  const std::vector<model::TensorRow> specs = model::ModelRows(weights.config);
   std::set<std::string> expected;
-  for (const Gpt2TensorSpec& spec : specs) {
+  for (const model::TensorRow& spec : specs) {
     expected.insert(spec.name);
     const auto it = weights.tensors.find(spec.name);
     if (it == weights.tensors.end()) {
@@ -106,7 +107,7 @@ absl::Status ExportHfGpt2(const Gpt2Weights& weights, const std::string& out_dir
                                                             {"lnf.w", "ln_f.weight"},
                                                             {"lnf.b", "ln_f.bias"}};
   std::vector<std::pair<std::string, std::string>> conv;
-  for (int64_t l = 0; l < weights.config.n_layer; ++l) {
+  for (int64_t l = 0; l < weights.config.layers; ++l) {
     const std::string h = absl::StrCat("h.", l, ".");
     for (const HfGpt2LayerTensor& entry : HfGpt2LayerTensors()) {
       (entry.transpose ? conv : plain).emplace_back(h + entry.ours, h + entry.hf);

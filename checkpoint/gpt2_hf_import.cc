@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/safetensors_reader.h"
 #include "common/status_macros.h"
+#include "model/tensor_table.h"
 #include "nlohmann/json.hpp"
 
 namespace shardline::checkpoint {
@@ -78,25 +79,25 @@ class Importer {
       : reader_(reader),
         where_(absl::StrCat("Hugging Face GPT-2 checkpoint ", reader.path())),
         hf_config_(std::move(hf_config)) {
-    weights_.config.n_head = n_head;
+    weights_.config.heads = n_head;
   }
 
   // The config, from the tensors' shapes in the header and the config.json: no tensor is read.
-  absl::StatusOr<Gpt2Config> ReadConfig() {
+  absl::StatusOr<model::ModelConfig> ReadConfig() {
     RETURN_IF_ERROR(IndexNames());
     ASSIGN_OR_RETURN(const std::vector<int64_t> wte, HeaderShape("wte.weight", 2));
     ASSIGN_OR_RETURN(const std::vector<int64_t> wpe, HeaderShape("wpe.weight", 2));
-    Gpt2Config& config = weights_.config;
-    config.vocab_size = wte[0];
-    config.n_embd = wte[1];
-    config.n_positions = wpe[0];
-    if (wpe[1] != config.n_embd) {
-      const std::vector<int64_t> expected = {config.n_positions, config.n_embd};
+    model::ModelConfig& config = weights_.config;
+    config.vocab = wte[0];
+    config.d_model = wte[1];
+    config.max_seq_len = wpe[0];
+    if (wpe[1] != config.d_model) {
+      const std::vector<int64_t> expected = {config.max_seq_len, config.d_model};
       return Error("wpe.weight", absl::StrCat("has shape ", ShapeString(wpe), ", expected ",
                                               ShapeString(expected), " from wte/wpe/h.0.mlp.c_fc"));
     }
-    config.n_layer = CountLayers();
-    if (config.n_layer == 0) return Error("h.0.ln_1.weight", "is missing (no layers found)");
+    config.layers = CountLayers();
+    if (config.layers == 0) return Error("h.0.ln_1.weight", "is missing (no layers found)");
     // d_ff is read off layer 0's MLP; every layer is then checked against it.
     if (const std::string* name = Lookup("h.0.mlp.c_fc.weight");
         name != nullptr && reader_.Find(*name)->shape.size() == 2) {
@@ -105,29 +106,29 @@ class Importer {
       return Error("h.0.mlp.c_fc.weight", "is missing or not 2-d");
     }
     if (hf_config_) RETURN_IF_ERROR(ApplyHfConfig());
-    RETURN_IF_ERROR(Annotate(ValidateGpt2Config(config), where_));
+    RETURN_IF_ERROR(Annotate(ValidateHfGpt2Config(config), where_));
     return config;
   }
 
   // ReadConfig with the head's tie guessed without reading it: a lm_head.weight is a head of its
   // own unless the config.json says tie_word_embeddings (Run compares the values instead).
-  absl::StatusOr<Gpt2Config> HeaderConfig() {
-    ASSIGN_OR_RETURN(Gpt2Config config, ReadConfig());
+  absl::StatusOr<model::ModelConfig> HeaderConfig() {
+    ASSIGN_OR_RETURN(model::ModelConfig config, ReadConfig());
     if (Lookup("lm_head.weight") != nullptr && ConfigTie() != true) config.tied_embeddings = false;
     return config;
   }
 
   absl::StatusOr<Gpt2Weights> Run() {
-    ASSIGN_OR_RETURN(const Gpt2Config config, ReadConfig());
+    ASSIGN_OR_RETURN(const model::ModelConfig config, ReadConfig());
     ASSIGN_OR_RETURN(HostTensor wte, Take("wte.weight"));
     ASSIGN_OR_RETURN(HostTensor wpe, Take("wpe.weight"));
-    RETURN_IF_ERROR(ExpectShape("wte.weight", wte, {config.vocab_size, config.n_embd}));
-    RETURN_IF_ERROR(ExpectShape("wpe.weight", wpe, {config.n_positions, config.n_embd}));
+    RETURN_IF_ERROR(ExpectShape("wte.weight", wte, {config.vocab, config.d_model}));
+    RETURN_IF_ERROR(ExpectShape("wpe.weight", wpe, {config.max_seq_len, config.d_model}));
     weights_.tensors.emplace("wte", std::move(wte));
     weights_.tensors.emplace("wpe", std::move(wpe));
-    for (int64_t l = 0; l < config.n_layer; ++l) RETURN_IF_ERROR(ImportLayer(l));
-    RETURN_IF_ERROR(ImportPlain("ln_f.weight", "lnf.w", {config.n_embd}));
-    RETURN_IF_ERROR(ImportPlain("ln_f.bias", "lnf.b", {config.n_embd}));
+    for (int64_t l = 0; l < config.layers; ++l) RETURN_IF_ERROR(ImportLayer(l));
+    RETURN_IF_ERROR(ImportPlain("ln_f.weight", "lnf.w", {config.d_model}));
+    RETURN_IF_ERROR(ImportPlain("ln_f.bias", "lnf.b", {config.d_model}));
     RETURN_IF_ERROR(ImportHead());
     RETURN_IF_ERROR(CheckNothingLeft());
     return std::move(weights_);
@@ -212,12 +213,12 @@ class Importer {
   absl::Status ImportLayer(int64_t l) {
     // Layer numbering is the same on both sides: "h.{l}." prefixes both names.
     const std::string hf_prefix = absl::StrCat("h.", l, ".");
-    const std::vector<Gpt2TensorSpec> specs = Gpt2TensorSpecs(weights_.config);
+    const std::vector<model::TensorRow> specs = model::ModelRows(weights_.config);
     for (const HfGpt2LayerTensor& entry : kLayerTensors) {
       const std::string bare = hf_prefix + entry.hf;
       const std::string ours = hf_prefix + entry.ours;
       const auto spec = std::find_if(specs.begin(), specs.end(),
-                                     [&](const Gpt2TensorSpec& s) { return s.name == ours; });
+                                     [&](const model::TensorRow& s) { return s.name == ours; });
       if (!entry.transpose) {
         RETURN_IF_ERROR(ImportPlain(bare, ours, spec->shape));
         continue;
@@ -254,9 +255,9 @@ class Importer {
       }
       return absl::OkStatus();
     }
-    Gpt2Config& config = weights_.config;
+    model::ModelConfig& config = weights_.config;
     ASSIGN_OR_RETURN(HostTensor head, Take("lm_head.weight"));
-    RETURN_IF_ERROR(ExpectShape("lm_head.weight", head, {config.vocab_size, config.n_embd}));
+    RETURN_IF_ERROR(ExpectShape("lm_head.weight", head, {config.vocab, config.d_model}));
     const HostTensor& wte = weights_.tensors.at("wte");
     const bool same_as_wte =
         std::memcmp(head.values.data(), wte.values.data(), head.values.size() * sizeof(float)) == 0;
@@ -297,18 +298,18 @@ class Importer {
   // Takes n_head from the config.json and holds its other sizes and settings against the
   // config inferred from the tensors.
   absl::Status ApplyHfConfig() {
-    Gpt2Config& config = weights_.config;
+    model::ModelConfig& config = weights_.config;
     const nlohmann::json& json = hf_config_->json;
     if (const auto it = json.find("model_type"); it != json.end() && *it != "gpt2") {
       return ConfigError(absl::StrCat("model_type is ", it->dump(), ", expected \"gpt2\""));
     }
     ASSIGN_OR_RETURN(const std::optional<int64_t> n_head, ConfigInt("n_head"));
     if (n_head) {
-      if (*n_head <= 0 || config.n_embd % *n_head != 0) {
+      if (*n_head <= 0 || config.d_model % *n_head != 0) {
         return ConfigError(absl::StrCat("n_head ", *n_head, " does not divide n_embd ",
-                                        config.n_embd, " of ", reader_.path()));
+                                        config.d_model, " of ", reader_.path()));
       }
-      config.n_head = *n_head;
+      config.heads = *n_head;
     }
     // HF's key, what the tensors say, and the tensor that says it.
     struct Size {
@@ -318,11 +319,11 @@ class Importer {
       std::optional<int64_t> if_absent;
     };
     const Size sizes[] = {
-        {"n_layer", config.n_layer, "h.{l} numbering", std::nullopt},
-        {"n_embd", config.n_embd, "wte.weight", std::nullopt},
-        {"vocab_size", config.vocab_size, "wte.weight", std::nullopt},
-        {"n_positions", config.n_positions, "wpe.weight", std::nullopt},
-        {"n_inner", config.d_ff, "h.0.mlp.c_fc.weight", 4 * config.n_embd},
+        {"n_layer", config.layers, "h.{l} numbering", std::nullopt},
+        {"n_embd", config.d_model, "wte.weight", std::nullopt},
+        {"vocab_size", config.vocab, "wte.weight", std::nullopt},
+        {"n_positions", config.max_seq_len, "wpe.weight", std::nullopt},
+        {"n_inner", config.d_ff, "h.0.mlp.c_fc.weight", 4 * config.d_model},
     };
     for (const Size& size : sizes) {
       ASSIGN_OR_RETURN(std::optional<int64_t> value, ConfigInt(size.key));
@@ -394,10 +395,18 @@ absl::StatusOr<Gpt2Weights> ImportHfGpt2(const std::string& path, int64_t n_head
   return Importer(reader, n_head, std::move(hf_config)).Run();
 }
 
-absl::StatusOr<Gpt2Config> ReadHfGpt2Config(const std::string& path, int64_t n_head) {
+absl::StatusOr<model::ModelConfig> ReadHfGpt2Config(const std::string& path, int64_t n_head) {
   ASSIGN_OR_RETURN(SafetensorsReader reader, SafetensorsReader::Open(path));
   ASSIGN_OR_RETURN(std::optional<HfConfigFile> hf_config, ReadHfConfigBeside(path));
   return Importer(reader, n_head, std::move(hf_config)).HeaderConfig();
+}
+
+absl::Status ValidateHfGpt2Config(const model::ModelConfig& config) {
+  if (config.heads > 0 && config.d_model % config.heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("GPT-2 config: n_head ", config.heads,
+                                                   " does not divide n_embd ", config.d_model));
+  }
+  return config.Validate();
 }
 
 bool IsHuggingFaceGpt2File(const SafetensorsReader& reader) {

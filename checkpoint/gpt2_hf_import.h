@@ -42,7 +42,7 @@ absl::StatusOr<Gpt2Weights> ImportHfGpt2(const std::string& path, int64_t n_head
 // The config ImportHfGpt2 would give, from the file's header (the tensors' shapes) and the
 // config.json beside it, with the same checks of those; no tensor is read, so a lm_head.weight
 // counts as a head of its own unless the config.json says tie_word_embeddings.
-absl::StatusOr<Gpt2Config> ReadHfGpt2Config(const std::string& path, int64_t n_head = 12);
+absl::StatusOr<model::ModelConfig> ReadHfGpt2Config(const std::string& path, int64_t n_head = 12);
 
 // Whether a safetensors file is a Hugging Face GPT-2 (its tensors are named after the PyTorch
 // modules, "wte.weight"; ours are not).
@@ -50,13 +50,17 @@ bool IsHuggingFaceGpt2File(const SafetensorsReader& reader);
 
 // One layer tensor: its Hugging Face suffix ("attn.c_attn.weight"), ours ("qkv.w"), and whether
 // it is a Conv1D weight, (in, out) there and (out, in) here. The one mapping the importer and the
-// exporter (gpt2_hf_export.h) share, in Gpt2TensorSpecs' order.
+// exporter (gpt2_hf_export.h) share, in model::ModelRows' order (model/tensor_table.h).
 struct HfGpt2LayerTensor {
   const char* hf;
   const char* ours;
   bool transpose;
 };
 std::span<const HfGpt2LayerTensor> HfGpt2LayerTensors();
+
+// config.Validate() in GPT-2's Hugging Face words (config.json's keys: "n_head 3 does not divide
+// n_embd 8"), for the importer and the exporter, whose users read those names.
+absl::Status ValidateHfGpt2Config(const model::ModelConfig& config);
 
 // save_pretrained's prefix of every tensor of GPT2LMHeadModel but lm_head.weight.
 inline constexpr std::string_view kHfGpt2Prefix = "transformer.";

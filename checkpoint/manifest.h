@@ -57,7 +57,7 @@ struct ShardFileInfo {
 struct Manifest {
   int64_t step = 0;
   int64_t world_size = 0;
-  std::map<std::string, std::string> metadata;  // the model config (Gpt2Metadata)
+  std::map<std::string, std::string> metadata;  // the model config (ModelMetadata)
   TrainState train;
   PlanInfo plan;
   std::map<std::string, ShardFileInfo> files;     // by name, relative to the manifest's folder

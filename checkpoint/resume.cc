@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/layout.h"
+#include "checkpoint/model_config.h"
 #include "common/status_macros.h"
 
 namespace shardline::checkpoint {
@@ -96,14 +97,15 @@ absl::StatusOr<ResumeDecision> DecideResume(const ResumeRequest& request) {
   return std::move(decided.decision);
 }
 
-absl::Status CheckCanResume(const Manifest& manifest, const Gpt2Config& config,
+absl::Status CheckCanResume(const Manifest& manifest, const model::ModelConfig& config,
                             const TrainState& train, const std::string& where) {
   if (!HasOptimizerState(manifest)) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": it holds parameters only (no AdamW moments), so a run cannot "
                             "resume from it; start a new run from its parameters with init_from"));
   }
-  ASSIGN_OR_RETURN(const Gpt2Config stored, Gpt2ConfigFromMetadata(manifest.metadata, where));
+  ASSIGN_OR_RETURN(const model::ModelConfig stored,
+                   ModelConfigFromMetadata(manifest.metadata, where));
   return CheckResumable(stored, manifest.train, config, train, where);
 }
 
@@ -137,7 +139,7 @@ absl::StatusOr<std::vector<std::string>> PrepareForResume(FileSystem& fs, const 
 }
 
 absl::StatusOr<ResumePlan> PlanResume(FileSystem& fs, const ResumeRequest& request,
-                                      const Gpt2Config& config, const TrainState& train) {
+                                      const model::ModelConfig& config, const TrainState& train) {
   ASSIGN_OR_RETURN(Decided decided, Decide(request));
   ResumePlan plan;
   plan.decision = std::move(decided.decision);

@@ -57,7 +57,7 @@ absl::StatusOr<std::vector<std::string>> PrepareForResume(FileSystem& fs, const 
 // OK when a run of `config` and `train` can resume from the step `manifest` describes: it holds
 // optimizer state, and its model and train settings are the run's (CheckResumable; the tokens
 // only when both sides know them). InvalidArgument prefixed by `where`.
-absl::Status CheckCanResume(const Manifest& manifest, const Gpt2Config& config,
+absl::Status CheckCanResume(const Manifest& manifest, const model::ModelConfig& config,
                             const TrainState& train, const std::string& where);
 
 // All a run does before its first step, for whoever decides where it starts (`shardline train`, or
@@ -70,7 +70,7 @@ struct ResumePlan {
   std::vector<std::string> prepared;  // PrepareForResume's lines
 };
 absl::StatusOr<ResumePlan> PlanResume(FileSystem& fs, const ResumeRequest& request,
-                                      const Gpt2Config& config, const TrainState& train);
+                                      const model::ModelConfig& config, const TrainState& train);
 
 // "step 300 (rank-00001.safetensors fails its checksum ...); step 200 (...)".
 std::string DescribeSkipped(const std::vector<SkippedStep>& skipped);

@@ -60,34 +60,64 @@ std::string PlanSummary(const PlanInfo& plan) {
                       schedule, recompute, " (", plan.device, ", ", plan.precision, ")");
 }
 
-absl::Status CheckSameModel(const Gpt2Config& stored, const Gpt2Config& config,
+absl::Status CheckSameModel(const model::ModelConfig& stored, const model::ModelConfig& config,
                             const std::string& where) {
-  // The spec's keys, in the order a spec lists them.
+  // The spec's keys, in the order a spec lists them; widths resolved (d_ff 0 is 4·d_model).
   const struct {
     const char* key;
-    int64_t Gpt2Config::*field;
-  } kFields[] = {{"model.layers", &Gpt2Config::n_layer},    {"model.heads", &Gpt2Config::n_head},
-                 {"model.d_model", &Gpt2Config::n_embd},    {"model.d_ff", &Gpt2Config::d_ff},
-                 {"model.vocab", &Gpt2Config::vocab_size},
-                 {"model.max_seq_len", &Gpt2Config::n_positions}};
-  for (const auto& f : kFields) {
-    if (stored.*f.field != config.*f.field) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": ", f.key, " is ", stored.*f.field,
-                                                     " in the checkpoint but ", config.*f.field,
-                                                     " in the spec"));
+    int64_t stored, spec;
+  } kSizes[] = {{"model.layers", stored.layers, config.layers},
+                {"model.heads", stored.heads, config.heads},
+                {"model.kv_heads", stored.kv(), config.kv()},
+                {"model.d_model", stored.d_model, config.d_model},
+                {"model.d_ff", stored.ff(), config.ff()},
+                {"model.vocab", stored.vocab, config.vocab},
+                {"model.max_seq_len", stored.max_seq_len, config.max_seq_len}};
+  for (const auto& f : kSizes) {
+    if (f.stored != f.spec) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": ", f.key, " is ", f.stored, " in the checkpoint but ", f.spec, " in the spec"));
     }
   }
-  if (stored.tied_embeddings != config.tied_embeddings) {
+  const auto differs = [&](const char* key, std::string_view in_checkpoint,
+                           std::string_view in_spec) {
     return absl::InvalidArgumentError(
-        absl::StrCat(where, ": model.tied_embeddings is ", stored.tied_embeddings ? "true" : "false",
-                     " in the checkpoint but ", config.tied_embeddings ? "true" : "false",
-                     " in the spec"));
+        absl::StrCat(where, ": ", key, " is ", std::string(in_checkpoint),
+                     " in the checkpoint but ", std::string(in_spec), " in the spec"));
+  };
+  const auto boolean = [](bool b) { return b ? "true" : "false"; };
+  if (stored.tied_embeddings != config.tied_embeddings) {
+    return differs("model.tied_embeddings", boolean(stored.tied_embeddings),
+                   boolean(config.tied_embeddings));
+  }
+  // The family's choices, which a spec sets through `arch`.
+  if (stored.norm != config.norm) {
+    return differs("model.arch (norm)", model::NormKindName(stored.norm),
+                   model::NormKindName(config.norm));
+  }
+  if (stored.mlp != config.mlp) {
+    return differs("model.arch (mlp)", model::MlpKindName(stored.mlp),
+                   model::MlpKindName(config.mlp));
+  }
+  if (stored.positions != config.positions) {
+    return differs("model.arch (positions)", model::PositionKindName(stored.positions),
+                   model::PositionKindName(config.positions));
+  }
+  if (stored.bias != config.bias) {
+    return differs("model.arch (bias)", boolean(stored.bias), boolean(config.bias));
+  }
+  if (stored.norm_eps != config.norm_eps) {
+    return differs("model.norm_eps", absl::StrCat(stored.norm_eps), absl::StrCat(config.norm_eps));
+  }
+  if (stored.positions == model::PositionKind::kRotary && stored.rope_theta != config.rope_theta) {
+    return differs("model.rope_theta", absl::StrCat(stored.rope_theta),
+                   absl::StrCat(config.rope_theta));
   }
   return absl::OkStatus();
 }
 
-absl::Status CheckResumable(const Gpt2Config& stored_config, const TrainState& stored_train,
-                            const Gpt2Config& config, const TrainState& train,
+absl::Status CheckResumable(const model::ModelConfig& stored_config, const TrainState& stored_train,
+                            const model::ModelConfig& config, const TrainState& train,
                             const std::string& where) {
   if (absl::Status same = CheckSameModel(stored_config, config, where); !same.ok()) return same;
   if (stored_train.seed != train.seed) return Differs(where, "seed", stored_train.seed, train.seed);

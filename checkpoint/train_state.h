@@ -96,10 +96,12 @@ struct PlanInfo {
 // recomputation other than none are added: "... · ZeRO 0 · interleaved ×2 · recompute full (...)".
 std::string PlanSummary(const PlanInfo& plan);
 
-// OK when the two model configs are equal; otherwise InvalidArgument, prefixed by `where`, naming the
-// first field that differs by its spec key (model.layers, model.heads, model.d_model, model.d_ff,
-// model.vocab, model.max_seq_len, model.tied_embeddings) with the checkpoint's and the spec's value.
-absl::Status CheckSameModel(const Gpt2Config& stored, const Gpt2Config& config,
+// OK when the two model configs are equal; otherwise InvalidArgument, prefixed by `where`, naming
+// the first field that differs by its spec key (model.layers, model.heads, model.kv_heads,
+// model.d_model, model.d_ff, model.vocab, model.max_seq_len, model.tied_embeddings, the family's
+// choices under model.arch, model.norm_eps, model.rope_theta) with the checkpoint's and the spec's
+// value.
+absl::Status CheckSameModel(const model::ModelConfig& stored, const model::ModelConfig& config,
                             const std::string& where);
 
 // OK when a run of `config` and `train` may resume from a checkpoint whose model is `stored_config`
@@ -107,8 +109,8 @@ absl::Status CheckSameModel(const Gpt2Config& stored, const Gpt2Config& config,
 // the first setting that differs by its spec key (model.layers, model.d_model, ..., seed, batch,
 // seq_len, data) with both values. Data is compared by source (and the synthetic corpus's seed
 // and size); the token checksum by CheckSameTokens once the data is loaded.
-absl::Status CheckResumable(const Gpt2Config& stored_config, const TrainState& stored_train,
-                            const Gpt2Config& config, const TrainState& train,
+absl::Status CheckResumable(const model::ModelConfig& stored_config, const TrainState& stored_train,
+                            const model::ModelConfig& config, const TrainState& train,
                             const std::string& where);
 // OK when `actual` (the loaded data) has the tokens `stored` recorded (or `stored` recorded none);
 // otherwise InvalidArgument naming both counts and checksums.

@@ -2,14 +2,16 @@
 
 #include <algorithm>
 #include <charconv>
-#include <map>
 #include <filesystem>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/checksum.h"
 #include "checkpoint/gpt2_checkpoint.h"
+#include "checkpoint/model_config.h"
 #include "checkpoint/safetensors_reader.h"
 #include "common/status_macros.h"
+#include "model/tensor_table.h"
 
 namespace shardline::checkpoint {
 namespace {
@@ -85,11 +87,12 @@ bool LooksLikeGpt2Parameter(const std::string& name) {
 }
 
 absl::Status CheckModelTensors(const Manifest& manifest, const std::string& where) {
-  ASSIGN_OR_RETURN(const Gpt2Config config, Gpt2ConfigFromMetadata(manifest.metadata, where));
+  ASSIGN_OR_RETURN(const model::ModelConfig config,
+                   ModelConfigFromMetadata(manifest.metadata, where));
   const bool with_optimizer =
       manifest.tensors.contains(StateTensorName(StateKind::kExpAvg, "wte"));
   std::map<std::string, std::vector<int64_t>> expected;
-  for (const Gpt2TensorSpec& spec : Gpt2TensorSpecs(config)) {
+  for (const model::TensorRow& spec : model::ModelRows(config)) {
     expected[spec.name] = spec.sharded_shape;
     if (!with_optimizer) continue;
     for (const StateKind kind : {StateKind::kExpAvg, StateKind::kExpAvgSq}) {

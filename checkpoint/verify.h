@@ -12,7 +12,7 @@
 namespace shardline::checkpoint {
 
 // OK when the manifest holds every parameter of the GPT-2 config in its metadata with its global
-// shape (Gpt2TensorSpec::sharded_shape), both AdamW moments of every parameter or of none, and no
+// shape (model::TensorRow::sharded_shape), both AdamW moments of every parameter or of none, and no
 // tensor named like a parameter the config lacks (a writer that forgot tied_embeddings=false, or a
 // wrong n_layer). NotFound / InvalidArgument prefixed by `where`, naming the tensor.
 absl::Status CheckModelTensors(const Manifest& manifest, const std::string& where);

@@ -14,10 +14,12 @@
 #include "checkpoint/gpt2_hf_export.h"
 #include "checkpoint/layout.h"
 #include "checkpoint/manifest.h"
+#include "checkpoint/model_config.h"
 #include "checkpoint/train_state.h"
 #include "checkpoint/verify.h"
 #include "cli/commands.h"
 #include "common/status_macros.h"
+#include "model/tensor_table.h"
 #include "nlohmann/json.hpp"
 #include "placement/byte_size.h"
 #include "worker/training/model_checkpoint.h"
@@ -139,15 +141,15 @@ StepReport ReadStep(const checkpoint::StepFolder& folder) {
   return report;
 }
 
-// The tensors of a manifest in the model's order: parameters as Gpt2TensorSpecs lists them, then
+// The tensors of a manifest in the model's order: parameters as model::ModelRows lists them, then
 // the first moments, then the second, then anything else by name.
 std::vector<std::string> TensorOrder(const checkpoint::Manifest& manifest) {
   std::map<std::string, int64_t> rank_of;
-  if (absl::StatusOr<checkpoint::Gpt2Config> config =
-          checkpoint::Gpt2ConfigFromMetadata(manifest.metadata, "manifest");
+  if (absl::StatusOr<model::ModelConfig> config =
+          checkpoint::ModelConfigFromMetadata(manifest.metadata, "manifest");
       config.ok()) {
     int64_t index = 0;
-    for (const checkpoint::Gpt2TensorSpec& spec : checkpoint::Gpt2TensorSpecs(*config)) {
+    for (const model::TensorRow& spec : model::ModelRows(*config)) {
       rank_of[spec.name] = index++;
     }
   }
@@ -445,8 +447,8 @@ int CheckpointExport(const CheckpointExportOptions& options) {
   if (!source.ok()) return Fail(kFailed, source.status().message());
 
   checkpoint::Gpt2Weights weights;
-  weights.config = training::Gpt2ConfigOf(source->config());
-  for (const checkpoint::Gpt2TensorSpec& spec : checkpoint::Gpt2TensorSpecs(weights.config)) {
+  weights.config = source->config();
+  for (const model::TensorRow& spec : model::ModelRows(weights.config)) {
     // The whole tensor as one box of its box view: for qkv (3, C, C), the same bytes as (3C, C).
     absl::StatusOr<std::vector<int64_t>> shape = source->BoxShape(spec.name);
     if (!shape.ok()) return Fail(kFailed, shape.status().message());
@@ -461,8 +463,8 @@ int CheckpointExport(const CheckpointExportOptions& options) {
   }
   std::cout << "Exported " << (source->step() ? absl::StrCat("step ", *source->step(), " (") : "")
             << source->path() << (source->step() ? ")" : "") << " to " << options.out << ": "
-            << checkpoint::kModelFileName << " and config.json, " << weights.config.n_layer
-            << " layers, n_embd " << weights.config.n_embd << ", " << weights.config.n_head
+            << checkpoint::kModelFileName << " and config.json, " << weights.config.layers
+            << " layers, n_embd " << weights.config.d_model << ", " << weights.config.heads
             << " heads, " << (weights.config.tied_embeddings ? "tied" : "untied") << " head\n"
             << "Load it with transformers.GPT2LMHeadModel.from_pretrained(\"" << options.out
             << "\")\n";

@@ -118,8 +118,8 @@ absl::StatusOr<std::string> PlanOutput(
     const PlanOptions& options,
     const std::function<absl::StatusOr<placement::ClusterSpec>()>& live_cluster) {
   RETURN_IF_ERROR(CheckPlanOptions(options));
-  ASSIGN_OR_RETURN(const placement::ModelSpec model,
-                   placement::LoadModelSpecFile(options.model_path));
+  ASSIGN_OR_RETURN(const model::ModelConfig model,
+                   placement::LoadModelConfigFile(options.model_path));
   placement::PlanTrainSpec train = placement::DefaultPlanTrainSpec();
   if (!options.train_path.empty()) {
     ASSIGN_OR_RETURN(train, placement::LoadPlanTrainSpecFile(options.train_path));

@@ -187,7 +187,7 @@ int Serve(const ServeOptions& options) {
     std::cerr << "error: " << source.status().message() << "\n";
     return 1;
   }
-  const model::GptConfig& config = source->config();
+  const model::ModelConfig& config = source->config();
   if (config.vocab < (*tokenizer)->vocab_size()) {
     std::cerr << "error: " << *path << " has a vocabulary of " << config.vocab
               << " tokens, fewer than the " << (*tokenizer)->vocab_size() << " of "

@@ -30,18 +30,11 @@ namespace shardline::coordinator {
 namespace {
 
 // The shape of a serve job's checkpoint as the memory model reads it, from its headers.
-absl::StatusOr<placement::ModelSpec> ReadServeModel(const placement::ServeSpec& serve) {
+absl::StatusOr<model::ModelConfig> ReadServeModel(const placement::ServeSpec& serve) {
   auto config = checkpoint::ReadCheckpointConfig(serve.checkpoint, serve.hf_heads);
   if (!config.ok()) return Annotate(config.status(), "the serve job's checkpoint");
-  placement::ModelSpec model;
-  model.layers = config->n_layer;
-  model.heads = config->n_head;
-  model.d_model = config->n_embd;
-  model.d_ff = config->d_ff;
-  model.vocab = config->vocab_size;
-  model.max_seq_len = config->n_positions;
-  model.tied_embeddings = config->tied_embeddings;
-  return model;
+  RETURN_IF_ERROR(Annotate(config->EngineSupports(), "the serve job's checkpoint"));
+  return config;
 }
 
 using protocol::Str;
@@ -672,7 +665,7 @@ void Coordinator::DecideStart(Job& job) {
   job.waiting_reason = "checking its checkpoints (" +
                        (request.mode == checkpoint::ResumeMode::kPath ? request.path : request.dir) +
                        ")";
-  const checkpoint::Gpt2Config config = placement::CheckpointConfigOf(spec.model);
+  const model::ModelConfig config = spec.model;
   const checkpoint::TrainState train = placement::CheckpointTrainStateOf(spec);
   // Verifying a step reads all of it: off the event loop. The task touches only its copies.
   background_.Post([this, id = job.id, request, config, train]() -> BackgroundWork::Finish {

@@ -174,10 +174,10 @@ struct Job {
   std::vector<CollectiveResultRecord> results;
   TrainRecord train;  // kind train only
   ServingRecord serving;  // kind serve only
-  // kind serve: the checkpoint's shape, read at submit (ModelSpec of its config), for the memory
-  // each rank needs (placement/serve_memory.h); layers 0 when unknown (a job the coordinator took
-  // over after a restart), and then only the ranks check what fits.
-  placement::ModelSpec serve_model;
+  // kind serve: the checkpoint's shape, read at submit (model::ModelConfig of its config), for the
+  // memory each rank needs (placement/serve_memory.h); layers 0 when unknown (a job the coordinator
+  // took over after a restart), and then only the ranks check what fits.
+  model::ModelConfig serve_model;
   // kind serve: the address its leader listens on, HOST:PORT — the spec's `listen`, and once a
   // generation has listened on port 0, the port it got (a restart keeps the address).
   std::string serve_listen;

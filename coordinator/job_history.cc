@@ -142,7 +142,7 @@ nlohmann::json JobRecord(const Job& job) {
     // What a coordinator taking the job over cannot get from the spec: the checkpoint's shape read
     // at submit (the memory model, `parallel: auto`) and the address a generation listened on
     // (a port 0 resolved: clients keep using it).
-    const placement::ModelSpec& m = job.serve_model;
+    const model::ModelConfig& m = job.serve_model;
     record["serve"] = {{"listen", job.serve_listen},
                        {"model",
                         {{"layers", m.layers},

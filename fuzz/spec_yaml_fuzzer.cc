@@ -27,7 +27,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
   CheckParsed(ParseJobSpec(text, "job.yaml"), "ParseJobSpec");
   CheckParsed(ParseClusterSpec(text, "cluster.yaml"), "ParseClusterSpec");
-  CheckParsed(ParseModelSpec(text, "model.yaml"), "ParseModelSpec");
+  CheckParsed(ParseModelConfig(text, "model.yaml"), "ParseModelConfig");
   CheckParsed(ParseTrainSpec(text, "train.yaml"), "ParseTrainSpec");
   CheckParsed(ParsePlanTrainSpec(text, "plan.yaml"), "ParsePlanTrainSpec");
   return 0;

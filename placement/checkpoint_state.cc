@@ -1,18 +1,8 @@
 #include "placement/checkpoint_state.h"
 
-namespace shardline::placement {
+#include "checkpoint/model_config.h"
 
-checkpoint::Gpt2Config CheckpointConfigOf(const ModelSpec& model) {
-  checkpoint::Gpt2Config config;
-  config.n_layer = model.layers;
-  config.n_embd = model.d_model;
-  config.n_head = model.heads;
-  config.d_ff = model.ff();
-  config.vocab_size = model.vocab;
-  config.n_positions = model.max_seq_len;
-  config.tied_embeddings = model.tied_embeddings;
-  return config;
-}
+namespace shardline::placement {
 
 checkpoint::TrainState CheckpointTrainStateOf(const TrainSpec& spec) {
   checkpoint::TrainState train;
@@ -57,7 +47,7 @@ checkpoint::StepHeader CheckpointStepHeader(const TrainSpec& spec, const Paralle
   checkpoint::StepHeader header;
   header.step = step;
   header.world_size = world_size;
-  header.metadata = checkpoint::Gpt2Metadata(CheckpointConfigOf(spec.model));
+  header.metadata = checkpoint::ModelMetadata(spec.model);
   header.train = CheckpointTrainStateOf(spec);
   // The source is the spec's; what the loaded stream was, the loader's.
   header.train.data.tokens = data.tokens;

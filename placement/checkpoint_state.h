@@ -12,7 +12,6 @@
 
 namespace shardline::placement {
 
-checkpoint::Gpt2Config CheckpointConfigOf(const ModelSpec& model);
 // The data's identity from the spec alone: its tokens are known only once it is loaded (0 here).
 checkpoint::TrainState CheckpointTrainStateOf(const TrainSpec& spec);
 // `parallel` as resolved for the run (the single-device trainer passes the default: one rank),

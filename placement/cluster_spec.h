@@ -133,6 +133,14 @@ absl::StatusOr<ClusterSpec> ParseClusterSpec(const std::string& yaml_text,
 // Reads and parses `path`; NotFound naming the path when it does not exist.
 absl::StatusOr<ClusterSpec> LoadClusterSpecFile(const std::string& path);
 
+// AdamW's update touches every parameter it owns: reads p, g, m, v and writes p, m, v (7 fp32
+// words; under mixed precision the fp32 master, m and v are read and written, the bf16 gradient
+// read and the bf16 copy written: about the same), plus one read of the gradient for the global
+// norm: 8 × 4 bytes. On GPUs the update is memory-bound (a handful of FLOPs per 32 bytes), and the
+// time model divides these bytes by NodeSpec::memory_bandwidth; on CPU actors calibration measures
+// the update and reports its rate in these bytes.
+inline constexpr double kOptimizerBytesPerParam = 32;
+
 // One node as the coordinator's membership knows it, with what calibration measured.
 struct NodeReport {
   std::string node_id;

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "model/tensor_table.h"
 
 namespace shardline::placement {
 namespace {
@@ -57,13 +58,21 @@ int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 struct Dims {
   int64_t C = 0;    // d_model
   int64_t Cs = 0;   // query width held here: heads/tp · head_size
-  int64_t KVs = 0;  // key/value width held here: kv_heads/tp · head_size
+  int64_t KVs = 0;  // key/value width held here: kv_heads/tp · head_size (one head at least)
   int64_t Fs = 0;   // MLP columns held here
   int64_t NH = 0;   // heads held here
-  bool llama = false;
+  bool swiglu = false;  // three MLP matrices (gate, up, down) instead of two
+  bool rms = false;     // RMSNorm keeps one statistic per token, LayerNorm two
+  // From the model's tensor table, on this rank: one block's parameters, of which those in weight
+  // matrices (what the FLOPs count), the position table (none with rotary positions) and the final
+  // norm's gain and bias.
+  int64_t block_params = 0;
+  int64_t block_matrix_params = 0;
+  int64_t wpe = 0;
+  int64_t final_norm = 0;
 };
 
-Dims DimsOf(const ModelSpec& m, int tp) {
+Dims DimsOf(const model::ModelConfig& m, int tp) {
   Dims d;
   d.C = m.d_model;
   const int64_t head_size = m.d_model / m.heads;
@@ -71,39 +80,39 @@ Dims DimsOf(const ModelSpec& m, int tp) {
   d.KVs = std::max<int64_t>(1, m.kv() / tp) * head_size;
   d.Fs = m.ff() / tp;
   d.NH = m.heads / tp;
-  d.llama = m.arch == ModelArch::kLlama;
+  d.swiglu = m.mlp == model::MlpKind::kSwiGlu;
+  d.rms = m.norm == model::NormKind::kRmsNorm;
+  for (const model::TensorRow& row : model::BlockRows(m)) {
+    const int64_t n = model::TpBox(row, m, tp, 0).numel();
+    d.block_params += n;
+    if (row.shape.size() >= 2) d.block_matrix_params += n;
+  }
+  for (const model::TensorRow& row : model::EmbeddingRows(m)) {
+    if (row.role == model::TensorRole::kPositionEmbedding) d.wpe = row.numel();
+  }
+  for (const model::TensorRow& row : model::HeadRows(m)) {
+    if (row.role != model::TensorRole::kLmHead) d.final_norm += row.numel();
+  }
   return d;
 }
 
-// One layer's parameters on one tensor-parallel rank, in ShardLayout's cut (replicated norms and
-// row-parallel biases counted on every rank).
-int64_t LayerParamsPerRank(const Dims& d) {
-  if (d.llama) {
-    // rms1, rms2 (C each); q, o (C × Cs each); k, v (C × KVs each); gate, up, down (C × Fs each).
-    return 2 * d.C + 2 * d.C * d.Cs + 2 * d.C * d.KVs + 3 * d.C * d.Fs;
-  }
-  // ln1, ln2 (w, b: 2C each), qkv.w (3·Cs × C), qkv.b (3·Cs), attn_proj.w (C × Cs), attn_proj.b
-  // (C), fc.w (Fs × C), fc.b (Fs), fc_proj.w (C × Fs), fc_proj.b (C): ShardLayout::Create.
-  return 6 * d.C + 4 * d.C * d.Cs + 3 * d.Cs + 2 * d.C * d.Fs + d.Fs;
-}
-
 // Layer norms' statistics kept per token: mean and rstd for LayerNorm, rstd for RMSNorm.
-int64_t NormStats(const Dims& d) { return d.llama ? 1 : 2; }
+int64_t NormStats(const Dims& d) { return d.rms ? 1 : 2; }
 
 // The activation bytes one layer keeps per token for its backward (ShardedGpt's
 // BlockActivations, minus the residual input, which the slot's residual list holds).
 int64_t LayerActivationsPerToken(const Dims& d, Precision p) {
   const int64_t e = ActBytes(p);
-  const int64_t qkv = d.llama ? d.Cs + 2 * d.KVs : 3 * d.Cs;
-  // gpt: fch (GELU input) and fch_gelu; llama: gate, up and silu(gate)·up.
-  const int64_t mlp = d.llama ? 3 * d.Fs : 2 * d.Fs;
+  const int64_t qkv = d.Cs + 2 * d.KVs;
+  // GELU: fch (its input) and fch_gelu; SwiGLU: gate, up and silu(gate)·up.
+  const int64_t mlp = d.swiglu ? 3 * d.Fs : 2 * d.Fs;
   return e * (d.C /*ln1*/ + qkv + d.Cs /*atty*/ + d.C /*resid_mid*/ + d.C /*ln2*/ + mlp) +
          kStatBytes * (2 * NormStats(d) + d.NH /*att_lse*/);
 }
 
 // What selective recomputation drops of a layer's activations per token, in elements: both
 // norms' outputs (ln1, ln2: C each), the attention output (atty: Cs) and the MLP's activation
-// output (gpt: fch_gelu; llama: silu(gate)·up: Fs). Each is rebuilt in the backward from what is
+// output (GELU: fch_gelu; SwiGLU: silu(gate)·up: Fs). Each is rebuilt in the backward from what is
 // kept (the residual input and resid_mid with the norms' statistics, q/k/v with att_lse, the MLP's
 // pre-activations); the recompute scratch holds one layer's worth.
 int64_t SelectiveDroppedPerToken(const Dims& d) { return 2 * d.C + d.Cs + d.Fs; }
@@ -139,15 +148,15 @@ int64_t RecomputeScratchPerToken(const Dims& d, Precision p, RecomputeMode mode)
 // The backward's working buffer per token: the gradient of one layer's activations
 // (ShardedGpt's BlockGradScratch: dresid_mid, dln, the MLP's and attention's gradients).
 int64_t LayerScratchPerToken(const Dims& d, Precision p) {
-  const int64_t qkv = d.llama ? d.Cs + 2 * d.KVs : 3 * d.Cs;
-  const int64_t mlp = d.llama ? 3 * d.Fs : 2 * d.Fs;
+  const int64_t qkv = d.Cs + 2 * d.KVs;
+  const int64_t mlp = d.swiglu ? 3 * d.Fs : 2 * d.Fs;
   return ActBytes(p) * (2 * d.C + mlp + d.Cs + qkv);
 }
 
 // The units of one stage, in elements on this rank, for the transient-buffer walk.
 struct TransientUnits {
   int64_t layer = 0;
-  int64_t wte = 0, wpe = 0;   // first stage (wpe 0 for llama)
+  int64_t wte = 0, wpe = 0;   // first stage (wpe 0 with rotary positions)
   int64_t lnf = 0, head = 0;  // last stage; head 0 when the tied head reads "wte" on this rank
   bool first = false, last = false;
   bool tied_single_stage = false;  // the head writes into wte's gradient, held until the end
@@ -262,23 +271,15 @@ TrainSetup TrainSetupFor(const TrainSpec& spec, Precision precision) {
   return setup;
 }
 
-ModelStats DeriveModel(const ModelSpec& model, int64_t seq_len) {
+ModelStats DeriveModel(const model::ModelConfig& model, int64_t seq_len) {
   ModelStats s;
   const Dims d = DimsOf(model, 1);
   const int64_t C = model.d_model, V = model.vocab;
-  s.layer_params = LayerParamsPerRank(d);
-  s.embedding_params = V * C + (d.llama ? 0 : model.max_seq_len * C);
-  s.head_params = (d.llama ? C : 2 * C) + (model.tied_embeddings ? 0 : V * C);
+  s.layer_params = d.block_params;
+  s.embedding_params = V * C + d.wpe;
+  s.head_params = d.final_norm + (model.tied_embeddings ? 0 : V * C);
   s.params = model.layers * s.layer_params + s.embedding_params + s.head_params;
-  // Forward FLOPs per token: 2 per multiply-accumulate of every weight matrix, plus attention's
-  // QKᵀ and AV, each 2·T·C per token over the whole sequence (Narayanan et al. 2021, eq. 3's
-  // 24·B·s·h² + 4·B·s²·h per layer; no causal halving, as Megatron-LM and PaLM count).
-  const int64_t kv = d.KVs;  // tp = 1: the whole width
-  const double matmul_weights =
-      d.llama ? static_cast<double>(2 * C * C + 2 * C * kv + 3 * C * model.ff())
-              : static_cast<double>(4 * C * C + 2 * C * model.ff());
-  s.layer_forward_flops_per_token =
-      2.0 * matmul_weights + 4.0 * static_cast<double>(seq_len) * static_cast<double>(C);
+  s.layer_forward_flops_per_token = model::BlockForwardFlopsPerToken(model, seq_len);
   s.head_forward_flops_per_token = 2.0 * static_cast<double>(C) * static_cast<double>(V);
   // Backward is twice the forward (a gradient for the input and one for the weights).
   s.flops_per_token = 3.0 * (static_cast<double>(model.layers) * s.layer_forward_flops_per_token +
@@ -286,8 +287,8 @@ ModelStats DeriveModel(const ModelSpec& model, int64_t seq_len) {
   return s;
 }
 
-int64_t LayerActivationBytes(const ModelSpec& model, int64_t seq_len, int64_t micro_batch, int tp,
-                             Precision precision, RecomputeMode recompute) {
+int64_t LayerActivationBytes(const model::ModelConfig& model, int64_t seq_len, int64_t micro_batch,
+                             int tp, Precision precision, RecomputeMode recompute) {
   const Dims d = DimsOf(model, tp);
   const int64_t tokens = micro_batch * seq_len;
   return tokens * (ActBytes(precision) * d.C /*the residual input*/ +
@@ -347,7 +348,7 @@ MemoryBreakdown StageMemoryTerms::At(int64_t layers) const {
   return m;
 }
 
-StageMemoryTerms StageMemory(const ModelSpec& model, const TrainSetup& setup,
+StageMemoryTerms StageMemory(const model::ModelConfig& model, const TrainSetup& setup,
                              const ParallelSpec& par, int stage, int64_t vocab_rows,
                              const StageSlots& kept) {
   const Dims d = DimsOf(model, par.tp);
@@ -375,14 +376,14 @@ StageMemoryTerms StageMemory(const ModelSpec& model, const TrainSetup& setup,
     m.grads += GradBytes(p) * (par.zero >= 2 ? shard : size);
     m.optimizer += OptimizerBytes(p) * (par.zero >= 1 ? shard : size);
   };
-  const int64_t layer_unit = LayerParamsPerRank(d);
+  const int64_t layer_unit = d.block_params;
   add_unit(t.per_layer, layer_unit);
   if (first) {
     add_unit(t.fixed, vocab_rows * d.C);                       // wte
-    if (!d.llama) add_unit(t.fixed, model.max_seq_len * d.C);  // wpe (replicated over tp)
+    if (d.wpe > 0) add_unit(t.fixed, d.wpe);                   // wpe (replicated over tp)
   }
   if (last) {
-    add_unit(t.fixed, d.llama ? d.C : 2 * d.C);  // the final norm
+    add_unit(t.fixed, d.final_norm);
     // An untied head, or the last stage's copy of the tied wte rows when wte lives elsewhere.
     if (!model.tied_embeddings || !first) {
       add_unit(t.fixed, vocab_rows * d.C);
@@ -424,10 +425,10 @@ StageMemoryTerms StageMemory(const ModelSpec& model, const TrainSetup& setup,
   units.tied_single_stage = first && last && model.tied_embeddings;
   if (first) {
     units.wte = vocab_rows * d.C;
-    units.wpe = d.llama ? 0 : model.max_seq_len * d.C;
+    units.wpe = d.wpe;
   }
   if (last) {
-    units.lnf = d.llama ? d.C : 2 * d.C;
+    units.lnf = d.final_norm;
     units.head = (!model.tied_embeddings || !first) ? vocab_rows * d.C : 0;
   }
   // The tied embeddings' gradient exchange between the first and last stage (SumTiedEmbeddings):
@@ -444,7 +445,7 @@ StageMemoryTerms StageMemory(const ModelSpec& model, const TrainSetup& setup,
   return t;
 }
 
-absl::StatusOr<std::vector<MemoryBreakdown>> PredictMemoryPerRank(const ModelSpec& model,
+absl::StatusOr<std::vector<MemoryBreakdown>> PredictMemoryPerRank(const model::ModelConfig& model,
                                                                   const TrainSetup& setup,
                                                                   const ParallelSpec& parallel) {
   RETURN_IF_ERROR(ValidateParallel(model, setup.global_batch, parallel, parallel.world()));
@@ -472,7 +473,8 @@ absl::StatusOr<std::vector<MemoryBreakdown>> PredictMemoryPerRank(const ModelSpe
   return out;
 }
 
-absl::StatusOr<MemoryBreakdown> PredictRankMemory(const ModelSpec& model, const TrainSetup& setup,
+absl::StatusOr<MemoryBreakdown> PredictRankMemory(const model::ModelConfig& model,
+                                                  const TrainSetup& setup,
                                                   const ParallelSpec& parallel, int rank) {
   if (rank < 0 || rank >= parallel.world()) {
     RETURN_IF_ERROR(ValidateParallel(model, setup.global_batch, parallel, parallel.world()));
@@ -524,8 +526,9 @@ double MeasuredHalfDim(const NodeSpec& node, Precision precision) {
   return -1;
 }
 
-StageCostTerms StageCost(const ModelSpec& model, const TrainSetup& setup, const ParallelSpec& par,
-                         int stage, const StageHardware& hw, const CostModelOptions& options) {
+StageCostTerms StageCost(const model::ModelConfig& model, const TrainSetup& setup,
+                         const ParallelSpec& par, int stage, const StageHardware& hw,
+                         const CostModelOptions& options) {
   const Dims d = DimsOf(model, par.tp);
   const Precision p = setup.precision;
   const double e = static_cast<double>(ActBytes(p));
@@ -549,9 +552,7 @@ StageCostTerms StageCost(const ModelSpec& model, const TrainSetup& setup, const 
   const double half_dim = measured_fall_off ? hw.half_dim : options.gemm_half_dim;
   const double rate = hw.flops * thin / (thin + half_dim);
 
-  const double matmul_weights =
-      d.llama ? static_cast<double>(2 * d.C * d.Cs + 2 * d.C * d.KVs + 3 * d.C * d.Fs)
-              : static_cast<double>(4 * d.C * d.Cs + 2 * d.C * d.Fs);
+  const double matmul_weights = static_cast<double>(d.block_matrix_params);
   // Forward: 2 FLOPs per weight per token, and attention 4·T·Cs per token on this rank's heads.
   const double attention_forward = N * 4.0 * T * static_cast<double>(d.Cs);
   const double layer_forward = N * 2.0 * matmul_weights + attention_forward;
@@ -616,7 +617,7 @@ StageCostTerms StageCost(const ModelSpec& model, const TrainSetup& setup, const 
   return c;
 }
 
-StepTime PredictStepTime(const ModelSpec& model, const TrainSetup& setup,
+StepTime PredictStepTime(const model::ModelConfig& model, const TrainSetup& setup,
                          const ParallelSpec& parallel, const std::vector<StageHardware>& hw,
                          const CostModelOptions& options) {
   ParallelSpec par = parallel;
@@ -633,8 +634,8 @@ StepTime PredictStepTime(const ModelSpec& model, const TrainSetup& setup,
   return StepTimeOfStages(model, setup, par, hw, terms, layers, options);
 }
 
-StepTime StepTimeOfStages(const ModelSpec& model, const TrainSetup& setup, const ParallelSpec& par,
-                          const std::vector<StageHardware>& hw,
+StepTime StepTimeOfStages(const model::ModelConfig& model, const TrainSetup& setup,
+                          const ParallelSpec& par, const std::vector<StageHardware>& hw,
                           const std::vector<StageCostTerms>& terms, const std::vector<int>& layers,
                           const CostModelOptions& options,
                           const std::vector<StageMemoryTerms>* memory) {

@@ -36,14 +36,6 @@ namespace shardline::placement {
 
 enum class OptimizerKind { kAdamW };  // the only one the trainer runs; two fp32 moments
 
-// AdamW's update touches every parameter it owns: reads p, g, m, v and writes p, m, v (7 fp32
-// words; under mixed precision the fp32 master, m and v are read and written, the bf16 gradient
-// read and the bf16 copy written: about the same), plus one read of the gradient for the global
-// norm: 8 × 4 bytes. On GPUs the update is memory-bound (a handful of FLOPs per 32 bytes), and the
-// time model divides these bytes by NodeSpec::memory_bandwidth; on CPU actors calibration measures
-// the update and reports its rate in these bytes.
-inline constexpr double kOptimizerBytesPerParam = 32;
-
 // The training set-up the planner plans for: what TrainSpec says about a step, plus the choices
 // that are the planner's to make within bounds.
 struct TrainSetup {
@@ -74,7 +66,7 @@ struct ModelStats {
 };
 
 // Expects a valid model (ParseModel's checks) and 1 ≤ seq_len.
-ModelStats DeriveModel(const ModelSpec& model, int64_t seq_len);
+ModelStats DeriveModel(const model::ModelConfig& model, int64_t seq_len);
 
 // Activation bytes one layer keeps for its backward, for one micro-batch of `micro_batch`
 // sequences on one tensor-parallel rank: its input on the residual stream and, by `recompute`,
@@ -86,8 +78,8 @@ ModelStats DeriveModel(const ModelSpec& model, int64_t seq_len);
 //     recomputation, with our attention keeping its log-sum-exp instead of the probabilities);
 //   kFull: nothing more (Korthikanti et al. 2022 §4.2: 2sbh bytes in bf16 per layer).
 // The per-rank slot adds the chunk's output and, on the last stage, the logits.
-int64_t LayerActivationBytes(const ModelSpec& model, int64_t seq_len, int64_t micro_batch, int tp,
-                             Precision precision, RecomputeMode recompute);
+int64_t LayerActivationBytes(const model::ModelConfig& model, int64_t seq_len, int64_t micro_batch,
+                             int tp, Precision precision, RecomputeMode recompute);
 
 // ---- memory ----
 
@@ -154,7 +146,7 @@ absl::StatusOr<std::vector<StageSlots>> ScheduleSlots(const ParallelSpec& parall
 // `parallel` needs tp, pp, dp, zero and micro_batch (resolved, ≥ 1) and its recompute mode;
 // stage_layers is not read. `vocab_rows` is the rank's vocabulary shard (VocabShardRows); `slots`
 // the stage's (ScheduleSlots). Expects a valid layout.
-StageMemoryTerms StageMemory(const ModelSpec& model, const TrainSetup& setup,
+StageMemoryTerms StageMemory(const model::ModelConfig& model, const TrainSetup& setup,
                              const ParallelSpec& parallel, int stage, int64_t vocab_rows,
                              const StageSlots& slots);
 
@@ -169,10 +161,11 @@ int64_t VocabShardRows(int64_t vocab, int tp, int tp_index);
 // allocation exactly (after Create: total() − comm_buffers), and comm_buffers its transient peak
 // in a training step (for ZeRO 2 the worst case of a full communication queue, which CPU actors
 // reach).
-absl::StatusOr<MemoryBreakdown> PredictRankMemory(const ModelSpec& model, const TrainSetup& setup,
+absl::StatusOr<MemoryBreakdown> PredictRankMemory(const model::ModelConfig& model,
+                                                  const TrainSetup& setup,
                                                   const ParallelSpec& parallel, int rank);
 // Every rank's, in rank order.
-absl::StatusOr<std::vector<MemoryBreakdown>> PredictMemoryPerRank(const ModelSpec& model,
+absl::StatusOr<std::vector<MemoryBreakdown>> PredictMemoryPerRank(const model::ModelConfig& model,
                                                                   const TrainSetup& setup,
                                                                   const ParallelSpec& parallel);
 
@@ -243,12 +236,13 @@ struct StageCostTerms {
 // rate) and the memory traffic of the rebuilt norms, attention output and GELU (at
 // memory_bandwidth). Its schedule prices the sends: the interleaved one sends every micro-batch's
 // activation and gradient once per chunk.
-StageCostTerms StageCost(const ModelSpec& model, const TrainSetup& setup, const ParallelSpec& par,
-                         int stage, const StageHardware& hw, const CostModelOptions& options);
+StageCostTerms StageCost(const model::ModelConfig& model, const TrainSetup& setup,
+                         const ParallelSpec& par, int stage, const StageHardware& hw,
+                         const CostModelOptions& options);
 
 // The step time of `parallel` (validated, stage_layers resolved or empty for BalancedStages) with
 // hw[s] for stage s (pp entries).
-StepTime PredictStepTime(const ModelSpec& model, const TrainSetup& setup,
+StepTime PredictStepTime(const model::ModelConfig& model, const TrainSetup& setup,
                          const ParallelSpec& parallel, const std::vector<StageHardware>& hw,
                          const CostModelOptions& options);
 
@@ -258,7 +252,7 @@ StepTime PredictStepTime(const ModelSpec& model, const TrainSetup& setup,
 // The bubble is the schedule's: (Σ_s t_s − max_s t_s) / virtual_stages for stage times t_s of one
 // micro-batch, which for equal stages is (pp − 1)/m of the step under 1F1B and (pp − 1)/(v·m)
 // interleaved (Narayanan et al. 2021 §2.2).
-StepTime StepTimeOfStages(const ModelSpec& model, const TrainSetup& setup,
+StepTime StepTimeOfStages(const model::ModelConfig& model, const TrainSetup& setup,
                           const ParallelSpec& parallel, const std::vector<StageHardware>& hw,
                           const std::vector<StageCostTerms>& terms, const std::vector<int>& layers,
                           const CostModelOptions& options,

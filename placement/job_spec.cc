@@ -292,7 +292,7 @@ absl::StatusOr<ParallelSpec> ParseParallel(const YamlMap& map, int64_t layers) {
 
 // The fixed layouts an elastic job may run: `layout` with each dp from the most devices down,
 // the first valid one (ValidateParallel) whose world is at least `min_actors`.
-absl::StatusOr<ParallelSpec> LargestElasticLayout(const ModelSpec& model, int64_t batch,
+absl::StatusOr<ParallelSpec> LargestElasticLayout(const model::ModelConfig& model, int64_t batch,
                                                   const ParallelSpec& layout, int min_actors,
                                                   int max_world, std::string* why_not) {
   const int group = layout.tp * layout.pp;

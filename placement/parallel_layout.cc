@@ -270,8 +270,8 @@ absl::StatusOr<std::vector<std::vector<StageRange>>> ChunksOf(const ParallelSpec
   return out;
 }
 
-absl::Status ValidateParallel(const ModelSpec& model, int64_t batch, const ParallelSpec& spec,
-                              int devices) {
+absl::Status ValidateParallel(const model::ModelConfig& model, int64_t batch,
+                              const ParallelSpec& spec, int devices) {
   RETURN_IF_ERROR(CheckDegree("tp", spec.tp));
   RETURN_IF_ERROR(CheckDegree("pp", spec.pp));
   RETURN_IF_ERROR(CheckDegree("dp", spec.dp));
@@ -292,7 +292,8 @@ absl::Status ValidateParallel(const ModelSpec& model, int64_t batch, const Paral
                                                    " is not divisible by tp ", spec.tp,
                                                    ": remainder ", model.heads % spec.tp));
   }
-  // ModelSpec's d_ff of 0 means 4·d_model (ParseModel fills it in; a hand-built spec may not).
+  // model::ModelConfig's d_ff of 0 means 4·d_model (ParseModel fills it in; a hand-built spec may
+  // not).
   const int64_t d_ff = model.d_ff > 0 ? model.d_ff : 4 * model.d_model;
   if (spec.tp > d_ff) {
     return absl::InvalidArgumentError(absl::StrCat("tp ", spec.tp, " is more than d_ff ", d_ff,

@@ -149,8 +149,8 @@ absl::StatusOr<std::vector<std::vector<StageRange>>> ChunksOf(const ParallelSpec
 //   batch % (micro_batch·dp) ("batch 10 is not divisible by micro_batch·dp = 2·4 = 8:
 //   remainder 2"), and with the default micro_batch batch % dp. The messages name no YAML key
 //   path; ParseJobSpec places them at the job's `parallel` key.
-absl::Status ValidateParallel(const ModelSpec& model, int64_t batch, const ParallelSpec& spec,
-                              int devices);
+absl::Status ValidateParallel(const model::ModelConfig& model, int64_t batch,
+                              const ParallelSpec& spec, int devices);
 
 // micro_batch with the default resolved (batch / dp), and the number of micro-batches per step on
 // one data-parallel rank. Expect a validated spec.

@@ -243,8 +243,8 @@ Precision DefaultPrecision(const ClusterSpec& cluster) {
   return all_cpu && !cluster.nodes.empty() ? Precision::kFp32 : Precision::kBf16;
 }
 
-absl::StatusOr<PlanRequest> PlanRequestFor(const ModelSpec& model, const ClusterSpec& cluster,
-                                           const PlanTrainSpec& train) {
+absl::StatusOr<PlanRequest> PlanRequestFor(const model::ModelConfig& model,
+                                           const ClusterSpec& cluster, const PlanTrainSpec& train) {
   PlanRequest request;
   request.model = model;
   request.cluster = cluster;

@@ -61,8 +61,8 @@ Precision DefaultPrecision(const ClusterSpec& cluster);
 
 // The planner's request for `model` on `cluster` with `train`. InvalidArgument when the set-up
 // does not fit the model (seq_len past max_seq_len), naming the values.
-absl::StatusOr<PlanRequest> PlanRequestFor(const ModelSpec& model, const ClusterSpec& cluster,
-                                           const PlanTrainSpec& train);
+absl::StatusOr<PlanRequest> PlanRequestFor(const model::ModelConfig& model,
+                                           const ClusterSpec& cluster, const PlanTrainSpec& train);
 
 // The request for a `parallel: auto` train job on `cluster` (the devices it may use): its model,
 // batch and seq_len; its micro_batch when the spec fixes one; the precision the job's devices

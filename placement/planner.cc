@@ -425,7 +425,7 @@ struct Miss {
 
 struct Search {
   const PlanRequest& request;
-  const ModelSpec& model;
+  const model::ModelConfig& model;
   const TrainSetup& train;
   const CostModelOptions& options;
   std::vector<NodeView> nodes;            // sorted
@@ -848,7 +848,7 @@ bool Refine(const Search& s, const SlotMap& map, const Candidate& c, PlannedLayo
 
 absl::Status CheckRequest(const PlanRequest& r) {
   RETURN_IF_ERROR(ValidateClusterSpec(r.cluster));
-  const ModelSpec& m = r.model;
+  const model::ModelConfig& m = r.model;
   if (m.layers < 1 || m.heads < 1 || m.d_model < 1 || m.vocab < 1 || m.max_seq_len < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model: layers, heads, d_model, vocab and max_seq_len must be at least 1, got layers ",
@@ -1004,7 +1004,7 @@ absl::StatusOr<PlanReport> Plan(const PlanRequest& request) {
   const auto start = std::chrono::steady_clock::now();
   RETURN_IF_ERROR(CheckRequest(request));
   Search s(request);
-  const ModelSpec& model = request.model;
+  const model::ModelConfig& model = request.model;
   const TrainSetup& train = request.train;
   const PlanConstraints& cons = request.constraints;
   const ClusterSpec& cluster = request.cluster;

@@ -79,7 +79,7 @@ struct PlanConstraints {
 };
 
 struct PlanRequest {
-  ModelSpec model;
+  model::ModelConfig model;
   ClusterSpec cluster;
   TrainSetup train;
   PlanConstraints constraints;

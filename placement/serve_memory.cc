@@ -27,7 +27,7 @@ std::string ServeMemory::Describe() const {
                       FormatApproxByteSize(static_cast<double>(workspace_bytes)), ")");
 }
 
-absl::StatusOr<ServeMemory> EstimateServeMemory(const ModelSpec& model, int tp, int pp,
+absl::StatusOr<ServeMemory> EstimateServeMemory(const model::ModelConfig& model, int tp, int pp,
                                                 const ServeLimits& limits) {
   const int64_t d = model.d_model, ff = model.ff(), heads = model.heads;
   if (tp < 1 || heads % tp != 0 || ff % tp != 0) {
@@ -82,9 +82,9 @@ absl::StatusOr<ServeMemory> EstimateServeMemory(const ModelSpec& model, int tp, 
   return fullest;
 }
 
-absl::StatusOr<ParallelSpec> PlanServeLayout(const ModelSpec& model, const ServeLimits& limits,
-                                             int64_t device_memory, int devices,
-                                             int devices_per_node) {
+absl::StatusOr<ParallelSpec> PlanServeLayout(const model::ModelConfig& model,
+                                             const ServeLimits& limits, int64_t device_memory,
+                                             int devices, int devices_per_node) {
   std::optional<std::pair<ParallelSpec, ServeMemory>> closest;
   for (int world = 1; world <= devices; ++world) {
     for (int tp = std::min(world, std::max(devices_per_node, 1)); tp >= 1; --tp) {

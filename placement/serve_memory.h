@@ -28,15 +28,15 @@ struct ServeMemory {
 
 // InvalidArgument when tp does not divide the heads and the MLP width, or pp is not 1..layers,
 // naming the numbers; or when limits.kv_cache holds less than one whole context, by how much.
-absl::StatusOr<ServeMemory> EstimateServeMemory(const ModelSpec& model, int tp, int pp,
+absl::StatusOr<ServeMemory> EstimateServeMemory(const model::ModelConfig& model, int tp, int pp,
                                                 const ServeLimits& limits);
 
 // The layout of the fewest devices (at most `devices`) whose fullest rank fits in
 // `device_memory`; for as many devices, the most tensor parallelism that stays within one node
 // (`devices_per_node`), then pipeline stages. FailedPrecondition saying by how much the layout
 // that comes closest is short.
-absl::StatusOr<ParallelSpec> PlanServeLayout(const ModelSpec& model, const ServeLimits& limits,
-                                             int64_t device_memory, int devices,
-                                             int devices_per_node);
+absl::StatusOr<ParallelSpec> PlanServeLayout(const model::ModelConfig& model,
+                                             const ServeLimits& limits, int64_t device_memory,
+                                             int devices, int devices_per_node);
 
 }  // namespace shardline::placement

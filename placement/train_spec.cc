@@ -21,8 +21,10 @@ constexpr int64_t kMaxDim = 1 << 16;
 constexpr int64_t kMaxVocab = 1 << 20;
 
 constexpr std::string_view kArch = "arch";
-constexpr EnumName<ModelArch> kArchNames[] = {{"gpt", ModelArch::kGpt},
-                                              {"llama", ModelArch::kLlama}};
+// `arch:` names a preset of the family's choices (ModelConfig::Gpt, ModelConfig::Llama); the
+// other keys are sizes and the choices' parameters.
+enum class Arch { kGpt, kLlama };
+constexpr EnumName<Arch> kArchNames[] = {{"gpt", Arch::kGpt}, {"llama", Arch::kLlama}};
 
 // Llama's SwiGLU width: two thirds of 4·d_model (three matrices cost what GPT's two of 4·d_model
 // do), rounded up to a multiple of 256 (the reference code's multiple_of; 4096 → 11008).
@@ -33,19 +35,29 @@ int64_t LlamaFf(int64_t d_model) {
 
 }  // namespace
 
-absl::StatusOr<ModelSpec> ParseModel(const YamlMap& map) {
-  ModelSpec model;
-  ASSIGN_OR_RETURN(model.arch, map.OptionalEnum(kArch, kArchNames, model.arch));
-  const bool llama = model.arch == ModelArch::kLlama;
+absl::StatusOr<model::ModelConfig> ParseModel(const YamlMap& map) {
+  ASSIGN_OR_RETURN(const Arch arch, map.OptionalEnum(kArch, kArchNames, Arch::kGpt));
+  const bool llama = arch == Arch::kLlama;
+  model::ModelConfig model = llama ? model::ModelConfig::Llama({}) : model::ModelConfig::Gpt({});
   ASSIGN_OR_RETURN(model.layers, map.RequiredInt64("layers", {.min = 1, .max = 1024}));
   ASSIGN_OR_RETURN(model.heads, map.RequiredInt64("heads", {.min = 1, .max = 1024}));
   ASSIGN_OR_RETURN(model.kv_heads,
                    map.OptionalInt64("kv_heads", model.heads, {.min = 1, .max = 1024}));
   ASSIGN_OR_RETURN(model.d_model, map.RequiredInt64("d_model", {.min = 1, .max = kMaxDim}));
   ASSIGN_OR_RETURN(model.d_ff, map.OptionalInt64("d_ff", llama ? LlamaFf(model.d_model) : 4 * model.d_model, {.min = 1, .max = 4 * kMaxDim}));
-  ASSIGN_OR_RETURN(model.vocab, map.OptionalInt64("vocab", model.vocab, {.min = 2, .max = kMaxVocab}));
+  ASSIGN_OR_RETURN(model.vocab, map.OptionalInt64("vocab", 257, {.min = 2, .max = kMaxVocab}));
   ASSIGN_OR_RETURN(model.max_seq_len, map.RequiredInt64("max_seq_len", {.min = 1, .max = kMaxDim}));
-  ASSIGN_OR_RETURN(model.tied_embeddings, map.OptionalBool("tied_embeddings", !llama));
+  ASSIGN_OR_RETURN(model.tied_embeddings,
+                   map.OptionalBool("tied_embeddings", model.tied_embeddings));
+  ASSIGN_OR_RETURN(model.norm_eps, map.OptionalDouble("norm_eps", model.norm_eps,
+                                                      {.min = 0, .max = 1, .min_exclusive = true}));
+  if (!llama && map.Has("rope_theta")) {
+    return map.ErrorAt("rope_theta",
+                       "arch gpt has learned positions, not rotary ones: "
+                       "rope_theta needs arch: llama");
+  }
+  ASSIGN_OR_RETURN(model.rope_theta, map.OptionalDouble("rope_theta", model.rope_theta,
+                                                        {.min = 0, .min_exclusive = true}));
   if (model.d_model % model.heads != 0) {
     return map.ErrorAt("d_model", absl::StrCat("d_model ", model.d_model,
                                                " is not divisible by heads ", model.heads,
@@ -68,6 +80,9 @@ absl::StatusOr<ModelSpec> ParseModel(const YamlMap& map) {
     return map.ErrorAt("vocab", absl::StrCat("the byte tokenizer needs a vocab of at least 257 "
                                              "(256 bytes + end-of-text), got ",
                                              model.vocab));
+  }
+  if (const absl::Status valid = model.Validate(); !valid.ok()) {
+    return map.ErrorAt("layers", std::string(valid.message()));
   }
   return model;
 }
@@ -122,12 +137,16 @@ absl::Status ParseTrainSections(const YamlMap& map, TrainSpec& spec) {
   ASSIGN_OR_RETURN(const YamlMap model,
                    map.RequiredMap("model", {kModelKeys.begin(), kModelKeys.end()}));
   ASSIGN_OR_RETURN(spec.model, ParseModel(model));
-  if (spec.model.arch != ModelArch::kGpt) {
-    // ModelSpec describes more models than the trainer runs; `shardline plan` takes them all.
-    return model.ErrorAt(kArch, absl::StrCat("the trainer runs arch gpt only, got '",
-                                             AbslView(ModelArchName(spec.model.arch)),
-                                             "' (other architectures can be planned with "
-                                             "`shardline plan`, not trained)"));
+  if (const absl::Status runs = spec.model.EngineSupports(); !runs.ok()) {
+    // A config describes more models than the engine runs; `shardline plan` takes them all. The
+    // message starts with what the engine cannot run: a choice of the arch, or a key of its own.
+    const std::string message(runs.message());
+    std::string_view key = kArch;
+    for (const std::string_view own : {"kv_heads", "norm_eps"}) {
+      if (absl::StartsWith(message, absl::StrCat(std::string(own), " "))) key = own;
+    }
+    if (absl::StartsWith(message, "model config:")) key = "d_model";
+    return model.ErrorAt(key, message);
   }
   ASSIGN_OR_RETURN(const YamlMap data, map.OptionalMap("data", {"path", "synthetic"}));
   ASSIGN_OR_RETURN(spec.data, ParseData(data));
@@ -252,24 +271,17 @@ std::string TrainDeviceName(const TrainSpec& spec) {
   return absl::StrCat(device, spec.precision == TrainPrecision::kBFloat16 ? ", bf16" : ", fp32");
 }
 
-std::string_view ModelArchName(ModelArch arch) {
-  for (const auto& name : internal::kArchNames) {
-    if (name.value == arch) return name.name;
-  }
-  return "unknown";
-}
-
-absl::StatusOr<ModelSpec> ParseModelSpec(const std::string& yaml_text,
-                                         const std::string& source_name) {
+absl::StatusOr<model::ModelConfig> ParseModelConfig(const std::string& yaml_text,
+                                                    const std::string& source_name) {
   ASSIGN_OR_RETURN(const YamlMap map,
                    YamlMap::Parse(yaml_text, source_name,
                                   {internal::kModelKeys.begin(), internal::kModelKeys.end()}));
   return internal::ParseModel(map);
 }
 
-absl::StatusOr<ModelSpec> LoadModelSpecFile(const std::string& path) {
+absl::StatusOr<model::ModelConfig> LoadModelConfigFile(const std::string& path) {
   ASSIGN_OR_RETURN(const std::string text, ReadTextFile(path));
-  return ParseModelSpec(text, path);
+  return ParseModelConfig(text, path);
 }
 
 absl::StatusOr<TrainSpec> LoadTrainSpecFile(const std::string& path) {

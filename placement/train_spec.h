@@ -9,33 +9,9 @@
 
 #include "absl/status/statusor.h"
 #include "checkpoint/resume.h"
+#include "model/model_config.h"
 
 namespace shardline::placement {
-
-// The decoder family. kGpt is GPT-2/3 and what the trainer runs: LayerNorm with bias, a GELU MLP
-// of two d_model × d_ff matrices, learned positions (wpe, max_seq_len rows), biases everywhere.
-// kLlama is the Llama style, for planning: RMSNorm without bias, a SwiGLU MLP of three
-// d_model × d_ff matrices, rotary positions (no wpe), no biases, grouped-query attention.
-enum class ModelArch { kGpt, kLlama };
-
-struct ModelSpec {
-  ModelArch arch = ModelArch::kGpt;  // YAML `arch: gpt | llama`, default gpt
-  int64_t layers = 0;
-  int64_t heads = 0;
-  int64_t kv_heads = 0;    // key/value heads (GQA); 0 means heads (YAML default: heads)
-  int64_t d_model = 0;
-  int64_t d_ff = 0;        // 0 in YAML: 4·d_model (gpt), 8/3·d_model rounded up to 256 (llama)
-  int64_t vocab = 257;     // the byte tokenizer's 256 bytes + end-of-text
-  int64_t max_seq_len = 0; // the position table's length (gpt), the longest sequence (llama)
-  bool tied_embeddings = true;  // YAML default: true for gpt, false for llama
-
-  // With the defaults of a hand-built spec resolved (ParseModel fills them in already).
-  int64_t ff() const { return d_ff > 0 ? d_ff : 4 * d_model; }
-  int64_t kv() const { return kv_heads > 0 ? kv_heads : heads; }
-};
-
-// "gpt", "llama".
-std::string_view ModelArchName(ModelArch arch);
 
 struct DataSpec {
   std::string path;               // a text file (relative to the spec's folder), or empty:
@@ -76,7 +52,7 @@ struct TrainSpec {
   TrainDevice device = TrainDevice::kCpu;
   int device_index = 0;  // N of cuda:N
   TrainPrecision precision = TrainPrecision::kFloat32;
-  ModelSpec model;
+  model::ModelConfig model;
   DataSpec data;
   OptimizerSpec optimizer;
   int64_t steps = 0;
@@ -107,15 +83,17 @@ absl::Status SetResume(std::string_view resume, CheckpointSpec& checkpoint);
 std::string TrainDeviceName(const TrainSpec& spec);
 
 // A standalone model spec (examples/model-*.yaml): the keys of a train job's `model:` section at
-// the top level — arch, layers, heads, kv_heads, d_model, d_ff, vocab, max_seq_len,
-// tied_embeddings. Errors as ParseTrainSpec's (heads not divisible by kv_heads, ...).
-absl::StatusOr<ModelSpec> ParseModelSpec(const std::string& yaml_text,
-                                         const std::string& source_name);
-absl::StatusOr<ModelSpec> LoadModelSpecFile(const std::string& path);
+// the top level — arch (gpt | llama: a preset of ModelConfig's choices), layers, heads, kv_heads,
+// d_model, d_ff, vocab, max_seq_len, tied_embeddings, norm_eps, rope_theta. The one YAML reader of
+// model::ModelConfig. Errors as ParseTrainSpec's (heads not divisible by kv_heads, ...).
+absl::StatusOr<model::ModelConfig> ParseModelConfig(const std::string& yaml_text,
+                                                    const std::string& source_name);
+absl::StatusOr<model::ModelConfig> LoadModelConfigFile(const std::string& path);
 
 // Every error is InvalidArgument "SOURCE:LINE:COL: PATH: message" (see yaml_reader.h), among them
 // inconsistent sizes: d_model not divisible by heads, seq_len past max_seq_len, a model the
-// trainer cannot run (arch other than gpt), and bf16 asked of the CPU. (`device` and `precision`
+// engine cannot run (model::ModelConfig::EngineSupports: arch llama today), and bf16 asked of the
+// CPU. (`device` and `precision`
 // are keys of a standalone train spec only: a cluster job's devices are those it is placed on.)
 absl::StatusOr<TrainSpec> ParseTrainSpec(const std::string& yaml_text,
                                          const std::string& source_name);

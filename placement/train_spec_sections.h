@@ -20,13 +20,13 @@ inline constexpr std::array<std::string_view, 10> kTrainSectionKeys = {
 };
 
 // The keys of a `model:` section, which are also the top-level keys of a standalone model spec.
-inline constexpr std::array<std::string_view, 9> kModelKeys = {
-    "arch", "layers", "heads", "kv_heads", "d_model", "d_ff", "vocab", "max_seq_len",
-    "tied_embeddings",
+inline constexpr std::array<std::string_view, 11> kModelKeys = {
+    "arch",  "layers",      "heads",           "kv_heads", "d_model",    "d_ff",
+    "vocab", "max_seq_len", "tied_embeddings", "norm_eps", "rope_theta",
 };
 
 // One section each: `map` is the opened `model:`, `data:` or `optimizer:` mapping.
-absl::StatusOr<ModelSpec> ParseModel(const YamlMap& map);
+absl::StatusOr<model::ModelConfig> ParseModel(const YamlMap& map);
 absl::StatusOr<DataSpec> ParseData(const YamlMap& map);
 absl::StatusOr<OptimizerSpec> ParseOptimizer(const YamlMap& map);
 absl::StatusOr<CheckpointSpec> ParseCheckpoint(const YamlMap& map);

@@ -1,7 +1,7 @@
-// A small strict reader over yaml-cpp for Shardline's specs (JobSpec now; ModelSpec, ClusterSpec
-// and TrainSpec later). Strict means: a key nobody reads is an error rather than a silently ignored
-// typo, a value of the wrong type is an error rather than a default, and every error says where it
-// is:
+// A small strict reader over yaml-cpp for Shardline's specs (JobSpec now; model::ModelConfig,
+// ClusterSpec and TrainSpec later). Strict means: a key nobody reads is an error rather than a
+// silently ignored typo, a value of the wrong type is an error rather than a default, and every
+// error says where it is:
 //
 //   job.yaml:7:14: comm_check.max_bytes: expected an integer, got 'lots'
 //

@@ -10,6 +10,7 @@
 
 #include "checkpoint/gpt2_checkpoint.h"
 #include "checkpoint/gpt2_hf_export.h"
+#include "model/tensor_table.h"
 
 namespace shardline::test_support {
 
@@ -23,19 +24,19 @@ inline constexpr int kTinyAsciiGptContext = 64;
 // the end-of-text token.
 inline std::string ExportTinyAsciiGpt(const std::string& dir) {
   checkpoint::Gpt2Weights weights;
-  weights.config = {.n_layer = 2,
-                    .n_embd = 16,
-                    .n_head = 2,
+  weights.config = {.layers = 2,
+                    .heads = 2,
+                    .d_model = 16,
                     .d_ff = 32,
-                    .vocab_size = 257,
-                    .n_positions = kTinyAsciiGptContext,
+                    .vocab = 257,
+                    .max_seq_len = kTinyAsciiGptContext,
                     .tied_embeddings = true};
   uint64_t state = 12345;
   auto next = [&state] {  // uniform in [-0.5, 0.5)
     state = state * 6364136223846793005ull + 1442695040888963407ull;
     return static_cast<float>((state >> 11) * (1.0 / 9007199254740992.0)) - 0.5f;
   };
-  for (const checkpoint::Gpt2TensorSpec& spec : checkpoint::Gpt2TensorSpecs(weights.config)) {
+  for (const model::TensorRow& spec : model::ModelRows(weights.config)) {
     int64_t n = 1;
     for (int64_t d : spec.shape) n *= d;
     std::vector<float> values(n);

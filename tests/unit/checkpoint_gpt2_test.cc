@@ -7,11 +7,13 @@
 #include <string>
 #include <vector>
 
-#include "common/status_macros.h"
 #include "checkpoint/gpt2_checkpoint.h"
 #include "checkpoint/gpt2_hf_import.h"
+#include "checkpoint/model_config.h"
 #include "checkpoint/safetensors_reader.h"
 #include "checkpoint/safetensors_writer.h"
+#include "common/status_macros.h"
+#include "model/tensor_table.h"
 
 namespace shardline::checkpoint {
 namespace {
@@ -105,15 +107,15 @@ std::string WriteHf(const std::map<std::string, HostTensor>& tensors,
 
 void ExpectImportedCorrectly(const Gpt2Weights& weights,
                              const std::map<std::string, HostTensor>& hf) {
-  EXPECT_EQ(weights.config, (Gpt2Config{.n_layer = kLayers,
-                                        .n_embd = kC,
-                                        .n_head = kHeads,
-                                        .d_ff = kF,
-                                        .vocab_size = kV,
-                                        .n_positions = kT}));
-  const std::vector<Gpt2TensorSpec> specs = Gpt2TensorSpecs(weights.config);
+  EXPECT_EQ(weights.config, (model::ModelConfig{.layers = kLayers,
+                                                .heads = kHeads,
+                                                .d_model = kC,
+                                                .d_ff = kF,
+                                                .vocab = kV,
+                                                .max_seq_len = kT}));
+  const std::vector<model::TensorRow> specs = model::ModelRows(weights.config);
   ASSERT_EQ(weights.tensors.size(), specs.size());
-  for (const Gpt2TensorSpec& spec : specs) {
+  for (const model::TensorRow& spec : specs) {
     ASSERT_TRUE(weights.tensors.contains(spec.name)) << spec.name;
     EXPECT_EQ(weights.tensors.at(spec.name).shape, spec.shape) << spec.name;
   }
@@ -271,8 +273,8 @@ TEST(Gpt2CheckpointTest, OurFormatRoundTrips) {
 TEST(Gpt2CheckpointTest, ErrorsNameTheTensorOrKey) {
   Gpt2Weights weights;
   weights.config = {
-      .n_layer = 1, .n_embd = 4, .n_head = 2, .d_ff = 16, .vocab_size = 5, .n_positions = 3};
-  for (const Gpt2TensorSpec& spec : Gpt2TensorSpecs(weights.config)) {
+      .layers = 1, .heads = 2, .d_model = 4, .d_ff = 16, .vocab = 5, .max_seq_len = 3};
+  for (const model::TensorRow& spec : model::ModelRows(weights.config)) {
     weights.tensors[spec.name] = Filled(spec.name, spec.shape);
   }
   const std::string dir = TempDir();
@@ -292,17 +294,17 @@ TEST(Gpt2CheckpointTest, ErrorsNameTheTensorOrKey) {
 
 TEST(Gpt2CheckpointTest, UntiedHeadsRoundTripAndMetadataSaysSo) {
   Gpt2Weights weights;
-  weights.config = {.n_layer = 1,
-                    .n_embd = 4,
-                    .n_head = 2,
+  weights.config = {.layers = 1,
+                    .heads = 2,
+                    .d_model = 4,
                     .d_ff = 16,
-                    .vocab_size = 5,
-                    .n_positions = 3,
+                    .vocab = 5,
+                    .max_seq_len = 3,
                     .tied_embeddings = false};
-  const std::vector<Gpt2TensorSpec> specs = Gpt2TensorSpecs(weights.config);
+  const std::vector<model::TensorRow> specs = model::ModelRows(weights.config);
   ASSERT_EQ(specs.back().name, "lm_head.w");
   EXPECT_EQ(specs.back().shape, (std::vector<int64_t>{5, 4}));
-  for (const Gpt2TensorSpec& spec : specs) {
+  for (const model::TensorRow& spec : specs) {
     weights.tensors[spec.name] = Filled(spec.name, spec.shape);
     // Only the fused QKV is viewed differently in sharded checkpoints.
     if (spec.name == "h.0.qkv.w") {
@@ -319,27 +321,27 @@ TEST(Gpt2CheckpointTest, UntiedHeadsRoundTripAndMetadataSaysSo) {
   ASSERT_TRUE(read.ok()) << read.status();
   EXPECT_EQ(read->config, weights.config);
   EXPECT_EQ(read->tensors.at("lm_head.w").values, weights.tensors.at("lm_head.w").values);
-  EXPECT_EQ(Gpt2Metadata(weights.config).at("tied_embeddings"), "false");
+  EXPECT_EQ(ModelMetadata(weights.config).at("tied_embeddings"), "false");
 }
 
 TEST(Gpt2CheckpointTest, ConfigFromMetadata) {
-  const Gpt2Config config = {
-      .n_layer = 2, .n_embd = 8, .n_head = 2, .d_ff = 32, .vocab_size = 7, .n_positions = 4};
-  std::map<std::string, std::string> metadata = Gpt2Metadata(config);
-  absl::StatusOr<Gpt2Config> parsed = Gpt2ConfigFromMetadata(metadata, "m.json");
+  const model::ModelConfig config = {
+      .layers = 2, .heads = 2, .d_model = 8, .d_ff = 32, .vocab = 7, .max_seq_len = 4};
+  std::map<std::string, std::string> metadata = ModelMetadata(config);
+  absl::StatusOr<model::ModelConfig> parsed = ModelConfigFromMetadata(metadata, "m.json");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(*parsed, config);
   // Files from before untied heads have no key, and were tied.
   metadata.erase("tied_embeddings");
-  parsed = Gpt2ConfigFromMetadata(metadata, "m.json");
+  parsed = ModelConfigFromMetadata(metadata, "m.json");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_TRUE(parsed->tied_embeddings);
   metadata["tied_embeddings"] = "yes";
-  EXPECT_THAT(Message(Gpt2ConfigFromMetadata(metadata, "m.json").status()),
+  EXPECT_THAT(Message(ModelConfigFromMetadata(metadata, "m.json").status()),
               AllOf(HasSubstr("m.json"), HasSubstr("'tied_embeddings' is 'yes'")));
-  metadata = Gpt2Metadata(config);
+  metadata = ModelMetadata(config);
   metadata.erase("n_head");
-  EXPECT_THAT(Message(Gpt2ConfigFromMetadata(metadata, "m.json").status()),
+  EXPECT_THAT(Message(ModelConfigFromMetadata(metadata, "m.json").status()),
               AllOf(HasSubstr("m.json"), HasSubstr("'n_head' is missing")));
 }
 

@@ -51,8 +51,8 @@ std::string TempDir(const std::string& name) {
 
 std::string Message(const absl::Status& status) { return std::string(status.message()); }
 
-model::GptConfig SmallConfig(bool tied) {
-  model::GptConfig config;
+model::ModelConfig SmallConfig(bool tied) {
+  model::ModelConfig config;
   config.layers = 2;
   config.heads = 4;
   config.d_model = 32;
@@ -77,7 +77,7 @@ std::unique_ptr<Model> MakeModel(bool tied, uint64_t seed = 11) {
   EXPECT_TRUE(gpt.ok()) << gpt.status();
   m->gpt = std::move(*gpt);
   m->gpt->InitGpt2(seed);
-  m->weights.config = training::Gpt2ConfigOf(m->gpt->config());
+  m->weights.config = m->gpt->config();
   const std::span<const float> params = std::as_const(*m->gpt).params();
   for (const auto& info : m->gpt->NamedTensors()) {
     m->weights.tensors[info.name] =
@@ -240,7 +240,7 @@ TEST(HfExportTest, BadWeightsAreNamed) {
   }
   {
     std::unique_ptr<Model> m = MakeModel(true);
-    m->weights.config.n_head = 3;
+    m->weights.config.heads = 3;
     EXPECT_THAT(Message(ExportHfGpt2(m->weights, dir)),
                 AllOf(HasSubstr(dir), HasSubstr("n_head 3 does not divide n_embd 32")));
   }
@@ -265,7 +265,7 @@ TEST(HfImportConfigTest, WithoutConfigJsonTheHeadCountIsTheArgumentAndAnUntiedHe
   fs::remove(ConfigFile(e.dir));
   absl::StatusOr<Gpt2Weights> imported = ImportHfGpt2(ModelFile(e.dir), /*n_head=*/2);
   ASSERT_TRUE(imported.ok()) << imported.status();
-  EXPECT_EQ(imported->config.n_head, 2);
+  EXPECT_EQ(imported->config.heads, 2);
   EXPECT_FALSE(imported->config.tied_embeddings);
   EXPECT_TRUE(imported->tensors.contains("lm_head.w"));
 }

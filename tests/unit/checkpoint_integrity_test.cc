@@ -25,6 +25,7 @@
 #include "checkpoint/resume.h"
 #include "checkpoint/verify.h"
 #include "common/status_macros.h"
+#include "model/tensor_table.h"
 #include "nlohmann/json.hpp"
 #include "placement/checkpoint_state.h"
 #include "placement/train_spec.h"
@@ -388,8 +389,8 @@ TEST(CheckpointIntegrityTest, ACrashAtAnyPointOfASaveLeavesTheLastCommittedStepL
   // Every operation of the save was a crash point: the step folder, the rank file's open, its
   // appends (the header, each of the 3 × P tensors of P parameters) and commit, then the
   // manifest's and latest's open, append and commit.
-  const checkpoint::Gpt2Config config = placement::CheckpointConfigOf(Spec("", 1, 0).model);
-  const int parameters = static_cast<int>(checkpoint::Gpt2TensorSpecs(config).size());
+  const model::ModelConfig config = Spec("", 1, 0).model;
+  const int parameters = static_cast<int>(model::ModelRows(config).size());
   EXPECT_EQ(crashes, 1 + 1 + 1 + 3 * parameters + 1 + 3 + 3);
   // And a run resumed after a crash in the middle of the rank file finishes the job.
   const std::string dir = root + "/resume";

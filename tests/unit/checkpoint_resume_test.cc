@@ -20,6 +20,7 @@
 #include "checkpoint/gpt2_hf_export.h"
 #include "checkpoint/layout.h"
 #include "checkpoint/verify.h"
+#include "model/tensor_table.h"
 #include "nlohmann/json.hpp"
 #include "placement/checkpoint_state.h"
 #include "placement/job_spec.h"
@@ -322,8 +323,8 @@ checkpoint::Gpt2Weights WeightsOf(const std::string& manifest) {
   absl::StatusOr<CheckpointSource> source = CheckpointSource::Open(manifest);
   EXPECT_TRUE(source.ok()) << source.status();
   if (!source.ok()) return weights;
-  weights.config = Gpt2ConfigOf(source->config());
-  for (const checkpoint::Gpt2TensorSpec& spec : checkpoint::Gpt2TensorSpecs(weights.config)) {
+  weights.config = source->config();
+  for (const model::TensorRow& spec : model::ModelRows(weights.config)) {
     const std::vector<int64_t> zeros(spec.sharded_shape.size(), 0);
     absl::StatusOr<std::vector<float>> values =
         ReadCheckpointBox(*source, spec.name, zeros, spec.sharded_shape);

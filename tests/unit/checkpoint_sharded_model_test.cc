@@ -14,13 +14,14 @@
 #include <string>
 #include <vector>
 
-#include "common/status_macros.h"
-#include "tests/support/box_reference.h"
-#include "kernels/allocator.h"
 #include "checkpoint/gpt2_checkpoint.h"
 #include "checkpoint/layout.h"
 #include "checkpoint/manifest.h"
+#include "checkpoint/model_config.h"
 #include "checkpoint/safetensors_writer.h"
+#include "common/status_macros.h"
+#include "kernels/allocator.h"
+#include "tests/support/box_reference.h"
 #include "worker/model/gpt.h"
 #include "worker/training/model_checkpoint.h"
 
@@ -49,8 +50,8 @@ constexpr int64_t kStep = 7;
 
 // 4 layers (2 per stage), 2 heads (one per tensor-parallel rank), C = 16, F = 64, and a vocabulary
 // of 257 that splits unevenly, 129 + 128.
-model::GptConfig TinyConfig(bool tied) {
-  model::GptConfig config;
+model::ModelConfig TinyConfig(bool tied) {
+  model::ModelConfig config;
   config.layers = 4;
   config.heads = 2;
   config.d_model = 16;
@@ -100,16 +101,16 @@ class ShardedJob {
   explicit ShardedJob(const model::GptModel& gpt) : gpt_(gpt) {
     manifest_.step = kStep;
     manifest_.world_size = kTp * kPp;
-    const model::GptConfig& config = gpt.config();
-    checkpoint::Gpt2Config meta;
-    meta.n_layer = config.layers;
-    meta.n_embd = config.d_model;
-    meta.n_head = config.heads;
+    const model::ModelConfig& config = gpt.config();
+    model::ModelConfig meta;
+    meta.layers = config.layers;
+    meta.d_model = config.d_model;
+    meta.heads = config.heads;
     meta.d_ff = config.ff();
-    meta.vocab_size = config.vocab;
-    meta.n_positions = config.max_seq_len;
+    meta.vocab = config.vocab;
+    meta.max_seq_len = config.max_seq_len;
     meta.tied_embeddings = config.tied_embeddings;
-    manifest_.metadata = checkpoint::Gpt2Metadata(meta);
+    manifest_.metadata = checkpoint::ModelMetadata(meta);
     const int64_t C = config.d_model, F = config.ff(), V = config.vocab;
     const int64_t vocab_rows[kTp + 1] = {0, 129, V};
     for (const model::ParamTensorInfo& info : gpt.NamedTensors()) {
@@ -242,7 +243,7 @@ TEST_P(ShardedCheckpointTest, EveryBoxEqualsTheSliceFromEitherKind) {
   EXPECT_EQ(sharded->kind(), CheckpointKind::kSharded);
   EXPECT_FALSE(single->step().has_value()) << "a model file is not a step of a run";
   EXPECT_EQ(sharded->step(), kStep);
-  const model::GptConfig expected = TinyConfig(tied);
+  const model::ModelConfig expected = TinyConfig(tied);
   for (const CheckpointSource* source : {&*single, &*sharded}) {
     EXPECT_EQ(source->config().DebugString(), expected.DebugString());
   }

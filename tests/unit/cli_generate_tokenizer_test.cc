@@ -17,6 +17,7 @@
 #include "checkpoint/gpt2_checkpoint.h"
 #include "checkpoint/gpt2_hf_export.h"
 #include "common/process.h"
+#include "model/tensor_table.h"
 #include "nlohmann/json.hpp"
 #include "tests/support/cli_process.h"
 #include "worker/model/data/gpt2_tokenizer.h"
@@ -65,14 +66,14 @@ CommandResult Shardline(const std::vector<std::string>& args) {
 // A Hugging Face folder (model.safetensors + config.json) of the model that always says kAb.
 std::string ExportModel(int64_t vocab = kModelVocab) {
   checkpoint::Gpt2Weights weights;
-  weights.config = {.n_layer = 1,
-                    .n_embd = 8,
-                    .n_head = 2,
+  weights.config = {.layers = 1,
+                    .heads = 2,
+                    .d_model = 8,
                     .d_ff = 16,
-                    .vocab_size = vocab,
-                    .n_positions = 32,
+                    .vocab = vocab,
+                    .max_seq_len = 32,
                     .tied_embeddings = true};
-  for (const checkpoint::Gpt2TensorSpec& spec : checkpoint::Gpt2TensorSpecs(weights.config)) {
+  for (const model::TensorRow& spec : model::ModelRows(weights.config)) {
     int64_t n = 1;
     for (int64_t d : spec.shape) n *= d;
     weights.tensors[spec.name] = {spec.shape, std::vector<float>(n, 0.0f)};

@@ -59,8 +59,8 @@ using ::testing::HasSubstr;
     if (!reason.empty()) GTEST_SKIP() << reason;                        \
   } while (false)
 
-GptConfig TinyConfig(bool tied) {
-  GptConfig c;
+ModelConfig TinyConfig(bool tied) {
+  ModelConfig c;
   c.layers = 2;
   c.heads = 4;
   c.d_model = 64;
@@ -87,7 +87,7 @@ Batch MakeBatch(int vocab) {
   return b;
 }
 
-std::unique_ptr<CudaGptModel> CudaModel(const GptConfig& config, GemmPrecision precision) {
+std::unique_ptr<CudaGptModel> CudaModel(const ModelConfig& config, GemmPrecision precision) {
   auto model = CudaGptModel::Create(config, 0, precision);
   EXPECT_TRUE(model.ok()) << model.status();
   return model.ok() ? std::move(*model) : nullptr;
@@ -110,7 +110,7 @@ double Cosine(std::span<const float> a, std::span<const float> b) {
 }
 
 TEST(CudaGptNoGpuTest, HeadSizesPastTheAttentionKernelAreRefusedBeforeTouchingTheDevice) {
-  GptConfig c = TinyConfig(true);
+  ModelConfig c = TinyConfig(true);
   c.heads = 1;
   c.d_model = 256;  // one head of 256 channels
   auto model = CudaGptModel::Create(c, 0, GemmPrecision::kBFloat16);
@@ -142,7 +142,7 @@ class CudaGptVsCpuTest : public ::testing::TestWithParam<bool> {
   }
 
   kernels::CpuAllocator allocator;
-  GptConfig config;
+  ModelConfig config;
   std::unique_ptr<GptModel> cpu;
   std::unique_ptr<CudaGptModel> gpu;
 };
@@ -237,7 +237,7 @@ std::vector<float> TrainLosses(TrainableGpt& model, int steps) {
 
 TEST(CudaGptTrainingTest, Fp32AndBf16TrainAsTheCpuDoes) {
   SKIP_WITHOUT_GPU();
-  GptConfig config = TinyConfig(true);
+  ModelConfig config = TinyConfig(true);
   config.vocab = 257;
   kernels::CpuAllocator allocator;
   auto cpu = GptModel::Create(config, allocator).value();
@@ -256,7 +256,7 @@ TEST(CudaGptTrainingTest, Fp32AndBf16TrainAsTheCpuDoes) {
 
 TEST(CudaGptTrainingTest, StateRoundTripsAndBadInputIsRefusedBeforeAnyWork) {
   SKIP_WITHOUT_GPU();
-  const GptConfig config = TinyConfig(false);
+  const ModelConfig config = TinyConfig(false);
   auto gpu = CudaModel(config, GemmPrecision::kBFloat16);
   ASSERT_NE(gpu, nullptr);
   std::vector<float> values(static_cast<size_t>(gpu->num_params()));

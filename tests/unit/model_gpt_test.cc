@@ -18,8 +18,8 @@ namespace {
 
 using ::testing::HasSubstr;
 
-GptConfig TinyConfig() {
-  GptConfig c;
+ModelConfig TinyConfig() {
+  ModelConfig c;
   c.layers = 2;
   c.heads = 4;
   c.d_model = 16;
@@ -37,14 +37,14 @@ std::vector<int32_t> RandomTokens(size_t n, int vocab, uint32_t seed) {
 }
 
 TEST(GptConfigTest, AcceptsTinyConfigAndResolvesDff) {
-  GptConfig c = TinyConfig();
+  ModelConfig c = TinyConfig();
   EXPECT_TRUE(c.Validate().ok());
   EXPECT_EQ(c.ff(), 64);
   EXPECT_EQ(c.head_size(), 4);
 }
 
 TEST(GptConfigTest, ErrorsNameTheFieldAndNumbers) {
-  GptConfig c = TinyConfig();
+  ModelConfig c = TinyConfig();
   c.d_model = 100;
   c.heads = 3;
   EXPECT_EQ(c.Validate().code(), absl::StatusCode::kInvalidArgument);
@@ -78,7 +78,7 @@ TEST(GptConfigTest, ErrorsNameTheFieldAndNumbers) {
 
 TEST(GptModelTest, LayoutNamesEveryTensor) {
   kernels::CpuAllocator allocator;
-  GptConfig c = TinyConfig();
+  ModelConfig c = TinyConfig();
   auto model = GptModel::Create(c, allocator).value();
   const auto& t = model->NamedTensors();
   ASSERT_EQ(t.size(), 2u + 12u * 2u + 2u);
@@ -112,7 +112,7 @@ TEST(GptModelTest, LayoutNamesEveryTensor) {
 
 TEST(GptModelTest, InitIsDeterministicAndGpt2Shaped) {
   kernels::CpuAllocator allocator;
-  GptConfig c = TinyConfig();
+  ModelConfig c = TinyConfig();
   c.d_model = 64;
   auto a = GptModel::Create(c, allocator).value();
   auto b = GptModel::Create(c, allocator).value();
@@ -166,7 +166,7 @@ TEST(GptModelTest, BadInputIsAnErrorBeforeAnyWork) {
 // 1.5e-5; tolerance 1e-4 + 1e-2·|numeric|.
 TEST(GptModelTest, GradientsMatchFiniteDifferences) {
   kernels::CpuAllocator allocator;
-  GptConfig c = TinyConfig();
+  ModelConfig c = TinyConfig();
   c.tied_embeddings = true;
   constexpr int B = 2, T = 8;
   for (bool tied : {true, false}) {
@@ -281,8 +281,8 @@ struct Corpus {
   }
 };
 
-GptConfig TrainConfig() {
-  GptConfig c;
+ModelConfig TrainConfig() {
+  ModelConfig c;
   c.layers = 2;
   c.heads = 4;
   c.d_model = 32;
@@ -291,7 +291,7 @@ GptConfig TrainConfig() {
   return c;
 }
 
-std::vector<float> Train(const GptConfig& config, uint64_t seed, int steps, float lr) {
+std::vector<float> Train(const ModelConfig& config, uint64_t seed, int steps, float lr) {
   kernels::CpuAllocator allocator;
   auto model = GptModel::Create(config, allocator).value();
   model->InitGpt2(seed);

@@ -22,8 +22,8 @@ using ::testing::HasSubstr;
 
 constexpr float kLogitTolerance = 1e-5f;
 
-GptConfig SmallConfig() {
-  GptConfig c;
+ModelConfig SmallConfig() {
+  ModelConfig c;
   c.layers = 2;
   c.heads = 4;
   c.d_model = 32;
@@ -34,7 +34,7 @@ GptConfig SmallConfig() {
 
 // GPT-2's init gives logits within ~1e-2 of each other; a hotter random init makes the logits
 // (and the attention patterns) vary enough that a wrong position or cache row would show.
-std::unique_ptr<GptModel> HotModel(const GptConfig& config, kernels::Allocator& allocator,
+std::unique_ptr<GptModel> HotModel(const ModelConfig& config, kernels::Allocator& allocator,
                                    uint32_t seed) {
   auto model = GptModel::Create(config, allocator).value();
   model->InitGpt2(seed);
@@ -65,7 +65,7 @@ void ExpectRowClose(std::span<const float> got, const float* want, int V, const 
 
 TEST(InferenceTest, GreedyGenerationWithAndWithoutCacheAgree) {
   kernels::CpuAllocator allocator;
-  const GptConfig c = SmallConfig();
+  const ModelConfig c = SmallConfig();
   auto model = HotModel(c, allocator, 8);
   const std::vector<int32_t> prompt = RandomTokens(5, c.vocab, 9);
   GenerateOptions options;
@@ -82,7 +82,7 @@ TEST(InferenceTest, GreedyGenerationWithAndWithoutCacheAgree) {
 
 TEST(InferenceTest, SampledGenerationIsSeededAndRespectsTopK) {
   kernels::CpuAllocator allocator;
-  const GptConfig c = SmallConfig();
+  const ModelConfig c = SmallConfig();
   auto model = HotModel(c, allocator, 10);
   const std::vector<int32_t> prompt = {1, 2, 3};
   GenerateOptions options;
@@ -122,7 +122,7 @@ TEST(InferenceTest, SampledGenerationIsSeededAndRespectsTopK) {
 
 TEST(InferenceTest, GenerateRejectsBadRequestsBeforeAnyWork) {
   kernels::CpuAllocator allocator;
-  const GptConfig c = SmallConfig();
+  const ModelConfig c = SmallConfig();
   auto model = HotModel(c, allocator, 1);
   GenerateOptions options;
   options.max_new_tokens = 20;
@@ -177,7 +177,7 @@ TEST(InferenceTest, TopPKeepsTheNucleus) {
 // logits are the full forward's at that position of its sequence.
 TEST(PagedInferenceTest, StepsOfInterleavedChunksGiveTheFullForwardsLogits) {
   kernels::CpuAllocator allocator;
-  const GptConfig c = SmallConfig();
+  const ModelConfig c = SmallConfig();
   auto model = HotModel(c, allocator, 8);
   const std::vector<int> lengths = {24, 11, 5};
   std::vector<std::vector<int32_t>> seqs;
@@ -243,7 +243,7 @@ TEST(PagedInferenceTest, StepsOfInterleavedChunksGiveTheFullForwardsLogits) {
 
 TEST(PagedInferenceTest, RefusesABadStepNamingWhatIsWrong) {
   kernels::CpuAllocator allocator;
-  const GptConfig c = SmallConfig();
+  const ModelConfig c = SmallConfig();
   auto model = HotModel(c, allocator, 9);
   EXPECT_THAT(std::string(PagedGptForward::Create(
                               InferenceWeights::Of(*model),

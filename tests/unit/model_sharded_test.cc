@@ -86,8 +86,8 @@ Case Recomputing(int tp, int pp, int dp, int zero, placement::RecomputeMode mode
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.Name(); }
 
-GptConfig Config(bool tied, int layers = 4) {
-  GptConfig c;
+ModelConfig Config(bool tied, int layers = 4) {
+  ModelConfig c;
   c.layers = layers;
   c.heads = 4;
   c.d_model = 32;
@@ -271,7 +271,7 @@ TEST_P(ShardedEquivalenceTest, LossesAndFinalParametersMatchTheSingleDeviceRun) 
   if (HasFailure()) return;
 
   const std::vector<float> reference = ReadFloats(dir + "/reference.bin");
-  const GptConfig config = Config(c.tied, c.layers);
+  const ModelConfig config = Config(c.tied, c.layers);
   const ParamLayout single(config);
   ASSERT_EQ(reference.size(), size_t(kSteps + single.total()));
   auto grid = placement::RankGrid::Create(c.tp, c.pp, c.dp);
@@ -422,7 +422,7 @@ TEST(ShardedMemoryTest, RecomputationKeepsLessActivationMemoryByExactlyWhatItDro
         r.activations;
     std::filesystem::remove_all(dir);
   }
-  const GptConfig config = Config(true);
+  const ModelConfig config = Config(true);
   const int64_t N = 2 * kSeqLen;  // micro_batch 2
   const int64_t C = config.d_model, F = config.ff(), NH = config.heads;
   const int64_t layers = config.layers;
@@ -440,7 +440,7 @@ TEST(ShardedMemoryTest, RecomputationKeepsLessActivationMemoryByExactlyWhatItDro
 }
 
 TEST(ShardLayoutTest, RefusesLayoutsThatDoNotDivideTheModel) {
-  GptConfig config = Config(true);
+  ModelConfig config = Config(true);
   ShardPlace place{3, 0, {{0, 4}}, true, true};
   auto layout = ShardLayout::Create(config, place);
   EXPECT_EQ(layout.status().code(), absl::StatusCode::kInvalidArgument);
@@ -459,7 +459,7 @@ TEST(ShardLayoutTest, RefusesLayoutsThatDoNotDivideTheModel) {
 
 TEST(ShardLayoutTest, TensorParallelBoxesCoverEachTensorOnce) {
   // Over the tp ranks of one stage the boxes of a split tensor tile it, and replicas repeat it.
-  const GptConfig config = Config(true);
+  const ModelConfig config = Config(true);
   std::map<std::string, int64_t> covered;
   for (int r = 0; r < 2; ++r) {
     auto layout = ShardLayout::Create(config, ShardPlace{2, r, {{0, 4}}, true, true});

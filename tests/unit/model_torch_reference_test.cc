@@ -90,7 +90,7 @@ TEST_P(TorchReferenceTest, LogitsLossAndGradientsMatch) {
   if (!TorchAvailable(&why)) GTEST_SKIP() << why;
 
   const bool tied = GetParam();
-  GptConfig config;
+  ModelConfig config;
   config.layers = 2;
   config.heads = 4;
   config.d_model = 32;

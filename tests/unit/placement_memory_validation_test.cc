@@ -40,8 +40,8 @@ struct Layout {
 
 void PrintTo(const Layout& l, std::ostream* os) { *os << l.Name(); }
 
-placement::ModelSpec Model() {
-  placement::ModelSpec m;
+model::ModelConfig Model() {
+  model::ModelConfig m;
   m.layers = 4;
   m.heads = 4;
   m.d_model = 64;
@@ -69,7 +69,7 @@ placement::ParallelSpec Parallel(const Layout& l) {
 // In a rank: bytes in use after Create, and the peak over two steps.
 int MeasureRank(const std::string& dir, const Layout& layout, int rank,
                 const placement::RankCoords& coords, const model::ShardedGroups& groups) {
-  const placement::ModelSpec spec = Model();
+  const model::ModelConfig spec = Model();
   model::ShardedOptions options;
   options.config.layers = static_cast<int>(spec.layers);
   options.config.heads = static_cast<int>(spec.heads);

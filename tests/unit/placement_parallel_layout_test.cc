@@ -260,8 +260,8 @@ TEST(StagesTest, StagesOfUsesOrChecksTheList) {
 }
 
 // A model every rule below changes in one place: 4 layers, 4 heads, d_ff 256, vocab 257.
-ModelSpec SmallModel() {
-  ModelSpec model;
+model::ModelConfig SmallModel() {
+  model::ModelConfig model;
   model.layers = 4;
   model.heads = 4;
   model.d_model = 64;
@@ -279,7 +279,8 @@ ParallelSpec Layout(int tp, int pp, int dp) {
   return spec;
 }
 
-std::string ErrorOf(const ModelSpec& model, int64_t batch, const ParallelSpec& spec, int devices) {
+std::string ErrorOf(const model::ModelConfig& model, int64_t batch, const ParallelSpec& spec,
+                    int devices) {
   const absl::Status status = ValidateParallel(model, batch, spec, devices);
   EXPECT_FALSE(status.ok()) << "validated unexpectedly";
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
@@ -287,7 +288,7 @@ std::string ErrorOf(const ModelSpec& model, int64_t batch, const ParallelSpec& s
 }
 
 TEST(ValidateParallelTest, GoodLayoutsPass) {
-  const ModelSpec model = SmallModel();
+  const model::ModelConfig model = SmallModel();
   EXPECT_TRUE(ValidateParallel(model, 8, Layout(1, 1, 1), 1).ok());
   EXPECT_TRUE(ValidateParallel(model, 8, Layout(2, 2, 1), 4).ok());
   EXPECT_TRUE(ValidateParallel(model, 8, Layout(4, 4, 2), 32).ok());
@@ -302,13 +303,13 @@ TEST(ValidateParallelTest, GoodLayoutsPass) {
   // The vocabulary may split unevenly: 257 rows over 2 ranks.
   EXPECT_TRUE(ValidateParallel(model, 8, Layout(2, 1, 1), 2).ok());
   // d_ff 0 means 4·d_model = 256.
-  ModelSpec default_ff = model;
+  model::ModelConfig default_ff = model;
   default_ff.d_ff = 0;
   EXPECT_TRUE(ValidateParallel(default_ff, 8, Layout(4, 1, 1), 4).ok());
 }
 
 TEST(ValidateParallelTest, EveryRuleSaysWhichAndByHowMuch) {
-  const ModelSpec model = SmallModel();
+  const model::ModelConfig model = SmallModel();
   EXPECT_EQ(ErrorOf(model, 8, Layout(0, 1, 1), 1), "tp must be at least 1, got 0");
   EXPECT_EQ(ErrorOf(model, 8, Layout(1, 0, 1), 1), "pp must be at least 1, got 0");
   EXPECT_EQ(ErrorOf(model, 8, Layout(1, 1, -2), 1), "dp must be at least 1, got -2");
@@ -319,25 +320,25 @@ TEST(ValidateParallelTest, EveryRuleSaysWhichAndByHowMuch) {
 
   EXPECT_EQ(ErrorOf(model, 8, Layout(8, 1, 1), 8),
             "tp 8 is more than heads 4: 4 tensor-parallel ranks would have no attention head");
-  ModelSpec six_heads = model;
+  model::ModelConfig six_heads = model;
   six_heads.heads = 6;
   six_heads.d_model = 96;
   EXPECT_EQ(ErrorOf(six_heads, 8, Layout(4, 1, 1), 4),
             "heads 6 is not divisible by tp 4: "
             "remainder 2");
 
-  ModelSpec odd_ff = model;
+  model::ModelConfig odd_ff = model;
   odd_ff.d_ff = 250;
   EXPECT_EQ(ErrorOf(odd_ff, 8, Layout(4, 1, 1), 4),
             "d_ff 250 is not divisible by tp 4: "
             "remainder 2");
-  ModelSpec tiny_ff = model;
+  model::ModelConfig tiny_ff = model;
   tiny_ff.heads = 8;
   tiny_ff.d_ff = 4;
   EXPECT_EQ(ErrorOf(tiny_ff, 8, Layout(8, 1, 1), 8),
             "tp 8 is more than d_ff 4: 4 tensor-parallel ranks would have no MLP column");
 
-  ModelSpec many_heads = model;
+  model::ModelConfig many_heads = model;
   many_heads.heads = 512;
   many_heads.d_model = 512;
   many_heads.d_ff = 2048;

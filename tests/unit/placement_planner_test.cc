@@ -27,9 +27,9 @@ std::string Message(const absl::Status& status) { return ToString(status.message
 
 using test_support::SourceDir;
 
-ModelSpec Gpt(int64_t layers, int64_t d_model, int64_t heads, int64_t vocab = 51200,
-              int64_t seq = 2048) {
-  ModelSpec m;
+model::ModelConfig Gpt(int64_t layers, int64_t d_model, int64_t heads, int64_t vocab = 51200,
+                       int64_t seq = 2048) {
+  model::ModelConfig m;
   m.layers = layers;
   m.heads = heads;
   m.kv_heads = heads;
@@ -52,7 +52,7 @@ ClusterSpec Cluster(const std::string& kind, int nodes, int devices = 8) {
   return *ClusterSpecFromNodes(kind, reports);
 }
 
-PlanRequest Request(const ModelSpec& model, const ClusterSpec& cluster, int64_t batch,
+PlanRequest Request(const model::ModelConfig& model, const ClusterSpec& cluster, int64_t batch,
                     int64_t seq = 2048, Precision precision = Precision::kBf16) {
   PlanRequest r;
   r.model = model;
@@ -128,8 +128,8 @@ TEST(PlannerTest, LocalCpuClusterPlansTheTinyGpt) {
   absl::StatusOr<ClusterSpec> cluster =
       LoadClusterSpecFile(SourceDir() + "/examples/cluster-local-cpu.yaml");
   ASSERT_TRUE(cluster.ok()) << cluster.status();
-  absl::StatusOr<ModelSpec> model =
-      LoadModelSpecFile(SourceDir() + "/examples/model-gpt-tiny.yaml");
+  absl::StatusOr<model::ModelConfig> model =
+      LoadModelConfigFile(SourceDir() + "/examples/model-gpt-tiny.yaml");
   ASSERT_TRUE(model.ok()) << model.status();
   PlanRequest r = Request(*model, *cluster, 8, 64, Precision::kFp32);
   r.constraints.recompute_modes = {RecomputeMode::kNone};
@@ -168,7 +168,7 @@ TEST(PlannerTest, NeverReturnsAPlanThatDoesNotFit) {
     const int64_t heads = std::vector<int64_t>{4, 8, 12, 16}[rng() % 4];
     const int64_t d_model = heads * std::vector<int64_t>{32, 64, 128}[rng() % 3];
     const int64_t layers = 2 + rng() % 30;
-    const ModelSpec model = Gpt(layers, d_model, heads, 1000 + rng() % 5000, 512);
+    const model::ModelConfig model = Gpt(layers, d_model, heads, 1000 + rng() % 5000, 512);
     ClusterSpec cluster;
     cluster.name = "random";
     const int nodes = 1 + rng() % 4;
@@ -375,8 +375,8 @@ TEST(PlannerTest, CalibrationChangesTheTimeNotTheFit) {
 }
 
 TEST(PlannerTest, LlamaWithGroupedQueryAttention) {
-  absl::StatusOr<ModelSpec> model =
-      LoadModelSpecFile(SourceDir() + "/examples/model-llama-70b.yaml");
+  absl::StatusOr<model::ModelConfig> model =
+      LoadModelConfigFile(SourceDir() + "/examples/model-llama-70b.yaml");
   ASSERT_TRUE(model.ok()) << model.status();
   PlanRequest r = Request(*model, Cluster("h100-sxm", 32), 1024, 4096);
   absl::StatusOr<PlanReport> report = Plan(r);
@@ -390,8 +390,8 @@ TEST(PlannerTest, LlamaWithGroupedQueryAttention) {
 // parallelism; allowed to recompute, it runs tp = 1 with selective recomputation, as Megatron-LM
 // and torchtitan users do, and is faster for it.
 TEST(PlannerTest, RecomputationInsteadOfTensorParallelism) {
-  absl::StatusOr<ModelSpec> model =
-      LoadModelSpecFile(SourceDir() + "/examples/model-llama-7b.yaml");
+  absl::StatusOr<model::ModelConfig> model =
+      LoadModelConfigFile(SourceDir() + "/examples/model-llama-7b.yaml");
   ASSERT_TRUE(model.ok()) << model.status();
   PlanRequest r = Request(*model, Cluster("h100-sxm", 8), 512, 4096);
   r.constraints.recompute_modes = {RecomputeMode::kNone};

@@ -13,8 +13,8 @@ using ::testing::HasSubstr;
 
 // The tiny GPT of the serving tests: 2 layers, 2 heads, d 16, MLP 32, the byte vocabulary, 64
 // positions, tied head.
-ModelSpec Tiny() {
-  ModelSpec model;
+model::ModelConfig Tiny() {
+  model::ModelConfig model;
   model.layers = 2;
   model.heads = 2;
   model.d_model = 16;

@@ -60,7 +60,8 @@ struct Outcome {
 class ServingBatchingEngineTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    model::GptConfig config{.layers = 2, .heads = 2, .d_model = 16, .vocab = 40, .max_seq_len = 32};
+    model::ModelConfig config{
+        .layers = 2, .heads = 2, .d_model = 16, .vocab = 40, .max_seq_len = 32};
     auto gpt = model::GptModel::Create(config, allocator_);
     ASSERT_TRUE(gpt.ok()) << gpt.status();
     gpt_ = std::move(*gpt);

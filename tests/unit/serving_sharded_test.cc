@@ -44,9 +44,9 @@ namespace {
     }                                                                                     \
   } while (0)
 
-model::GptConfig Config() {
+model::ModelConfig Config() {
   // 3 heads and d_ff 48 so that tp 3 divides them; a vocabulary 3 does not divide.
-  return model::GptConfig{
+  return model::ModelConfig{
       .layers = 2, .heads = 6, .d_model = 24, .d_ff = 48, .vocab = 41, .max_seq_len = 32};
 }
 
@@ -99,9 +99,9 @@ TEST_P(ServingSamplingTest, VocabParallelSamplingGivesSampleTokensTokens) {
   RunWorld(
       tp, 1,
       [&](int rank, const placement::RankCoords&, const model::ShardedGroups& groups) {
-        const model::GptConfig c = Config();
+        const model::ModelConfig c = Config();
         auto layout = model::ShardLayout::Create(
-            c, {.tp_size = tp, .tp_index = rank, .chunks = {{0, c.layers}}});
+            c, {.tp_size = tp, .tp_index = rank, .chunks = {{0, static_cast<int>(c.layers)}}});
         CHILD_CHECK(layout.ok(), 2);
         const int v0 = layout->vocab_begin(), v1 = layout->vocab_end(), V = c.vocab;
         // Rows of every kind: greedy (with ties across ranks), the whole vocabulary, top-k

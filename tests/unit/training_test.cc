@@ -155,7 +155,7 @@ TEST(TrainerTest, LossFallsAndRerunsAreBitIdentical) {
 TEST(ModelCheckpointTest, RoundTripIsBitExact) {
   const std::string dir = TempDir("roundtrip");
   kernels::CpuAllocator allocator;
-  model::GptConfig config;
+  model::ModelConfig config;
   config.layers = 2;
   config.heads = 2;
   config.d_model = 16;
@@ -210,7 +210,7 @@ TEST(ModelCheckpointTest, DamagedOrMissingCheckpointsAreErrorsNamingTheFile) {
             absl::StatusCode::kNotFound);
   EXPECT_EQ(checkpoint::ResolveCheckpoint(dir).status().code(), absl::StatusCode::kNotFound);
 
-  model::GptConfig config;
+  model::ModelConfig config;
   config.layers = 1;
   config.heads = 2;
   config.d_model = 8;

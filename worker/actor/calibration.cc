@@ -11,7 +11,8 @@
 #include "kernels/cpu/blas.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/optimizer.h"
-#include "placement/cost_model.h"
+#include "model/tensor_table.h"
+#include "placement/cluster_spec.h"
 #include "worker/comm/shm_communicator.h"
 #include "worker/model/carver.h"
 #include "worker/model/gpt_block.h"
@@ -60,15 +61,11 @@ void FillUniform(std::vector<float>& values, float bound, uint64_t seed) {
 // FLOPs of one block's forward and backward as the planner's cost model counts them (the same
 // function, so that the measured rate and the model's FLOPs agree by construction).
 double BlockFlops(const BlockShape& shape) {
-  placement::ModelSpec spec;
-  spec.layers = 1;
-  spec.heads = shape.NH;
-  spec.d_model = shape.C;
-  spec.max_seq_len = shape.T;
-  const placement::ModelStats stats = placement::DeriveModel(spec, shape.T);
+  const model::ModelConfig block{
+      .layers = 1, .heads = shape.NH, .d_model = shape.C, .max_seq_len = shape.T};
   // A tensor-parallel shard does 1/tp of every GEMM and of attention.
-  return 3.0 * stats.layer_forward_flops_per_token * static_cast<double>(shape.B) * shape.T /
-         shape.tp;
+  return 3.0 * model::BlockForwardFlopsPerToken(block, shape.T) * static_cast<double>(shape.B) *
+         shape.T / shape.tp;
 }
 
 }  // namespace
@@ -84,7 +81,7 @@ absl::StatusOr<double> MeasureBlockRate(const BlockShape& shape, int blocks, int
   const int64_t N = dims.N(), C = dims.C;
   // The blocks' tensors as the sharded model lays them out: a middle pipeline stage of `blocks`
   // layers, tensor-parallel rank 0 of shape.tp.
-  model::GptConfig config;
+  model::ModelConfig config;
   config.layers = blocks;
   config.heads = shape.NH;
   config.d_model = shape.C;
@@ -114,10 +111,11 @@ absl::StatusOr<double> MeasureBlockRate(const BlockShape& shape, int blocks, int
     g[b] = layout.Block(grads.data() + begin);
     // GPT-2's layer norms start at the identity: with the GEMMs' scale they would shrink every
     // activation towards 0, where GELU's tanh is cheaper than in training.
-    std::fill(p[b].ln1_w, p[b].ln1_w + C, 1.0f);
-    std::fill(p[b].ln2_w, p[b].ln2_w + C, 1.0f);
-    std::fill(p[b].ln1_b, p[b].ln1_b + C, 0.0f);
-    std::fill(p[b].ln2_b, p[b].ln2_b + C, 0.0f);
+    using enum model::TensorRole;
+    std::fill(p[b][kNorm1], p[b][kNorm1] + C, 1.0f);
+    std::fill(p[b][kNorm2], p[b][kNorm2] + C, 1.0f);
+    std::fill(p[b][kNorm1Bias], p[b][kNorm1Bias] + C, 0.0f);
+    std::fill(p[b][kNorm2Bias], p[b][kNorm2Bias] + C, 0.0f);
     model::CarveBlockActivations(carve_acts, dims, acts[b]);
   }
   model::BlockGradScratch scratch;

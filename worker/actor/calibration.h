@@ -48,8 +48,9 @@ struct GroupBandwidth {
   double idle_latency_seconds = 0;  // an 8-byte all-reduce back to back with the previous one
 };
 
-// A device's compute rate for transformer layers: FLOP/s (placement::DeriveModel's counting)
-// approached by wide layers, and the size min(tokens, d_model) at which a layer gets half of it.
+// A device's compute rate for transformer layers: FLOP/s (counted as the planner counts them,
+// model::BlockForwardFlopsPerToken) approached by wide layers, and the size min(tokens, d_model)
+// at which a layer gets half of it.
 struct LayerRate {
   double flops = 0;  // 0: not measured
   double half_dim = 0;

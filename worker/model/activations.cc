@@ -6,7 +6,7 @@
 namespace shardline::model {
 namespace {
 
-void Carve(const GptConfig& config, int B, int T, bool with_grads, Carver& c,
+void Carve(const ModelConfig& config, int B, int T, bool with_grads, Carver& c,
            GptActivations& acts) {
   const int64_t N = int64_t{B} * T;
   const int64_t C = config.d_model;
@@ -14,7 +14,12 @@ void Carve(const GptConfig& config, int B, int T, bool with_grads, Carver& c,
   acts.residual.assign(config.layers + 1, nullptr);
   for (float*& r : acts.residual) r = c.Take(N * C);
   acts.blocks.assign(config.layers, BlockActivations{});
-  const BlockDims dims{B, T, config.d_model, config.heads, config.head_size(), config.ff()};
+  const BlockDims dims{B,
+                       T,
+                       static_cast<int>(config.d_model),
+                       static_cast<int>(config.heads),
+                       static_cast<int>(config.head_size()),
+                       static_cast<int>(config.ff())};
   for (BlockActivations& b : acts.blocks) CarveBlockActivations(c, dims, b);
   acts.lnf = c.Take(N * C);
   acts.lnf_mean = c.Take(N);
@@ -36,7 +41,7 @@ void Carve(const GptConfig& config, int B, int T, bool with_grads, Carver& c,
 
 }  // namespace
 
-absl::StatusOr<GptActivations> GptActivations::Allocate(const GptConfig& config, int B, int T,
+absl::StatusOr<GptActivations> GptActivations::Allocate(const ModelConfig& config, int B, int T,
                                                         bool with_grads,
                                                         kernels::Allocator& allocator) {
   GptActivations acts;

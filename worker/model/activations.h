@@ -8,8 +8,8 @@
 #include "absl/status/statusor.h"
 #include "kernels/allocator.h"
 #include "kernels/tensor.h"
+#include "model/model_config.h"
 #include "worker/model/gpt_block.h"
-#include "worker/model/gpt_config.h"
 
 namespace shardline::model {
 
@@ -17,7 +17,7 @@ class GptActivations {
  public:
   // Sized for `config` (validated) at batch B, sequence T. Without `with_grads` only the forward's
   // buffers exist (inference) and the grad pointers below are null.
-  static absl::StatusOr<GptActivations> Allocate(const GptConfig& config, int B, int T,
+  static absl::StatusOr<GptActivations> Allocate(const ModelConfig& config, int B, int T,
                                                  bool with_grads, kernels::Allocator& allocator);
 
   GptActivations() = default;

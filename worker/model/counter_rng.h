@@ -8,8 +8,8 @@
 #include <string>
 #include <string_view>
 
-#include "absl/strings/match.h"
 #include "common/counter_hash.h"
+#include "model/tensor_table.h"
 
 namespace shardline::model {
 
@@ -35,29 +35,35 @@ inline double NormalAt(uint64_t seed, uint64_t stream, uint64_t index) {
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * 3.14159265358979323846 * u2);
 }
 
-// GPT-2's initialisation of the tensor `name` (a matrix or not) in a model of `layers` layers:
-// matrices and embeddings ~ N(0, 0.02), the residual projections (attn_proj.w, fc_proj.w) scaled
-// by 1/√(2·layers); LayerNorm gains 1, every bias 0. Element i of the (global, unsharded) tensor
-// is Value(seed, i), so every shard of every plan draws what the single-device model draws.
-struct Gpt2Init {
+// The initialisation of a tensor (its table row's InitKind) in a model of `layers` layers —
+// GPT-2's: matrices and embeddings ~ N(0, 0.02), the residual projections scaled by 1/√(2·layers);
+// norm gains 1, every bias 0. The stream is the tensor's name, and element i of the (global,
+// unsharded) tensor is Value(seed, i), so every shard of every plan draws what the single-device
+// model draws.
+struct TensorInit {
   bool random = false;
   float constant = 0.0f;  // when not random
   double stddev = 0.0;    // when random
   uint64_t stream = 0;
 
-  static Gpt2Init Of(const std::string& name, bool matrix, int layers) {
-    Gpt2Init init;
-    if (!matrix) {
-      const bool gain =
-          absl::EndsWith(name, "ln1.w") || absl::EndsWith(name, "ln2.w") || name == "lnf.w";
-      init.constant = gain ? 1.0f : 0.0f;
-      return init;
-    }
+  static TensorInit Of(const std::string& name, InitKind kind, int64_t layers) {
+    // In float, as it always was: the values are part of every test's reference.
     constexpr float kStd = 0.02f;
-    const bool residual_proj =
-        absl::EndsWith(name, "attn_proj.w") || absl::EndsWith(name, "fc_proj.w");
+    TensorInit init;
+    switch (kind) {
+      case InitKind::kOnes:
+        init.constant = 1.0f;
+        return init;
+      case InitKind::kZeros:
+        return init;
+      case InitKind::kNormal:
+        init.stddev = kStd;
+        break;
+      case InitKind::kResidualNormal:
+        init.stddev = kStd / std::sqrt(2.0f * static_cast<float>(layers));
+        break;
+    }
     init.random = true;
-    init.stddev = residual_proj ? kStd / std::sqrt(2.0f * static_cast<float>(layers)) : kStd;
     init.stream = NameHash(name);
     return init;
   }

@@ -15,12 +15,13 @@
 namespace shardline::model {
 namespace cpu = kernels::cpu;
 
-GptModel::GptModel(const GptConfig& config, kernels::Allocator& allocator)
+GptModel::GptModel(const ModelConfig& config, kernels::Allocator& allocator)
     : config_(config), layout_(config), allocator_(&allocator) {}
 
-absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const GptConfig& config,
+absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const ModelConfig& config,
                                                            kernels::Allocator& allocator) {
   RETURN_IF_ERROR(config.Validate());
+  RETURN_IF_ERROR(config.EngineSupports());
   if (allocator.device() != kernels::Device::kCpu) {
     return absl::InvalidArgumentError("GptModel runs on the CPU: it needs a CPU allocator");
   }
@@ -111,7 +112,12 @@ absl::Status GptModel::CheckRange(int first, int last, const char* what) const {
 }
 
 BlockDims GptModel::Dims(int B, int T) const {
-  return BlockDims{B, T, config_.d_model, config_.heads, config_.head_size(), config_.ff()};
+  return BlockDims{B,
+                   T,
+                   static_cast<int>(config_.d_model),
+                   static_cast<int>(config_.heads),
+                   static_cast<int>(config_.head_size()),
+                   static_cast<int>(config_.ff())};
 }
 
 absl::Status GptModel::PrepareBatch(int B, int T) {

@@ -30,8 +30,8 @@
 #include "kernels/allocator.h"
 #include "kernels/cpu/optimizer.h"
 #include "kernels/tensor.h"
+#include "model/model_config.h"
 #include "worker/model/activations.h"
-#include "worker/model/gpt_config.h"
 #include "worker/model/param_layout.h"
 #include "worker/model/trainable_gpt.h"
 
@@ -42,13 +42,13 @@ class GptModel final : public TrainableGpt {
   // A model of `config` with zeroed parameters (call InitGpt2 or load a checkpoint). InvalidArgument
   // when the config is invalid or `allocator` is not a CPU allocator; ResourceExhausted when the
   // parameters do not fit. `allocator` must outlive the model.
-  static absl::StatusOr<std::unique_ptr<GptModel>> Create(const GptConfig& config,
+  static absl::StatusOr<std::unique_ptr<GptModel>> Create(const ModelConfig& config,
                                                           kernels::Allocator& allocator);
 
   GptModel(const GptModel&) = delete;
   GptModel& operator=(const GptModel&) = delete;
 
-  const GptConfig& config() const override { return config_; }
+  const ModelConfig& config() const override { return config_; }
   const ParamLayout& layout() const override { return layout_; }
   kernels::Allocator& allocator() const { return *allocator_; }
 
@@ -125,7 +125,7 @@ class GptModel final : public TrainableGpt {
                            int T) const;
 
  private:
-  GptModel(const GptConfig& config, kernels::Allocator& allocator);
+  GptModel(const ModelConfig& config, kernels::Allocator& allocator);
 
   absl::Status CheckRange(int first, int last, const char* what) const;
   BlockDims Dims(int B, int T) const;
@@ -133,7 +133,7 @@ class GptModel final : public TrainableGpt {
   void Blocks(GptActivations& acts, int first, int last) const;
   void Head(GptActivations& acts) const;
 
-  GptConfig config_;
+  ModelConfig config_;
   ParamLayout layout_;
   kernels::Allocator* allocator_;
   kernels::Tensor params_;  // (num_params) f32

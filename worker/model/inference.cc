@@ -115,7 +115,7 @@ int DrawAmongCandidates(std::span<const float> values, float temperature, float 
 
 absl::StatusOr<int> GenerateStreaming(const GptModel& model, std::span<const int32_t> prompt,
                                       const GenerateOptions& options, const TokenSink& sink) {
-  const GptConfig& c = model.config();
+  const ModelConfig& c = model.config();
   if (prompt.empty()) return absl::InvalidArgumentError("Generate: the prompt is empty");
   if (options.max_new_tokens < 0) {
     return absl::InvalidArgumentError(
@@ -145,12 +145,13 @@ absl::StatusOr<int> GenerateStreaming(const GptModel& model, std::span<const int
     // one token per step, the cache blocks in order.
     const int block_size = 16;
     const int blocks = (c.max_seq_len + block_size - 1) / block_size;
-    ASSIGN_OR_RETURN(auto paged, PagedGptForward::Create(InferenceWeights::Of(model),
-                                                         {.num_blocks = blocks,
-                                                          .block_size = block_size,
-                                                          .max_tokens_per_step = c.max_seq_len,
-                                                          .max_seqs_per_step = 1},
-                                                         model.allocator()));
+    ASSIGN_OR_RETURN(
+        auto paged, PagedGptForward::Create(InferenceWeights::Of(model),
+                                            {.num_blocks = blocks,
+                                             .block_size = block_size,
+                                             .max_tokens_per_step = static_cast<int>(c.max_seq_len),
+                                             .max_seqs_per_step = 1},
+                                            model.allocator()));
     std::vector<int32_t> table(blocks);
     std::iota(table.begin(), table.end(), 0);
     std::vector<int32_t> tokens(prompt.begin(), prompt.end());

@@ -12,9 +12,10 @@
 
 namespace shardline::model {
 namespace cpu = kernels::cpu;
+using enum TensorRole;
 
 InferenceWeights InferenceWeights::Of(const GptModel& model) {
-  const GptConfig& c = model.config();
+  const ModelConfig& c = model.config();
   InferenceWeights w;
   w.config = c;
   w.heads = c.heads;
@@ -37,7 +38,7 @@ std::pair<int, int> InferenceStageLayers(int layers, int pp, int stage) {
   return {first, first + base + (stage < extra ? 1 : 0)};
 }
 
-absl::StatusOr<std::unique_ptr<ShardWeights>> ShardWeights::Load(const GptConfig& config,
+absl::StatusOr<std::unique_ptr<ShardWeights>> ShardWeights::Load(const ModelConfig& config,
                                                                  int tp_size, int tp_index,
                                                                  const BoxReader& read,
                                                                  kernels::Allocator& allocator,
@@ -103,7 +104,8 @@ BoxReader ModelBoxReader(const GptModel& model) {
     // layout.
     ASSIGN_OR_RETURN(
         ShardLayout whole,
-        ShardLayout::Create(model.config(), ShardPlace{.chunks = {{0, model.config().layers}}}));
+        ShardLayout::Create(model.config(),
+                            ShardPlace{.chunks = {{0, static_cast<int>(model.config().layers)}}}));
     const ShardTensor* tensor = nullptr;
     for (const ShardTensor& t : whole.tensors()) {
       if (t.name == name) tensor = &t;
@@ -141,7 +143,7 @@ BoxReader ModelBoxReader(const GptModel& model) {
   };
 }
 
-int64_t PagedGptForward::BytesPerBlock(const GptConfig& config, int block_size, int tp_size,
+int64_t PagedGptForward::BytesPerBlock(const ModelConfig& config, int block_size, int tp_size,
                                        int pp_size) {
   const auto [first, last] = InferenceStageLayers(config.layers, pp_size, 0);  // the most layers
   return 2 * int64_t{last - first} * block_size * (config.d_model / tp_size) *
@@ -151,7 +153,7 @@ int64_t PagedGptForward::BytesPerBlock(const GptConfig& config, int block_size, 
 absl::StatusOr<std::unique_ptr<PagedGptForward>> PagedGptForward::Create(
     const InferenceWeights& weights, const PagedCacheOptions& options,
     kernels::Allocator& allocator, comm::Communicator* tp) {
-  const GptConfig& c = weights.config;
+  const ModelConfig& c = weights.config;
   const int tp_size = tp == nullptr ? 1 : tp->size();
   if (tp_size != weights.tp_size) {
     return absl::InvalidArgumentError(absl::StrCat("paged forward: weights cut for tp ",
@@ -217,10 +219,10 @@ absl::StatusOr<std::unique_ptr<PagedGptForward>> PagedGptForward::Create(
   };
   f->blocks_ = weights.blocks;
   for (BlockParams& b : f->blocks_) {
-    ASSIGN_OR_RETURN(b.qkv_w_packed, pack(b.qkv_w, C, 3 * A));
-    ASSIGN_OR_RETURN(b.attn_proj_w_packed, pack(b.attn_proj_w, A, C));
-    ASSIGN_OR_RETURN(b.fc_w_packed, pack(b.fc_w, C, F));
-    ASSIGN_OR_RETURN(b.fc_proj_w_packed, pack(b.fc_proj_w, F, C));
+    ASSIGN_OR_RETURN(b.packed(kQkv), pack(b[kQkv], C, 3 * A));
+    ASSIGN_OR_RETURN(b.packed(kAttnOut), pack(b[kAttnOut], A, C));
+    ASSIGN_OR_RETURN(b.packed(kMlpUp), pack(b[kMlpUp], C, F));
+    ASSIGN_OR_RETURN(b.packed(kMlpDown), pack(b[kMlpDown], F, C));
   }
   if (weights.last_stage()) {
     ASSIGN_OR_RETURN(f->head_packed_, pack(weights.lm_head, C, V));
@@ -250,7 +252,7 @@ absl::Status PagedGptForward::TpAllReduce(float* data, int64_t n, const char* wh
 }
 
 absl::Status PagedGptForward::Validate(const PagedStep& s) const {
-  const GptConfig& c = weights_.config;
+  const ModelConfig& c = weights_.config;
   const size_t n = s.tokens.size();
   if (n == 0) return absl::InvalidArgumentError("paged step: no tokens");
   if (n > static_cast<size_t>(options_.max_tokens_per_step)) {
@@ -315,11 +317,11 @@ absl::Status PagedGptForward::Validate(const PagedStep& s) const {
 
 absl::StatusOr<std::span<const float>> PagedGptForward::Forward(const PagedStep& s) {
   RETURN_IF_ERROR(Validate(s));
-  const GptConfig& c = weights_.config;
+  const ModelConfig& c = weights_.config;
   const InferenceWeights& w = weights_;
   const int N = static_cast<int>(s.tokens.size());
   const int C = c.d_model;
-  const BlockDims dims{1, N, C, w.heads, c.head_size(), w.ff};
+  const BlockDims dims{1, N, C, w.heads, static_cast<int>(c.head_size()), w.ff};
 
   if (w.first_stage()) {
     // Vocab-parallel embedding (rows outside this rank's vocabulary embed to zero; the sum over

@@ -50,7 +50,7 @@ namespace shardline::model {
 // The parameters one rank computes with, as pointers: into a GptModel (the whole model), or into
 // a ShardWeights' buffer (one tensor-parallel rank's part). They must outlive their users.
 struct InferenceWeights {
-  GptConfig config;
+  ModelConfig config;
   int tp_size = 1;
   int heads = 0;                        // held here
   int ff = 0;                           // MLP columns held here
@@ -83,7 +83,7 @@ class ShardWeights {
  public:
   // InvalidArgument when tp does not divide the heads and the MLP width, or there are more stages
   // than layers; read's errors name the tensor.
-  static absl::StatusOr<std::unique_ptr<ShardWeights>> Load(const GptConfig& config, int tp_size,
+  static absl::StatusOr<std::unique_ptr<ShardWeights>> Load(const ModelConfig& config, int tp_size,
                                                             int tp_index, const BoxReader& read,
                                                             kernels::Allocator& allocator,
                                                             int pp_size = 1, int stage = 0);
@@ -138,7 +138,7 @@ class PagedGptForward {
                                                                  comm::Communicator* tp = nullptr);
   // The cache bytes one block takes on each rank of a tp × pp cut: keys and values of the most
   // layers a stage holds, for the rank's heads.
-  static int64_t BytesPerBlock(const GptConfig& config, int block_size, int tp_size = 1,
+  static int64_t BytesPerBlock(const ModelConfig& config, int block_size, int tp_size = 1,
                                int pp_size = 1);
 
   // Writes the keys and values of every token of `step` into its cache slot (the stage's layers),
@@ -158,7 +158,7 @@ class PagedGptForward {
 
   const PagedCacheOptions& options() const { return options_; }
   const InferenceWeights& weights() const { return weights_; }
-  const GptConfig& config() const { return weights_.config; }
+  const ModelConfig& config() const { return weights_.config; }
 
  private:
   PagedGptForward(const InferenceWeights& weights, const PagedCacheOptions& options,

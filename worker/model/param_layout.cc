@@ -1,43 +1,49 @@
 #include "worker/model/param_layout.h"
 
 #include "absl/strings/str_cat.h"
+#include "model/tensor_table.h"
 
 namespace shardline::model {
 
-ParamLayout::ParamLayout(const GptConfig& config) {
-  const int64_t C = config.d_model;
-  const int64_t F = config.ff();
-  const int64_t V = config.vocab;
-  wte_ = Add("wte", {V, C});
-  wpe_ = Add("wpe", {config.max_seq_len, C});
+BlockParams BlockAt(float* base, const BlockOffsets& offsets) {
+  BlockParams block;
+  for (int role = 0; role < kTensorRoles; ++role) {
+    if (offsets[role] >= 0) block.tensors[role] = base + offsets[role];
+  }
+  return block;
+}
+
+ParamLayout::ParamLayout(const ModelConfig& config) {
+  block_offsets_.fill(-1);
+  BlockOffsets outer;  // the outer tensors' offsets, by role
+  outer.fill(-1);
+  const auto add_outer = [&](const TensorRow& row) {
+    outer[static_cast<int>(row.role)] = Add(row.name, row);
+  };
+  for (const TensorRow& row : EmbeddingRows(config)) add_outer(row);
+  const std::vector<TensorRow> block = BlockRows(config);
   for (int l = 0; l < config.layers; ++l) {
     const int64_t begin = total_;
     layer_begin_.push_back(begin);
-    const std::string p = absl::StrCat("h.", l, ".");
-    const int64_t offsets[] = {
-        Add(p + "ln1.w", {C}),         Add(p + "ln1.b", {C}),
-        Add(p + "qkv.w", {3 * C, C}),  Add(p + "qkv.b", {3 * C}),
-        Add(p + "attn_proj.w", {C, C}), Add(p + "attn_proj.b", {C}),
-        Add(p + "ln2.w", {C}),         Add(p + "ln2.b", {C}),
-        Add(p + "fc.w", {F, C}),       Add(p + "fc.b", {F}),
-        Add(p + "fc_proj.w", {C, F}),  Add(p + "fc_proj.b", {C}),
-    };
-    if (l == 0) {
-      for (int64_t offset : offsets) block_offsets_.push_back(offset - begin);
+    for (const TensorRow& row : block) {
+      const int64_t offset = Add(BlockTensorName(l, row.name), row);
+      if (l == 0) block_offsets_[static_cast<int>(row.role)] = offset - begin;
     }
   }
   layer_begin_.push_back(total_);
-  lnf_w_ = Add("lnf.w", {C});
-  lnf_b_ = Add("lnf.b", {C});
-  lm_head_ = config.tied_embeddings ? wte_ : Add("lm_head.w", {V, C});
+  for (const TensorRow& row : HeadRows(config)) add_outer(row);
+  const auto at = [&](TensorRole role) { return outer[static_cast<int>(role)]; };
+  wte_ = at(TensorRole::kTokenEmbedding);
+  wpe_ = at(TensorRole::kPositionEmbedding);
+  lnf_w_ = at(TensorRole::kFinalNorm);
+  lnf_b_ = at(TensorRole::kFinalNormBias);
+  lm_head_ = config.tied_embeddings ? wte_ : at(TensorRole::kLmHead);
 }
 
-int64_t ParamLayout::Add(std::string name, std::vector<int64_t> shape) {
-  int64_t numel = 1;
-  for (int64_t d : shape) numel *= d;
+int64_t ParamLayout::Add(std::string name, const TensorRow& row) {
   const int64_t offset = total_;
-  tensors_.push_back({std::move(name), offset, std::move(shape), numel});
-  total_ += numel;
+  tensors_.push_back({std::move(name), offset, row.shape, row.numel(), row.init});
+  total_ += row.numel();
   return offset;
 }
 
@@ -49,14 +55,12 @@ const ParamTensorInfo* ParamLayout::Find(const std::string& name) const {
 }
 
 BlockParams ParamLayout::Block(float* base, int layer) const {
-  float* p = base + layer_begin_[layer];
-  const std::vector<int64_t>& o = block_offsets_;
-  return BlockParams{p + o[0], p + o[1], p + o[2],  p + o[3],  p + o[4],  p + o[5],
-                     p + o[6], p + o[7], p + o[8],  p + o[9],  p + o[10], p + o[11]};
+  return BlockAt(base + layer_begin_[layer], block_offsets_);
 }
 
 OuterParams ParamLayout::Outer(float* base) const {
-  return OuterParams{base + wte_, base + wpe_, base + lnf_w_, base + lnf_b_, base + lm_head_};
+  const auto at = [base](int64_t offset) { return offset >= 0 ? base + offset : nullptr; };
+  return OuterParams{at(wte_), at(wpe_), at(lnf_w_), at(lnf_b_), at(lm_head_)};
 }
 
 }  // namespace shardline::model

@@ -1,19 +1,17 @@
-// Where every parameter tensor of a GPT lives inside one contiguous f32 buffer, by the names our
-// checkpoints use (docs/checkpoint-format.md, worker/checkpoint/gpt2_checkpoint.h):
-//   wte (V,C), wpe (maxT,C),
-//   h.{l}.ln1.w/.b (C), h.{l}.qkv.w (3C,C)/.b (3C), h.{l}.attn_proj.w (C,C)/.b (C),
-//   h.{l}.ln2.w/.b (C), h.{l}.fc.w (F,C)/.b (F), h.{l}.fc_proj.w (C,F)/.b (C),
-//   lnf.w/.b (C), and lm_head.w (V,C) only when the embeddings are not tied.
-// Linear weights are nn.Linear's (out, in), row-major. The buffer holds them in exactly this order,
-// so one layer's tensors are one contiguous range (what a pipeline stage owns) and the gradient
+// Where every parameter tensor of a model lives inside one contiguous f32 buffer: the tensors of
+// model/tensor_table.h's ModelRows, by the names our checkpoints use, in exactly that order.
+// Linear weights are nn.Linear's (out, in), row-major. Holding them in this order means
+// one layer's tensors are one contiguous range (what a pipeline stage owns) and the gradient
 // buffer, laid out the same way, can be all-reduced or sharded (ZeRO) as flat spans.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "worker/model/gpt_config.h"
+#include "model/model_config.h"
+#include "model/tensor_table.h"
 
 namespace shardline::kernels::cpu {
 class PackedWeight;
@@ -26,30 +24,32 @@ struct ParamTensorInfo {
   int64_t offset = 0;  // in floats from the start of the buffer
   std::vector<int64_t> shape;
   int64_t numel = 0;
+  InitKind init = InitKind::kZeros;
 };
 
 // Pointers to one block's tensors inside a parameter buffer, or inside a gradient buffer with the
-// same layout. Sizes are for what this device holds: on one device NH = heads and F = d_ff.
+// same layout, by role (model/tensor_table.h); null for a role the config has no row for. Sizes are
+// what this device holds: on one device all heads and d_ff columns.
 struct BlockParams {
-  float* ln1_w = nullptr;        // (C)
-  float* ln1_b = nullptr;        // (C)
-  float* qkv_w = nullptr;        // (3·NH·HS, C): all heads' q rows, then k rows, then v rows
-  float* qkv_b = nullptr;        // (3·NH·HS)
-  float* attn_proj_w = nullptr;  // (C, NH·HS)
-  float* attn_proj_b = nullptr;  // (C)
-  float* ln2_w = nullptr;        // (C)
-  float* ln2_b = nullptr;        // (C)
-  float* fc_w = nullptr;         // (F, C)
-  float* fc_b = nullptr;         // (F)
-  float* fc_proj_w = nullptr;    // (C, F)
-  float* fc_proj_b = nullptr;    // (C)
-  // Optional MKL-packed copies of the four matrices, which products of few rows use (inference:
-  // PagedGptForward packs them; null everywhere else).
-  const kernels::cpu::PackedWeight* qkv_w_packed = nullptr;
-  const kernels::cpu::PackedWeight* attn_proj_w_packed = nullptr;
-  const kernels::cpu::PackedWeight* fc_w_packed = nullptr;
-  const kernels::cpu::PackedWeight* fc_proj_w_packed = nullptr;
+  float* operator[](TensorRole role) const { return tensors[static_cast<int>(role)]; }
+  float*& operator[](TensorRole role) { return tensors[static_cast<int>(role)]; }
+  // An MKL-packed copy of a matrix, which products of few rows use (inference: PagedGptForward
+  // packs them); null everywhere else.
+  const kernels::cpu::PackedWeight* packed(TensorRole role) const {
+    return packed_weights[static_cast<int>(role)];
+  }
+  const kernels::cpu::PackedWeight*& packed(TensorRole role) {
+    return packed_weights[static_cast<int>(role)];
+  }
+
+  std::array<float*, kTensorRoles> tensors{};
+  std::array<const kernels::cpu::PackedWeight*, kTensorRoles> packed_weights{};
 };
+
+// Where each role's tensor sits from its layer's first float (-1: none), as both layouts record it.
+using BlockOffsets = std::array<int64_t, kTensorRoles>;
+// The pointers of a block whose first float is `base`.
+BlockParams BlockAt(float* base, const BlockOffsets& offsets);
 
 // The non-block tensors: embeddings, the final LayerNorm and the output head.
 struct OuterParams {
@@ -63,7 +63,7 @@ struct OuterParams {
 // The layout of a validated config. Cheap to copy.
 class ParamLayout {
  public:
-  explicit ParamLayout(const GptConfig& config);
+  explicit ParamLayout(const ModelConfig& config);
 
   // Every tensor in buffer order.
   const std::vector<ParamTensorInfo>& tensors() const { return tensors_; }
@@ -79,14 +79,13 @@ class ParamLayout {
   OuterParams Outer(float* base) const;
 
  private:
-  int64_t Add(std::string name, std::vector<int64_t> shape);
+  int64_t Add(std::string name, const TensorRow& row);
 
   std::vector<ParamTensorInfo> tensors_;
   std::vector<int64_t> layer_begin_;  // layers + 1 entries
-  // Offsets of a block's 12 tensors from its layer's start, in buffer order; every layer repeats
-  // them.
-  std::vector<int64_t> block_offsets_;
-  int64_t wte_ = 0, wpe_ = 0, lnf_w_ = 0, lnf_b_ = 0, lm_head_ = 0;
+  // Offsets of a block's tensors from its layer's start; every layer repeats them.
+  BlockOffsets block_offsets_{};
+  int64_t wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1, lm_head_ = -1;  // -1: none
   int64_t total_ = 0;
 };
 

@@ -25,8 +25,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "model/model_config.h"
 #include "placement/parallel_layout.h"
-#include "worker/model/gpt_config.h"
 #include "worker/model/param_layout.h"
 
 namespace shardline::model {
@@ -52,6 +52,8 @@ struct ShardTensor {
   bool tp_replica = false;  // every tensor-parallel rank holds the same values
   bool tied_copy = false;   // the last stage's copy of wte rows
   bool decay = false;       // AdamW's weight decay applies (matrices, not biases or gains)
+  TensorRole role = TensorRole::kCount;
+  InitKind init = InitKind::kZeros;
 };
 
 struct ShardUnit {
@@ -62,11 +64,11 @@ struct ShardUnit {
 
 class ShardLayout {
  public:
-  // InvalidArgument when `config` is invalid or `place` does not fit it (tp must divide heads and
-  // d_ff; the chunks must be non-empty, ascending, disjoint ranges inside the model).
-  static absl::StatusOr<ShardLayout> Create(const GptConfig& config, const ShardPlace& place);
+  // InvalidArgument when `config` is invalid or `place` does not fit it (CheckTensorParallel; the
+  // chunks must be non-empty, ascending, disjoint ranges inside the model).
+  static absl::StatusOr<ShardLayout> Create(const ModelConfig& config, const ShardPlace& place);
 
-  const GptConfig& config() const { return config_; }
+  const ModelConfig& config() const { return config_; }
   const ShardPlace& place() const { return place_; }
   const std::vector<ShardTensor>& tensors() const { return tensors_; }
   const std::vector<ShardUnit>& units() const { return units_; }
@@ -94,7 +96,7 @@ class ShardLayout {
   void AddUnit(std::string name);
   void Add(ShardTensor tensor);
 
-  GptConfig config_;
+  ModelConfig config_;
   ShardPlace place_;
   std::vector<ShardTensor> tensors_;
   std::vector<ShardUnit> units_;
@@ -102,7 +104,7 @@ class ShardLayout {
   int vocab_begin_ = 0, vocab_end_ = 0;
   int wte_unit_ = -1, wpe_unit_ = -1, lnf_unit_ = -1, head_unit_ = -1;
   std::vector<int> layer_units_;        // per model layer: its unit, -1 when not held here
-  std::vector<int64_t> block_offsets_;  // a layer's 12 tensors from its unit's start
+  BlockOffsets block_offsets_{};        // a layer's tensors from its unit's start, by role
 };
 
 }  // namespace shardline::model

@@ -413,8 +413,12 @@ int64_t ShardedGpt::shared_bytes() const {
 }
 
 BlockDims ShardedGpt::MicroBatchDims() const {
-  return BlockDims{static_cast<int>(micro_batch_), options_.seq_len, options_.config.d_model,
-                   layout_.heads(), options_.config.head_size(), layout_.ff()};
+  return BlockDims{static_cast<int>(micro_batch_),
+                   options_.seq_len,
+                   static_cast<int>(options_.config.d_model),
+                   layout_.heads(),
+                   static_cast<int>(options_.config.head_size()),
+                   layout_.ff()};
 }
 
 int64_t ShardedGpt::OwnedBegin(int u) const {
@@ -430,7 +434,7 @@ int64_t ShardedGpt::OwnedEnd(int u) const {
 void ShardedGpt::InitGpt2(uint64_t seed) {
   // Exactly GptModel::InitGpt2, element by global index.
   for (const ShardTensor& t : layout_.tensors()) {
-    const Gpt2Init init = Gpt2Init::Of(t.name, t.decay, options_.config.layers);
+    const TensorInit init = TensorInit::Of(t.name, t.init, options_.config.layers);
     std::vector<float> values(static_cast<size_t>(t.numel));
     ForEachBoxElement(t.global_shape, t.box_offsets, t.box_shape, [&](int64_t local, int64_t flat) {
       values[local] = init.Value(seed, static_cast<uint64_t>(flat));

@@ -67,7 +67,7 @@ struct ShardedGroups {
 };
 
 struct ShardedOptions {
-  GptConfig config;
+  ModelConfig config;
   // tp, pp, dp, zero, micro_batch (resolved), stage_layers, schedule, virtual_stages, recompute
   placement::ParallelSpec parallel;
   placement::RankCoords coords;

@@ -4,9 +4,9 @@
 
 namespace shardline::model {
 
-std::vector<StatePiece> WholeModelPieces(const GptConfig& config) {
+std::vector<StatePiece> WholeModelPieces(const ModelConfig& config) {
   // A one-rank cut is the whole model in ParamLayout order, with the checkpoint's views.
-  const ShardPlace whole{1, 0, {{0, config.layers}}, true, true};
+  const ShardPlace whole{1, 0, {{0, static_cast<int>(config.layers)}}, true, true};
   const absl::StatusOr<ShardLayout> layout = ShardLayout::Create(config, whole);
   std::vector<StatePiece> pieces;
   if (!layout.ok()) return pieces;

@@ -10,7 +10,7 @@
 
 #include "checkpoint/box.h"
 #include "checkpoint/train_state.h"
-#include "worker/model/gpt_config.h"
+#include "model/model_config.h"
 
 namespace shardline::model {
 
@@ -24,6 +24,6 @@ struct StatePiece {
 
 // Every tensor of a single-device model whole, parameters then exp_avg then exp_avg_sq, each in
 // ParamLayout order: the pieces of [params | exp_avg | exp_avg_sq] laid out back to back.
-std::vector<StatePiece> WholeModelPieces(const GptConfig& config);
+std::vector<StatePiece> WholeModelPieces(const ModelConfig& config);
 
 }  // namespace shardline::model

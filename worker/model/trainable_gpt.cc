@@ -7,7 +7,7 @@ namespace shardline::model {
 
 void FillGpt2Init(const ParamLayout& layout, int layers, uint64_t seed, std::span<float> params) {
   for (const ParamTensorInfo& t : layout.tensors()) {
-    const Gpt2Init init = Gpt2Init::Of(t.name, t.shape.size() >= 2, layers);
+    const TensorInit init = TensorInit::Of(t.name, t.init, layers);
     float* p = params.data() + t.offset;
     const int64_t n = t.numel;
 #pragma omp parallel for schedule(static) if (n >= (int64_t{1} << 15))

@@ -10,7 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/cpu/optimizer.h"
-#include "worker/model/gpt_config.h"
+#include "model/model_config.h"
 #include "worker/model/param_layout.h"
 
 namespace shardline::model {
@@ -34,7 +34,7 @@ class TrainableGpt {
  public:
   virtual ~TrainableGpt() = default;
 
-  virtual const GptConfig& config() const = 0;
+  virtual const ModelConfig& config() const = 0;
   virtual const ParamLayout& layout() const = 0;
 
   // GPT-2's initialisation (FillGpt2Init), the same values on every device; clears the optimizer

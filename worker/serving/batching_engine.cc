@@ -72,7 +72,7 @@ absl::Status DrainRing(comm::Communicator& ring, const SlotLimits& limits, bool 
 
 }  // namespace
 
-absl::StatusOr<model::PagedCacheOptions> CacheOptionsFor(const model::GptConfig& c,
+absl::StatusOr<model::PagedCacheOptions> CacheOptionsFor(const model::ModelConfig& c,
                                                          const BatchingEngineOptions& options,
                                                          int tp_size, int pp_size) {
   if (options.max_running < 1) {
@@ -112,7 +112,7 @@ absl::StatusOr<model::PagedCacheOptions> CacheOptionsFor(const model::GptConfig&
 absl::StatusOr<std::unique_ptr<BatchingEngine>> BatchingEngine::Create(
     const model::InferenceWeights& weights, BatchingEngineOptions options,
     kernels::Allocator& allocator, ServingGroups groups) {
-  const model::GptConfig& c = weights.config;
+  const model::ModelConfig& c = weights.config;
   if (groups.world != nullptr && groups.world->rank() != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the serving engine runs on rank 0 of its group, not on rank ", groups.world->rank()));
@@ -128,7 +128,7 @@ absl::StatusOr<std::unique_ptr<BatchingEngine>> BatchingEngine::Create(
                                                  .block_size = options.block_size,
                                                  .num_blocks = cache.num_blocks,
                                                  .max_queue = options.max_queue,
-                                                 .max_context = c.max_seq_len,
+                                                 .max_context = static_cast<int>(c.max_seq_len),
                                                  // A step in flight per pipeline stage.
                                                  .max_in_flight = weights.pp_size,
                                              }));
@@ -184,7 +184,7 @@ void BatchingEngine::StopNow(absl::Status reason) {
 
 absl::StatusOr<RequestId> BatchingEngine::Submit(GenerationRequest request,
                                                  StreamCallbacks callbacks) {
-  const model::GptConfig& c = config_;
+  const model::ModelConfig& c = config_;
   if (request.prompt.empty()) return absl::InvalidArgumentError("prompt: no tokens");
   for (size_t i = 0; i < request.prompt.size(); ++i) {
     if (request.prompt[i] < 0 || request.prompt[i] >= c.vocab) {

@@ -78,7 +78,7 @@ struct ServingGroups {
 // size theirs the same way: the same number of blocks on every rank, each `kv_cache_bytes`
 // holding the most layers a stage has). InvalidArgument names a bad option, or a cache too small
 // for one whole context.
-absl::StatusOr<model::PagedCacheOptions> CacheOptionsFor(const model::GptConfig& config,
+absl::StatusOr<model::PagedCacheOptions> CacheOptionsFor(const model::ModelConfig& config,
                                                          const BatchingEngineOptions& options,
                                                          int tp_size, int pp_size = 1);
 
@@ -141,7 +141,7 @@ class BatchingEngine final : public CompletionEngine {
   void Finish(RequestId id, absl::Status status, FinishReason reason);
 
   const BatchingEngineOptions options_;
-  const model::GptConfig config_;
+  const model::ModelConfig config_;
   std::unique_ptr<model::PagedGptForward> forward_;    // engine thread only
   const ServingGroups groups_;                         // engine thread only
   const SlotLimits slot_limits_;

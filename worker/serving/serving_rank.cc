@@ -8,7 +8,7 @@
 
 namespace shardline::serving {
 
-absl::Status CheckServingLayout(const model::GptConfig& config, int tp, int pp,
+absl::Status CheckServingLayout(const model::ModelConfig& config, int tp, int pp,
                                 const BatchingEngineOptions& engine, const std::string& tp_name,
                                 const std::string& pp_name) {
   if (pp < 1 || pp > config.layers) {
@@ -17,7 +17,7 @@ absl::Status CheckServingLayout(const model::GptConfig& config, int tp, int pp,
                                                    " pipeline stages"));
   }
   auto layout = model::ShardLayout::Create(
-      config, {.tp_size = tp, .tp_index = 0, .chunks = {{0, config.layers}}});
+      config, {.tp_size = tp, .tp_index = 0, .chunks = {{0, static_cast<int>(config.layers)}}});
   if (!layout.ok()) return Annotate(layout.status(), absl::StrCat(tp_name, " ", tp));
   return CacheOptionsFor(config, engine, tp, pp).status();
 }

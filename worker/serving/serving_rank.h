@@ -19,7 +19,7 @@ namespace shardline::serving {
 // Whether tp ranks in each of pp stages can split the model and each size its cache:
 // InvalidArgument naming the numbers (the stages, ShardLayout's and CacheOptionsFor's checks).
 // `tp_name` and `pp_name` name the layout's source in the messages ("--tp", "parallel.tp").
-absl::Status CheckServingLayout(const model::GptConfig& config, int tp, int pp,
+absl::Status CheckServingLayout(const model::ModelConfig& config, int tp, int pp,
                                 const BatchingEngineOptions& engine,
                                 const std::string& tp_name = "--tp",
                                 const std::string& pp_name = "--pp");

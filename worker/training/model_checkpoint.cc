@@ -7,10 +7,12 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
-#include "common/status_macros.h"
 #include "checkpoint/gpt2_hf_import.h"
 #include "checkpoint/layout.h"
+#include "checkpoint/model_config.h"
 #include "checkpoint/verify.h"
+#include "common/status_macros.h"
+#include "model/tensor_table.h"
 #include "worker/model/data/tokenizer.h"
 
 namespace shardline::training {
@@ -20,48 +22,11 @@ namespace fs = std::filesystem;
 
 }  // namespace
 
-checkpoint::Gpt2Config Gpt2ConfigOf(const model::GptConfig& config) {
-  checkpoint::Gpt2Config out;
-  out.n_layer = config.layers;
-  out.n_embd = config.d_model;
-  out.n_head = config.heads;
-  out.d_ff = config.ff();
-  out.vocab_size = config.vocab;
-  out.n_positions = config.max_seq_len;
-  out.tied_embeddings = config.tied_embeddings;
-  return out;
-}
-
-namespace {
-
-// The file's sizes are int64; the model's are int. A size past INT_MAX would wrap silently.
-absl::StatusOr<model::GptConfig> ToModelConfig(const checkpoint::Gpt2Config& config,
-                                               const std::string& where) {
-  for (const int64_t size : {config.n_layer, config.n_head, config.n_embd, config.d_ff,
-                             config.vocab_size, config.n_positions}) {
-    if (size > INT_MAX) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": a model size of ", size, " in the metadata is too large"));
-    }
-  }
-  model::GptConfig out;
-  out.layers = static_cast<int>(config.n_layer);
-  out.heads = static_cast<int>(config.n_head);
-  out.d_model = static_cast<int>(config.n_embd);
-  out.d_ff = static_cast<int>(config.d_ff);
-  out.vocab = static_cast<int>(config.vocab_size);
-  out.max_seq_len = static_cast<int>(config.n_positions);
-  out.tied_embeddings = config.tied_embeddings;
-  return out;
-}
-
-}  // namespace
-
 absl::Status SaveModel(const model::GptModel& model, const std::string& path) {
   return SaveModel(model.config(), model.params(), path);
 }
 
-absl::Status SaveModel(const model::GptConfig& config, std::span<const float> params,
+absl::Status SaveModel(const model::ModelConfig& config, std::span<const float> params,
                        const std::string& path) {
   const model::ParamLayout layout(config);
   if (static_cast<int64_t>(params.size()) != layout.total()) {
@@ -69,7 +34,7 @@ absl::Status SaveModel(const model::GptConfig& config, std::span<const float> pa
                                                    " parameters for a model of ", layout.total()));
   }
   checkpoint::Gpt2Weights weights;
-  weights.config = Gpt2ConfigOf(config);
+  weights.config = config;
   for (const auto& info : layout.tensors()) {
     checkpoint::HostTensor tensor;
     tensor.shape = info.shape;
@@ -114,8 +79,8 @@ absl::StatusOr<std::unique_ptr<model::GptModel>> LoadModel(const std::string& pa
   } else {
     ASSIGN_OR_RETURN(weights, checkpoint::ReadGpt2Checkpoint(file));
   }
-  ASSIGN_OR_RETURN(const model::GptConfig config,
-                   ToModelConfig(weights.config, absl::StrCat("checkpoint ", file)));
+  const model::ModelConfig& config = weights.config;
+  RETURN_IF_ERROR(Annotate(config.EngineSupports(), absl::StrCat("checkpoint ", file)));
   ASSIGN_OR_RETURN(auto gpt, model::GptModel::Create(config, allocator));
   auto params = gpt->params();
   for (const auto& info : gpt->NamedTensors()) {
@@ -138,14 +103,14 @@ absl::StatusOr<CheckpointSource> CheckpointSource::Open(const std::string& path,
   CheckpointSource source;
   ASSIGN_OR_RETURN(source.path_, checkpoint::ResolveCheckpoint(path));
   const std::string& file = source.path_;
-  checkpoint::Gpt2Config config;
+  model::ModelConfig config;
   std::string where;
   if (checkpoint::IsManifestPath(file)) {
     source.kind_ = CheckpointKind::kSharded;
     where = absl::StrCat("sharded checkpoint ", file);
     ASSIGN_OR_RETURN(source.sharded_, checkpoint::ShardedReader::Open(file));
     const checkpoint::Manifest& manifest = source.sharded_->manifest();
-    ASSIGN_OR_RETURN(config, checkpoint::Gpt2ConfigFromMetadata(manifest.metadata, where));
+    ASSIGN_OR_RETURN(config, checkpoint::ModelConfigFromMetadata(manifest.metadata, where));
   } else {
     where = absl::StrCat("checkpoint ", file);
     ASSIGN_OR_RETURN(checkpoint::SafetensorsReader reader,
@@ -156,12 +121,13 @@ absl::StatusOr<CheckpointSource> CheckpointSource::Open(const std::string& path,
       config = source.imported_->config;
     } else {
       source.kind_ = CheckpointKind::kSingleFile;
-      ASSIGN_OR_RETURN(config, checkpoint::Gpt2ConfigFromMetadata(reader.metadata(), where));
+      ASSIGN_OR_RETURN(config, checkpoint::ModelConfigFromMetadata(reader.metadata(), where));
       source.file_ = std::move(reader);
     }
   }
-  ASSIGN_OR_RETURN(source.config_, ToModelConfig(config, where));
-  for (checkpoint::Gpt2TensorSpec& spec : checkpoint::Gpt2TensorSpecs(config)) {
+  RETURN_IF_ERROR(Annotate(config.EngineSupports(), where));
+  source.config_ = config;
+  for (model::TensorRow& spec : model::ModelRows(config)) {
     std::string name = spec.name;
     source.specs_.emplace(std::move(name), std::move(spec));
   }

@@ -13,21 +13,19 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "kernels/allocator.h"
 #include "checkpoint/gpt2_checkpoint.h"
 #include "checkpoint/safetensors_reader.h"
 #include "checkpoint/sharded_reader.h"
+#include "kernels/allocator.h"
+#include "model/tensor_table.h"
 #include "worker/model/gpt.h"
 
 namespace shardline::training {
 
-// The checkpoint format's description of a model config.
-checkpoint::Gpt2Config Gpt2ConfigOf(const model::GptConfig& config);
-
 // Writes every parameter of `model` to `path` (atomically), untied output head included.
 absl::Status SaveModel(const model::GptModel& model, const std::string& path);
 // The same from a model's parameters in ParamLayout(config) order, wherever the model computes.
-absl::Status SaveModel(const model::GptConfig& config, std::span<const float> params,
+absl::Status SaveModel(const model::ModelConfig& config, std::span<const float> params,
                        const std::string& path);
 
 // Loads, into a single-device model:
@@ -38,8 +36,9 @@ absl::Status SaveModel(const model::GptConfig& config, std::span<const float> pa
 //     gathered from the rank files; the result is the model a single file would give);
 //   - a training run's folder (through checkpoint::ResolveCheckpoint).
 // A sharded checkpoint must hold every parameter of the config in its metadata, with the global
-// shapes of Gpt2TensorSpec::sharded_shape; other tensors (optimizer state, say) are ignored unless
-// they are named like a parameter the config does not have. Errors name the file and the tensor.
+// shapes of model::TensorRow::sharded_shape; other tensors (optimizer state, say) are ignored
+// unless they are named like a parameter the config does not have. Errors name the file and the
+// tensor.
 absl::StatusOr<std::unique_ptr<model::GptModel>> LoadModel(const std::string& path,
                                                            kernels::Allocator& allocator,
                                                            int hf_heads = 12);
@@ -64,7 +63,7 @@ class CheckpointSource {
   CheckpointKind kind() const { return kind_; }
   // The resolved file: the safetensors file, or the manifest.
   const std::string& path() const { return path_; }
-  const model::GptConfig& config() const { return config_; }
+  const model::ModelConfig& config() const { return config_; }
   // The training step of a checkpoint step (its manifest's); nullopt for a single model file.
   std::optional<int64_t> step() const {
     return sharded_ ? std::optional<int64_t>(sharded_->manifest().step) : std::nullopt;
@@ -79,8 +78,8 @@ class CheckpointSource {
   }
 
   // The global shape that boxes of `name` are given in: for the model's parameters
-  // Gpt2TensorSpec::sharded_shape (so h.{l}.qkv.w is (3, C, C) and h.{l}.qkv.b (3, C), whatever the
-  // kind); for any other tensor its stored shape. NotFound naming the tensor when it is absent.
+  // model::TensorRow::sharded_shape (so h.{l}.qkv.w is (3, C, C) and h.{l}.qkv.b (3, C), whatever
+  // the kind); for any other tensor its stored shape. NotFound naming the tensor when it is absent.
   absl::StatusOr<std::vector<int64_t>> BoxShape(const std::string& name) const;
 
  private:
@@ -92,8 +91,8 @@ class CheckpointSource {
 
   CheckpointKind kind_ = CheckpointKind::kSingleFile;
   std::string path_;
-  model::GptConfig config_;
-  std::map<std::string, checkpoint::Gpt2TensorSpec> specs_;  // the model's parameters, by name
+  model::ModelConfig config_;
+  std::map<std::string, model::TensorRow> specs_;            // the model's parameters, by name
   std::optional<checkpoint::SafetensorsReader> file_;        // kSingleFile
   std::optional<checkpoint::Gpt2Weights> imported_;          // kHuggingFace
   std::optional<checkpoint::ShardedReader> sharded_;         // kSharded

@@ -32,7 +32,7 @@ absl::StatusOr<model::ShardedOptions> ShardedOptionsOf(const placement::JobSpec&
   }
   const placement::TrainSpec& spec = job.train;
   model::ShardedOptions sharded;
-  sharded.config = ModelConfigOf(spec.model);
+  sharded.config = spec.model;
   sharded.parallel = job.parallel;
   sharded.coords = grid.Coords(rank);
   sharded.global_batch = spec.batch;

@@ -21,7 +21,7 @@ absl::StatusOr<StartingPoint> OpenStartingPoint(const placement::TrainSpec& spec
                                                 const std::string& resume_manifest,
                                                 const checkpoint::DataIdentity& data) {
   StartingPoint start;
-  const checkpoint::Gpt2Config config = placement::CheckpointConfigOf(spec.model);
+  const model::ModelConfig config = spec.model;
   if (!resume_manifest.empty()) {
     const std::string where = "resuming from " + resume_manifest;
     absl::StatusOr<CheckpointSource> source = CheckpointSource::Open(resume_manifest);
@@ -47,7 +47,7 @@ absl::StatusOr<StartingPoint> OpenStartingPoint(const placement::TrainSpec& spec
     if (!source.ok()) {
       return Annotate(source.status(), where + ": not a checkpoint Shardline can read");
     }
-    RETURN_IF_ERROR(checkpoint::CheckSameModel(Gpt2ConfigOf(source->config()), config, where));
+    RETURN_IF_ERROR(checkpoint::CheckSameModel(source->config(), config, where));
     start.kind = StartingPoint::Kind::kInitFrom;
     start.source = std::move(*source);
   }

@@ -29,7 +29,7 @@ using Clock = std::chrono::steady_clock;
 // The whole state of a single-device model of `config` from `source`, in WholeModelPieces order:
 // the parameters, then (`with_moments`) both AdamW moments.
 absl::StatusOr<std::vector<float>> ReadWholeState(const CheckpointSource& source,
-                                                  const model::GptConfig& config,
+                                                  const model::ModelConfig& config,
                                                   bool with_moments) {
   std::vector<float> state;
   for (const model::StatePiece& piece : model::WholeModelPieces(config)) {
@@ -50,21 +50,9 @@ absl::StatusOr<data::TextDataset> LoadTrainingData(const placement::DataSpec& sp
       .ToDataset();
 }
 
-model::GptConfig ModelConfigOf(const placement::ModelSpec& spec) {
-  model::GptConfig config;
-  config.layers = static_cast<int>(spec.layers);
-  config.heads = static_cast<int>(spec.heads);
-  config.d_model = static_cast<int>(spec.d_model);
-  config.d_ff = static_cast<int>(spec.d_ff);
-  config.vocab = static_cast<int>(spec.vocab);
-  config.max_seq_len = static_cast<int>(spec.max_seq_len);
-  config.tied_embeddings = spec.tied_embeddings;
-  return config;
-}
-
 absl::StatusOr<std::unique_ptr<model::TrainableGpt>> CreateModel(
     const placement::TrainSpec& spec, kernels::Allocator& cpu_allocator) {
-  const model::GptConfig config = ModelConfigOf(spec.model);
+  const model::ModelConfig config = spec.model;
   if (spec.device == placement::TrainDevice::kCpu) {
     ASSIGN_OR_RETURN(auto gpt, model::GptModel::Create(config, cpu_allocator));
     return std::unique_ptr<model::TrainableGpt>(std::move(gpt));
@@ -114,8 +102,7 @@ absl::StatusOr<TrainResult> Train(const placement::TrainSpec& spec,
   const std::string& dir = spec.checkpoint.dir;
   ASSIGN_OR_RETURN(const checkpoint::ResumePlan plan,
                    checkpoint::PlanResume(fs, placement::ResumeRequestOf(spec.checkpoint),
-                                          placement::CheckpointConfigOf(spec.model),
-                                          placement::CheckpointTrainStateOf(spec)));
+                                          spec.model, placement::CheckpointTrainStateOf(spec)));
   ASSIGN_OR_RETURN(const StartingPoint start,
                    OpenStartingPoint(spec, plan.decision.manifest, data));
   TrainResult result;
@@ -127,7 +114,7 @@ absl::StatusOr<TrainResult> Train(const placement::TrainSpec& spec,
 
   kernels::CpuAllocator cpu_allocator;
   ASSIGN_OR_RETURN(std::unique_ptr<model::TrainableGpt> gpt, CreateModel(spec, cpu_allocator));
-  const model::GptConfig config = ModelConfigOf(spec.model);
+  const model::ModelConfig config = spec.model;
   const size_t n = static_cast<size_t>(gpt->layout().total());
   if (start.kind == StartingPoint::Kind::kFresh) {
     gpt->InitGpt2(spec.seed);

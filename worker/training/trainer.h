@@ -12,9 +12,9 @@
 #include "checkpoint/file_system.h"
 #include "checkpoint/resume.h"
 #include "kernels/allocator.h"
+#include "model/model_config.h"
 #include "placement/train_spec.h"
 #include "worker/model/data/text_dataset.h"
-#include "worker/model/gpt_config.h"
 #include "worker/model/trainable_gpt.h"
 
 namespace shardline::training {
@@ -58,8 +58,6 @@ struct TrainCallbacks {
 
 // The dataset a spec's data section names: its text file, or the built-in synthetic corpus.
 absl::StatusOr<data::TextDataset> LoadTrainingData(const placement::DataSpec& spec);
-// The model config of a spec's model section.
-model::GptConfig ModelConfigOf(const placement::ModelSpec& spec);
 // The model a spec trains, with zeroed parameters: a GptModel on `cpu_allocator` (which must
 // outlive it) for device cpu, a CudaGptModel for cuda:N in the spec's precision. Errors name the
 // device: FailedPrecondition when it is not usable (CUDA's reason) or this build has no CUDA.

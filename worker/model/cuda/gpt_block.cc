@@ -8,6 +8,7 @@
 
 namespace shardline::model::cuda {
 namespace k = kernels::cuda;
+using enum TensorRole;
 
 namespace {
 
@@ -23,22 +24,23 @@ absl::Status BlockForward(k::Blas& blas, const BlockDims& d, const BlockParams& 
   const int N = static_cast<int>(d.N());
   const int64_t NC = d.N() * d.C;
   // Attention half.
-  RETURN_IF_ERROR(k::LayerNormForward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1_w, p.ln1_b, N, d.C,
-                                      kernels::cpu::kLayerNormEps, stream));
+  RETURN_IF_ERROR(k::LayerNormForward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p[kNorm1], p[kNorm1Bias], N,
+                                      d.C, kernels::cpu::kLayerNormEps, stream));
   RETURN_IF_ERROR(
-      k::MatmulForward(blas, a.qkv, a.ln1, p.qkv_w, p.qkv_b, N, d.C, 3 * d.Attn(), stream));
+      k::MatmulForward(blas, a.qkv, a.ln1, p[kQkv], p[kQkvBias], N, d.C, 3 * d.Attn(), stream));
   RETURN_IF_ERROR(k::AttentionForward(a.atty, a.att_lse, a.qkv, d.B, d.T, d.NH, d.HS, stream));
-  RETURN_IF_ERROR(k::MatmulForward(blas, a.resid_mid, a.atty, p.attn_proj_w, p.attn_proj_b, N,
+  RETURN_IF_ERROR(k::MatmulForward(blas, a.resid_mid, a.atty, p[kAttnOut], p[kAttnOutBias], N,
                                    d.Attn(), d.C, stream));
   RETURN_IF_ERROR(k::ResidualForward(a.resid_mid, a.resid_mid, x, NC, stream));
 
   // MLP half.
-  RETURN_IF_ERROR(k::LayerNormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.resid_mid, p.ln2_w, p.ln2_b,
-                                      N, d.C, kernels::cpu::kLayerNormEps, stream));
-  RETURN_IF_ERROR(k::MatmulForward(blas, a.fch, a.ln2, p.fc_w, p.fc_b, N, d.C, d.F, stream));
+  RETURN_IF_ERROR(k::LayerNormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.resid_mid, p[kNorm2],
+                                      p[kNorm2Bias], N, d.C, kernels::cpu::kLayerNormEps, stream));
+  RETURN_IF_ERROR(
+      k::MatmulForward(blas, a.fch, a.ln2, p[kMlpUp], p[kMlpUpBias], N, d.C, d.F, stream));
   RETURN_IF_ERROR(k::GeluForward(a.fch_gelu, a.fch, d.N() * d.F, stream));
   RETURN_IF_ERROR(
-      k::MatmulForward(blas, y, a.fch_gelu, p.fc_proj_w, p.fc_proj_b, N, d.F, d.C, stream));
+      k::MatmulForward(blas, y, a.fch_gelu, p[kMlpDown], p[kMlpDownBias], N, d.F, d.C, stream));
   return k::ResidualForward(y, y, a.resid_mid, NC, stream);
 }
 
@@ -58,25 +60,25 @@ absl::Status BlockBackward(k::Blas& blas, const BlockDims& d, const BlockParams&
 
   // MLP half: y = r + fc_proj(gelu(fc(ln2(r)))).
   RETURN_IF_ERROR(k::ResidualBackward(s.dresid_mid, nullptr, dy, NC, stream));
-  RETURN_IF_ERROR(k::MatmulBackward(blas, s.dfch_gelu, g.fc_proj_w, g.fc_proj_b, dy, a.fch_gelu,
-                                    p.fc_proj_w, N, d.F, d.C, stream));
+  RETURN_IF_ERROR(k::MatmulBackward(blas, s.dfch_gelu, g[kMlpDown], g[kMlpDownBias], dy, a.fch_gelu,
+                                    p[kMlpDown], N, d.F, d.C, stream));
   RETURN_IF_ERROR(k::GeluBackward(s.dfch, a.fch, s.dfch_gelu, d.N() * d.F, stream));
-  RETURN_IF_ERROR(
-      k::MatmulBackward(blas, s.dln, g.fc_w, g.fc_b, s.dfch, a.ln2, p.fc_w, N, d.C, d.F, stream));
-  RETURN_IF_ERROR(k::LayerNormBackward(s.dresid_mid, g.ln2_w, g.ln2_b, s.dln, a.resid_mid, p.ln2_w,
-                                       a.ln2_mean, a.ln2_rstd, N, d.C, stream));
+  RETURN_IF_ERROR(k::MatmulBackward(blas, s.dln, g[kMlpUp], g[kMlpUpBias], s.dfch, a.ln2, p[kMlpUp],
+                                    N, d.C, d.F, stream));
+  RETURN_IF_ERROR(k::LayerNormBackward(s.dresid_mid, g[kNorm2], g[kNorm2Bias], s.dln, a.resid_mid,
+                                       p[kNorm2], a.ln2_mean, a.ln2_rstd, N, d.C, stream));
 
   // Attention half: r = x + attn_proj(attention(qkv(ln1(x)))).
   RETURN_IF_ERROR(k::ResidualBackward(dx, nullptr, s.dresid_mid, NC, stream));
-  RETURN_IF_ERROR(k::MatmulBackward(blas, s.datty, g.attn_proj_w, g.attn_proj_b, s.dresid_mid,
-                                    a.atty, p.attn_proj_w, N, d.Attn(), d.C, stream));
+  RETURN_IF_ERROR(k::MatmulBackward(blas, s.datty, g[kAttnOut], g[kAttnOutBias], s.dresid_mid,
+                                    a.atty, p[kAttnOut], N, d.Attn(), d.C, stream));
   RETURN_IF_ERROR(k::AttentionBackward(s.dqkv, s.datty, a.qkv, a.atty, a.att_lse, d.B, d.T, d.NH,
                                        d.HS, stream));
   RETURN_IF_ERROR(Zero(s.dln, NC, stream));
-  RETURN_IF_ERROR(k::MatmulBackward(blas, s.dln, g.qkv_w, g.qkv_b, s.dqkv, a.ln1, p.qkv_w, N, d.C,
-                                    3 * d.Attn(), stream));
-  return k::LayerNormBackward(dx, g.ln1_w, g.ln1_b, s.dln, x, p.ln1_w, a.ln1_mean, a.ln1_rstd, N,
-                              d.C, stream);
+  RETURN_IF_ERROR(k::MatmulBackward(blas, s.dln, g[kQkv], g[kQkvBias], s.dqkv, a.ln1, p[kQkv], N,
+                                    d.C, 3 * d.Attn(), stream));
+  return k::LayerNormBackward(dx, g[kNorm1], g[kNorm1Bias], s.dln, x, p[kNorm1], a.ln1_mean,
+                              a.ln1_rstd, N, d.C, stream);
 }
 
 }  // namespace shardline::model::cuda

@@ -20,7 +20,7 @@
 namespace shardline::model {
 namespace k = kernels::cuda;
 
-CudaGptModel::CudaGptModel(const GptConfig& config,
+CudaGptModel::CudaGptModel(const ModelConfig& config,
                            std::unique_ptr<k::CudaCachingAllocator> allocator)
     : config_(config), layout_(config), allocator_(std::move(allocator)) {}
 
@@ -34,10 +34,11 @@ CudaGptModel::~CudaGptModel() {
   }
 }
 
-absl::StatusOr<std::unique_ptr<CudaGptModel>> CudaGptModel::Create(const GptConfig& config,
+absl::StatusOr<std::unique_ptr<CudaGptModel>> CudaGptModel::Create(const ModelConfig& config,
                                                                    int device,
                                                                    k::GemmPrecision precision) {
   RETURN_IF_ERROR(config.Validate());
+  RETURN_IF_ERROR(config.EngineSupports());
   if (config.head_size() > k::launch::kAttentionMaxHeadSize) {
     return absl::InvalidArgumentError(absl::StrCat(
         "CudaGptModel: head size ", config.head_size(), " (d_model ", config.d_model, " / heads ",
@@ -193,7 +194,12 @@ absl::StatusOr<float> CudaGptModel::Forward(std::span<const int32_t> tokens,
   const int32_t* device_tokens = tokens_.data<int32_t>();
   RETURN_IF_ERROR(
       k::EncoderForward(acts_.residual[0], device_tokens, o.wte, o.wpe, B, T, C, V, stream_));
-  const BlockDims dims{B, T, C, config_.heads, config_.head_size(), config_.ff()};
+  const BlockDims dims{B,
+                       T,
+                       C,
+                       static_cast<int>(config_.heads),
+                       static_cast<int>(config_.head_size()),
+                       static_cast<int>(config_.ff())};
   for (int l = 0; l < L; ++l) {
     RETURN_IF_ERROR(
         Annotate(cuda::BlockForward(*blas_, dims, layout_.Block(params, l), acts_.residual[l],
@@ -251,7 +257,12 @@ absl::Status CudaGptModel::Backward() {
                                        acts_.residual[L], o.lnf_w, acts_.lnf_mean, acts_.lnf_rstd,
                                        rows, C, stream_));
 
-  const BlockDims dims{B, T, C, config_.heads, config_.head_size(), config_.ff()};
+  const BlockDims dims{B,
+                       T,
+                       C,
+                       static_cast<int>(config_.heads),
+                       static_cast<int>(config_.head_size()),
+                       static_cast<int>(config_.ff())};
   for (int l = L - 1; l >= 0; --l) {
     RETURN_IF_ERROR(Check(cudaMemsetAsync(acts_.dresidual[l], 0, sizeof(float) * NC, stream_),
                           "zeroing a block's input gradient"));

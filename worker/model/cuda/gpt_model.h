@@ -47,13 +47,13 @@ class CudaGptModel final : public TrainableGpt {
   // usable (no driver, no GPU) or cuBLAS cannot be loaded; ResourceExhausted when the parameters
   // and optimizer state do not fit.
   static absl::StatusOr<std::unique_ptr<CudaGptModel>> Create(
-      const GptConfig& config, int device, kernels::cuda::GemmPrecision precision);
+      const ModelConfig& config, int device, kernels::cuda::GemmPrecision precision);
   ~CudaGptModel() override;
 
   CudaGptModel(const CudaGptModel&) = delete;
   CudaGptModel& operator=(const CudaGptModel&) = delete;
 
-  const GptConfig& config() const override { return config_; }
+  const ModelConfig& config() const override { return config_; }
   const ParamLayout& layout() const override { return layout_; }
   kernels::cuda::GemmPrecision precision() const { return blas_->precision(); }
   int64_t num_params() const { return layout_.total(); }
@@ -79,7 +79,8 @@ class CudaGptModel final : public TrainableGpt {
   absl::Status Synchronize();
 
  private:
-  CudaGptModel(const GptConfig& config, std::unique_ptr<kernels::cuda::CudaCachingAllocator> alloc);
+  CudaGptModel(const ModelConfig& config,
+               std::unique_ptr<kernels::cuda::CudaCachingAllocator> alloc);
 
   absl::Status PrepareBatch(int B, int T);
   // Errors mentioning `what` for a failed CUDA call.
@@ -91,7 +92,7 @@ class CudaGptModel final : public TrainableGpt {
   // `host` (num_params floats) into `device`, waiting for the copy (the host buffer may die).
   absl::Status CopyToDevice(std::span<const float> host, void* device, const char* what);
 
-  GptConfig config_;
+  ModelConfig config_;
   ParamLayout layout_;
   std::unique_ptr<kernels::cuda::CudaCachingAllocator> allocator_;  // outlives every tensor below
   std::unique_ptr<kernels::cuda::Blas> blas_;
