@@ -27,3 +27,8 @@ if(SHARDLINE_CUDA)
     SOURCES ${CMAKE_CURRENT_LIST_DIR}/model_cuda_gpt_test.cc
     LIBS shardline_training shardline_data LABELS gpu TIMEOUT 300)
 endif()
+# The data-parallel strategy (ZeRO 0-3) on its own: what each stage keeps whole or sharded, where
+# an element lives, a gradient's way into the owned shard, and bad stages.
+shardline_test(model_data_parallel_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/model_data_parallel_test.cc
+  LIBS shardline_model LABELS unit TIMEOUT 60)

@@ -10,15 +10,16 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "checkpoint/box.h"
 #include "common/status_macros.h"
-#include "worker/model/carver.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/layernorm.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/optimizer.h"
-#include "checkpoint/box.h"
+#include "worker/model/carver.h"
 #include "worker/model/counter_rng.h"
+#include "worker/model/data_parallel.h"
 
 namespace shardline::model {
 namespace cpu = kernels::cpu;
@@ -59,67 +60,6 @@ void ForEachBoxElement(const std::vector<int64_t>& global_shape,
 // Runs the data-parallel group's collectives, in submission order, on its own thread: every rank
 // submits the same sequence, so the ranks' collectives match. After a failure the remaining tasks
 // are dropped (their buffers freed) and Drain reports the first error.
-class ShardedGpt::CommThread {
- public:
-  using Task = std::function<absl::Status()>;
-  // At most `max_queued` tasks wait at a time: Submit blocks past that, which bounds the memory
-  // of ZeRO 2/3's gradient buffers waiting to be reduced.
-  explicit CommThread(size_t max_queued) : max_queued_(max_queued), thread_([this] { Loop(); }) {}
-  ~CommThread() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-
-  void Submit(Task task) {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return tasks_.size() < max_queued_; });
-    tasks_.push_back(std::move(task));
-    cv_.notify_all();
-  }
-
-  // Waits until every submitted task has run; returns (and clears) the first error.
-  absl::Status Drain() {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return tasks_.empty() && !running_; });
-    absl::Status error = std::move(error_);
-    error_ = absl::OkStatus();
-    return error;
-  }
-
- private:
-  void Loop() {
-    std::unique_lock<std::mutex> lock(mu_);
-    for (;;) {
-      cv_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
-      if (tasks_.empty()) return;  // stop_ and nothing left
-      Task task = std::move(tasks_.front());
-      tasks_.pop_front();
-      running_ = true;
-      const bool failed = !error_.ok();
-      lock.unlock();
-      absl::Status status = failed ? absl::OkStatus() : task();
-      task = nullptr;  // free what the task held outside the lock
-      lock.lock();
-      running_ = false;
-      if (!status.ok() && error_.ok()) error_ = std::move(status);
-      cv_.notify_all();
-    }
-  }
-
-  const size_t max_queued_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Task> tasks_;
-  bool running_ = false;
-  bool stop_ = false;
-  absl::Status error_;
-  std::thread thread_;  // last: starts after the members it uses exist
-};
-
 // The activations one micro-batch keeps between its forward and its backward.
 struct ShardedGpt::Slot {
   kernels::Tensor buffer;
@@ -143,9 +83,7 @@ ShardedGpt::ShardedGpt(const ShardedOptions& options, const ShardedGroups& group
                        ShardLayout layout, kernels::Allocator& allocator)
     : options_(options), groups_(groups), layout_(std::move(layout)), allocator_(allocator) {}
 
-ShardedGpt::~ShardedGpt() {
-  if (comm_thread_) comm_thread_->Drain().IgnoreError();
-}
+ShardedGpt::~ShardedGpt() = default;
 
 absl::StatusOr<std::unique_ptr<ShardedGpt>> ShardedGpt::Create(const ShardedOptions& options,
                                                                const ShardedGroups& groups,
@@ -159,9 +97,6 @@ absl::StatusOr<std::unique_ptr<ShardedGpt>> ShardedGpt::Create(const ShardedOpti
     return absl::InvalidArgumentError(absl::StrCat("coordinates tp ", c.tp, " pp ", c.pp, " dp ",
                                                    c.dp, " lie outside the layout tp=", par.tp,
                                                    " pp=", par.pp, " dp=", par.dp));
-  }
-  if (par.zero < 0 || par.zero > 3) {
-    return absl::InvalidArgumentError(absl::StrCat("ZeRO stage ", par.zero, " is not 0..3"));
   }
   const auto check_group = [](const comm::Communicator* group, int size, const char* kind) {
     const int have = group == nullptr ? 1 : group->size();
@@ -194,9 +129,6 @@ absl::StatusOr<std::unique_ptr<ShardedGpt>> ShardedGpt::Create(const ShardedOpti
   ASSIGN_OR_RETURN(ShardLayout layout, ShardLayout::Create(options.config, place));
 
   std::unique_ptr<ShardedGpt> model(new ShardedGpt(options, groups, std::move(layout), allocator));
-  model->zero_ = par.zero;
-  model->dp_size_ = par.dp;
-  model->dp_index_ = c.dp;
   model->micro_batch_ = mb;
   model->micro_batches_ = static_cast<int>(placement::MicroBatchCount(par, options.global_batch));
   ASSIGN_OR_RETURN(placement::PipelineSchedule schedule,
@@ -207,45 +139,31 @@ absl::StatusOr<std::unique_ptr<ShardedGpt>> ShardedGpt::Create(const ShardedOpti
     model->tp_all_reduce_ = [self](float* data, int64_t n) { return self->TpAllReduce(data, n); };
   }
   RETURN_IF_ERROR(model->Allocate());
-  // Two queued reductions keep the communication thread busy while bounding ZeRO 2/3's waiting
-  // gradient buffers to two units.
-  model->comm_thread_ = std::make_unique<CommThread>(2);
   return model;
 }
 
 absl::Status ShardedGpt::Allocate() {
-  const auto& units = layout_.units();
-  shard_size_.resize(units.size());
-  shard_offset_.resize(units.size());
-  shard_total_ = 0;
-  for (size_t u = 0; u < units.size(); ++u) {
-    shard_size_[u] = (units[u].size + dp_size_ - 1) / dp_size_;
-    shard_offset_[u] = shard_total_;
-    shard_total_ += shard_size_[u];
-  }
-  const int64_t whole = layout_.total();
-  ASSIGN_OR_RETURN(params_, kernels::Tensor::Zeros({zero_ >= 3 ? shard_total_ : whole},
-                                                   DType::kFloat32, allocator_));
   // What is all-reduced in place over shared memory lives in memory the peers map: each byte is
   // then read once by the rank that reduces it (ShmCommunicator's single copy), instead of copied
   // into the segment and back.
   const auto over_shm = [](const comm::Communicator* group) {
     return group != nullptr && group->backend() == "shm";
   };
-  kernels::Allocator* grad_allocator = &allocator_;
   if (over_shm(groups_.dp) || over_shm(groups_.tp)) {
     shared_memory_ = std::make_unique<comm::SharedHostAllocator>();
   }
-  if (zero_ < 2 && over_shm(groups_.dp)) grad_allocator = shared_memory_.get();
+  // The data-parallel strategy, chosen once: where parameters, gradients and moments live and how
+  // they are reduced.
+  DataParallelOptions dp;
+  dp.layout = &layout_;
+  dp.dp = groups_.dp;
+  dp.dp_size = options_.parallel.dp;
+  dp.dp_index = options_.coords.dp;
+  dp.allocator = &allocator_;
+  dp.peer_mapped = over_shm(groups_.dp) ? shared_memory_.get() : nullptr;
+  ASSIGN_OR_RETURN(data_parallel_, DataParallelStrategy::Create(options_.parallel.zero, dp));
   kernels::Allocator& activation_allocator =
       over_shm(groups_.tp) ? *shared_memory_ : allocator_;  // the slots' and backward scratch's
-  ASSIGN_OR_RETURN(grads_, kernels::Tensor::Zeros({zero_ >= 2 ? shard_total_ : whole},
-                                                  DType::kFloat32, *grad_allocator));
-  const int64_t moments = zero_ >= 1 ? shard_total_ : whole;
-  ASSIGN_OR_RETURN(adam_m_, kernels::Tensor::Zeros({moments}, DType::kFloat32, allocator_));
-  ASSIGN_OR_RETURN(adam_v_, kernels::Tensor::Zeros({moments}, DType::kFloat32, allocator_));
-  gathered_.assign(units.size(), kernels::Tensor());
-  grad_scratch_.assign(units.size(), kernels::Tensor());
 
   // Activations: one slot per micro-batch in flight, as many as the schedule counts (under 1F1B
   // stage s has at most pp − s forwards waiting for their backward). What each block keeps in its
@@ -403,9 +321,8 @@ ShardedMemory ShardedGpt::memory() const {
   for (const auto* pool : {&body_slots_, &head_slots_}) {
     for (const auto& slot : *pool) activations += static_cast<int64_t>(slot->buffer.nbytes());
   }
-  return ShardedMemory{static_cast<int64_t>(params_.nbytes()),
-                       static_cast<int64_t>(grads_.nbytes()),
-                       static_cast<int64_t>(adam_m_.nbytes() + adam_v_.nbytes()), activations};
+  return ShardedMemory{data_parallel_->param_bytes(), data_parallel_->grad_bytes(),
+                       data_parallel_->optimizer_bytes(), activations};
 }
 
 int64_t ShardedGpt::shared_bytes() const {
@@ -421,14 +338,6 @@ BlockDims ShardedGpt::MicroBatchDims() const {
                    layout_.ff()};
 }
 
-int64_t ShardedGpt::OwnedBegin(int u) const {
-  return std::min<int64_t>(dp_index_ * shard_size_[u], layout_.units()[u].size);
-}
-
-int64_t ShardedGpt::OwnedEnd(int u) const {
-  return std::min<int64_t>((dp_index_ + 1) * shard_size_[u], layout_.units()[u].size);
-}
-
 // ---- parameter values ----
 
 void ShardedGpt::InitGpt2(uint64_t seed) {
@@ -441,35 +350,21 @@ void ShardedGpt::InitGpt2(uint64_t seed) {
     });
     StoreTensor(t, values);
   }
-  ClearOptimizerState();
+  data_parallel_->ClearOptimizerState();
 }
 
 template <typename Fn>
 void ShardedGpt::ForEachOwnedRange(bool saved_only, Fn&& fn) const {
   for (const ShardTensor& t : layout_.tensors()) {
     if (saved_only && (t.tied_copy || (t.tp_replica && options_.coords.tp != 0))) continue;
-    const int64_t ob = OwnedBegin(t.unit), oe = OwnedEnd(t.unit);
+    const int64_t ob = data_parallel_->OwnedBegin(t.unit), oe = data_parallel_->OwnedEnd(t.unit);
     const int64_t begin = std::max(ob, t.offset), end = std::min(oe, t.offset + t.numel);
     if (begin < end) fn(t, begin - t.offset, end - t.offset);
   }
 }
 
-float* ShardedGpt::StateAt(checkpoint::StateKind kind, const ShardTensor& t, int64_t local) const {
-  const int u = t.unit;
-  const int64_t x = t.offset + local;  // in the unit
-  // The buffers are the model's own; this const method hands out a pointer for CopyState to read
-  // and LoadState to write.
-  const kernels::Tensor& buffer = kind == checkpoint::StateKind::kParam    ? params_
-                                  : kind == checkpoint::StateKind::kExpAvg ? adam_m_
-                                                                           : adam_v_;
-  float* base = const_cast<float*>(buffer.data<float>());
-  const bool sharded = kind == checkpoint::StateKind::kParam ? zero_ >= 3 : zero_ >= 1;
-  if (!sharded) return base + layout_.units()[u].begin + x;
-  return base + shard_offset_[u] + (x - OwnedBegin(u));
-}
-
 absl::Status ShardedGpt::LoadState(const BoxReader& read, bool with_moments) {
-  ClearOptimizerState();
+  data_parallel_->ClearOptimizerState();
   // Elements [begin, end) of tensor `t`'s box of the global tensor `name`, read box by box into
   // `out`: the boxes of a flat range follow one another in its order.
   const auto read_range = [&](const std::string& name, const ShardTensor& t, int64_t begin,
@@ -493,29 +388,26 @@ absl::Status ShardedGpt::LoadState(const BoxReader& read, bool with_moments) {
     ForEachOwnedRange(false, [&](const ShardTensor& t, int64_t begin, int64_t end) {
       if (status.ok()) {
         status = read_range(checkpoint::StateTensorName(kind, t.name), t, begin, end,
-                            StateAt(kind, t, begin));
+                            data_parallel_->StateAt(kind, t, begin));
       }
     });
   };
-  if (zero_ < 3) {
+  // Each kind whole where the strategy keeps it whole, else only the part this rank owns.
+  const auto load = [&](checkpoint::StateKind kind) -> absl::Status {
+    if (data_parallel_->KeepsOwnedOnly(kind)) {
+      load_owned(kind);
+      return absl::OkStatus();
+    }
     for (const ShardTensor& t : layout_.tensors()) {
-      RETURN_IF_ERROR(read_range(t.name, t, 0, t.numel, StateAt(checkpoint::StateKind::kParam, t, 0)));
+      RETURN_IF_ERROR(read_range(checkpoint::StateTensorName(kind, t.name), t, 0, t.numel,
+                                 data_parallel_->StateAt(kind, t, 0)));
     }
-  } else {
-    load_owned(checkpoint::StateKind::kParam);
-  }
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(load(checkpoint::StateKind::kParam));
   if (with_moments) {
-    for (const checkpoint::StateKind kind :
-         {checkpoint::StateKind::kExpAvg, checkpoint::StateKind::kExpAvgSq}) {
-      if (zero_ >= 1) {
-        load_owned(kind);
-        continue;
-      }
-      for (const ShardTensor& t : layout_.tensors()) {
-        RETURN_IF_ERROR(read_range(checkpoint::StateTensorName(kind, t.name), t, 0, t.numel,
-                                   StateAt(kind, t, 0)));
-      }
-    }
+    RETURN_IF_ERROR(load(checkpoint::StateKind::kExpAvg));
+    RETURN_IF_ERROR(load(checkpoint::StateKind::kExpAvgSq));
   }
   return status;
 }
@@ -549,7 +441,7 @@ absl::Status ShardedGpt::CopyState(std::span<float> out) const {
             absl::StrCat("CopyState: a buffer of ", out.size(), " floats is too small"));
         return;
       }
-      const float* from = StateAt(kind, t, begin);
+      const float* from = data_parallel_->StateAt(kind, t, begin);
       std::copy(from, from + n, out.data() + at);
       at += n;
     });
@@ -563,113 +455,31 @@ absl::Status ShardedGpt::CopyState(std::span<float> out) const {
 }
 
 void ShardedGpt::StoreTensor(const ShardTensor& t, std::span<const float> values) {
-  float* p = params_.data<float>();
-  if (zero_ < 3) {
-    std::copy(values.begin(), values.end(), p + layout_.units()[t.unit].begin + t.offset);
+  constexpr auto kParam = checkpoint::StateKind::kParam;
+  if (!data_parallel_->KeepsOwnedOnly(kParam)) {
+    std::copy(values.begin(), values.end(), data_parallel_->StateAt(kParam, t, 0));
     return;
   }
-  // ZeRO 3 keeps only the part of the unit this rank owns.
-  const int64_t ob = OwnedBegin(t.unit), oe = OwnedEnd(t.unit);
+  // Only the part of the unit this rank owns.
+  const int64_t ob = data_parallel_->OwnedBegin(t.unit), oe = data_parallel_->OwnedEnd(t.unit);
   const int64_t begin = std::max(ob, t.offset), end = std::min(oe, t.offset + t.numel);
-  for (int64_t x = begin; x < end; ++x) p[shard_offset_[t.unit] + (x - ob)] = values[x - t.offset];
-}
-
-void ShardedGpt::ClearOptimizerState() {
-  std::fill(adam_m_.data<float>(), adam_m_.data<float>() + adam_m_.numel(), 0.0f);
-  std::fill(adam_v_.data<float>(), adam_v_.data<float>() + adam_v_.numel(), 0.0f);
+  for (int64_t x = begin; x < end; ++x) {
+    *data_parallel_->StateAt(kParam, t, x - t.offset) = values[x - t.offset];
+  }
 }
 
 absl::StatusOr<std::vector<std::vector<float>>> ShardedGpt::TensorValues() {
   std::vector<std::vector<float>> values;
   values.reserve(layout_.tensors().size());
   for (size_t u = 0; u < layout_.units().size(); ++u) {
-    ASSIGN_OR_RETURN(float* base, UnitParams(static_cast<int>(u)));
+    ASSIGN_OR_RETURN(float* base, data_parallel_->UnitParams(static_cast<int>(u)));
     for (const ShardTensor& t : layout_.tensors()) {
       if (t.unit != static_cast<int>(u)) continue;
       values.emplace_back(base + t.offset, base + t.offset + t.numel);
     }
-    ReleaseParams(static_cast<int>(u));
+    data_parallel_->ReleaseParams(static_cast<int>(u));
   }
   return values;
-}
-
-// ---- units: parameters and gradients as one micro-batch sees them ----
-
-absl::StatusOr<float*> ShardedGpt::UnitParams(int u) {
-  if (zero_ < 3) return params_.data<float>() + layout_.units()[u].begin;
-  if (gathered_[u].defined()) return gathered_[u].data<float>();
-  const int64_t S = shard_size_[u];
-  ASSIGN_OR_RETURN(gathered_[u], kernels::Tensor::Empty({S * dp_size_}, DType::kFloat32, allocator_));
-  const float* shard = params_.data<float>() + shard_offset_[u];
-  float* whole = gathered_[u].data<float>();
-  if (groups_.dp == nullptr) {
-    std::copy(shard, shard + S, whole);
-    return whole;
-  }
-  comm::Communicator* dp = groups_.dp;
-  comm_thread_->Submit([=, this] {
-    return Annotate(dp->AllGather(shard, whole, static_cast<size_t>(S), DType::kFloat32),
-                    "ZeRO-3 gather of " + layout_.units()[u].name);
-  });
-  const auto start = Clock::now();
-  absl::Status status = comm_thread_->Drain();
-  dp_wait_seconds_ += Since(start);
-  RETURN_IF_ERROR(status);
-  return whole;
-}
-
-void ShardedGpt::ReleaseParams(int u) {
-  if (zero_ >= 3) gathered_[u] = kernels::Tensor();
-}
-
-absl::StatusOr<float*> ShardedGpt::UnitGrads(int u) {
-  if (zero_ < 2) return grads_.data<float>() + layout_.units()[u].begin;
-  if (!grad_scratch_[u].defined()) {
-    // Padded to dp whole shards: the reduce-scatter's input.
-    ASSIGN_OR_RETURN(grad_scratch_[u], kernels::Tensor::Zeros({shard_size_[u] * dp_size_},
-                                                              DType::kFloat32, allocator_));
-  }
-  return grad_scratch_[u].data<float>();
-}
-
-absl::Status ShardedGpt::GradsReady(int u, bool last_micro_batch) {
-  comm::Communicator* dp = groups_.dp;
-  const std::string what = layout_.units()[u].name;
-  if (zero_ < 2) {
-    // Whole gradients accumulate over the micro-batches; reduce once, after the last.
-    if (!last_micro_batch || dp == nullptr) return absl::OkStatus();
-    float* g = grads_.data<float>() + layout_.units()[u].begin;
-    const size_t n = static_cast<size_t>(layout_.units()[u].size);
-    comm_thread_->Submit([=] {
-      return Annotate(dp->AllReduce(g, n, DType::kFloat32, comm::ReduceOp::kSum),
-                      "data-parallel all-reduce of the gradients of " + what);
-    });
-    return absl::OkStatus();
-  }
-  // ZeRO 2/3: this micro-batch's gradient goes into the owned shard now, and its buffer is freed.
-  const int64_t S = shard_size_[u];
-  float* shard = grads_.data<float>() + shard_offset_[u];
-  auto scratch = std::make_shared<kernels::Tensor>(std::move(grad_scratch_[u]));
-  grad_scratch_[u] = kernels::Tensor();
-  kernels::Allocator* allocator = &allocator_;
-  const int dp_index = dp_index_;
-  comm_thread_->Submit([=]() -> absl::Status {
-    const float* mine;
-    kernels::Tensor reduced;
-    if (dp == nullptr) {
-      mine = scratch->data<float>() + dp_index * S;
-    } else {
-      ASSIGN_OR_RETURN(reduced, kernels::Tensor::Empty({S}, DType::kFloat32, *allocator));
-      RETURN_IF_ERROR(Annotate(dp->ReduceScatter(scratch->data<float>(), reduced.data<float>(),
-                                                 static_cast<size_t>(S), DType::kFloat32,
-                                                 comm::ReduceOp::kSum),
-                               "data-parallel reduce-scatter of the gradients of " + what));
-      mine = reduced.data<float>();
-    }
-    for (int64_t i = 0; i < S; ++i) shard[i] += mine[i];
-    return absl::OkStatus();
-  });
-  return absl::OkStatus();
 }
 
 absl::Status ShardedGpt::TpAllReduce(float* data, int64_t n, comm::ReduceOp op) {
@@ -697,35 +507,35 @@ absl::Status ShardedGpt::Forward(Slot& slot, const std::vector<int32_t>& tokens,
   if (HoldsEmbedding(slot.chunk)) {
     // Vocab-parallel embedding: rows outside this rank's vocabulary embed to zero, and the sum
     // over the tensor-parallel group is the full embedding.
-    ASSIGN_OR_RETURN(float* wte, UnitParams(layout_.wte_unit()));
+    ASSIGN_OR_RETURN(float* wte, data_parallel_->UnitParams(layout_.wte_unit()));
     cpu::TokenEmbeddingForward(slot.residual[0], tokens.data(), wte, N, C, layout_.vocab_begin(),
                                layout_.vocab_end());
-    ReleaseParams(layout_.wte_unit());
+    data_parallel_->ReleaseParams(layout_.wte_unit());
     RETURN_IF_ERROR(TpAllReduce(slot.residual[0], NC));
-    ASSIGN_OR_RETURN(float* wpe, UnitParams(layout_.wpe_unit()));
+    ASSIGN_OR_RETURN(float* wpe, data_parallel_->UnitParams(layout_.wpe_unit()));
     cpu::PositionEmbeddingForward(slot.residual[0], wpe, b, T, C);
-    ReleaseParams(layout_.wpe_unit());
+    data_parallel_->ReleaseParams(layout_.wpe_unit());
   }
   for (int l = range.first; l < range.last; ++l) {
     const int i = l - range.first;
     const int u = layout_.layer_unit(l);
-    ASSIGN_OR_RETURN(float* p, UnitParams(u));
+    ASSIGN_OR_RETURN(float* p, data_parallel_->UnitParams(u));
     RETURN_IF_ERROR(Annotate(BlockForward(MicroBatchDims(), layout_.Block(p), slot.residual[i],
                                           slot.residual[i + 1], slot.blocks[i], tp_all_reduce_),
                              absl::StrCat("layer ", l)));
-    ReleaseParams(u);
+    data_parallel_->ReleaseParams(u);
   }
   if (!HoldsHead(slot.chunk)) return absl::OkStatus();
 
-  ASSIGN_OR_RETURN(float* lnf, UnitParams(layout_.lnf_unit()));
+  ASSIGN_OR_RETURN(float* lnf, data_parallel_->UnitParams(layout_.lnf_unit()));
   cpu::LayerNormForward(slot.lnf, slot.lnf_mean, slot.lnf_rstd, slot.residual[L], lnf, lnf + C, N,
                         C);
-  ReleaseParams(layout_.lnf_unit());
+  data_parallel_->ReleaseParams(layout_.lnf_unit());
   const int head = layout_.head_unit() >= 0 ? layout_.head_unit() : layout_.wte_unit();
   const int Vs = layout_.vocab_shard();
-  ASSIGN_OR_RETURN(float* head_w, UnitParams(head));
+  ASSIGN_OR_RETURN(float* head_w, data_parallel_->UnitParams(head));
   cpu::MatmulForward(slot.logits, slot.lnf, head_w, nullptr, N, C, Vs);
-  ReleaseParams(head);
+  data_parallel_->ReleaseParams(head);
   // Vocab-parallel cross-entropy: three numbers per row cross the tensor-parallel group.
   const int v0 = layout_.vocab_begin();
   cpu::CrossEntropyLocalStats(slot.local_max, slot.sumexp, slot.target_logit, slot.logits,
@@ -761,30 +571,31 @@ absl::Status ShardedGpt::Backward(Slot& slot, const float* dy, bool last_micro_b
     cpu::CrossEntropyBackwardShard(dlogits_, slot.logits, slot.lse, slot.targets.data(), dlosses_,
                                    N, Vs, layout_.vocab_begin());
     const int head = layout_.head_unit() >= 0 ? layout_.head_unit() : layout_.wte_unit();
-    ASSIGN_OR_RETURN(float* head_w, UnitParams(head));
-    ASSIGN_OR_RETURN(float* head_g, UnitGrads(head));
+    ASSIGN_OR_RETURN(float* head_w, data_parallel_->UnitParams(head));
+    ASSIGN_OR_RETURN(float* head_g, data_parallel_->UnitGrads(head));
     std::fill(dlnf_, dlnf_ + NC, 0.0f);
     cpu::MatmulBackward(dlnf_, head_g, nullptr, dlogits_, slot.lnf, head_w, N, C, Vs);
-    ReleaseParams(head);
+    data_parallel_->ReleaseParams(head);
     // A tied head on a one-stage pipeline writes into "wte", which the embedding's backward
     // still adds to below.
-    if (layout_.head_unit() >= 0) RETURN_IF_ERROR(GradsReady(head, last_micro_batch));
+    if (layout_.head_unit() >= 0)
+      RETURN_IF_ERROR(data_parallel_->GradsReady(head, last_micro_batch));
     // The head's input was replicated over the tensor-parallel group: its gradient is the sum.
     RETURN_IF_ERROR(TpAllReduce(dlnf_, NC));
-    ASSIGN_OR_RETURN(float* lnf, UnitParams(layout_.lnf_unit()));
-    ASSIGN_OR_RETURN(float* lnf_g, UnitGrads(layout_.lnf_unit()));
+    ASSIGN_OR_RETURN(float* lnf, data_parallel_->UnitParams(layout_.lnf_unit()));
+    ASSIGN_OR_RETURN(float* lnf_g, data_parallel_->UnitGrads(layout_.lnf_unit()));
     std::fill(dresidual_[L], dresidual_[L] + NC, 0.0f);
     cpu::LayerNormBackward(dresidual_[L], lnf_g, lnf_g + C, dlnf_, slot.residual[L], lnf,
                            slot.lnf_mean, slot.lnf_rstd, N, C);
-    ReleaseParams(layout_.lnf_unit());
-    RETURN_IF_ERROR(GradsReady(layout_.lnf_unit(), last_micro_batch));
+    data_parallel_->ReleaseParams(layout_.lnf_unit());
+    RETURN_IF_ERROR(data_parallel_->GradsReady(layout_.lnf_unit(), last_micro_batch));
     dy = dresidual_[L];
   }
   for (int l = range.last - 1; l >= range.first; --l) {
     const int i = l - range.first;
     const int u = layout_.layer_unit(l);
-    ASSIGN_OR_RETURN(float* p, UnitParams(u));
-    ASSIGN_OR_RETURN(float* g, UnitGrads(u));
+    ASSIGN_OR_RETURN(float* p, data_parallel_->UnitParams(u));
+    ASSIGN_OR_RETURN(float* g, data_parallel_->UnitGrads(u));
     const BlockParams params = layout_.Block(p);
     // Full recomputation writes the block's output again where the forward did: the next block's
     // backward, which read it, is done.
@@ -797,17 +608,17 @@ absl::Status ShardedGpt::Backward(Slot& slot, const float* dy, bool last_micro_b
                                            slot.residual[i], i + 1 == L ? dy : dresidual_[i + 1],
                                            dresidual_[i], slot.blocks[i], scratch_, tp_all_reduce_),
                              absl::StrCat("layer ", l, " backward")));
-    ReleaseParams(u);
-    RETURN_IF_ERROR(GradsReady(u, last_micro_batch));
+    data_parallel_->ReleaseParams(u);
+    RETURN_IF_ERROR(data_parallel_->GradsReady(u, last_micro_batch));
   }
   if (HoldsEmbedding(slot.chunk)) {
-    ASSIGN_OR_RETURN(float* wte_g, UnitGrads(layout_.wte_unit()));
+    ASSIGN_OR_RETURN(float* wte_g, data_parallel_->UnitGrads(layout_.wte_unit()));
     cpu::TokenEmbeddingBackward(wte_g, dresidual_[0], slot.tokens.data(), N, C,
                                 layout_.vocab_begin(), layout_.vocab_end());
-    RETURN_IF_ERROR(GradsReady(layout_.wte_unit(), last_micro_batch));
-    ASSIGN_OR_RETURN(float* wpe_g, UnitGrads(layout_.wpe_unit()));
+    RETURN_IF_ERROR(data_parallel_->GradsReady(layout_.wte_unit(), last_micro_batch));
+    ASSIGN_OR_RETURN(float* wpe_g, data_parallel_->UnitGrads(layout_.wpe_unit()));
     cpu::PositionEmbeddingBackward(wpe_g, dresidual_[0], b, T, C);
-    RETURN_IF_ERROR(GradsReady(layout_.wpe_unit(), last_micro_batch));
+    RETURN_IF_ERROR(data_parallel_->GradsReady(layout_.wpe_unit(), last_micro_batch));
   }
   return absl::OkStatus();
 }
@@ -820,11 +631,11 @@ absl::Status ShardedGpt::SumTiedEmbeddings() {
   if (!place.first_stage && !place.last_stage) return absl::OkStatus();
   const int u = place.first_stage ? layout_.wte_unit() : layout_.head_unit();
   const int peer = place.first_stage ? options_.parallel.pp - 1 : 0;
-  // What holds the reduced gradient: the whole unit (ZeRO 0/1) or this rank's shard (ZeRO 2/3);
-  // both stages' "wte" units have the same size, so their shards line up.
-  float* g = zero_ < 2 ? grads_.data<float>() + layout_.units()[u].begin
-                       : grads_.data<float>() + shard_offset_[u];
-  const int64_t n = zero_ < 2 ? layout_.units()[u].size : shard_size_[u];
+  // The reduced gradient this rank holds: both stages' "wte" units have the same size, so what the
+  // strategy keeps of them (the whole unit, or the owned shard) lines up.
+  const std::span<float> grads = data_parallel_->ReducedUnitGrads(u);
+  float* g = grads.data();
+  const int64_t n = static_cast<int64_t>(grads.size());
   ASSIGN_OR_RETURN(kernels::Tensor theirs,
                    kernels::Tensor::Empty({n}, DType::kFloat32, allocator_));
   const auto start = Clock::now();
@@ -840,89 +651,19 @@ absl::Status ShardedGpt::SumTiedEmbeddings() {
 }
 
 absl::StatusOr<double> ShardedGpt::OwnedSumOfSquares() const {
-  const float* g = grads_.data<float>();
   double sum = 0.0;
   for (const ShardTensor& t : layout_.tensors()) {
     // Each element of the model counted once in the world: one tensor-parallel rank speaks for
     // replicas, the first stage for the tied copy, and each data-parallel rank for what it owns.
     if ((t.tp_replica && options_.coords.tp != 0) || t.tied_copy) continue;
     const int u = t.unit;
-    const int64_t ob = OwnedBegin(u), oe = OwnedEnd(u);
+    const int64_t ob = data_parallel_->OwnedBegin(u), oe = data_parallel_->OwnedEnd(u);
     const int64_t begin = std::max(ob, t.offset), end = std::min(oe, t.offset + t.numel);
-    // Where element `begin` of the unit sits: in the whole gradients, or in this rank's shard.
-    const float* at = zero_ < 2 ? g + layout_.units()[u].begin + begin
-                                : g + shard_offset_[u] + (begin - ob);
+    if (begin >= end) continue;
+    const float* at = data_parallel_->ReducedGradAt(t, begin - t.offset);
     for (int64_t x = 0; x < end - begin; ++x) sum += static_cast<double>(at[x]) * at[x];
   }
   return sum;
-}
-
-absl::Status ShardedGpt::Update(double clip_scale, int64_t step, float learning_rate) {
-  if (clip_scale < 1.0) {
-    float* g = grads_.data<float>();
-    const float s = static_cast<float>(clip_scale);
-    for (int64_t i = 0; i < grads_.numel(); ++i) g[i] *= s;
-  }
-  float* p = params_.data<float>();
-  float* g = grads_.data<float>();
-  float* m = adam_m_.data<float>();
-  float* v = adam_v_.data<float>();
-  for (const ShardTensor& t : layout_.tensors()) {
-    cpu::AdamWConfig config = options_.adamw.adamw;
-    config.learning_rate = learning_rate;
-    if (!t.decay) config.weight_decay = 0.0f;
-    const int u = t.unit;
-    const int64_t unit_begin = layout_.units()[u].begin;
-    if (zero_ == 0) {
-      const int64_t at = unit_begin + t.offset;
-      RETURN_IF_ERROR(Annotate(cpu::AdamWUpdate(p + at, g + at, m + at, v + at, t.numel, config,
-                                                step),
-                               "AdamW on " + t.name));
-      continue;
-    }
-    // ZeRO 1-3: only the part of the tensor inside this rank's shard of the unit.
-    const int64_t ob = OwnedBegin(u), oe = OwnedEnd(u);
-    const int64_t begin = std::max(ob, t.offset), end = std::min(oe, t.offset + t.numel);
-    if (begin >= end) continue;
-    const int64_t in_shard = shard_offset_[u] + (begin - ob);
-    float* pp = zero_ >= 3 ? p + in_shard : p + unit_begin + begin;
-    float* gg = zero_ >= 2 ? g + in_shard : g + unit_begin + begin;
-    RETURN_IF_ERROR(Annotate(cpu::AdamWUpdate(pp, gg, m + in_shard, v + in_shard, end - begin,
-                                              config, step),
-                             "AdamW on " + t.name));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ShardedGpt::GatherUpdatedParams() {
-  if (zero_ == 0 || zero_ >= 3) return absl::OkStatus();  // whole already, or kept sharded
-  comm::Communicator* dp = groups_.dp;
-  if (dp == nullptr) return absl::OkStatus();
-  for (size_t u = 0; u < layout_.units().size(); ++u) {
-    const int64_t S = shard_size_[u];
-    const int64_t size = layout_.units()[u].size;
-    float* unit = params_.data<float>() + layout_.units()[u].begin;
-    const int64_t ob = OwnedBegin(static_cast<int>(u)), oe = OwnedEnd(static_cast<int>(u));
-    kernels::Allocator* allocator = &allocator_;
-    const int dp_size = dp_size_;
-    const std::string name = layout_.units()[u].name;
-    comm_thread_->Submit([=]() -> absl::Status {
-      // Shards are padded to S so that every rank sends the same count.
-      ASSIGN_OR_RETURN(kernels::Tensor mine, kernels::Tensor::Zeros({S}, DType::kFloat32, *allocator));
-      ASSIGN_OR_RETURN(kernels::Tensor all,
-                       kernels::Tensor::Empty({S * dp_size}, DType::kFloat32, *allocator));
-      std::copy(unit + ob, unit + oe, mine.data<float>());
-      RETURN_IF_ERROR(Annotate(dp->AllGather(mine.data<float>(), all.data<float>(),
-                                             static_cast<size_t>(S), DType::kFloat32),
-                               "ZeRO all-gather of the updated " + name));
-      std::copy(all.data<float>(), all.data<float>() + size, unit);
-      return absl::OkStatus();
-    });
-  }
-  const auto start = Clock::now();
-  absl::Status status = comm_thread_->Drain();
-  dp_wait_seconds_ += Since(start);
-  return status;
 }
 
 absl::Status ShardedGpt::Transfer(const placement::PipeAction& action) {
@@ -973,12 +714,13 @@ absl::StatusOr<StepStats> ShardedGpt::TrainStep(const MicroBatchSource& source, 
                                                 float learning_rate) {
   const auto step_start = Clock::now();
   tp_seconds_ = pp_seconds_ = dp_wait_seconds_ = 0;
+  data_parallel_->TakeWaitSeconds();  // what waited outside a step is not this step's
   // A step that failed half-way left micro-batches in flight.
   ResetInFlight();
   const ShardPlace& place = layout_.place();
   const int m = micro_batches_;
   const int T = options_.seq_len;
-  std::fill(grads_.data<float>(), grads_.data<float>() + grads_.numel(), 0.0f);
+  data_parallel_->ZeroGrads();
 
   std::vector<int32_t> tokens, targets;
   double loss_sum = 0.0;  // on the stage holding the head
@@ -1025,16 +767,14 @@ absl::StatusOr<StepStats> ShardedGpt::TrainStep(const MicroBatchSource& source, 
   }
 
   // Gradients: data-parallel reductions finish, tied copies are summed, then one norm.
-  auto wait_start = Clock::now();
-  RETURN_IF_ERROR(comm_thread_->Drain());
-  dp_wait_seconds_ += Since(wait_start);
+  RETURN_IF_ERROR(data_parallel_->FinishReductions());
   RETURN_IF_ERROR(SumTiedEmbeddings());
   ASSIGN_OR_RETURN(const double sum_of_squares, OwnedSumOfSquares());
   // Only the last stage has losses, and its tensor-parallel ranks all hold the same ones.
   double totals[2] = {sum_of_squares,
                       place.last_stage && options_.coords.tp == 0 ? loss_sum : 0.0};
   if (groups_.world != nullptr) {
-    wait_start = Clock::now();
+    const auto wait_start = Clock::now();
     absl::Status status = groups_.world->AllReduce(totals, 2, DType::kFloat64, comm::ReduceOp::kSum);
     dp_wait_seconds_ += Since(wait_start);
     RETURN_IF_ERROR(Annotate(status, "the gradient norm's all-reduce over the world"));
@@ -1048,10 +788,12 @@ absl::StatusOr<StepStats> ShardedGpt::TrainStep(const MicroBatchSource& source, 
     const double max_norm = options_.adamw.max_grad_norm;
     // PyTorch's clip_grad_norm_, as cpu::ClipGradients.
     const double scale = max_norm > 0 ? std::min(1.0, max_norm / (stats.grad_norm + 1e-6)) : 1.0;
-    RETURN_IF_ERROR(Update(scale, step, learning_rate));
-    RETURN_IF_ERROR(GatherUpdatedParams());
+    kernels::cpu::AdamWConfig adamw = options_.adamw.adamw;
+    adamw.learning_rate = learning_rate;
+    RETURN_IF_ERROR(data_parallel_->Update(scale, step, adamw));
   }
   stats.seconds = Since(step_start);
+  dp_wait_seconds_ += data_parallel_->TakeWaitSeconds();
   stats.comm_seconds = tp_seconds_ + dp_wait_seconds_;
   stats.bubble_seconds = pp_seconds_;
   stats.compute_seconds = std::max(0.0, stats.seconds - stats.comm_seconds - stats.bubble_seconds);

@@ -18,22 +18,19 @@
 //     MLP down-projection) and two per block backward (the column-parallel inputs' gradients), the
 //     three per-row all-reduces of the vocab-parallel cross-entropy, and one for the head's input
 //     gradient. No rank ever holds the full logits;
-//   * gradients are reduced over the data-parallel group unit by unit (a unit is a layer, or an
-//     embedding table: see shard_layout.h) on a communication thread, as soon as a unit's last
-//     micro-batch gradient is ready, so the reduction overlaps the rest of the backward pass.
-//     ZeRO 0/1 all-reduce each unit after the last micro-batch; ZeRO 2/3 reduce-scatter each
-//     unit's micro-batch gradient into the rank's 1/dp shard as soon as it is produced, so no
-//     rank keeps a whole gradient;
+//   * data parallelism is a strategy object chosen once (data_parallel.h: ZeRO 0-3): the passes
+//     ask it for a unit's parameters (a unit is a layer, or an embedding table: see
+//     shard_layout.h) and hand it each unit's gradient as soon as it is ready; it reduces them on
+//     its communication thread, overlapping the rest of the backward pass, and keeps whole or
+//     sharded what its stage says;
 //   * tied embeddings on more than one stage: the first and last stage sum their wte gradients;
 //   * the global gradient norm is one all-reduce over the world (each element counted once:
 //     tensor-parallel replicas and the tied copy are skipped, each data-parallel rank counts the
-//     part it owns); gradients are clipped and AdamW updates the parameters — ZeRO 0 everywhere,
-//     ZeRO 1-3 only the rank's 1/dp of each unit, after which ZeRO 1/2 all-gather the unit.
-//   * ZeRO 3 keeps only the rank's 1/dp of the parameters too, gathering a unit just before it is
-//     used (forward and backward of each micro-batch) and freeing it right after.
+//     part it owns); gradients are clipped and the strategy runs AdamW on what it updates.
 //
-// Every collective of the data-parallel group runs on the communication thread (a communicator is
-// driven by one thread); the tensor-parallel, pipeline and world groups by the caller's thread.
+// Every collective of the data-parallel group runs on the strategy's communication thread (a
+// communicator is driven by one thread); the tensor-parallel, pipeline and world groups by the
+// caller's thread.
 #pragma once
 
 #include <cstdint>
@@ -52,6 +49,7 @@
 #include "placement/pipeline_schedule.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/shared_host_memory.h"
+#include "worker/model/data_parallel.h"
 #include "worker/model/gpt.h"
 #include "worker/model/shard_layout.h"
 #include "worker/model/state_piece.h"
@@ -159,7 +157,6 @@ class ShardedGpt {
   absl::StatusOr<std::vector<std::vector<float>>> TensorValues();
 
  private:
-  class CommThread;
   struct Slot;
 
   ShardedGpt(const ShardedOptions& options, const ShardedGroups& groups, ShardLayout layout,
@@ -169,21 +166,10 @@ class ShardedGpt {
   BlockDims MicroBatchDims() const;
   // Writes one tensor's box (ZeRO 3: the part this rank owns) into the parameters.
   void StoreTensor(const ShardTensor& tensor, std::span<const float> values);
-  void ClearOptimizerState();
   // Calls fn(tensor, begin, end) for every tensor this rank saves, [begin, end) being the part of
   // its box (flat, row-major) that this rank owns.
   template <typename Fn>
   void ForEachOwnedRange(bool saved_only, Fn&& fn) const;
-  // Where element `local` (flat in the tensor's box) of the tensor's `kind` lives here; only for
-  // elements this rank keeps.
-  float* StateAt(checkpoint::StateKind kind, const ShardTensor& tensor, int64_t local) const;
-
-  // Parameters and gradients of unit u as this micro-batch sees them.
-  absl::StatusOr<float*> UnitParams(int u);
-  void ReleaseParams(int u);
-  absl::StatusOr<float*> UnitGrads(int u);
-  // The unit's gradient of the current micro-batch is complete: hand it to data parallelism.
-  absl::Status GradsReady(int u, bool last_micro_batch);
 
   // Whether chunk c begins with the embedding / ends with the head and loss.
   bool HoldsEmbedding(int chunk) const;
@@ -206,13 +192,6 @@ class ShardedGpt {
   absl::Status Transfer(const placement::PipeAction& action);
   absl::Status SumTiedEmbeddings();
   absl::StatusOr<double> OwnedSumOfSquares() const;
-  absl::Status Update(double clip_scale, int64_t step, float learning_rate);
-  absl::Status GatherUpdatedParams();
-
-  // Where unit u's owned part lies: [owned_begin, owned_end) inside the unit.
-  int64_t ShardSize(int u) const { return shard_size_[u]; }
-  int64_t OwnedBegin(int u) const;
-  int64_t OwnedEnd(int u) const;
 
   absl::Status TpAllReduce(float* data, int64_t n, comm::ReduceOp op = comm::ReduceOp::kSum);
 
@@ -225,20 +204,10 @@ class ShardedGpt {
   // group, the activations and backward scratch over a shared-memory tensor-parallel one. Null
   // when neither. Declared before the tensors it holds, so it outlives them.
   std::unique_ptr<comm::SharedHostAllocator> shared_memory_;
-  int zero_ = 0;
-  int dp_size_ = 1, dp_index_ = 0;
   int micro_batches_ = 1;
   int64_t micro_batch_ = 1;
-
-  std::vector<int64_t> shard_size_;    // per unit: ceil(size / dp)
-  std::vector<int64_t> shard_offset_;  // per unit: where its shard starts in shard buffers
-  int64_t shard_total_ = 0;
-
-  kernels::Tensor params_;  // ZeRO 0-2: the whole layout; ZeRO 3: the shards
-  kernels::Tensor grads_;   // ZeRO 0-1: the whole layout; ZeRO 2-3: the shards
-  kernels::Tensor adam_m_, adam_v_;  // ZeRO 0: the whole layout; ZeRO 1-3: the shards
-  std::vector<kernels::Tensor> gathered_;     // ZeRO 3: units gathered for the current use
-  std::vector<kernels::Tensor> grad_scratch_; // ZeRO 2-3: units' gradient of this micro-batch
+  // Parameters, gradients and AdamW moments, and how the data-parallel group keeps them in step.
+  std::unique_ptr<DataParallelStrategy> data_parallel_;
 
   std::optional<placement::PipelineSchedule> schedule_;
   // Activations of micro-batches in flight: the chunks without the head share one pool (the
@@ -267,7 +236,7 @@ class ShardedGpt {
   float* dlosses_ = nullptr;
 
   AllReduceFn tp_all_reduce_;  // the blocks' tensor-parallel all-reduce; empty without tp
-  std::unique_ptr<CommThread> comm_thread_;
+  // tp collectives; pipeline transfers; waiting for data-parallel ones and the norm's all-reduce.
   double tp_seconds_ = 0, pp_seconds_ = 0, dp_wait_seconds_ = 0;
 };
 
