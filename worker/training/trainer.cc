@@ -14,7 +14,9 @@
 #include "worker/model/data/synthetic_corpus.h"
 #include "worker/model/data/text_dataset.h"
 #include "worker/model/gpt.h"
+#include "worker/model/sharded_gpt.h"
 #include "worker/training/model_checkpoint.h"
+#include "worker/training/sharded_trainer.h"
 #include "worker/training/starting_point.h"
 
 #if SHARDLINE_WITH_CUDA
@@ -41,6 +43,114 @@ absl::StatusOr<std::vector<float>> ReadWholeState(const CheckpointSource& source
   }
   return state;
 }
+
+// What the loop needs of the engine the spec's device runs: a step, and the state a save copies.
+class RunEngine {
+ public:
+  virtual ~RunEngine() = default;
+  virtual absl::StatusOr<model::StepStats> Step(const data::Sampler& sampler, int64_t step,
+                                                float learning_rate) = 0;
+  // The pieces CopyState writes, in its order (what the checkpoint writer lays out).
+  virtual std::vector<model::StatePiece> StatePieces() const = 0;
+  virtual absl::Status CopyState(std::span<float> out) const = 0;
+  virtual int64_t PeakBytes() const = 0;
+};
+
+// On the CPU: the one engine, ShardedGpt, at tp = pp = dp = 1 with the whole batch as one
+// micro-batch — what a cluster job of one rank runs.
+class ShardedRunEngine final : public RunEngine {
+ public:
+  static absl::StatusOr<std::unique_ptr<RunEngine>> Create(const placement::TrainSpec& spec,
+                                                           const StartingPoint& start) {
+    model::ShardedOptions options;
+    options.config = spec.model;
+    options.global_batch = spec.batch;
+    options.seq_len = static_cast<int>(spec.seq_len);
+    options.adamw = AdamWOptionsOf(spec.optimizer);
+    auto engine = std::unique_ptr<ShardedRunEngine>(new ShardedRunEngine());
+    ASSIGN_OR_RETURN(engine->gpt_, model::ShardedGpt::Create(options, model::ShardedGroups{},
+                                                             engine->allocator_));
+    if (start.kind == StartingPoint::Kind::kFresh) {
+      engine->gpt_->InitGpt2(spec.seed);
+    } else {
+      const CheckpointSource& source = *start.source;
+      RETURN_IF_ERROR(engine->gpt_->LoadState(
+          [&](const std::string& name, const std::vector<int64_t>& offsets,
+              const std::vector<int64_t>& shape) {
+            return ReadCheckpointBox(source, name, offsets, shape);
+          },
+          /*with_moments=*/start.kind == StartingPoint::Kind::kResume));
+    }
+    return std::unique_ptr<RunEngine>(std::move(engine));
+  }
+
+  absl::StatusOr<model::StepStats> Step(const data::Sampler& sampler, int64_t step,
+                                        float learning_rate) override {
+    return gpt_->TrainStep(StepSamples(sampler, step), step, learning_rate);
+  }
+  std::vector<model::StatePiece> StatePieces() const override { return gpt_->StatePieces(); }
+  absl::Status CopyState(std::span<float> out) const override { return gpt_->CopyState(out); }
+  int64_t PeakBytes() const override {
+    return static_cast<int64_t>(allocator_.stats().peak_bytes) + gpt_->shared_bytes();
+  }
+
+ private:
+  ShardedRunEngine() = default;
+  kernels::CpuAllocator allocator_;  // before the model, which allocates from it
+  std::unique_ptr<model::ShardedGpt> gpt_;
+};
+
+// On a GPU: the single-device model (CudaGptModel) until the engine computes through a CUDA
+// backend.
+class SingleDeviceRunEngine final : public RunEngine {
+ public:
+  static absl::StatusOr<std::unique_ptr<RunEngine>> Create(const placement::TrainSpec& spec,
+                                                           const StartingPoint& start) {
+    auto engine = std::unique_ptr<SingleDeviceRunEngine>(new SingleDeviceRunEngine());
+    engine->batch_ = static_cast<int>(spec.batch);
+    engine->seq_len_ = static_cast<int>(spec.seq_len);
+    engine->adamw_ = AdamWOptionsOf(spec.optimizer);
+    ASSIGN_OR_RETURN(engine->gpt_, CreateModel(spec, engine->cpu_allocator_));
+    model::TrainableGpt& gpt = *engine->gpt_;
+    const size_t n = static_cast<size_t>(gpt.layout().total());
+    if (start.kind == StartingPoint::Kind::kFresh) {
+      gpt.InitGpt2(spec.seed);
+    } else {
+      const bool resume = start.kind == StartingPoint::Kind::kResume;
+      ASSIGN_OR_RETURN(const std::vector<float> state,
+                       ReadWholeState(*start.source, spec.model, resume));
+      const std::span<const float> all(state);
+      RETURN_IF_ERROR(resume ? gpt.LoadState(all.first(n), all.subspan(n, n), all.subspan(2 * n, n))
+                             : gpt.LoadState(all, {}, {}));
+    }
+    engine->pieces_ = model::WholeModelPieces(spec.model);
+    return std::unique_ptr<RunEngine>(std::move(engine));
+  }
+
+  absl::StatusOr<model::StepStats> Step(const data::Sampler& sampler, int64_t step,
+                                        float learning_rate) override {
+    // The samples of step s are a function of (seed, s) alone (data::Sampler).
+    const data::Batch batch = sampler.GlobalBatch(static_cast<uint64_t>(step - 1));
+    gpt_->ZeroGrad();
+    model::StepStats stats;
+    ASSIGN_OR_RETURN(stats.loss, gpt_->Forward(batch.inputs, batch.targets, batch_, seq_len_));
+    RETURN_IF_ERROR(gpt_->Backward());
+    adamw_.adamw.learning_rate = learning_rate;
+    ASSIGN_OR_RETURN(stats.grad_norm, gpt_->AdamWStep(adamw_, step));
+    return stats;
+  }
+  std::vector<model::StatePiece> StatePieces() const override { return pieces_; }
+  absl::Status CopyState(std::span<float> out) const override { return gpt_->CopyState(out); }
+  int64_t PeakBytes() const override { return gpt_->PeakBytes(); }
+
+ private:
+  SingleDeviceRunEngine() = default;
+  kernels::CpuAllocator cpu_allocator_;
+  std::unique_ptr<model::TrainableGpt> gpt_;
+  std::vector<model::StatePiece> pieces_;
+  model::AdamWOptions adamw_;
+  int batch_ = 0, seq_len_ = 0;
+};
 
 }  // namespace
 
@@ -112,19 +222,11 @@ absl::StatusOr<TrainResult> Train(const placement::TrainSpec& spec,
   result.start.prepared = plan.prepared;
   if (start.kind == StartingPoint::Kind::kInitFrom) result.start.initialized_from = spec.init_from;
 
-  kernels::CpuAllocator cpu_allocator;
-  ASSIGN_OR_RETURN(std::unique_ptr<model::TrainableGpt> gpt, CreateModel(spec, cpu_allocator));
-  const model::ModelConfig config = spec.model;
-  const size_t n = static_cast<size_t>(gpt->layout().total());
-  if (start.kind == StartingPoint::Kind::kFresh) {
-    gpt->InitGpt2(spec.seed);
-  } else {
-    const bool resume = start.kind == StartingPoint::Kind::kResume;
-    ASSIGN_OR_RETURN(const std::vector<float> state, ReadWholeState(*start.source, config, resume));
-    const std::span<const float> all(state);
-    RETURN_IF_ERROR(resume ? gpt->LoadState(all.first(n), all.subspan(n, n), all.subspan(2 * n, n))
-                           : gpt->LoadState(all, {}, {}));
-  }
+  // One engine for every plan: on the CPU the sharded engine at 1×1×1.
+  ASSIGN_OR_RETURN(std::unique_ptr<RunEngine> engine,
+                   spec.device == placement::TrainDevice::kCpu
+                       ? ShardedRunEngine::Create(spec, start)
+                       : SingleDeviceRunEngine::Create(spec, start));
   if (callbacks.on_start) callbacks.on_start(result.start);
 
   // Saves: the writer's thread writes the file, then commits it as a one-rank step (what the
@@ -154,10 +256,8 @@ absl::StatusOr<TrainResult> Train(const placement::TrainSpec& spec,
       return absl::OkStatus();
     };
     writer = std::make_unique<worker::AsyncShardWriter>(
-        worker::MakeShardPlan(model::WholeModelPieces(config)), 0, fs, on_written);
+        worker::MakeShardPlan(engine->StatePieces()), 0, fs, on_written);
   }
-
-  model::AdamWOptions adamw = AdamWOptionsOf(spec.optimizer);
 
   const auto run_start = Clock::now();
   auto last_report = run_start;
@@ -165,13 +265,10 @@ absl::StatusOr<TrainResult> Train(const placement::TrainSpec& spec,
   const int B = static_cast<int>(spec.batch);
   const int T = static_cast<int>(spec.seq_len);
   for (int64_t step = start.step + 1; step <= spec.steps; ++step) {
-    // The samples of step s are a function of (seed, s) alone (data::Sampler).
-    const data::Batch batch = sampler.GlobalBatch(static_cast<uint64_t>(step - 1));
-    gpt->ZeroGrad();
-    ASSIGN_OR_RETURN(const float loss, gpt->Forward(batch.inputs, batch.targets, B, T));
-    RETURN_IF_ERROR(gpt->Backward());
-    adamw.adamw.learning_rate = static_cast<float>(LearningRateAt(spec.optimizer, step));
-    ASSIGN_OR_RETURN(const double grad_norm, gpt->AdamWStep(adamw, step));
+    const float learning_rate = static_cast<float>(LearningRateAt(spec.optimizer, step));
+    ASSIGN_OR_RETURN(const model::StepStats stats, engine->Step(sampler, step, learning_rate));
+    const float loss = stats.loss;
+    const double grad_norm = stats.grad_norm;
     if (!std::isfinite(loss)) {
       return absl::InternalError("the loss became " + std::to_string(loss) + " at step " +
                                  std::to_string(step) + " (try a lower optimizer.lr)");
@@ -186,7 +283,7 @@ absl::StatusOr<TrainResult> Train(const placement::TrainSpec& spec,
       // The only stall of a save: waiting for the previous one, and the copy.
       const auto stall = Clock::now();
       RETURN_IF_ERROR(writer->WaitIdle());
-      RETURN_IF_ERROR(gpt->CopyState(writer->staging()));
+      RETURN_IF_ERROR(engine->CopyState(writer->staging()));
       RETURN_IF_ERROR(writer->Start(step, checkpoint::StepDir(dir, step)));
       result.save_stall_seconds.push_back(
           std::chrono::duration<double>(Clock::now() - stall).count());
@@ -216,7 +313,7 @@ absl::StatusOr<TrainResult> Train(const placement::TrainSpec& spec,
     std::lock_guard<std::mutex> lock(committed_mutex);
     result.checkpoint = committed;
   }
-  result.peak_bytes = gpt->PeakBytes();
+  result.peak_bytes = engine->PeakBytes();
   return result;
 }
 

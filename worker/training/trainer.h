@@ -1,5 +1,6 @@
-// The single-device training loop behind `shardline train`: model, data, AdamW, progress and
-// checkpoints, all decided by a TrainSpec. Sharded training builds on the same pieces.
+// The training loop behind `shardline train`: model, data, AdamW, progress and checkpoints, all
+// decided by a TrainSpec. On the CPU it runs the sharded engine (ShardedGpt) at one rank, as a
+// cluster job of one rank does; on a GPU the single-device CUDA model.
 #pragma once
 
 #include <atomic>
@@ -58,8 +59,9 @@ struct TrainCallbacks {
 
 // The dataset a spec's data section names: its text file, or the built-in synthetic corpus.
 absl::StatusOr<data::TextDataset> LoadTrainingData(const placement::DataSpec& spec);
-// The model a spec trains, with zeroed parameters: a GptModel on `cpu_allocator` (which must
-// outlive it) for device cpu, a CudaGptModel for cuda:N in the spec's precision. Errors name the
+// The single-device model of a spec, with zeroed parameters: a GptModel on `cpu_allocator` (which
+// must outlive it) for device cpu, a CudaGptModel for cuda:N in the spec's precision. Train runs
+// the CUDA one; on the CPU it runs the one engine, ShardedGpt at tp = pp = dp = 1. Errors name the
 // device: FailedPrecondition when it is not usable (CUDA's reason) or this build has no CUDA.
 absl::StatusOr<std::unique_ptr<model::TrainableGpt>> CreateModel(
     const placement::TrainSpec& spec, kernels::Allocator& cpu_allocator);
