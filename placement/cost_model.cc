@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <tuple>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -72,7 +74,7 @@ struct Dims {
   int64_t final_norm = 0;
 };
 
-Dims DimsOf(const model::ModelConfig& m, int tp) {
+Dims WalkDims(const model::ModelConfig& m, int tp) {
   Dims d;
   d.C = m.d_model;
   const int64_t head_size = m.d_model / m.heads;
@@ -94,6 +96,18 @@ Dims DimsOf(const model::ModelConfig& m, int tp) {
     if (row.role != model::TensorRole::kLmHead) d.final_norm += row.numel();
   }
   return d;
+}
+
+// The planner prices thousands of candidates of one model over a few tp values; walking the table
+// (rows with names) each time made planning GPT-3-175B 10× slower, so the walks are remembered.
+Dims DimsOf(const model::ModelConfig& m, int tp) {
+  thread_local std::vector<std::tuple<model::ModelConfig, int, Dims>> known;
+  for (const auto& [config, t, dims] : known) {
+    if (t == tp && config == m) return dims;
+  }
+  if (known.size() >= 64) known.clear();
+  known.emplace_back(m, tp, WalkDims(m, tp));
+  return std::get<2>(known.back());
 }
 
 // Layer norms' statistics kept per token: mean and rstd for LayerNorm, rstd for RMSNorm.
