@@ -13,7 +13,6 @@
 #include "worker/model/data/sampler.h"
 #include "worker/model/data/synthetic_corpus.h"
 #include "worker/model/data/text_dataset.h"
-#include "worker/model/gpt.h"
 #include "worker/model/sharded_gpt.h"
 #include "worker/training/model_checkpoint.h"
 #include "worker/training/sharded_trainer.h"
@@ -100,17 +99,37 @@ class ShardedRunEngine final : public RunEngine {
   std::unique_ptr<model::ShardedGpt> gpt_;
 };
 
+// The single-device CUDA model of a spec, in its precision, with zeroed parameters. Errors name the
+// device: FailedPrecondition when it is not usable (CUDA's reason) or this build has no CUDA.
+absl::StatusOr<std::unique_ptr<model::TrainableGpt>> CreateCudaModel(
+    const placement::TrainSpec& spec) {
+  const std::string device = "device cuda:" + std::to_string(spec.device_index);
+#if SHARDLINE_WITH_CUDA
+  const auto precision = spec.precision == placement::TrainPrecision::kBFloat16
+                             ? kernels::cuda::GemmPrecision::kBFloat16
+                             : kernels::cuda::GemmPrecision::kFloat32;
+  auto gpt = model::CudaGptModel::Create(spec.model, spec.device_index, precision);
+  if (!gpt.ok()) return Annotate(gpt.status(), device);
+  return std::unique_ptr<model::TrainableGpt>(std::move(*gpt));
+#else
+  return absl::FailedPreconditionError(
+      device +
+      ": this shardline was built without CUDA (nvcc was not found under "
+      "/usr/local/cuda when it was configured, or -DSHARDLINE_CUDA=OFF)");
+#endif
+}
+
 // On a GPU: the single-device model (CudaGptModel) until the engine computes through a CUDA
 // backend.
-class SingleDeviceRunEngine final : public RunEngine {
+class CudaRunEngine final : public RunEngine {
  public:
   static absl::StatusOr<std::unique_ptr<RunEngine>> Create(const placement::TrainSpec& spec,
                                                            const StartingPoint& start) {
-    auto engine = std::unique_ptr<SingleDeviceRunEngine>(new SingleDeviceRunEngine());
+    auto engine = std::unique_ptr<CudaRunEngine>(new CudaRunEngine());
     engine->batch_ = static_cast<int>(spec.batch);
     engine->seq_len_ = static_cast<int>(spec.seq_len);
     engine->adamw_ = AdamWOptionsOf(spec.optimizer);
-    ASSIGN_OR_RETURN(engine->gpt_, CreateModel(spec, engine->cpu_allocator_));
+    ASSIGN_OR_RETURN(engine->gpt_, CreateCudaModel(spec));
     model::TrainableGpt& gpt = *engine->gpt_;
     const size_t n = static_cast<size_t>(gpt.layout().total());
     if (start.kind == StartingPoint::Kind::kFresh) {
@@ -144,8 +163,7 @@ class SingleDeviceRunEngine final : public RunEngine {
   int64_t PeakBytes() const override { return gpt_->PeakBytes(); }
 
  private:
-  SingleDeviceRunEngine() = default;
-  kernels::CpuAllocator cpu_allocator_;
+  CudaRunEngine() = default;
   std::unique_ptr<model::TrainableGpt> gpt_;
   std::vector<model::StatePiece> pieces_;
   model::AdamWOptions adamw_;
@@ -158,28 +176,6 @@ absl::StatusOr<data::TextDataset> LoadTrainingData(const placement::DataSpec& sp
   if (!spec.path.empty()) return data::TextDataset::FromFile(spec.path);
   return data::SyntheticCorpus(spec.synthetic_seed, static_cast<size_t>(spec.synthetic_bytes))
       .ToDataset();
-}
-
-absl::StatusOr<std::unique_ptr<model::TrainableGpt>> CreateModel(
-    const placement::TrainSpec& spec, kernels::Allocator& cpu_allocator) {
-  const model::ModelConfig config = spec.model;
-  if (spec.device == placement::TrainDevice::kCpu) {
-    ASSIGN_OR_RETURN(auto gpt, model::GptModel::Create(config, cpu_allocator));
-    return std::unique_ptr<model::TrainableGpt>(std::move(gpt));
-  }
-  const std::string device = "device cuda:" + std::to_string(spec.device_index);
-#if SHARDLINE_WITH_CUDA
-  const auto precision = spec.precision == placement::TrainPrecision::kBFloat16
-                             ? kernels::cuda::GemmPrecision::kBFloat16
-                             : kernels::cuda::GemmPrecision::kFloat32;
-  auto gpt = model::CudaGptModel::Create(config, spec.device_index, precision);
-  if (!gpt.ok()) return Annotate(gpt.status(), device);
-  return std::unique_ptr<model::TrainableGpt>(std::move(*gpt));
-#else
-  return absl::FailedPreconditionError(
-      device + ": this shardline was built without CUDA (nvcc was not found under "
-               "/usr/local/cuda when it was configured, or -DSHARDLINE_CUDA=OFF)");
-#endif
 }
 
 model::AdamWOptions AdamWOptionsOf(const placement::OptimizerSpec& spec) {
@@ -223,10 +219,9 @@ absl::StatusOr<TrainResult> Train(const placement::TrainSpec& spec,
   if (start.kind == StartingPoint::Kind::kInitFrom) result.start.initialized_from = spec.init_from;
 
   // One engine for every plan: on the CPU the sharded engine at 1×1×1.
-  ASSIGN_OR_RETURN(std::unique_ptr<RunEngine> engine,
-                   spec.device == placement::TrainDevice::kCpu
-                       ? ShardedRunEngine::Create(spec, start)
-                       : SingleDeviceRunEngine::Create(spec, start));
+  ASSIGN_OR_RETURN(std::unique_ptr<RunEngine> engine, spec.device == placement::TrainDevice::kCpu
+                                                          ? ShardedRunEngine::Create(spec, start)
+                                                          : CudaRunEngine::Create(spec, start));
   if (callbacks.on_start) callbacks.on_start(result.start);
 
   // Saves: the writer's thread writes the file, then commits it as a one-rank step (what the

@@ -59,12 +59,6 @@ struct TrainCallbacks {
 
 // The dataset a spec's data section names: its text file, or the built-in synthetic corpus.
 absl::StatusOr<data::TextDataset> LoadTrainingData(const placement::DataSpec& spec);
-// The single-device model of a spec, with zeroed parameters: a GptModel on `cpu_allocator` (which
-// must outlive it) for device cpu, a CudaGptModel for cuda:N in the spec's precision. Train runs
-// the CUDA one; on the CPU it runs the one engine, ShardedGpt at tp = pp = dp = 1. Errors name the
-// device: FailedPrecondition when it is not usable (CUDA's reason) or this build has no CUDA.
-absl::StatusOr<std::unique_ptr<model::TrainableGpt>> CreateModel(
-    const placement::TrainSpec& spec, kernels::Allocator& cpu_allocator);
 // AdamW as a spec's optimizer section says (the learning rate is set per step: LearningRateAt).
 model::AdamWOptions AdamWOptionsOf(const placement::OptimizerSpec& spec);
 // The learning rate of `step` (1-based): linear warm-up over warmup_steps, then constant.
