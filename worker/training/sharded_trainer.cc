@@ -30,15 +30,34 @@ absl::StatusOr<model::ShardedOptions> ShardedOptionsOf(const placement::JobSpec&
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", rank, " is outside the world of ", grid.world()));
   }
-  const placement::TrainSpec& spec = job.train;
+  return ShardedOptionsOf(job.train, job.parallel, grid.Coords(rank));
+}
+
+model::ShardedOptions ShardedOptionsOf(const placement::TrainSpec& spec,
+                                       const placement::ParallelSpec& parallel,
+                                       const placement::RankCoords& coords) {
   model::ShardedOptions sharded;
   sharded.config = spec.model;
-  sharded.parallel = job.parallel;
-  sharded.coords = grid.Coords(rank);
+  sharded.parallel = parallel;
+  sharded.coords = coords;
   sharded.global_batch = spec.batch;
   sharded.seq_len = static_cast<int>(spec.seq_len);
   sharded.adamw = AdamWOptionsOf(spec.optimizer);
   return sharded;
+}
+
+absl::Status LoadStartingPoint(const StartingPoint& start, uint64_t seed, model::ShardedGpt& gpt) {
+  if (start.kind == StartingPoint::Kind::kFresh) {
+    gpt.InitGpt2(seed);
+    return absl::OkStatus();
+  }
+  const CheckpointSource& source = *start.source;
+  return gpt.LoadState(
+      [&](const std::string& name, const std::vector<int64_t>& offsets,
+          const std::vector<int64_t>& shape) {
+        return ReadCheckpointBox(source, name, offsets, shape);
+      },
+      /*with_moments=*/start.kind == StartingPoint::Kind::kResume);
 }
 
 model::MicroBatchSource StepSamples(const data::Sampler& sampler, int64_t step) {
@@ -64,17 +83,7 @@ absl::StatusOr<ShardedTrainResult> TrainSharded(const ShardedTrainOptions& optio
                    OpenStartingPoint(spec, options.resume_manifest, data));
   kernels::CpuAllocator allocator;
   ASSIGN_OR_RETURN(auto gpt, model::ShardedGpt::Create(sharded, options.groups, allocator));
-  if (starting.kind == StartingPoint::Kind::kFresh) {
-    gpt->InitGpt2(spec.seed);
-  } else {
-    const CheckpointSource& source = *starting.source;
-    RETURN_IF_ERROR(gpt->LoadState(
-        [&](const std::string& name, const std::vector<int64_t>& offsets,
-            const std::vector<int64_t>& shape) {
-          return ReadCheckpointBox(source, name, offsets, shape);
-        },
-        /*with_moments=*/starting.kind == StartingPoint::Kind::kResume));
-  }
+  RETURN_IF_ERROR(LoadStartingPoint(starting, spec.seed, *gpt));
 
   // Saves: the writer's thread writes this rank's shard and reports it; the coordinator commits
   // the step once every rank has.

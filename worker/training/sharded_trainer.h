@@ -16,6 +16,7 @@
 #include "placement/job_spec.h"
 #include "worker/model/data/sampler.h"
 #include "worker/model/sharded_gpt.h"
+#include "worker/training/starting_point.h"
 
 namespace shardline::training {
 
@@ -74,6 +75,15 @@ struct ShardedTrainResult {
 // The engine's options for rank `rank` of a train job: its model, layout, coordinates, batch and
 // AdamW. InvalidArgument for a job of another kind or a rank outside the layout.
 absl::StatusOr<model::ShardedOptions> ShardedOptionsOf(const placement::JobSpec& job, int rank);
+// The same from a train spec, a layout and the rank's coordinates in it (`shardline train`: the
+// default layout, one rank).
+model::ShardedOptions ShardedOptionsOf(const placement::TrainSpec& spec,
+                                       const placement::ParallelSpec& parallel,
+                                       const placement::RankCoords& coords);
+// The engine's state from where the run starts: GPT-2 initialisation from `seed`, or the boxes
+// this rank keeps of the checkpoint (with both AdamW moments when resuming). Errors name the
+// tensor.
+absl::Status LoadStartingPoint(const StartingPoint& start, uint64_t seed, model::ShardedGpt& gpt);
 // Samples of step `step` (1-based) for the engine: a function of (seed, step) alone, whatever the
 // plan (data/sampler.h). `sampler` must outlive the result.
 model::MicroBatchSource StepSamples(const data::Sampler& sampler, int64_t step);

@@ -61,25 +61,12 @@ class ShardedRunEngine final : public RunEngine {
  public:
   static absl::StatusOr<std::unique_ptr<RunEngine>> Create(const placement::TrainSpec& spec,
                                                            const StartingPoint& start) {
-    model::ShardedOptions options;
-    options.config = spec.model;
-    options.global_batch = spec.batch;
-    options.seq_len = static_cast<int>(spec.seq_len);
-    options.adamw = AdamWOptionsOf(spec.optimizer);
+    const model::ShardedOptions options =
+        ShardedOptionsOf(spec, placement::ParallelSpec{}, placement::RankCoords{});
     auto engine = std::unique_ptr<ShardedRunEngine>(new ShardedRunEngine());
     ASSIGN_OR_RETURN(engine->gpt_, model::ShardedGpt::Create(options, model::ShardedGroups{},
                                                              engine->allocator_));
-    if (start.kind == StartingPoint::Kind::kFresh) {
-      engine->gpt_->InitGpt2(spec.seed);
-    } else {
-      const CheckpointSource& source = *start.source;
-      RETURN_IF_ERROR(engine->gpt_->LoadState(
-          [&](const std::string& name, const std::vector<int64_t>& offsets,
-              const std::vector<int64_t>& shape) {
-            return ReadCheckpointBox(source, name, offsets, shape);
-          },
-          /*with_moments=*/start.kind == StartingPoint::Kind::kResume));
-    }
+    RETURN_IF_ERROR(LoadStartingPoint(start, spec.seed, *engine->gpt_));
     return std::unique_ptr<RunEngine>(std::move(engine));
   }
 
