@@ -44,6 +44,7 @@
 #include "checkpoint/layout.h"
 #include "common/status_macros.h"
 #include "kernels/allocator.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "placement/job_spec.h"
 #include "placement/parallel_layout.h"
 #include "tests/support/forked_world.h"
@@ -367,7 +368,8 @@ absl::Status SyncRankLoop(const BenchOptions& o, const std::string& checkpoints,
   ASSIGN_OR_RETURN(data::Sampler sampler,
                    data::Sampler::Create(dataset, spec.seq_len, spec.batch, spec.seed));
   kernels::CpuAllocator allocator;
-  ASSIGN_OR_RETURN(auto gpt, model::ShardedGpt::Create(sharded, groups, allocator));
+  kernels::cpu::CpuBackend backend(allocator);
+  ASSIGN_OR_RETURN(auto gpt, model::ShardedGpt::Create(sharded, groups, backend));
   gpt->InitGpt2(spec.seed);
   TimingFileSystem file_system;
   worker::AsyncShardWriter writer(worker::MakeShardPlan(gpt->StatePieces()), rank, file_system,

@@ -21,6 +21,7 @@
 
 #include "kernels/allocator.h"
 #include "kernels/cpu/blas.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/vector_math.h"
 #include "worker/model/gpt.h"
 #include "worker/model/paged_inference.h"
@@ -45,7 +46,7 @@ struct StepTimes {
 };
 
 // The prefill of `S` sequences of `context` tokens each in one step, then decode steps.
-StepTimes DecodeMilliseconds(const model::InferenceWeights& weights, kernels::Allocator& allocator,
+StepTimes DecodeMilliseconds(const model::InferenceWeights& weights, kernels::Backend& backend,
                              int S, int context, int steps) {
   const model::ModelConfig& c = weights.config;
   constexpr int kBlockSize = 16;
@@ -54,7 +55,7 @@ StepTimes DecodeMilliseconds(const model::InferenceWeights& weights, kernels::Al
                                          .block_size = kBlockSize,
                                          .max_tokens_per_step = S * context,
                                          .max_seqs_per_step = S};
-  auto forward = model::PagedGptForward::Create(weights, options, allocator);
+  auto forward = model::PagedGptForward::Create(weights, options, backend);
   if (!forward.ok()) {
     std::fprintf(stderr, "decode_step_bench: %s\n", forward.status().ToString().c_str());
     std::exit(1);
@@ -145,6 +146,7 @@ int main(int argc, char** argv) {
   const model::ModelConfig config{
       .layers = layers, .heads = 12, .d_model = 768, .vocab = 50257, .max_seq_len = 1024};
   kernels::CpuAllocator allocator;
+  kernels::cpu::CpuBackend gpt_backend(allocator);
   auto gpt = model::GptModel::Create(config, allocator);
   if (!gpt.ok()) {
     std::fprintf(stderr, "decode_step_bench: %s\n", gpt.status().ToString().c_str());
@@ -156,7 +158,7 @@ int main(int argc, char** argv) {
               omp_get_max_threads(), kernels::cpu::BlasDescription().c_str());
   std::printf("sequences | context | prefill ms | ms per step | tokens/s\n");
   for (const int S : batches) {
-    const StepTimes t = DecodeMilliseconds(weights, allocator, S, context, steps);
+    const StepTimes t = DecodeMilliseconds(weights, gpt_backend, S, context, steps);
     std::printf("%9d | %7d | %10.1f | %11.2f | %8.1f\n", S, context, t.prefill_ms, t.decode_ms,
                 S * 1e3 / t.decode_ms);
     std::fflush(stdout);

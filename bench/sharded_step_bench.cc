@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "kernels/allocator.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "placement/parallel_layout.h"
 #include "tests/support/forked_world.h"
 #include "worker/model/data/sampler.h"
@@ -81,7 +82,8 @@ int RunRank(const std::string& dir, const Layout& layout, int steps, int threads
   options.global_batch = kGlobalBatch;
   options.seq_len = kSeqLen;
   kernels::CpuAllocator allocator;
-  auto gpt = model::ShardedGpt::Create(options, groups, allocator);
+  kernels::cpu::CpuBackend backend(allocator);
+  auto gpt = model::ShardedGpt::Create(options, groups, backend);
   if (!gpt.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, std::string(gpt.status().message()).c_str());
     return 2;

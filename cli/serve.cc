@@ -20,6 +20,7 @@
 #include "common/process.h"
 #include "common/status_macros.h"
 #include "kernels/allocator.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "placement/job_spec.h"
 #include "placement/parallel_layout.h"
 #include "worker/comm/local_rank_group.h"
@@ -221,6 +222,7 @@ int Serve(const ServeOptions& options) {
   }
   // The followers load their shards while this rank loads its own.
   kernels::CpuAllocator allocator;
+  kernels::cpu::CpuBackend backend(allocator);
   auto weights =
       serving::LoadServingShard(*source, options.tp, options.pp, grid.Coords(0), allocator);
   if (!weights.ok()) {
@@ -243,7 +245,7 @@ int Serve(const ServeOptions& options) {
   }
 
   auto engine =
-      serving::BatchingEngine::Create((*weights)->weights(), engine_options, allocator, groups);
+      serving::BatchingEngine::Create((*weights)->weights(), engine_options, backend, groups);
   if (!engine.ok()) {
     std::cerr << "error: " << engine.status().message() << "\n";
     return engine.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
@@ -298,6 +300,7 @@ int ServeRank(const ServeRankOptions& options) {
     return 1;
   }
   kernels::CpuAllocator allocator;
+  kernels::cpu::CpuBackend backend(allocator);
   auto weights = serving::LoadServingShard(*source, options.tp, options.pp, coords, allocator);
   if (!weights.ok()) {
     std::cerr << "error: " << who << weights.status().message() << "\n";
@@ -311,7 +314,7 @@ int ServeRank(const ServeRankOptions& options) {
   }
   const absl::Status served =
       serving::RunServingFollower((*weights)->weights(), EngineOptionsOf(options, /*max_queue=*/1),
-                                  allocator, ServingGroupsOf(*communicators));
+                                  backend, ServingGroupsOf(*communicators));
   if (!served.ok()) {
     std::cerr << "error: " << who << served.message() << "\n";
     return 1;

@@ -69,6 +69,13 @@ __global__ void GeluBackwardKernel(float* dinp, const float* inp, const float* d
   }
 }
 
+__global__ void FillKernel(float* out, float value, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    out[i] = value;
+  }
+}
+
 __global__ void AddKernel(float* out, const float* inp1, const float* inp2, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
@@ -151,6 +158,12 @@ cudaError_t Add(float* out, const float* inp1, const float* inp2, int64_t n, cud
 cudaError_t AccumulateInto(float* dst, const float* src, int64_t n, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   AccumulateKernel<<<GridFor(n), kBlockThreads, 0, stream>>>(dst, src, n);
+  return detail::LaunchResult();
+}
+
+cudaError_t Fill(float* out, float value, int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  FillKernel<<<GridFor(n), kBlockThreads, 0, stream>>>(out, value, n);
   return detail::LaunchResult();
 }
 

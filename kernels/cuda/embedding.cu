@@ -43,6 +43,16 @@ __global__ void PositionEmbeddingForwardKernel(float* out, const float* wpe, int
   }
 }
 
+// Each row at its own position (an inference step's tokens of several sequences).
+__global__ void PositionEmbeddingAtKernel(float* out, const float* wpe, const int32_t* positions,
+                                          int64_t total, int C) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t n = i / C;
+    out[i] += wpe[int64_t{positions[n]} * C + i % C];
+  }
+}
+
 // One thread per (t, c), summing over the batch in order: deterministic, as the CPU twin.
 __global__ void PositionEmbeddingBackwardKernel(float* dwpe, const float* dout, int B, int T,
                                                 int C) {
@@ -83,6 +93,15 @@ cudaError_t PositionEmbeddingForward(float* out, const float* wpe, int B, int T,
   if (total == 0) return cudaSuccess;
   PositionEmbeddingForwardKernel<<<GridFor(total), kBlockThreads, 0, stream>>>(out, wpe, total, T,
                                                                                C);
+  return detail::LaunchResult();
+}
+
+cudaError_t PositionEmbeddingAt(float* out, const float* wpe, const int32_t* positions, int N,
+                                int C, cudaStream_t stream) {
+  const int64_t total = int64_t{N} * C;
+  if (total == 0) return cudaSuccess;
+  PositionEmbeddingAtKernel<<<GridFor(total), kBlockThreads, 0, stream>>>(out, wpe, positions,
+                                                                          total, C);
   return detail::LaunchResult();
 }
 

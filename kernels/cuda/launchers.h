@@ -24,6 +24,7 @@ cudaError_t GeluBackward(float* dinp, const float* inp, const float* dout, int64
 cudaError_t Add(float* out, const float* inp1, const float* inp2, int64_t n, cudaStream_t stream);
 cudaError_t AccumulateInto(float* dst, const float* src, int64_t n, cudaStream_t stream);
 cudaError_t Scale(float* data, float scale, int64_t n, cudaStream_t stream);
+cudaError_t Fill(float* out, float value, int64_t n, cudaStream_t stream);
 cudaError_t FloatToBFloat16(uint16_t* out, const float* in, int64_t n, cudaStream_t stream);
 cudaError_t BFloat16ToFloat(float* out, const uint16_t* in, int64_t n, cudaStream_t stream);
 
@@ -47,6 +48,8 @@ cudaError_t TokenEmbeddingBackward(float* dwte, const float* dout, const int32_t
                                    int C, int v0, int v1, cudaStream_t stream);
 cudaError_t PositionEmbeddingForward(float* out, const float* wpe, int B, int T, int C,
                                      cudaStream_t stream);
+cudaError_t PositionEmbeddingAt(float* out, const float* wpe, const int32_t* positions, int N,
+                                int C, cudaStream_t stream);
 cudaError_t PositionEmbeddingBackward(float* dwpe, const float* dout, int B, int T, int C,
                                       cudaStream_t stream);
 

@@ -205,6 +205,18 @@ absl::Status ResidualBackward(float* dinp1, float* dinp2, const float* dout, int
   return absl::OkStatus();
 }
 
+absl::Status Fill(float* out, float value, int64_t n, cudaStream_t stream) {
+  return Launched(launch::Fill(out, value, n, stream), "cuda::Fill");
+}
+
+absl::Status Accumulate(float* dst, const float* src, int64_t n, cudaStream_t stream) {
+  return Launched(launch::AccumulateInto(dst, src, n, stream), "cuda::Accumulate");
+}
+
+absl::Status Scale(float* data, float factor, int64_t n, cudaStream_t stream) {
+  return Launched(launch::Scale(data, factor, n, stream), "cuda::Scale");
+}
+
 // ---- softmax -----------------------------------------------------------------------------------
 
 absl::Status SoftmaxForward(float* out, const float* inp, int N, int C, cudaStream_t stream) {
@@ -234,6 +246,12 @@ absl::Status PositionEmbeddingForward(float* out, const float* wpe, int B, int T
                                       cudaStream_t stream) {
   return Launched(launch::PositionEmbeddingForward(out, wpe, B, T, C, stream),
                   "cuda::PositionEmbeddingForward");
+}
+
+absl::Status PositionEmbeddingAt(float* out, const float* wpe, const int32_t* positions, int N,
+                                 int C, cudaStream_t stream) {
+  return Launched(launch::PositionEmbeddingAt(out, wpe, positions, N, C, stream),
+                  "cuda::PositionEmbeddingAt");
 }
 
 absl::Status PositionEmbeddingBackward(float* dwpe, const float* dout, int B, int T, int C,

@@ -76,6 +76,11 @@ absl::Status ResidualForward(float* out, const float* inp1, const float* inp2, i
 absl::Status ResidualBackward(float* dinp1, float* dinp2, const float* dout, int64_t n,
                               cudaStream_t stream);
 
+// out (n) = value; dst (n) += src (n); data (n) *= factor. The CPU backend's loops.
+absl::Status Fill(float* out, float value, int64_t n, cudaStream_t stream);
+absl::Status Accumulate(float* dst, const float* src, int64_t n, cudaStream_t stream);
+absl::Status Scale(float* data, float factor, int64_t n, cudaStream_t stream);
+
 // ---- softmax.h -------------------------------------------------------------------------------
 
 absl::Status SoftmaxForward(float* out, const float* inp, int N, int C, cudaStream_t stream);
@@ -94,6 +99,9 @@ absl::Status TokenEmbeddingBackward(float* dwte, const float* dout, const int32_
                                     int C, int v0, int v1, cudaStream_t stream);
 absl::Status PositionEmbeddingForward(float* out, const float* wpe, int B, int T, int C,
                                       cudaStream_t stream);
+// out (N,C) += wpe[positions[n]] (device positions, trusted): each row at its own position.
+absl::Status PositionEmbeddingAt(float* out, const float* wpe, const int32_t* positions, int N,
+                                 int C, cudaStream_t stream);
 absl::Status PositionEmbeddingBackward(float* dwpe, const float* dout, int B, int T, int C,
                                        cudaStream_t stream);
 absl::Status EncoderForward(float* out, const int32_t* tokens, const float* wte, const float* wpe,

@@ -7,3 +7,9 @@ if(SHARDLINE_CUDA)
     SOURCES ${CMAKE_CURRENT_LIST_DIR}/kernels_cuda_test.cc
     LIBS shardline_kernels LABELS gpu TIMEOUT 300)
 endif()
+# The backend interface (kernels/backend.h): the CPU backend's own code, and every operation of the
+# CUDA backend against the CPU backend (skipped, with the reason, without a GPU). Labelled `gpu`
+# for scripts/gpu-check.sh; it runs in every ctest too (its CPU cases need no GPU).
+shardline_test(kernels_backend_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/kernels_backend_test.cc
+  LIBS shardline_kernels LABELS gpu TIMEOUT 120)

@@ -11,6 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/allocator.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "worker/model/gpt.h"
 #include "worker/model/inference.h"
 #include "worker/model/paged_inference.h"
@@ -193,7 +194,7 @@ TEST(PagedInferenceTest, StepsOfInterleavedChunksGiveTheFullForwardsLogits) {
                                         .block_size = block_size,
                                         .max_tokens_per_step = 16,
                                         .max_seqs_per_step = 16},
-                                       allocator)
+                                       model->backend())
                    .value();
   // Blocks handed out out of order and interleaved between the sequences.
   const std::vector<int32_t> tables = {17, 3,  9, 0, 12, 5,   // sequence 0
@@ -248,7 +249,7 @@ TEST(PagedInferenceTest, RefusesABadStepNamingWhatIsWrong) {
   EXPECT_THAT(std::string(PagedGptForward::Create(
                               InferenceWeights::Of(*model),
                               {.num_blocks = 0, .max_tokens_per_step = 4, .max_seqs_per_step = 2},
-                              allocator)
+                              model->backend())
                               .status()
                               .message()),
               HasSubstr("num_blocks"));
@@ -256,7 +257,7 @@ TEST(PagedInferenceTest, RefusesABadStepNamingWhatIsWrong) {
       PagedGptForward::Create(
           InferenceWeights::Of(*model),
           {.num_blocks = 4, .block_size = 4, .max_tokens_per_step = 4, .max_seqs_per_step = 2},
-          allocator)
+          model->backend())
           .value();
   std::vector<int32_t> tokens = {1, 2}, positions = {0, 1}, token_seq = {0, 0}, rows = {1};
   std::vector<int32_t> tables = {3, 1};

@@ -21,6 +21,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/allocator.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "placement/parallel_layout.h"
 #include "tests/support/forked_world.h"
 #include "worker/model/data/sampler.h"
@@ -176,7 +177,8 @@ int RunRank(const std::string& dir, const Case& c, int rank, const placement::Ra
   options.seq_len = kSeqLen;
   options.adamw = Adam();
   kernels::CpuAllocator allocator;
-  auto model = ShardedGpt::Create(options, groups, allocator);
+  kernels::cpu::CpuBackend backend(allocator);
+  auto model = ShardedGpt::Create(options, groups, backend);
   if (!model.ok()) {
     fprintf(stderr, "rank %d: %s\n", rank, std::string(model.status().message()).c_str());
     return 5;

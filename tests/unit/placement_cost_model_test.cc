@@ -7,6 +7,7 @@
 
 #include "common/status_macros.h"
 #include "kernels/allocator.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "placement/cost_model.h"
 #include "placement/train_spec.h"
 #include "tests/support/source_dir.h"
@@ -374,6 +375,7 @@ TEST(CostModelTest, ParamsMatchShardLayout) {
 TEST(CostModelTest, MatchesShardedGptAllocation) {
   for (const int64_t micro_batch : {1, 2, 4}) {
     kernels::CpuAllocator allocator;
+    kernels::cpu::CpuBackend backend(allocator);
     model::ShardedOptions options;
     options.config.layers = 2;
     options.config.heads = 2;
@@ -385,7 +387,7 @@ TEST(CostModelTest, MatchesShardedGptAllocation) {
     options.global_batch = 4;
     options.seq_len = 16;
     absl::StatusOr<std::unique_ptr<model::ShardedGpt>> gpt =
-        model::ShardedGpt::Create(options, {}, allocator);
+        model::ShardedGpt::Create(options, {}, backend);
     ASSERT_TRUE(gpt.ok()) << gpt.status();
     const MemoryBreakdown m = *PredictRankMemory(Tiny(), TinySetup(), options.parallel, 0);
     EXPECT_EQ(static_cast<int64_t>(allocator.stats().bytes_in_use), m.total())

@@ -11,6 +11,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/allocator.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "placement/cost_model.h"
 #include "placement/parallel_layout.h"
 #include "tests/support/forked_world.h"
@@ -82,7 +83,8 @@ int MeasureRank(const std::string& dir, const Layout& layout, int rank,
   options.global_batch = kGlobalBatch;
   options.seq_len = kSeqLen;
   kernels::CpuAllocator allocator;
-  auto gpt = model::ShardedGpt::Create(options, groups, allocator);
+  kernels::cpu::CpuBackend backend(allocator);
+  auto gpt = model::ShardedGpt::Create(options, groups, backend);
   if (!gpt.ok()) return 2;
   // What the model holds in memory its shared-memory peers map is allocated apart, once, in
   // Create (shared_bytes): it counts in the bytes held and in the peak alike.

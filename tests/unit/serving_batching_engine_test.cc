@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kernels/allocator.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "worker/model/inference.h"
 #include "worker/model/paged_inference.h"
 #include "worker/serving/batching_engine.h"
@@ -79,12 +80,13 @@ class ServingBatchingEngineTest : public ::testing::Test {
   }
 
   std::unique_ptr<BatchingEngine> Engine(BatchingEngineOptions options) {
-    auto engine = BatchingEngine::Create(model::InferenceWeights::Of(*gpt_), options, allocator_);
+    auto engine = BatchingEngine::Create(model::InferenceWeights::Of(*gpt_), options, backend_);
     EXPECT_TRUE(engine.ok()) << engine.status();
     return engine.ok() ? std::move(*engine) : nullptr;
   }
 
   kernels::CpuAllocator allocator_;
+  kernels::cpu::CpuBackend backend_{allocator_};
   std::unique_ptr<model::GptModel> gpt_;
 };
 
@@ -285,17 +287,16 @@ TEST_F(ServingBatchingEngineTest, ABoundedQueueAndCancel) {
 }
 
 TEST_F(ServingBatchingEngineTest, RefusesWhatItCannotRunAndStopsCleanly) {
-  EXPECT_EQ(
-      BatchingEngine::Create(model::InferenceWeights::Of(*gpt_), {.max_running = 0}, allocator_)
-          .status()
-          .code(),
-      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(BatchingEngine::Create(model::InferenceWeights::Of(*gpt_), {.max_running = 0}, backend_)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
   // Less than one whole context of 32 positions.
   EXPECT_EQ(BatchingEngine::Create(
                 model::InferenceWeights::Of(*gpt_),
                 {.block_size = 4,
                  .kv_cache_bytes = 7 * model::PagedGptForward::BytesPerBlock(gpt_->config(), 4)},
-                allocator_)
+                backend_)
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "kernels/allocator.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "placement/parallel_layout.h"
 #include "tests/support/forked_world.h"
 #include "worker/model/gpt.h"
@@ -154,6 +155,7 @@ TEST_P(ServingShardedTest, ShardLogitsAreTheWholeModels) {
       tp, pp,
       [&](int, const placement::RankCoords& coords, const model::ShardedGroups& groups) {
         kernels::CpuAllocator allocator;
+        kernels::cpu::CpuBackend backend(allocator);
         auto gpt = Model(allocator);
         CHILD_CHECK(gpt != nullptr, 2);
         auto shard = Shard(*gpt, tp, pp, coords, allocator);
@@ -162,9 +164,9 @@ TEST_P(ServingShardedTest, ShardLogitsAreTheWholeModels) {
         const model::PagedCacheOptions cache{
             .num_blocks = 8, .block_size = 4, .max_tokens_per_step = 16, .max_seqs_per_step = 4};
         auto sharded =
-            model::PagedGptForward::Create((*shard)->weights(), cache, allocator, groups.tp);
+            model::PagedGptForward::Create((*shard)->weights(), cache, backend, groups.tp);
         auto whole =
-            model::PagedGptForward::Create(model::InferenceWeights::Of(*gpt), cache, allocator);
+            model::PagedGptForward::Create(model::InferenceWeights::Of(*gpt), cache, backend);
         CHILD_CHECK(sharded.ok() && whole.ok(), 5);
         // Two sequences: a prompt chunk of 9 and one of 5, then a decode of each.
         const std::vector<int32_t> tables = {0, 1, 2, 7, 3, 4, 5, 6};
@@ -257,6 +259,7 @@ TEST_P(ServingShardedTest, AnEngineOverTheGroupGivesTheSingleDeviceTokens) {
       tp, pp,
       [&](int, const placement::RankCoords& coords, const model::ShardedGroups& groups) {
         kernels::CpuAllocator allocator;
+        kernels::cpu::CpuBackend backend(allocator);
         auto gpt = Model(allocator);
         CHILD_CHECK(gpt != nullptr, 2);
         auto shard = Shard(*gpt, tp, pp, coords, allocator);
@@ -265,12 +268,12 @@ TEST_P(ServingShardedTest, AnEngineOverTheGroupGivesTheSingleDeviceTokens) {
             .max_running = 4, .max_tokens_per_step = 8, .block_size = 4};
         if (!IsLeader(groups)) {
           const absl::Status followed =
-              RunServingFollower((*shard)->weights(), options, allocator, GroupsOf(groups));
+              RunServingFollower((*shard)->weights(), options, backend, GroupsOf(groups));
           if (!followed.ok()) std::fprintf(stderr, "follower: %s\n", followed.ToString().c_str());
           return followed.ok() ? 0 : 9;
         }
         auto engine =
-            BatchingEngine::Create((*shard)->weights(), options, allocator, GroupsOf(groups));
+            BatchingEngine::Create((*shard)->weights(), options, backend, GroupsOf(groups));
         CHILD_CHECK(engine.ok(), 4);
         std::mt19937 rng(3);
         std::vector<GenerationRequest> requests;
@@ -326,6 +329,7 @@ TEST_P(ServingShardedTest, AFollowerWhoseLeaderDiesReturnsAnError) {
       tp, pp,
       [&](int, const placement::RankCoords& coords, const model::ShardedGroups& groups) {
         kernels::CpuAllocator allocator;
+        kernels::cpu::CpuBackend backend(allocator);
         auto gpt = Model(allocator);
         CHILD_CHECK(gpt != nullptr, 2);
         auto shard = Shard(*gpt, tp, pp, coords, allocator);
@@ -333,12 +337,12 @@ TEST_P(ServingShardedTest, AFollowerWhoseLeaderDiesReturnsAnError) {
         const BatchingEngineOptions options{.max_running = 2, .max_tokens_per_step = 8};
         if (!IsLeader(groups)) {
           const absl::Status followed =
-              RunServingFollower((*shard)->weights(), options, allocator, GroupsOf(groups));
+              RunServingFollower((*shard)->weights(), options, backend, GroupsOf(groups));
           std::fprintf(stderr, "follower after its leader died: %s\n", followed.ToString().c_str());
           return followed.ok() ? 9 : 0;  // an error is what it must give
         }
         auto engine =
-            BatchingEngine::Create((*shard)->weights(), options, allocator, GroupsOf(groups));
+            BatchingEngine::Create((*shard)->weights(), options, backend, GroupsOf(groups));
         CHILD_CHECK(engine.ok(), 4);
         Outcome out;
         CHILD_CHECK(

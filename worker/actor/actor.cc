@@ -10,10 +10,12 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "checkpoint/layout.h"
 #include "common/status_macros.h"
+#include "kernels/cpu/blas.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "monitoring/metrics.h"
 #include "monitoring/metrics_server.h"
-#include "checkpoint/layout.h"
 #include "placement/job_spec.h"
 #include "protocol/rpc_client.h"
 #include "spdlog/spdlog.h"
@@ -22,7 +24,6 @@
 #include "worker/actor/coordinator_store.h"
 #include "worker/actor/layout_wire.h"
 #include "worker/actor/report_queue.h"
-#include "kernels/cpu/blas.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/cpu_communicator.h"
 #include "worker/model/data/tokenizer.h"
@@ -124,7 +125,7 @@ class Actor {
   absl::Status LeadServing(const training::CheckpointSource& source,
                            const model::InferenceWeights& weights,
                            const serving::BatchingEngineOptions& engine_options,
-                           kernels::Allocator& allocator);
+                           kernels::Backend& backend);
   void PostServingStatus(const serving::HttpServer* server, const serving::BatchingEngine* engine,
                          const std::string& model_name);
 
@@ -528,7 +529,7 @@ void Actor::PostServingStatus(const serving::HttpServer* server,
 absl::Status Actor::LeadServing(const training::CheckpointSource& source,
                                 const model::InferenceWeights& weights,
                                 const serving::BatchingEngineOptions& engine_options,
-                                kernels::Allocator& allocator) {
+                                kernels::Backend& backend) {
   const placement::ServeSpec& serve = spec_.serve;
   // The leader alone tokenizes (the other ranks see token ids only).
   auto tokenizer = data::LoadTokenizer(training::TokenizerSpecFor(serve.tokenizer, source.path()));
@@ -548,7 +549,7 @@ absl::Status Actor::LeadServing(const training::CheckpointSource& source,
   }
   http.model_name =
       serve.model_name.empty() ? serving::DefaultModelName(serve.checkpoint) : serve.model_name;
-  ASSIGN_OR_RETURN(auto engine, serving::BatchingEngine::Create(weights, engine_options, allocator,
+  ASSIGN_OR_RETURN(auto engine, serving::BatchingEngine::Create(weights, engine_options, backend,
                                                                 ServingGroupsOf()));
   auto server = serving::HttpServer::Start(http, *engine, **tokenizer);
   if (!server.ok()) return Annotate(server.status(), "listen " + listen);
@@ -622,9 +623,9 @@ absl::Status Actor::RunServeJob() {
   if (comm::Communicator* world = ServingGroupsOf().world; world != nullptr) {
     RETURN_IF_ERROR(Annotate(world->Barrier(), "waiting for every rank to load its shard"));
   }
-  if (options_.rank == 0) return LeadServing(source, shard->weights(), engine_options, allocator);
-  return serving::RunServingFollower(shard->weights(), engine_options, allocator,
-                                     ServingGroupsOf());
+  kernels::cpu::CpuBackend backend(allocator);
+  if (options_.rank == 0) return LeadServing(source, shard->weights(), engine_options, backend);
+  return serving::RunServingFollower(shard->weights(), engine_options, backend, ServingGroupsOf());
 }
 
 absl::Status Actor::RunCommCheckJob() {

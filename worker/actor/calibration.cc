@@ -9,6 +9,7 @@
 #include "common/process.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/blas.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/optimizer.h"
 #include "model/tensor_table.h"
@@ -131,14 +132,16 @@ absl::StatusOr<double> MeasureBlockRate(const BlockShape& shape, int blocks, int
   FillUniform(dx[blocks], 1e-3f, 3);
   const double flops = blocks * BlockFlops(shape);
   std::vector<double> rates;
+  kernels::cpu::CpuBackend backend;
   for (int rep = 0; rep <= reps; ++rep) {
     const auto start = SteadyClock::now();
     for (int b = 0; b < blocks; ++b) {
-      RETURN_IF_ERROR(model::BlockForward(dims, p[b], x[b].data(), x[b + 1].data(), acts[b]));
+      RETURN_IF_ERROR(
+          model::BlockForward(backend, dims, p[b], x[b].data(), x[b + 1].data(), acts[b]));
     }
     for (int b = blocks - 1; b >= 0; --b) {
       std::fill(dx[b].begin(), dx[b].end(), 0.0f);
-      RETURN_IF_ERROR(model::BlockBackward(dims, p[b], g[b], x[b].data(), dx[b + 1].data(),
+      RETURN_IF_ERROR(model::BlockBackward(backend, dims, p[b], g[b], x[b].data(), dx[b + 1].data(),
                                            dx[b].data(), acts[b], scratch));
     }
     const double seconds = SecondsSince(start);

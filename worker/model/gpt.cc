@@ -16,7 +16,7 @@ namespace shardline::model {
 namespace cpu = kernels::cpu;
 
 GptModel::GptModel(const ModelConfig& config, kernels::Allocator& allocator)
-    : config_(config), layout_(config), allocator_(&allocator) {}
+    : config_(config), layout_(config), allocator_(&allocator), backend_(allocator) {}
 
 absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const ModelConfig& config,
                                                            kernels::Allocator& allocator) {
@@ -153,8 +153,9 @@ void GptModel::Embed(GptActivations& acts, const int32_t* tokens) const {
 void GptModel::Blocks(GptActivations& acts, int first, int last) const {
   const BlockDims dims = Dims(acts.B(), acts.T());
   for (int l = first; l < last; ++l) {
-    // Without an all-reduce BlockForward cannot fail.
-    BlockForward(dims, BlockParamsView(l), acts.residual[l], acts.residual[l + 1], acts.blocks[l])
+    // Without an all-reduce BlockForward cannot fail on the CPU.
+    BlockForward(backend_, dims, BlockParamsView(l), acts.residual[l], acts.residual[l + 1],
+                 acts.blocks[l])
         .IgnoreError();
   }
 }
@@ -245,9 +246,9 @@ absl::Status GptModel::BlocksBackward(int first, int last) {
   for (int l = last - 1; l >= first; --l) {
     float* dx = acts_.dresidual[l];
     std::fill(dx, dx + NC, 0.0f);
-    RETURN_IF_ERROR(BlockBackward(dims, BlockParamsView(l), layout_.Block(grads_.data<float>(), l),
-                                  acts_.residual[l], acts_.dresidual[l + 1], dx, acts_.blocks[l],
-                                  acts_.scratch));
+    RETURN_IF_ERROR(BlockBackward(backend_, dims, BlockParamsView(l),
+                                  layout_.Block(grads_.data<float>(), l), acts_.residual[l],
+                                  acts_.dresidual[l + 1], dx, acts_.blocks[l], acts_.scratch));
   }
   return absl::OkStatus();
 }

@@ -28,6 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/allocator.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/optimizer.h"
 #include "kernels/tensor.h"
 #include "model/model_config.h"
@@ -51,6 +52,8 @@ class GptModel final : public TrainableGpt {
   const ModelConfig& config() const override { return config_; }
   const ParamLayout& layout() const override { return layout_; }
   kernels::Allocator& allocator() const { return *allocator_; }
+  // The CPU backend over allocator(), that the blocks run on.
+  kernels::Backend& backend() const { return backend_; }
 
   // name → offset, shape for every parameter tensor, in buffer order (for checkpoints).
   const std::vector<ParamTensorInfo>& NamedTensors() const { return layout_.tensors(); }
@@ -136,6 +139,7 @@ class GptModel final : public TrainableGpt {
   ModelConfig config_;
   ParamLayout layout_;
   kernels::Allocator* allocator_;
+  mutable kernels::cpu::CpuBackend backend_;
   kernels::Tensor params_;  // (num_params) f32
   kernels::Tensor grads_;   // (num_params) f32, same layout
   kernels::Tensor adam_m_;  // (num_params) f32, allocated at the first AdamWStep

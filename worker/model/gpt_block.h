@@ -1,4 +1,5 @@
-// One transformer block (pre-LayerNorm, as GPT-2), forward and backward, over raw buffers:
+// One transformer block (pre-LayerNorm, as GPT-2), forward and backward, over raw buffers in the
+// memory of the backend that runs it (kernels/backend.h: the CPU's or CUDA's):
 //
 //   x (B,T,C) ─ ln1 ─ qkv linear ─ causal attention ─ attn_proj linear ─(+x)→ r (B,T,C)
 //   r ─ ln2 ─ fc linear ─ GELU ─ fc_proj linear ─(+r)→ y (B,T,C)
@@ -13,6 +14,7 @@
 #include <functional>
 
 #include "absl/status/status.h"
+#include "kernels/backend.h"
 #include "placement/parallel_layout.h"
 #include "worker/model/param_layout.h"
 
@@ -34,6 +36,7 @@ struct BlockDims {
   int NH = 0;  // heads held here
   int HS = 0;  // channels per head
   int F = 0;   // MLP columns held here
+  float eps = 1e-5f;  // the norms' epsilon (ModelConfig::norm_eps)
   int64_t N() const { return int64_t{B} * T; }
   int Attn() const { return NH * HS; }  // attention width held here (C on one device)
 };
@@ -66,9 +69,9 @@ struct BlockGradScratch {
 
 // y (B,T,C) = block(x (B,T,C)), filling `acts`. y may not alias x (the backward needs x). With
 // an `attention` step, acts.att_lse is not written (and the backward is not available).
-absl::Status BlockForward(const BlockDims& dims, const BlockParams& params, const float* x,
-                          float* y, const BlockActivations& acts,
-                          const AllReduceFn& all_reduce = nullptr,
+absl::Status BlockForward(kernels::Backend& backend, const BlockDims& dims,
+                          const BlockParams& params, const float* x, float* y,
+                          const BlockActivations& acts, const AllReduceFn& all_reduce = nullptr,
                           const AttentionFn& attention = nullptr);
 
 // Refills what a block run under `mode` did not keep from its forward (CarveKeptBlockActivations
@@ -78,15 +81,17 @@ absl::Status BlockForward(const BlockDims& dims, const BlockParams& params, cons
 // from x into `acts`, with its tensor-parallel all-reduces, writing the block's output to y (the
 // caller may pass the forward's own output buffer: the values are the same bits). kNone: nothing.
 // The recomputed values equal the forward's bit for bit (same kernels, same inputs).
-absl::Status RecomputeBlock(placement::RecomputeMode mode, const BlockDims& dims,
-                            const BlockParams& params, const float* x, float* y,
-                            const BlockActivations& acts, const AllReduceFn& all_reduce = nullptr);
+absl::Status RecomputeBlock(kernels::Backend& backend, placement::RecomputeMode mode,
+                            const BlockDims& dims, const BlockParams& params, const float* x,
+                            float* y, const BlockActivations& acts,
+                            const AllReduceFn& all_reduce = nullptr);
 
 // dy (B,T,C) is the gradient of y. Accumulates into dx (B,T,C) and every tensor of `grads`.
 // x and `acts` are the forward's.
-absl::Status BlockBackward(const BlockDims& dims, const BlockParams& params,
-                           const BlockParams& grads, const float* x, const float* dy, float* dx,
-                           const BlockActivations& acts, const BlockGradScratch& scratch,
+absl::Status BlockBackward(kernels::Backend& backend, const BlockDims& dims,
+                           const BlockParams& params, const BlockParams& grads, const float* x,
+                           const float* dy, float* dx, const BlockActivations& acts,
+                           const BlockGradScratch& scratch,
                            const AllReduceFn& all_reduce = nullptr);
 
 }  // namespace shardline::model

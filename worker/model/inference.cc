@@ -151,7 +151,7 @@ absl::StatusOr<int> GenerateStreaming(const GptModel& model, std::span<const int
                                              .block_size = block_size,
                                              .max_tokens_per_step = static_cast<int>(c.max_seq_len),
                                              .max_seqs_per_step = 1},
-                                            model.allocator()));
+                                            model.backend()));
     std::vector<int32_t> table(blocks);
     std::iota(table.begin(), table.end(), 0);
     std::vector<int32_t> tokens(prompt.begin(), prompt.end());

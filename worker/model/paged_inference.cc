@@ -4,11 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "kernels/cpu/embedding.h"
-#include "kernels/cpu/layernorm.h"
-#include "kernels/cpu/matmul.h"
-#include "kernels/cpu/skinny_matmul.h"
 #include "kernels/cpu/paged_attention.h"
+#include "worker/model/embedding_head.h"
 
 namespace shardline::model {
 namespace cpu = kernels::cpu;
@@ -151,9 +148,14 @@ int64_t PagedGptForward::BytesPerBlock(const ModelConfig& config, int block_size
 }
 
 absl::StatusOr<std::unique_ptr<PagedGptForward>> PagedGptForward::Create(
-    const InferenceWeights& weights, const PagedCacheOptions& options,
-    kernels::Allocator& allocator, comm::Communicator* tp) {
+    const InferenceWeights& weights, const PagedCacheOptions& options, kernels::Backend& backend,
+    comm::Communicator* tp) {
   const ModelConfig& c = weights.config;
+  if (backend.device() != kernels::Device::kCpu) {
+    return absl::UnimplementedError(absl::StrCat(
+        "the paged KV-cache attention has a cpu kernel only, not one for ", backend.Describe()));
+  }
+  kernels::Allocator& allocator = backend.allocator();
   const int tp_size = tp == nullptr ? 1 : tp->size();
   if (tp_size != weights.tp_size) {
     return absl::InvalidArgumentError(absl::StrCat("paged forward: weights cut for tp ",
@@ -172,7 +174,7 @@ absl::StatusOr<std::unique_ptr<PagedGptForward>> PagedGptForward::Create(
   RETURN_IF_ERROR(positive("block_size", options.block_size));
   RETURN_IF_ERROR(positive("max_tokens_per_step", options.max_tokens_per_step));
   RETURN_IF_ERROR(positive("max_seqs_per_step", options.max_seqs_per_step));
-  std::unique_ptr<PagedGptForward> f(new PagedGptForward(weights, options, tp));
+  std::unique_ptr<PagedGptForward> f(new PagedGptForward(weights, options, backend, tp));
   const int64_t A = int64_t{weights.heads} * c.head_size();  // attention width held here
   const int64_t layers = weights.last_layer - weights.first_layer;
   const int64_t cache = 2 * layers * options.num_blocks * options.block_size * A;
@@ -212,7 +214,7 @@ absl::StatusOr<std::unique_ptr<PagedGptForward>> PagedGptForward::Create(
   // MKL-packed copies for the products of few rows (none with OpenBLAS: Pack gives null).
   const int rows = std::min(options.max_tokens_per_step, kPackedRows);
   auto pack = [&](const float* w, int C_in, int C_out) -> absl::StatusOr<const cpu::PackedWeight*> {
-    ASSIGN_OR_RETURN(auto packed, cpu::PackedWeight::Pack(w, C_in, C_out, rows, allocator));
+    ASSIGN_OR_RETURN(auto packed, backend.PackWeight(w, C_in, C_out, rows));
     if (packed == nullptr) return nullptr;
     f->packed_.push_back(std::move(packed));
     return f->packed_.back().get();
@@ -321,20 +323,20 @@ absl::StatusOr<std::span<const float>> PagedGptForward::Forward(const PagedStep&
   const InferenceWeights& w = weights_;
   const int N = static_cast<int>(s.tokens.size());
   const int C = c.d_model;
-  const BlockDims dims{1, N, C, w.heads, static_cast<int>(c.head_size()), w.ff};
+  const BlockDims dims{
+      1, N, C, w.heads, static_cast<int>(c.head_size()), w.ff, static_cast<float>(c.norm_eps)};
 
+  AllReduceFn all_reduce;
+  if (tp_ != nullptr) {
+    all_reduce = [this](float* data, int64_t n) {
+      return tp_->AllReduce(data, n, DType::kFloat32, comm::ReduceOp::kSum);
+    };
+  }
   if (w.first_stage()) {
-    // Vocab-parallel embedding (rows outside this rank's vocabulary embed to zero; the sum over
-    // the group is the whole embedding), then each token's own position (the training kernel
-    // assumes positions 0..T-1).
-    cpu::TokenEmbeddingForward(residual_[0], s.tokens.data(), w.wte, N, C, w.vocab_begin,
-                               w.vocab_end);
-    RETURN_IF_ERROR(TpAllReduce(residual_[0], int64_t{N} * C, "all-reduce of the embedding"));
-    for (int i = 0; i < N; ++i) {
-      const float* pe = w.wpe + int64_t{s.positions[i]} * C;
-      float* x = residual_[0] + int64_t{i} * C;
-      for (int j = 0; j < C; ++j) x[j] += pe[j];
-    }
+    // The training embedding, each token at its own position.
+    RETURN_IF_ERROR(
+        EmbeddingForward(backend_, EmbeddingWeights{w.wte, w.wpe, w.vocab_begin, w.vocab_end},
+                         s.tokens.data(), s.positions.data(), N, N, C, residual_[0], all_reduce));
   }  // else StageInput(N) holds the stage before's residual: residual_[0]
 
   const cpu::PagedAttentionBatch batch{
@@ -347,12 +349,6 @@ absl::StatusOr<std::span<const float>> PagedGptForward::Forward(const PagedStep&
       .block_size = options_.block_size,
       .num_blocks = options_.num_blocks,
   };
-  AllReduceFn all_reduce;
-  if (tp_ != nullptr) {
-    all_reduce = [this](float* data, int64_t n) {
-      return tp_->AllReduce(data, n, DType::kFloat32, comm::ReduceOp::kSum);
-    };
-  }
   const int layers = w.last_layer - w.first_layer;
   for (int l = 0; l < layers; ++l) {
     float* k = KeyCache(l);
@@ -362,7 +358,7 @@ absl::StatusOr<std::span<const float>> PagedGptForward::Forward(const PagedStep&
       cpu::PagedAttentionForward(atty, qkv, k, v, batch, dims.NH, dims.HS);
       return absl::OkStatus();
     };
-    RETURN_IF_ERROR(Annotate(BlockForward(dims, blocks_[l], residual_[l % 2],
+    RETURN_IF_ERROR(Annotate(BlockForward(backend_, dims, blocks_[l], residual_[l % 2],
                                           residual_[(l + 1) % 2], acts_, all_reduce, attention),
                              absl::StrCat("layer ", w.first_layer + l)));
   }
@@ -376,8 +372,15 @@ absl::StatusOr<std::span<const float>> PagedGptForward::Forward(const PagedStep&
     std::copy_n(out + int64_t{s.logit_rows[r]} * C, C, head_in_ + int64_t{r} * C);
   }
   const int Vs = w.vocab_end - w.vocab_begin;
-  cpu::LayerNormForward(lnf_, lnf_stats_, lnf_stats_ + R, head_in_, w.lnf_w, w.lnf_b, R, C);
-  cpu::LinearForward(logits_, lnf_, w.lm_head, head_packed_, nullptr, R, C, Vs);
+  const HeadWeights head{.norm_w = w.lnf_w,
+                         .norm_b = w.lnf_b,
+                         .head = w.lm_head,
+                         .packed = head_packed_,
+                         .vocab_begin = w.vocab_begin,
+                         .vocab_end = w.vocab_end,
+                         .eps = static_cast<float>(c.norm_eps)};
+  RETURN_IF_ERROR(HeadForward(backend_, head, head_in_, R, C,
+                              HeadActivations{lnf_, lnf_stats_, lnf_stats_ + R, logits_}));
   return std::span<const float>(logits_, static_cast<size_t>(R) * Vs);
 }
 

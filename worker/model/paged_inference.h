@@ -37,6 +37,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/allocator.h"
+#include "kernels/backend.h"
 #include "kernels/cpu/blas.h"
 #include "kernels/tensor.h"
 #include "worker/comm/communicator.h"
@@ -128,13 +129,14 @@ class PagedGptForward {
   static constexpr int kPackedRows = 64;
 
   // A cache and step buffers for `weights` (one pipeline stage's, or the whole model), from
-  // `allocator`. `tp` is the tensor-parallel group (null for one rank; size weights.tp_size).
-  // InvalidArgument names a bad option; ResourceExhausted when the cache does not fit. The
-  // weights must outlive this and not change while it is used (the cache holds keys computed
-  // with them).
+  // the backend's allocator; the step runs on `backend` (the CPU's: Unimplemented for another,
+  // whose paged attention has no kernel yet). `tp` is the tensor-parallel group (null for one rank;
+  // size weights.tp_size). InvalidArgument names a bad option; ResourceExhausted when the cache
+  // does not fit. The weights must outlive this and not change while it is used (the cache holds
+  // keys computed with them).
   static absl::StatusOr<std::unique_ptr<PagedGptForward>> Create(const InferenceWeights& weights,
                                                                  const PagedCacheOptions& options,
-                                                                 kernels::Allocator& allocator,
+                                                                 kernels::Backend& backend,
                                                                  comm::Communicator* tp = nullptr);
   // The cache bytes one block takes on each rank of a tp × pp cut: keys and values of the most
   // layers a stage holds, for the rank's heads.
@@ -162,8 +164,8 @@ class PagedGptForward {
 
  private:
   PagedGptForward(const InferenceWeights& weights, const PagedCacheOptions& options,
-                  comm::Communicator* tp)
-      : weights_(weights), options_(options), tp_(tp) {}
+                  kernels::Backend& backend, comm::Communicator* tp)
+      : weights_(weights), options_(options), backend_(backend), tp_(tp) {}
   absl::Status Validate(const PagedStep& step) const;
   absl::Status TpAllReduce(float* data, int64_t n, const char* what);
   float* KeyCache(int layer);
@@ -171,6 +173,7 @@ class PagedGptForward {
 
   const InferenceWeights weights_;
   const PagedCacheOptions options_;
+  kernels::Backend& backend_;
   // The stage's blocks as the forward uses them: weights_.blocks with their packed copies.
   std::vector<BlockParams> blocks_;
   std::vector<std::unique_ptr<kernels::cpu::PackedWeight>> packed_;

@@ -12,10 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/box.h"
 #include "common/status_macros.h"
-#include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/embedding.h"
-#include "kernels/cpu/layernorm.h"
-#include "kernels/cpu/matmul.h"
 #include "kernels/cpu/optimizer.h"
 #include "worker/model/carver.h"
 #include "worker/model/counter_rng.h"
@@ -66,32 +63,35 @@ struct ShardedGpt::Slot {
   int chunk = 0;
   std::vector<float*> residual;  // chunk layers + 1, (b,T,C)
   std::vector<BlockActivations> blocks;
-  float* lnf = nullptr;       // the chunk holding the head: (b,T,C)
-  float* lnf_mean = nullptr;  // (b,T)
-  float* lnf_rstd = nullptr;
-  float* logits = nullptr;    // (b,T,Vs): this rank's vocabulary columns only
-  float* losses = nullptr;    // (b,T)
-  float* lse = nullptr;
-  float* local_max = nullptr;
-  float* global_max = nullptr;
-  float* sumexp = nullptr;
-  float* target_logit = nullptr;
+  // The chunk holding the head: the final norm and this rank's vocabulary columns of the logits,
+  // and the loss's per-row statistics.
+  HeadActivations head;
+  LossActivations loss;
   std::vector<int32_t> tokens, targets;
 };
 
 ShardedGpt::ShardedGpt(const ShardedOptions& options, const ShardedGroups& groups,
-                       ShardLayout layout, kernels::Allocator& allocator)
-    : options_(options), groups_(groups), layout_(std::move(layout)), allocator_(allocator) {}
+                       ShardLayout layout, kernels::Backend& backend)
+    : options_(options),
+      groups_(groups),
+      layout_(std::move(layout)),
+      backend_(backend),
+      allocator_(backend.allocator()) {}
 
 ShardedGpt::~ShardedGpt() = default;
 
 absl::StatusOr<std::unique_ptr<ShardedGpt>> ShardedGpt::Create(const ShardedOptions& options,
                                                                const ShardedGroups& groups,
-                                                               kernels::Allocator& allocator) {
+                                                               kernels::Backend& backend) {
   const placement::ParallelSpec& par = options.parallel;
   const placement::RankCoords& c = options.coords;
-  if (allocator.device() != kernels::Device::kCpu) {
-    return absl::InvalidArgumentError("ShardedGpt runs on the CPU: it needs a CPU allocator");
+  if (backend.device() != kernels::Device::kCpu) {
+    // The layers run on any backend; the data-parallel strategy, the state's loading and saving
+    // and the loss's sum still read the host's memory.
+    return absl::UnimplementedError(absl::StrCat(
+        "the sharded engine's training state lives in host memory: it runs on the cpu backend, "
+        "not ",
+        backend.Describe()));
   }
   if (c.tp < 0 || c.tp >= par.tp || c.pp < 0 || c.pp >= par.pp || c.dp < 0 || c.dp >= par.dp) {
     return absl::InvalidArgumentError(absl::StrCat("coordinates tp ", c.tp, " pp ", c.pp, " dp ",
@@ -128,7 +128,7 @@ absl::StatusOr<std::unique_ptr<ShardedGpt>> ShardedGpt::Create(const ShardedOpti
   place.last_stage = c.pp == par.pp - 1;
   ASSIGN_OR_RETURN(ShardLayout layout, ShardLayout::Create(options.config, place));
 
-  std::unique_ptr<ShardedGpt> model(new ShardedGpt(options, groups, std::move(layout), allocator));
+  std::unique_ptr<ShardedGpt> model(new ShardedGpt(options, groups, std::move(layout), backend));
   model->micro_batch_ = mb;
   model->micro_batches_ = static_cast<int>(placement::MicroBatchCount(par, options.global_batch));
   ASSIGN_OR_RETURN(placement::PipelineSchedule schedule,
@@ -137,6 +137,9 @@ absl::StatusOr<std::unique_ptr<ShardedGpt>> ShardedGpt::Create(const ShardedOpti
   if (groups.tp != nullptr) {
     ShardedGpt* self = model.get();
     model->tp_all_reduce_ = [self](float* data, int64_t n) { return self->TpAllReduce(data, n); };
+    model->tp_all_reduce_max_ = [self](float* data, int64_t n) {
+      return self->TpAllReduce(data, n, comm::ReduceOp::kMax);
+    };
   }
   RETURN_IF_ERROR(model->Allocate());
   return model;
@@ -209,16 +212,16 @@ absl::Status ShardedGpt::Allocate() {
         for (BlockActivations& b : s.blocks)
           CarveKeptBlockActivations(c, dims, mode, recomputed_, b);
         if (!head) return;
-        s.lnf = c.Take(N * C);
-        s.lnf_mean = c.Take(N);
-        s.lnf_rstd = c.Take(N);
-        s.logits = c.Take(N * Vs);
-        s.losses = c.Take(N);
-        s.lse = c.Take(N);
-        s.local_max = c.Take(N);
-        s.global_max = c.Take(N);
-        s.sumexp = c.Take(N);
-        s.target_logit = c.Take(N);
+        s.head.norm = c.Take(N * C);
+        s.head.mean = c.Take(N);
+        s.head.rstd = c.Take(N);
+        s.head.logits = c.Take(N * Vs);
+        s.loss.losses = c.Take(N);
+        s.loss.lse = c.Take(N);
+        s.loss.local_max = c.Take(N);
+        s.loss.global_max = c.Take(N);
+        s.loss.sumexp = c.Take(N);
+        s.loss.target_logit = c.Take(N);
       }));
       pool.push_back(std::move(slot));
     }
@@ -335,7 +338,25 @@ BlockDims ShardedGpt::MicroBatchDims() const {
                    static_cast<int>(options_.config.d_model),
                    layout_.heads(),
                    static_cast<int>(options_.config.head_size()),
-                   layout_.ff()};
+                   layout_.ff(),
+                   static_cast<float>(options_.config.norm_eps)};
+}
+
+int ShardedGpt::HeadUnit() const {
+  return layout_.head_unit() >= 0 ? layout_.head_unit() : layout_.wte_unit();
+}
+
+EmbeddingWeights ShardedGpt::EmbeddingWeightsOf(const float* wte, const float* wpe) const {
+  return EmbeddingWeights{wte, wpe, layout_.vocab_begin(), layout_.vocab_end()};
+}
+
+HeadWeights ShardedGpt::HeadWeightsOf(const float* lnf, const float* head) const {
+  return HeadWeights{.norm_w = lnf,
+                     .norm_b = lnf + options_.config.d_model,
+                     .head = head,
+                     .vocab_begin = layout_.vocab_begin(),
+                     .vocab_end = layout_.vocab_end(),
+                     .eps = static_cast<float>(options_.config.norm_eps)};
 }
 
 // ---- parameter values ----
@@ -484,6 +505,7 @@ absl::StatusOr<std::vector<std::vector<float>>> ShardedGpt::TensorValues() {
 
 absl::Status ShardedGpt::TpAllReduce(float* data, int64_t n, comm::ReduceOp op) {
   if (groups_.tp == nullptr) return absl::OkStatus();
+  RETURN_IF_ERROR(backend_.Synchronize());  // the communicator reads what the backend queued
   const auto start = Clock::now();
   absl::Status status = groups_.tp->AllReduce(data, static_cast<size_t>(n), DType::kFloat32, op);
   tp_seconds_ += Since(start);
@@ -505,49 +527,35 @@ absl::Status ShardedGpt::Forward(Slot& slot, const std::vector<int32_t>& tokens,
   const placement::StageRange range = place.chunks[slot.chunk];
   const int L = range.size();
   if (HoldsEmbedding(slot.chunk)) {
-    // Vocab-parallel embedding: rows outside this rank's vocabulary embed to zero, and the sum
-    // over the tensor-parallel group is the full embedding.
     ASSIGN_OR_RETURN(float* wte, data_parallel_->UnitParams(layout_.wte_unit()));
-    cpu::TokenEmbeddingForward(slot.residual[0], tokens.data(), wte, N, C, layout_.vocab_begin(),
-                               layout_.vocab_end());
-    data_parallel_->ReleaseParams(layout_.wte_unit());
-    RETURN_IF_ERROR(TpAllReduce(slot.residual[0], NC));
     ASSIGN_OR_RETURN(float* wpe, data_parallel_->UnitParams(layout_.wpe_unit()));
-    cpu::PositionEmbeddingForward(slot.residual[0], wpe, b, T, C);
+    RETURN_IF_ERROR(EmbeddingForward(backend_, EmbeddingWeightsOf(wte, wpe), tokens.data(), nullptr,
+                                     N, T, C, slot.residual[0], tp_all_reduce_));
     data_parallel_->ReleaseParams(layout_.wpe_unit());
+    data_parallel_->ReleaseParams(layout_.wte_unit());
   }
   for (int l = range.first; l < range.last; ++l) {
     const int i = l - range.first;
     const int u = layout_.layer_unit(l);
     ASSIGN_OR_RETURN(float* p, data_parallel_->UnitParams(u));
-    RETURN_IF_ERROR(Annotate(BlockForward(MicroBatchDims(), layout_.Block(p), slot.residual[i],
-                                          slot.residual[i + 1], slot.blocks[i], tp_all_reduce_),
-                             absl::StrCat("layer ", l)));
+    RETURN_IF_ERROR(
+        Annotate(BlockForward(backend_, MicroBatchDims(), layout_.Block(p), slot.residual[i],
+                              slot.residual[i + 1], slot.blocks[i], tp_all_reduce_),
+                 absl::StrCat("layer ", l)));
     data_parallel_->ReleaseParams(u);
   }
   if (!HoldsHead(slot.chunk)) return absl::OkStatus();
 
+  const int head = HeadUnit();
   ASSIGN_OR_RETURN(float* lnf, data_parallel_->UnitParams(layout_.lnf_unit()));
-  cpu::LayerNormForward(slot.lnf, slot.lnf_mean, slot.lnf_rstd, slot.residual[L], lnf, lnf + C, N,
-                        C);
-  data_parallel_->ReleaseParams(layout_.lnf_unit());
-  const int head = layout_.head_unit() >= 0 ? layout_.head_unit() : layout_.wte_unit();
-  const int Vs = layout_.vocab_shard();
   ASSIGN_OR_RETURN(float* head_w, data_parallel_->UnitParams(head));
-  cpu::MatmulForward(slot.logits, slot.lnf, head_w, nullptr, N, C, Vs);
+  const HeadWeights weights = HeadWeightsOf(lnf, head_w);
+  RETURN_IF_ERROR(HeadForward(backend_, weights, slot.residual[L], N, C, slot.head));
   data_parallel_->ReleaseParams(head);
-  // Vocab-parallel cross-entropy: three numbers per row cross the tensor-parallel group.
-  const int v0 = layout_.vocab_begin();
-  cpu::CrossEntropyLocalStats(slot.local_max, slot.sumexp, slot.target_logit, slot.logits,
-                              targets.data(), N, Vs, v0);
-  std::copy(slot.local_max, slot.local_max + N, slot.global_max);
-  RETURN_IF_ERROR(TpAllReduce(slot.global_max, N, comm::ReduceOp::kMax));
-  cpu::CrossEntropyRescaleSumExp(slot.sumexp, slot.local_max, slot.global_max, N);
-  RETURN_IF_ERROR(TpAllReduce(slot.sumexp, N));
-  RETURN_IF_ERROR(TpAllReduce(slot.target_logit, N));
-  cpu::CrossEntropyLossFromStats(slot.losses, slot.lse, slot.global_max, slot.sumexp,
-                                 slot.target_logit, targets.data(), N);
-  for (int n = 0; n < N; ++n) loss_sum += slot.losses[n];
+  data_parallel_->ReleaseParams(layout_.lnf_unit());
+  RETURN_IF_ERROR(VocabParallelCrossEntropy(backend_, weights, slot.head.logits, targets.data(), N,
+                                            slot.loss, tp_all_reduce_, tp_all_reduce_max_));
+  for (int n = 0; n < N; ++n) loss_sum += slot.loss.losses[n];
   return absl::OkStatus();
 }
 
@@ -561,32 +569,26 @@ absl::Status ShardedGpt::Backward(Slot& slot, const float* dy, bool last_micro_b
   const placement::StageRange range = place.chunks[slot.chunk];
   const int L = range.size();
   if (HoldsHead(slot.chunk)) {
-    const int Vs = layout_.vocab_shard();
     // The loss is the mean over the global batch: every position's gradient is 1/(batch·T), and
     // the data-parallel sum of the ranks' gradients is the gradient of that mean.
     const float scale =
         1.0f / static_cast<float>(options_.global_batch * static_cast<int64_t>(T));
-    std::fill(dlosses_, dlosses_ + N, scale);
-    std::fill(dlogits_, dlogits_ + int64_t{N} * Vs, 0.0f);
-    cpu::CrossEntropyBackwardShard(dlogits_, slot.logits, slot.lse, slot.targets.data(), dlosses_,
-                                   N, Vs, layout_.vocab_begin());
-    const int head = layout_.head_unit() >= 0 ? layout_.head_unit() : layout_.wte_unit();
+    RETURN_IF_ERROR(backend_.Fill(dlosses_, N, scale));
+    const int head = HeadUnit();
+    ASSIGN_OR_RETURN(float* lnf, data_parallel_->UnitParams(layout_.lnf_unit()));
     ASSIGN_OR_RETURN(float* head_w, data_parallel_->UnitParams(head));
     ASSIGN_OR_RETURN(float* head_g, data_parallel_->UnitGrads(head));
-    std::fill(dlnf_, dlnf_ + NC, 0.0f);
-    cpu::MatmulBackward(dlnf_, head_g, nullptr, dlogits_, slot.lnf, head_w, N, C, Vs);
+    const HeadWeights weights = HeadWeightsOf(lnf, head_w);
+    RETURN_IF_ERROR(HeadBackward(backend_, weights, head_g, dlnf_, dlogits_, dlosses_,
+                                 slot.targets.data(), N, C, slot.head, slot.loss));
     data_parallel_->ReleaseParams(head);
     // A tied head on a one-stage pipeline writes into "wte", which the embedding's backward
     // still adds to below.
     if (layout_.head_unit() >= 0)
       RETURN_IF_ERROR(data_parallel_->GradsReady(head, last_micro_batch));
-    // The head's input was replicated over the tensor-parallel group: its gradient is the sum.
-    RETURN_IF_ERROR(TpAllReduce(dlnf_, NC));
-    ASSIGN_OR_RETURN(float* lnf, data_parallel_->UnitParams(layout_.lnf_unit()));
     ASSIGN_OR_RETURN(float* lnf_g, data_parallel_->UnitGrads(layout_.lnf_unit()));
-    std::fill(dresidual_[L], dresidual_[L] + NC, 0.0f);
-    cpu::LayerNormBackward(dresidual_[L], lnf_g, lnf_g + C, dlnf_, slot.residual[L], lnf,
-                           slot.lnf_mean, slot.lnf_rstd, N, C);
+    RETURN_IF_ERROR(FinalNormBackward(backend_, weights, lnf_g, lnf_g + C, dlnf_, slot.residual[L],
+                                      dresidual_[L], N, C, slot.head, tp_all_reduce_));
     data_parallel_->ReleaseParams(layout_.lnf_unit());
     RETURN_IF_ERROR(data_parallel_->GradsReady(layout_.lnf_unit(), last_micro_batch));
     dy = dresidual_[L];
@@ -600,11 +602,11 @@ absl::Status ShardedGpt::Backward(Slot& slot, const float* dy, bool last_micro_b
     // Full recomputation writes the block's output again where the forward did: the next block's
     // backward, which read it, is done.
     RETURN_IF_ERROR(Annotate(
-        RecomputeBlock(options_.parallel.recompute, MicroBatchDims(), params, slot.residual[i],
-                       slot.residual[i + 1], slot.blocks[i], tp_all_reduce_),
+        RecomputeBlock(backend_, options_.parallel.recompute, MicroBatchDims(), params,
+                       slot.residual[i], slot.residual[i + 1], slot.blocks[i], tp_all_reduce_),
         absl::StrCat("layer ", l, " recomputation")));
-    std::fill(dresidual_[i], dresidual_[i] + NC, 0.0f);
-    RETURN_IF_ERROR(Annotate(BlockBackward(MicroBatchDims(), params, layout_.Block(g),
+    RETURN_IF_ERROR(backend_.Fill(dresidual_[i], NC, 0.0f));
+    RETURN_IF_ERROR(Annotate(BlockBackward(backend_, MicroBatchDims(), params, layout_.Block(g),
                                            slot.residual[i], i + 1 == L ? dy : dresidual_[i + 1],
                                            dresidual_[i], slot.blocks[i], scratch_, tp_all_reduce_),
                              absl::StrCat("layer ", l, " backward")));
@@ -612,12 +614,15 @@ absl::Status ShardedGpt::Backward(Slot& slot, const float* dy, bool last_micro_b
     RETURN_IF_ERROR(data_parallel_->GradsReady(u, last_micro_batch));
   }
   if (HoldsEmbedding(slot.chunk)) {
+    // Each table's gradient goes to the strategy as soon as it is done.
+    const EmbeddingWeights weights = EmbeddingWeightsOf(nullptr, nullptr);
     ASSIGN_OR_RETURN(float* wte_g, data_parallel_->UnitGrads(layout_.wte_unit()));
-    cpu::TokenEmbeddingBackward(wte_g, dresidual_[0], slot.tokens.data(), N, C,
-                                layout_.vocab_begin(), layout_.vocab_end());
+    RETURN_IF_ERROR(EmbeddingBackward(backend_, weights, wte_g, nullptr, dresidual_[0],
+                                      slot.tokens.data(), N, T, C));
     RETURN_IF_ERROR(data_parallel_->GradsReady(layout_.wte_unit(), last_micro_batch));
     ASSIGN_OR_RETURN(float* wpe_g, data_parallel_->UnitGrads(layout_.wpe_unit()));
-    cpu::PositionEmbeddingBackward(wpe_g, dresidual_[0], b, T, C);
+    RETURN_IF_ERROR(EmbeddingBackward(backend_, weights, nullptr, wpe_g, dresidual_[0],
+                                      slot.tokens.data(), N, T, C));
     RETURN_IF_ERROR(data_parallel_->GradsReady(layout_.wpe_unit(), last_micro_batch));
   }
   return absl::OkStatus();
@@ -645,9 +650,7 @@ absl::Status ShardedGpt::SumTiedEmbeddings() {
   pp_seconds_ += Since(start);
   RETURN_IF_ERROR(Annotate(status, "summing the tied embedding gradients of the first and last "
                                    "pipeline stage"));
-  const float* t = theirs.data<float>();
-  for (int64_t i = 0; i < n; ++i) g[i] += t[i];
-  return absl::OkStatus();
+  return backend_.Accumulate(g, theirs.data<float>(), n);
 }
 
 absl::StatusOr<double> ShardedGpt::OwnedSumOfSquares() const {

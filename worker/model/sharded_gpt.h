@@ -44,12 +44,14 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/allocator.h"
+#include "kernels/backend.h"
 #include "kernels/tensor.h"
 #include "placement/parallel_layout.h"
 #include "placement/pipeline_schedule.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/shared_host_memory.h"
 #include "worker/model/data_parallel.h"
+#include "worker/model/embedding_head.h"
 #include "worker/model/gpt.h"
 #include "worker/model/shard_layout.h"
 #include "worker/model/state_piece.h"
@@ -109,11 +111,12 @@ struct ShardedMemory {
 class ShardedGpt {
  public:
   // Validates the options against the config (see ShardLayout::Create, placement::
-  // ValidateParallel) and allocates parameters, gradients and optimizer state from `allocator`
-  // (which must outlive the model). Starts the communication thread.
+  // ValidateParallel) and allocates parameters, gradients and optimizer state from the backend's
+  // allocator; every layer runs on `backend` (which must outlive the model). Unimplemented for a
+  // backend other than the CPU's (see Create). Starts the communication thread.
   static absl::StatusOr<std::unique_ptr<ShardedGpt>> Create(const ShardedOptions& options,
                                                             const ShardedGroups& groups,
-                                                            kernels::Allocator& allocator);
+                                                            kernels::Backend& backend);
   ~ShardedGpt();
   ShardedGpt(const ShardedGpt&) = delete;
   ShardedGpt& operator=(const ShardedGpt&) = delete;
@@ -160,7 +163,7 @@ class ShardedGpt {
   struct Slot;
 
   ShardedGpt(const ShardedOptions& options, const ShardedGroups& groups, ShardLayout layout,
-             kernels::Allocator& allocator);
+             kernels::Backend& backend);
   absl::Status Allocate();
   // The (micro-batch, T) dims of one block on this rank: its heads and MLP columns.
   BlockDims MicroBatchDims() const;
@@ -171,6 +174,11 @@ class ShardedGpt {
   template <typename Fn>
   void ForEachOwnedRange(bool saved_only, Fn&& fn) const;
 
+  // The unit holding the head's rows (wte's when tied on one stage), and the two ends' weights
+  // from their units' parameters.
+  int HeadUnit() const;
+  EmbeddingWeights EmbeddingWeightsOf(const float* wte, const float* wpe) const;
+  HeadWeights HeadWeightsOf(const float* lnf, const float* head) const;
   // Whether chunk c begins with the embedding / ends with the head and loss.
   bool HoldsEmbedding(int chunk) const;
   bool HoldsHead(int chunk) const;
@@ -198,7 +206,8 @@ class ShardedGpt {
   ShardedOptions options_;
   ShardedGroups groups_;
   ShardLayout layout_;
-  kernels::Allocator& allocator_;
+  kernels::Backend& backend_;
+  kernels::Allocator& allocator_;  // the backend's
   // Memory the peers of a shared-memory group map, so that their all-reduces read it with no
   // copy (shared_host_memory.h): the gradients under ZeRO 0-1 over a shared-memory data-parallel
   // group, the activations and backward scratch over a shared-memory tensor-parallel one. Null
@@ -235,7 +244,9 @@ class ShardedGpt {
   float* dlogits_ = nullptr;
   float* dlosses_ = nullptr;
 
-  AllReduceFn tp_all_reduce_;  // the blocks' tensor-parallel all-reduce; empty without tp
+  // The tensor-parallel all-reduces (sum: the blocks' and the ends'; max: the loss's); empty
+  // without tp.
+  AllReduceFn tp_all_reduce_, tp_all_reduce_max_;
   // tp collectives; pipeline transfers; waiting for data-parallel ones and the norm's all-reduce.
   double tp_seconds_ = 0, pp_seconds_ = 0, dp_wait_seconds_ = 0;
 };

@@ -111,7 +111,7 @@ absl::StatusOr<model::PagedCacheOptions> CacheOptionsFor(const model::ModelConfi
 
 absl::StatusOr<std::unique_ptr<BatchingEngine>> BatchingEngine::Create(
     const model::InferenceWeights& weights, BatchingEngineOptions options,
-    kernels::Allocator& allocator, ServingGroups groups) {
+    kernels::Backend& backend, ServingGroups groups) {
   const model::ModelConfig& c = weights.config;
   if (groups.world != nullptr && groups.world->rank() != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -139,7 +139,7 @@ absl::StatusOr<std::unique_ptr<BatchingEngine>> BatchingEngine::Create(
         " but its pipeline group has ", groups.pp == nullptr ? 0 : groups.pp->size(), " ranks"));
   }
   ASSIGN_OR_RETURN(auto forward,
-                   model::PagedGptForward::Create(weights, cache, allocator, groups.tp));
+                   model::PagedGptForward::Create(weights, cache, backend, groups.tp));
   return std::unique_ptr<BatchingEngine>(
       new BatchingEngine(options, std::move(forward), std::move(scheduler), groups));
 }
@@ -509,7 +509,7 @@ void BatchingEngine::Run() {
 }
 
 absl::Status RunServingFollower(const model::InferenceWeights& weights,
-                                const BatchingEngineOptions& options, kernels::Allocator& allocator,
+                                const BatchingEngineOptions& options, kernels::Backend& backend,
                                 ServingGroups groups) {
   if (groups.world == nullptr || groups.world->rank() == 0) {
     return absl::InvalidArgumentError(
@@ -517,7 +517,8 @@ absl::Status RunServingFollower(const model::InferenceWeights& weights,
   }
   ASSIGN_OR_RETURN(const model::PagedCacheOptions cache,
                    CacheOptionsFor(weights.config, options, weights.tp_size, weights.pp_size));
-  ASSIGN_OR_RETURN(auto forward, model::PagedGptForward::Create(weights, cache, allocator, groups.tp));
+  ASSIGN_OR_RETURN(auto forward,
+                   model::PagedGptForward::Create(weights, cache, backend, groups.tp));
   const SlotLimits limits = SlotLimits::For(cache, weights.config.d_model);
   comm::Communicator* stage = StageGroup(groups);
   comm::Communicator* ring = Ring(groups);

@@ -25,14 +25,14 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <span>
 #include <mutex>
+#include <span>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "kernels/allocator.h"
+#include "kernels/backend.h"
 #include "worker/comm/communicator.h"
 #include "worker/model/paged_inference.h"
 #include "worker/model/vocab_parallel_sampling.h"
@@ -85,11 +85,12 @@ absl::StatusOr<model::PagedCacheOptions> CacheOptionsFor(const model::ModelConfi
 class BatchingEngine final : public CompletionEngine {
  public:
   // The leader of `groups` (rank 0 of its world; no groups: one rank). InvalidArgument names a
-  // bad option; ResourceExhausted when the cache does not fit in memory. `weights`, `allocator`
-  // and the communicators must outlive the engine. Starts the engine thread.
+  // bad option; ResourceExhausted when the cache does not fit in memory. The steps run on
+  // `backend` (its allocator holds the cache). `weights`, `backend` and the communicators must
+  // outlive the engine. Starts the engine thread.
   static absl::StatusOr<std::unique_ptr<BatchingEngine>> Create(
       const model::InferenceWeights& weights, BatchingEngineOptions options,
-      kernels::Allocator& allocator, ServingGroups groups = {});
+      kernels::Backend& backend, ServingGroups groups = {});
   // Shutdown().
   ~BatchingEngine() override;
 
@@ -173,7 +174,7 @@ class BatchingEngine final : public CompletionEngine {
 // error of a failed collective (a dead leader: within the communicator's timeout) or a malformed
 // message otherwise.
 absl::Status RunServingFollower(const model::InferenceWeights& weights,
-                                const BatchingEngineOptions& options, kernels::Allocator& allocator,
+                                const BatchingEngineOptions& options, kernels::Backend& backend,
                                 ServingGroups groups);
 
 }  // namespace shardline::serving

@@ -7,6 +7,7 @@
 #include "checkpoint/layout.h"
 #include "common/status_macros.h"
 #include "kernels/allocator.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "worker/checkpoint/shard_writer.h"
 #include "worker/model/data/sampler.h"
 #include "worker/training/model_checkpoint.h"
@@ -81,8 +82,8 @@ absl::StatusOr<ShardedTrainResult> TrainSharded(const ShardedTrainOptions& optio
   const checkpoint::DataIdentity data = IdentifyData(spec, dataset);
   ASSIGN_OR_RETURN(const StartingPoint starting,
                    OpenStartingPoint(spec, options.resume_manifest, data));
-  kernels::CpuAllocator allocator;
-  ASSIGN_OR_RETURN(auto gpt, model::ShardedGpt::Create(sharded, options.groups, allocator));
+  kernels::cpu::CpuBackend backend;
+  ASSIGN_OR_RETURN(auto gpt, model::ShardedGpt::Create(sharded, options.groups, backend));
   RETURN_IF_ERROR(LoadStartingPoint(starting, spec.seed, *gpt));
 
   // Saves: the writer's thread writes this rank's shard and reports it; the coordinator commits
@@ -160,7 +161,8 @@ absl::StatusOr<ShardedTrainResult> TrainSharded(const ShardedTrainOptions& optio
     if (last) break;
   }
   if (writer) RETURN_IF_ERROR(writer->WaitIdle());
-  result.peak_bytes = static_cast<int64_t>(allocator.stats().peak_bytes) + gpt->shared_bytes();
+  result.peak_bytes =
+      static_cast<int64_t>(backend.allocator().stats().peak_bytes) + gpt->shared_bytes();
   result.memory = gpt->memory();
   return result;
 }

@@ -8,6 +8,7 @@
 #include "checkpoint/layout.h"
 #include "common/status_macros.h"
 #include "kernels/allocator.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "placement/checkpoint_state.h"
 #include "worker/checkpoint/shard_writer.h"
 #include "worker/model/data/sampler.h"
@@ -64,8 +65,8 @@ class ShardedRunEngine final : public RunEngine {
     const model::ShardedOptions options =
         ShardedOptionsOf(spec, placement::ParallelSpec{}, placement::RankCoords{});
     auto engine = std::unique_ptr<ShardedRunEngine>(new ShardedRunEngine());
-    ASSIGN_OR_RETURN(engine->gpt_, model::ShardedGpt::Create(options, model::ShardedGroups{},
-                                                             engine->allocator_));
+    ASSIGN_OR_RETURN(engine->gpt_,
+                     model::ShardedGpt::Create(options, model::ShardedGroups{}, engine->backend_));
     RETURN_IF_ERROR(LoadStartingPoint(start, spec.seed, *engine->gpt_));
     return std::unique_ptr<RunEngine>(std::move(engine));
   }
@@ -83,6 +84,7 @@ class ShardedRunEngine final : public RunEngine {
  private:
   ShardedRunEngine() = default;
   kernels::CpuAllocator allocator_;  // before the model, which allocates from it
+  kernels::cpu::CpuBackend backend_{allocator_};
   std::unique_ptr<model::ShardedGpt> gpt_;
 };
 
