@@ -370,7 +370,7 @@ absl::Status SyncRankLoop(const BenchOptions& o, const std::string& checkpoints,
   kernels::CpuAllocator allocator;
   kernels::cpu::CpuBackend backend(allocator);
   ASSIGN_OR_RETURN(auto gpt, model::ShardedGpt::Create(sharded, groups, backend));
-  gpt->InitGpt2(spec.seed);
+  RETURN_IF_ERROR(gpt->InitGpt2(spec.seed));
   TimingFileSystem file_system;
   worker::AsyncShardWriter writer(worker::MakeShardPlan(gpt->StatePieces()), rank, file_system,
                                   /*on_written=*/nullptr);

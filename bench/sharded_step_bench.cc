@@ -88,7 +88,7 @@ int RunRank(const std::string& dir, const Layout& layout, int steps, int threads
     std::fprintf(stderr, "rank %d: %s\n", rank, std::string(gpt.status().message()).c_str());
     return 2;
   }
-  (*gpt)->InitGpt2(1);
+  if (!(*gpt)->InitGpt2(1).ok()) return 2;
   const data::TextDataset dataset = data::SyntheticCorpus(1, 1 << 20).ToDataset();
   auto sampler = data::Sampler::Create(dataset, kSeqLen, kGlobalBatch, 1);
   if (!sampler.ok()) return 3;

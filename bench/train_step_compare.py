@@ -43,6 +43,8 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("build_dir")
     p.add_argument("--quick", action="store_true", help="a small model, about a minute")
+    p.add_argument("--shape", choices=["small", "medium"], default="small",
+                   help="GPT-2 small (12 layers, d_model 768) or medium (24, 1024)")
     p.add_argument("--rounds", type=int, default=2, help="runs of each side, alternating")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--steps", type=int, default=None, help="timed steps (default 3)")
@@ -97,6 +99,8 @@ def main():
         shape = dict(layers=12, d_model=768, heads=12, seq=1024, batch=16)
     else:
         shape = dict(layers=12, d_model=768, heads=12, seq=256, batch=4)
+    if a.shape == "medium" and not a.quick:
+        shape.update(layers=24, d_model=1024, heads=16)
     if a.batch is not None:
         shape["batch"] = a.batch
     steps = a.steps if a.steps is not None else (10 if cuda else 3)

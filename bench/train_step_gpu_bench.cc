@@ -1,14 +1,15 @@
-// One training step of a GPT on one CUDA device (CudaGptModel: ZeroGrad + forward to the loss +
-// backward + clipped AdamW), in tokens per second and model FLOPs utilisation; the GPU peer of
-// train_step_bench. bench/train_step_compare.py --device cuda runs it and bench/train_step_torch.py
-// --device cuda (PyTorch, bf16 autocast, the same model) in one run and prints the ratio.
+// One training step of a GPT on one CUDA device — the one engine (ShardedGpt at tp = pp = dp = 1,
+// the whole batch one micro-batch) on the CUDA backend: forward to the loss, backward, clipped
+// AdamW — in tokens per second and model FLOPs utilisation; the GPU peer of train_step_bench.
+// bench/train_step_compare.py --device cuda runs it and bench/train_step_torch.py --device cuda
+// (PyTorch, bf16 autocast, the same model) in one run and prints the ratio.
 //
 //   train_step_gpu_bench [--layers 12] [--d-model 768] [--heads 12] [--seq 1024] [--batch 16]
 //                      [--vocab 50304] [--steps 10] [--warmup 3] [--precision bf16|fp32]
 //                      [--peak-tflops 989.4]
 //
-// Prints per-phase times of the timed steps (each phase ends with a wait for the device, so they
-// add up to the step) and one line
+// Prints each step's loss and time, the split of the timed steps the engine reports (compute; the
+// gradient norm's and optimizer's host round trips count as compute too), and one line
 //   RESULT impl=shardline tokens_per_s=... step_s=... params=... mfu=... peak_bytes=...
 //          peak_kind=allocator
 // MFU is 6·params·tokens/s over --peak-tflops (the H100/H200 SXM dense bf16 peak by default; the
@@ -24,10 +25,12 @@
 #include <vector>
 
 #include "bench/step_bench_flags.h"
+#include "kernels/backend.h"
 #include "kernels/cuda/blas.h"
 #include "kernels/cuda/cuda_allocator.h"
 #include "model/model_config.h"
-#include "worker/model/cuda/gpt_model.h"
+#include "placement/parallel_layout.h"
+#include "worker/model/sharded_gpt.h"
 
 namespace {
 
@@ -84,71 +87,71 @@ int main(int argc, char** argv) {
     return 1;
   }
   const model::ModelConfig config = o.Config();
-  auto created = model::CudaGptModel::Create(config, 0, o.precision);
+  const bool bf16 = o.precision == GemmPrecision::kBFloat16;
+  auto backend = kernels::CreateBackend(kernels::BackendOptions{
+      .device = kernels::Device::kCuda, .device_index = 0, .bf16_gemms = bf16});
+  Check(backend.status(), "creating the CUDA backend");
+
+  const int B = o.batch, T = o.seq, N = B * T;
+  model::ShardedOptions options;
+  options.config = config;
+  options.parallel.micro_batch = B;  // the whole batch at once, as `shardline train`
+  options.global_batch = B;
+  options.seq_len = T;
+  options.adamw.adamw.beta1 = 0.9f;
+  options.adamw.adamw.beta2 = 0.999f;
+  options.adamw.adamw.eps = 1e-8f;
+  options.adamw.adamw.weight_decay = 0.1f;
+  options.adamw.max_grad_norm = 1.0;
+  auto created = model::ShardedGpt::Create(options, {}, **backend);
   Check(created.status(), "creating the model");
-  model::CudaGptModel& gpt = **created;
-  gpt.InitGpt2(1337);
+  model::ShardedGpt& gpt = **created;
+  Check(gpt.InitGpt2(1337), "initialising the model");
+  const int64_t params = gpt.layout().total();
 
   // Random tokens, targets the next token (the last wraps), as train_step_torch.py.
-  const int B = o.batch, T = o.seq, N = B * T;
   std::mt19937 rng(42);
   std::vector<int32_t> tokens(N), targets(N);
   for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(o.vocab));
   for (int b = 0; b < B; ++b) {
     for (int t = 0; t < T; ++t) targets[b * T + t] = tokens[b * T + (t + 1) % T];
   }
-  model::AdamWOptions adamw;
-  adamw.adamw.learning_rate = 3e-4f;
-  adamw.adamw.beta1 = 0.9f;
-  adamw.adamw.beta2 = 0.999f;
-  adamw.adamw.eps = 1e-8f;
-  adamw.adamw.weight_decay = 0.1f;
-  adamw.max_grad_norm = 1.0;
+  const model::MicroBatchSource source = [&](int64_t, int64_t, std::vector<int32_t>& inputs,
+                                             std::vector<int32_t>& out) {
+    inputs = tokens;
+    out = targets;
+    return absl::OkStatus();
+  };
 
-  const bool bf16 = o.precision == GemmPrecision::kBFloat16;
-  std::printf("config: %s B=%d T=%d params=%lld precision=%s\n", config.DebugString().c_str(), B, T,
-              static_cast<long long>(gpt.num_params()), bf16 ? "bf16" : "fp32");
-  double forward_s = 0, backward_s = 0, adamw_s = 0, timed_s = 0;
+  std::printf("config: %s B=%d T=%d params=%lld precision=%s backend=%s\n",
+              config.DebugString().c_str(), B, T, static_cast<long long>(params),
+              bf16 ? "bf16" : "fp32", (*backend)->Describe().c_str());
+  double timed_s = 0, compute_s = 0;
   float first_loss = 0, last_loss = 0;
   for (int step = 1; step <= o.warmup + o.steps; ++step) {
     const bool timed = step > o.warmup;
     const auto t0 = Clock::now();
-    gpt.ZeroGrad();
-    auto loss = gpt.Forward(tokens, targets, B, T);  // waits for the loss
-    Check(loss.status(), "forward");
+    auto stats = gpt.TrainStep(source, step, 3e-4f);  // returns with the step done on the device
+    Check(stats.status(), "training step");
     const auto t1 = Clock::now();
-    Check(gpt.Backward(), "backward");
-    Check(gpt.Synchronize(), "backward");
-    const auto t2 = Clock::now();
-    auto norm = gpt.AdamWStep(adamw, step);
-    Check(norm.status(), "AdamW");
-    Check(gpt.Synchronize(), "AdamW");
-    const auto t3 = Clock::now();
-    if (step == 1) first_loss = *loss;
-    last_loss = *loss;
+    if (step == 1) first_loss = stats->loss;
+    last_loss = stats->loss;
     std::printf("step %d%s: loss %.4f grad_norm %.4f %.4f s\n", step, timed ? "" : " (warmup)",
-                *loss, *norm, Seconds(t0, t3));
+                stats->loss, stats->grad_norm, Seconds(t0, t1));
     if (!timed) continue;
-    forward_s += Seconds(t0, t1);
-    backward_s += Seconds(t1, t2);
-    adamw_s += Seconds(t2, t3);
-    timed_s += Seconds(t0, t3);
+    timed_s += Seconds(t0, t1);
+    compute_s += stats->compute_seconds;
   }
   const double step_s = timed_s / o.steps;
   const double tokens_per_s = N / step_s;
-  const double mfu =
-      6.0 * static_cast<double>(gpt.num_params()) * tokens_per_s / (o.peak_tflops * 1e12);
-  std::printf(
-      "phases (mean over %d timed steps): forward+loss %.4f s, backward %.4f s, "
-      "adamw %.4f s\n",
-      o.steps, forward_s / o.steps, backward_s / o.steps, adamw_s / o.steps);
-  std::printf("PHASES impl=shardline forward=%.6f backward=%.6f adamw_step=%.6f\n",
-              forward_s / o.steps, backward_s / o.steps, adamw_s / o.steps);
+  const double mfu = 6.0 * static_cast<double>(params) * tokens_per_s / (o.peak_tflops * 1e12);
+  std::printf("split (mean over %d timed steps): compute %.4f s of %.4f s\n", o.steps,
+              compute_s / o.steps, step_s);
   std::printf("loss: first %.4f last %.4f\n", first_loss, last_loss);
   std::printf(
       "RESULT impl=shardline tokens_per_s=%.2f step_s=%.6f params=%lld mfu=%.4f "
       "peak_bytes=%lld peak_kind=allocator\n",
-      tokens_per_s, step_s, static_cast<long long>(gpt.num_params()), mfu,
-      static_cast<long long>(gpt.PeakBytes()));
+      tokens_per_s, step_s, static_cast<long long>(params), mfu,
+      static_cast<long long>((*backend)->allocator().stats().peak_bytes));
   return 0;
 }

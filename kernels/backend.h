@@ -135,4 +135,15 @@ class Backend {
   virtual absl::StatusOr<double> SumOfSquares(std::span<const std::span<const float>> arrays) = 0;
 };
 
+struct BackendOptions {
+  Device device = Device::kCpu;
+  int device_index = 0;                // which CUDA device (a process drives one)
+  bool bf16_gemms = false;             // CUDA: matrix products in bf16 with f32 accumulation
+  Allocator* cpu_allocator = nullptr;  // CPU: the allocator to use (null: one of its own)
+};
+
+// The backend of `options`. FailedPrecondition when the device is not usable (CUDA's reason) or
+// this build has no CUDA; InvalidArgument for bf16 on the CPU, whose kernels compute in f32.
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& options);
+
 }  // namespace shardline::kernels

@@ -24,6 +24,7 @@ namespace {
 constexpr int64_t kFp32Bytes = 4;
 constexpr int64_t kBf16Bytes = 2;
 constexpr int64_t kStatBytes = 4;
+constexpr int64_t kTokenIdBytes = 4;  // int32 token and target ids
 
 int64_t ActBytes(Precision p) { return p == Precision::kFp32 ? kFp32Bytes : kBf16Bytes; }
 int64_t ParamBytes(Precision p) { return p == Precision::kFp32 ? kFp32Bytes : kBf16Bytes; }
@@ -414,6 +415,8 @@ StageMemoryTerms StageMemory(const model::ModelConfig& model, const TrainSetup& 
   // last chunk's) the final norm's output and statistics, this rank's logits (fp32) and the loss's
   // per-token numbers: losses, lse, local_max, global_max, sumexp, target_logit.
   t.fixed.activations = kept.inputs * N * e * d.C;
+  // Each slot's tokens and targets (int32), in the memory of the device that reads them.
+  t.fixed.activations += slots * N * 2 * kTokenIdBytes;
   if (last) {
     t.fixed.activations +=
         head_slots * N *

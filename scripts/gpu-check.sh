@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything that needs a GPU, in one go, for a session that is lent one: the GPU tests (every CUDA
-# kernel against its CPU twin, the CUDA allocator, CudaGptModel against the CPU model, the NCCL
+# kernel against its CPU twin, the CUDA allocator, the engine on CUDA against the CPU engine, the NCCL
 # communicator), the GPU kernel benchmarks, one training step of GPT-2 small against PyTorch on the
 # same GPU (tokens/s and MFU, bench/train_step_compare.py --device cuda), and `shardline train
 # --device cuda` on examples/gpt-tiny.yaml followed by `shardline generate` from its checkpoint.
@@ -70,7 +70,7 @@ else
     exit 1
   fi
   step "build" "$out_dir/build.log" cmake --build "$build_dir" -j "$(nproc)" --target \
-    kernels_cuda_test model_cuda_gpt_test comm_nccl_test gpu_train_step_bench \
+    kernels_cuda_test kernels_backend_test model_engine_cuda_test comm_nccl_test gpu_train_step_bench \
     train_step_gpu_bench shardline
   if [[ ${#failures[@]} -gt 0 ]]; then
     echo "gpu-check: the build failed; nothing was run"
@@ -80,7 +80,7 @@ fi
 
 # The GPU tests, run as binaries (the same tests `ctest -L gpu` and `ctest -R Nccl` run) so that a
 # pack needs no CMake tree. A test that skips says why in its log.
-for test in kernels_cuda_test model_cuda_gpt_test comm_nccl_test; do
+for test in kernels_cuda_test kernels_backend_test model_engine_cuda_test comm_nccl_test; do
   step "$test" "$out_dir/$test.log" "$build_dir/tests/$test"
   grep -E '^\[  PASSED  \]|^\[  FAILED  \]|^\[  SKIPPED \] [0-9]+ test' "$out_dir/$test.log" |
     sed 's/^/   /'
@@ -95,13 +95,19 @@ if [[ -n "$gpus" ]] && grep -q 'ERROR OCCURRED' "$out_dir/gpu_train_step_bench.l
   failures+=("gpu_train_step_bench (errors)")
 fi
 
-# One training step of GPT-2 small, ours against PyTorch's on the same GPU, in the same run.
+# One training step of GPT-2 small and medium, the engine on the CUDA backend against PyTorch's
+# eager step on the same GPU, in the same run (tokens/s and MFU).
 torch_python=python3
 [[ -x /usr/bin/python3 ]] && ! python3 -c 'import torch' 2>/dev/null && torch_python=/usr/bin/python3
-step "train step vs PyTorch (cuda, bf16)" "$out_dir/train_step_compare.log" timeout 600 \
-  python3 bench/train_step_compare.py "$build_dir" --device cuda --precision bf16 \
-  --torch-python "$torch_python" --rounds "${GPU_CHECK_ROUNDS:-2}"
-sed -n '/^config /,/^(best/p' "$out_dir/train_step_compare.log" | sed 's/^/   /'
+for shape in small medium; do
+  rounds=${GPU_CHECK_ROUNDS:-2}
+  [[ $shape == medium ]] && rounds=1
+  step "train step vs PyTorch (cuda, bf16, GPT-2 $shape)" \
+    "$out_dir/train_step_compare_$shape.log" timeout 300 \
+    python3 bench/train_step_compare.py "$build_dir" --device cuda --precision bf16 \
+    --shape "$shape" --torch-python "$torch_python" --rounds "$rounds"
+  sed -n '/^config /,/^(best/p' "$out_dir/train_step_compare_$shape.log" | sed 's/^/   /'
+done
 
 # `shardline train` on the GPU as a user runs it, then text from its checkpoint (on the CPU).
 ckpt=$(mktemp -d /tmp/shardline-gpu-ckpt.XXXXXX)

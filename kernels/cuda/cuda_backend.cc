@@ -18,10 +18,11 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device,
   // A process drives one device (kernels/device.h): it stays current for every later call.
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device), absl::StrCat("cudaSetDevice(", device, ")")));
   std::unique_ptr<CudaBackend> backend(new CudaBackend(std::move(allocator)));
-  // A stream of its own rather than the legacy default stream, which would serialise with every
-  // other user of the device in this process (NCCL's streams, copies).
-  RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&backend->stream_, cudaStreamNonBlocking),
-                             "CudaBackend: creating its stream"));
+  // A stream of its own, blocking: ordered after the legacy default stream, where the allocator
+  // zeroes new tensors (Tensor::Zeros), so a kernel never reads memory before it is zeroed. NCCL's
+  // streams are non-blocking and do not wait for it.
+  RETURN_IF_ERROR(
+      CudaStatus(cudaStreamCreate(&backend->stream_), "CudaBackend: creating its stream"));
   ASSIGN_OR_RETURN(backend->blas_, Blas::Create(*backend->allocator_, precision));
   ASSIGN_OR_RETURN(void* scratch, backend->allocator_->Allocate(sizeof(double)));
   backend->sum_scratch_ = static_cast<double*>(scratch);

@@ -20,11 +20,12 @@ shardline_test(placement_memory_validation_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/placement_memory_validation_test.cc
   LIBS shardline_model shardline_data shardline_forked_world shardline_placement
   LABELS unit TIMEOUT 300)
-# CudaGptModel against the CPU model, and `shardline train` on a CUDA device. Labelled `gpu`, as
-# kernels_cuda_test: without a GPU its tests that need one report skipped, with the reason.
+# The engine on the CUDA backend against the engine on the CPU, and `shardline train` on a CUDA
+# device. Labelled `gpu`, as kernels_cuda_test: without a GPU its tests that need one report
+# skipped, with the reason.
 if(SHARDLINE_CUDA)
-  shardline_test(model_cuda_gpt_test
-    SOURCES ${CMAKE_CURRENT_LIST_DIR}/model_cuda_gpt_test.cc
+  shardline_test(model_engine_cuda_test
+    SOURCES ${CMAKE_CURRENT_LIST_DIR}/model_engine_cuda_test.cc
     LIBS shardline_training shardline_data LABELS gpu TIMEOUT 300)
 endif()
 # The data-parallel strategy (ZeRO 0-3) on its own: what each stage keeps whole or sharded, where

@@ -7,6 +7,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/allocator.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "worker/model/data_parallel.h"
 
 namespace shardline::model {
@@ -22,12 +23,12 @@ ShardLayout Layout() {
 }
 
 std::unique_ptr<DataParallelStrategy> Strategy(int zero, const ShardLayout& layout,
-                                               kernels::Allocator& allocator) {
+                                               kernels::Backend& backend) {
   DataParallelOptions options;
   options.layout = &layout;
   options.dp_size = 2;
   options.dp_index = 1;
-  options.allocator = &allocator;
+  options.backend = &backend;
   auto strategy = DataParallelStrategy::Create(zero, options);
   EXPECT_TRUE(strategy.ok()) << strategy.status();
   return std::move(*strategy);
@@ -37,6 +38,7 @@ std::unique_ptr<DataParallelStrategy> Strategy(int zero, const ShardLayout& layo
 TEST(DataParallelStrategyTest, EachStageShardsWhatItSays) {
   const ShardLayout layout = Layout();
   kernels::CpuAllocator allocator;
+  kernels::cpu::CpuBackend backend(allocator);
   int64_t shards = 0;
   for (const ShardUnit& unit : layout.units()) shards += (unit.size + 1) / 2;
   const int64_t whole = layout.total() * 4, sharded = shards * 4;
@@ -48,7 +50,7 @@ TEST(DataParallelStrategyTest, EachStageShardsWhatItSays) {
                {2, whole, sharded, 2 * sharded},
                {3, sharded, sharded, 2 * sharded}};
   for (const Expected& e : cases) {
-    auto dp = Strategy(e.zero, layout, allocator);
+    auto dp = Strategy(e.zero, layout, backend);
     EXPECT_EQ(dp->param_bytes(), e.params) << e.zero;
     EXPECT_EQ(dp->grad_bytes(), e.grads) << e.zero;
     EXPECT_EQ(dp->optimizer_bytes(), e.optimizer) << e.zero;
@@ -62,8 +64,9 @@ TEST(DataParallelStrategyTest, EachStageShardsWhatItSays) {
 TEST(DataParallelStrategyTest, OwnedElementsAreWhereTheUnitViewFindsThem) {
   const ShardLayout layout = Layout();
   kernels::CpuAllocator allocator;
+  kernels::cpu::CpuBackend backend(allocator);
   for (int zero = 0; zero <= 3; ++zero) {
-    auto dp = Strategy(zero, layout, allocator);
+    auto dp = Strategy(zero, layout, backend);
     const ShardTensor& t = layout.tensors().front();  // wte, the whole of unit 0
     const int64_t size = layout.units()[t.unit].size;
     EXPECT_EQ(dp->OwnedBegin(t.unit), (size + 1) / 2);
@@ -82,9 +85,10 @@ TEST(DataParallelStrategyTest, OwnedElementsAreWhereTheUnitViewFindsThem) {
 TEST(DataParallelStrategyTest, GradientsAccumulateIntoWhatTheRankOwns) {
   const ShardLayout layout = Layout();
   kernels::CpuAllocator allocator;
+  kernels::cpu::CpuBackend backend(allocator);
   for (int zero = 0; zero <= 3; ++zero) {
-    auto dp = Strategy(zero, layout, allocator);
-    dp->ZeroGrads();
+    auto dp = Strategy(zero, layout, backend);
+    ASSERT_TRUE(dp->ZeroGrads().ok());
     const ShardTensor& t = layout.tensors().front();
     const int64_t size = layout.units()[t.unit].size;
     for (int micro_batch = 0; micro_batch < 2; ++micro_batch) {
@@ -104,9 +108,10 @@ TEST(DataParallelStrategyTest, GradientsAccumulateIntoWhatTheRankOwns) {
 TEST(DataParallelStrategyTest, UnknownStageIsRefused) {
   const ShardLayout layout = Layout();
   kernels::CpuAllocator allocator;
+  kernels::cpu::CpuBackend backend(allocator);
   DataParallelOptions options;
   options.layout = &layout;
-  options.allocator = &allocator;
+  options.backend = &backend;
   EXPECT_THAT(std::string(DataParallelStrategy::Create(4, options).status().message()),
               HasSubstr("ZeRO stage 4 is not 0..3"));
 }

@@ -186,7 +186,7 @@ int RunRank(const std::string& dir, const Case& c, int rank, const placement::Ra
   // What the model holds in memory its shared-memory peers map is allocated apart (shared_bytes).
   const size_t bytes_after_create =
       allocator.stats().bytes_in_use + static_cast<size_t>((*model)->shared_bytes());
-  (*model)->InitGpt2(kSeed);
+  if (!(*model)->InitGpt2(kSeed).ok()) return 12;
   data::Sampler sampler = MakeSampler();
   std::vector<float> out;
   for (int step = 1; step <= kSteps; ++step) {

@@ -178,8 +178,8 @@ TEST(CostModelTest, MemoryByHand) {
   EXPECT_EQ(m->grads, 4288 * 4);
   EXPECT_EQ(m->optimizer, 4288 * 8);
   // One slot (min(pp − 0, 2 micro-batches) = 1) of 32 tokens: 2 layers × 134 floats, plus the
-  // stage output 8, lnf 8 + 2, logits 300 and 6 loss numbers.
-  EXPECT_EQ(m->activations, (2 * 134 + 8 + 10 + 300 + 6) * 32 * 4);
+  // stage output 8, lnf 8 + 2, logits 300, 6 loss numbers and the token and target ids (int32).
+  EXPECT_EQ(m->activations, (2 * 134 + 8 + 10 + 300 + 6 + 2) * 32 * 4);
   // Backward: 3 residual gradients (8 each), dresid_mid + dln (16), dfch_gelu + dfch (64), datty 8,
   // dqkv 24; dlnf 8, dlogits 300, dlosses 1.
   EXPECT_EQ(m->backward, (24 + 16 + 64 + 8 + 24 + 8 + 300 + 1) * 32 * 4);
@@ -242,11 +242,14 @@ TEST(CostModelTest, InterleavedSlotsComeFromTheSchedule) {
     const MemoryBreakdown one = *PredictRankMemory(m, setup, plain, s);
     // 1F1B holds min(pp − s, 8) slots of 4 layers; interleaved its slots of 2-layer chunks.
     const int64_t one_slots = 2 - s;
-    // The head's: lnf 8 + 2 statistics, logits 300, 6 loss numbers.
+    // The head's: lnf 8 + 2 statistics, logits 300, 6 loss numbers. Every slot: its token and
+    // target ids (int32).
     const int64_t head = s == 1 ? N * (10 + 300 + 6) * e : 0;
-    EXPECT_EQ(one.activations, one_slots * (4 * 134 * N * e + 8 * N * e) + one_slots * head);
-    EXPECT_EQ(inter.activations,
-              slot_count * 2 * 134 * N * e + inputs * 8 * N * e + head_slots * head);
+    const int64_t ids = 2 * N * 4;
+    EXPECT_EQ(one.activations,
+              one_slots * (4 * 134 * N * e + 8 * N * e) + one_slots * head + one_slots * ids);
+    EXPECT_EQ(inter.activations, slot_count * 2 * 134 * N * e + inputs * 8 * N * e +
+                                     head_slots * head + slot_count * ids);
     // The backward buffer holds a chunk's 3 residual gradients, not the stage's 5.
     EXPECT_EQ(one.backward - inter.backward,
               2 * 8 * N * e - schedule->MaxEarlyGradients(s) * 8 * N * e);
@@ -323,8 +326,8 @@ TEST(CostModelTest, PipelineSlots) {
   const MemoryBreakdown first = *PredictRankMemory(Tiny(), setup, p, 0);
   const MemoryBreakdown last = *PredictRankMemory(Tiny(), setup, p, 1);
   // Stage 0 keeps 2 slots (1 layer + its output each), stage 1 keeps 1 (with the head's).
-  EXPECT_EQ(first.activations, 2 * (134 + 8) * 16 * 4);
-  EXPECT_EQ(last.activations, (134 + 8 + 10 + 300 + 6) * 16 * 4);
+  EXPECT_EQ(first.activations, 2 * (134 + 8 + 2) * 16 * 4);  // + 2: each slot's token ids
+  EXPECT_EQ(last.activations, (134 + 8 + 10 + 300 + 6 + 2) * 16 * 4);
   // The last stage holds its copy of the tied wte rows.
   EXPECT_EQ(last.params, (872 + 16 + 2400) * 4);
   EXPECT_EQ(first.params, (872 + 2400 + 128) * 4);

@@ -90,7 +90,7 @@ int MeasureRank(const std::string& dir, const Layout& layout, int rank,
   // Create (shared_bytes): it counts in the bytes held and in the peak alike.
   const size_t shared = static_cast<size_t>((*gpt)->shared_bytes());
   const size_t after_create = allocator.stats().bytes_in_use + shared;
-  (*gpt)->InitGpt2(1);
+  if (!(*gpt)->InitGpt2(1).ok()) return 5;
   const data::TextDataset dataset = data::SyntheticCorpus(1, 20'000).ToDataset();
   auto sampler = data::Sampler::Create(dataset, kSeqLen, kGlobalBatch, 1);
   if (!sampler.ok()) return 3;

@@ -415,6 +415,10 @@ absl::Status Actor::RunTrainJob() {
     if (group.kind == "pp") options.groups.pp = communicator;
     if (group.kind == "dp") options.groups.dp = communicator;
   }
+  options.backend = kernels::BackendOptions{
+      .device = cuda_device_ ? kernels::Device::kCuda : kernels::Device::kCpu,
+      .device_index = device_index_,
+      .bf16_gemms = cuda_device_};
   options.resume_manifest = resume_manifest_;
   // At least once a second: the coordinator's hang watchdog follows the interval of reports.
   options.progress_interval = std::chrono::seconds(1);

@@ -44,7 +44,7 @@ class ZeroStrategy final : public DataParallelStrategy {
       shard_offset_[u] = shard_total_;
       shard_total_ += shard_size_[u];
     }
-    kernels::Allocator& allocator = *options_.allocator;
+    kernels::Allocator& allocator = options_.backend->allocator();
     const int64_t whole = layout_.total();
     ASSIGN_OR_RETURN(params_, kernels::Tensor::Zeros({params_sharded_ ? shard_total_ : whole},
                                                      DType::kFloat32, allocator));
@@ -100,15 +100,17 @@ class ZeroStrategy final : public DataParallelStrategy {
     if (gathered_[u].defined()) return gathered_[u].data<float>();
     const int64_t S = shard_size_[u];
     ASSIGN_OR_RETURN(gathered_[u], kernels::Tensor::Empty({S * options_.dp_size}, DType::kFloat32,
-                                                          *options_.allocator));
+                                                          options_.backend->allocator()));
     const float* shard = params_.data<float>() + shard_offset_[u];
     float* whole = gathered_[u].data<float>();
     comm::Communicator* dp = options_.dp;
     if (dp == nullptr) {
       // No group to gather from: this rank's own shard where a gather would put it.
-      std::copy(shard, shard + S, whole + options_.dp_index * S);
+      RETURN_IF_ERROR(options_.backend->Copy(whole + options_.dp_index * S, shard, S));
       return whole;
     }
+    // The last update of the shard must have landed before the communicator reads it.
+    RETURN_IF_ERROR(options_.backend->Synchronize());
     const std::string what = layout_.units()[u].name;
     comm_thread_->Submit([=] {
       return Annotate(dp->AllGather(shard, whole, static_cast<size_t>(S), DType::kFloat32),
@@ -128,13 +130,16 @@ class ZeroStrategy final : public DataParallelStrategy {
       // Padded to dp whole shards: the reduce-scatter's input.
       ASSIGN_OR_RETURN(grad_scratch_[u],
                        kernels::Tensor::Zeros({shard_size_[u] * options_.dp_size}, DType::kFloat32,
-                                              *options_.allocator));
+                                              options_.backend->allocator()));
     }
     return grad_scratch_[u].data<float>();
   }
 
   absl::Status GradsReady(int u, bool last_micro_batch) override {
     comm::Communicator* dp = options_.dp;
+    kernels::Backend* backend = options_.backend;
+    // The communication thread reads what the backward wrote.
+    RETURN_IF_ERROR(backend->Synchronize());
     const std::string what = layout_.units()[u].name;
     if (!grads_sharded_) {
       // Whole gradients accumulate over the micro-batches; reduce once, after the last.
@@ -152,7 +157,7 @@ class ZeroStrategy final : public DataParallelStrategy {
     float* shard = grads_.data<float>() + shard_offset_[u];
     auto scratch = std::make_shared<kernels::Tensor>(std::move(grad_scratch_[u]));
     grad_scratch_[u] = kernels::Tensor();
-    kernels::Allocator* allocator = options_.allocator;
+    kernels::Allocator* allocator = &backend->allocator();
     const int dp_index = options_.dp_index;
     comm_thread_->Submit([=]() -> absl::Status {
       const float* mine;
@@ -167,24 +172,23 @@ class ZeroStrategy final : public DataParallelStrategy {
             "data-parallel reduce-scatter of the gradients of " + what));
         mine = reduced.data<float>();
       }
-      for (int64_t i = 0; i < S; ++i) shard[i] += mine[i];
-      return absl::OkStatus();
+      return backend->Accumulate(shard, mine, S);
     });
     return absl::OkStatus();
   }
 
-  void ZeroGrads() override {
-    std::fill(grads_.data<float>(), grads_.data<float>() + grads_.numel(), 0.0f);
+  absl::Status ZeroGrads() override {
+    return options_.backend->Fill(grads_.data<float>(), grads_.numel(), 0.0f);
   }
 
   absl::Status FinishReductions() override { return Wait(); }
 
   absl::Status Update(double clip_scale, int64_t step,
                       const kernels::cpu::AdamWConfig& adamw) override {
+    kernels::Backend& backend = *options_.backend;
     if (clip_scale < 1.0) {
-      float* g = grads_.data<float>();
-      const float s = static_cast<float>(clip_scale);
-      for (int64_t i = 0; i < grads_.numel(); ++i) g[i] *= s;
+      RETURN_IF_ERROR(
+          backend.Scale(grads_.data<float>(), grads_.numel(), static_cast<float>(clip_scale)));
     }
     float* p = params_.data<float>();
     float* g = grads_.data<float>();
@@ -198,9 +202,9 @@ class ZeroStrategy final : public DataParallelStrategy {
       if (!moments_sharded_) {
         // Stage 0: every rank updates all of it, the same way.
         const int64_t at = unit_begin + t.offset;
-        RETURN_IF_ERROR(Annotate(
-            kernels::cpu::AdamWUpdate(p + at, g + at, m + at, v + at, t.numel, config, step),
-            "AdamW on " + t.name));
+        RETURN_IF_ERROR(
+            Annotate(backend.AdamW(p + at, g + at, m + at, v + at, t.numel, config, step),
+                     "AdamW on " + t.name));
         continue;
       }
       // Stages 1-3: only the part of the tensor inside this rank's shard of the unit.
@@ -210,16 +214,16 @@ class ZeroStrategy final : public DataParallelStrategy {
       const int64_t in_shard = shard_offset_[u] + (begin - ob);
       float* pp = params_sharded_ ? p + in_shard : p + unit_begin + begin;
       float* gg = grads_sharded_ ? g + in_shard : g + unit_begin + begin;
-      RETURN_IF_ERROR(Annotate(
-          kernels::cpu::AdamWUpdate(pp, gg, m + in_shard, v + in_shard, end - begin, config, step),
-          "AdamW on " + t.name));
+      RETURN_IF_ERROR(
+          Annotate(backend.AdamW(pp, gg, m + in_shard, v + in_shard, end - begin, config, step),
+                   "AdamW on " + t.name));
     }
     return GatherUpdatedParams();
   }
 
-  void ClearOptimizerState() override {
-    std::fill(adam_m_.data<float>(), adam_m_.data<float>() + adam_m_.numel(), 0.0f);
-    std::fill(adam_v_.data<float>(), adam_v_.data<float>() + adam_v_.numel(), 0.0f);
+  absl::Status ClearOptimizerState() override {
+    RETURN_IF_ERROR(options_.backend->Fill(adam_m_.data<float>(), adam_m_.numel(), 0.0f));
+    return options_.backend->Fill(adam_v_.data<float>(), adam_v_.numel(), 0.0f);
   }
 
   double TakeWaitSeconds() override { return std::exchange(wait_seconds_, 0.0); }
@@ -243,12 +247,13 @@ class ZeroStrategy final : public DataParallelStrategy {
     if (!moments_sharded_ || params_sharded_) return absl::OkStatus();
     comm::Communicator* dp = options_.dp;
     if (dp == nullptr) return absl::OkStatus();
+    kernels::Backend* backend = options_.backend;
     for (size_t u = 0; u < layout_.units().size(); ++u) {
       const int64_t S = shard_size_[u];
       const int64_t size = layout_.units()[u].size;
       float* unit = params_.data<float>() + layout_.units()[u].begin;
       const int64_t ob = OwnedBegin(static_cast<int>(u)), oe = OwnedEnd(static_cast<int>(u));
-      kernels::Allocator* allocator = options_.allocator;
+      kernels::Allocator* allocator = &backend->allocator();
       const int dp_size = options_.dp_size;
       const std::string name = layout_.units()[u].name;
       comm_thread_->Submit([=]() -> absl::Status {
@@ -257,12 +262,12 @@ class ZeroStrategy final : public DataParallelStrategy {
                          kernels::Tensor::Zeros({S}, DType::kFloat32, *allocator));
         ASSIGN_OR_RETURN(kernels::Tensor all,
                          kernels::Tensor::Empty({S * dp_size}, DType::kFloat32, *allocator));
-        std::copy(unit + ob, unit + oe, mine.data<float>());
+        RETURN_IF_ERROR(backend->Copy(mine.data<float>(), unit + ob, oe - ob));
+        RETURN_IF_ERROR(backend->Synchronize());  // before the communicator reads it
         RETURN_IF_ERROR(Annotate(dp->AllGather(mine.data<float>(), all.data<float>(),
                                                static_cast<size_t>(S), DType::kFloat32),
                                  "ZeRO all-gather of the updated " + name));
-        std::copy(all.data<float>(), all.data<float>() + size, unit);
-        return absl::OkStatus();
+        return backend->Copy(unit, all.data<float>(), size);
       });
     }
     return Wait();

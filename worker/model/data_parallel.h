@@ -28,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "checkpoint/train_state.h"
 #include "kernels/allocator.h"
+#include "kernels/backend.h"
 #include "kernels/cpu/optimizer.h"
 #include "worker/comm/communicator.h"
 #include "worker/model/shard_layout.h"
@@ -39,7 +40,9 @@ struct DataParallelOptions {
   comm::Communicator* dp = nullptr;     // null: a group of one
   int dp_size = 1;
   int dp_index = 0;
-  kernels::Allocator* allocator = nullptr;  // the rank's state and the transient buffers
+  // Where the rank's state and the transient buffers live (its allocator) and what updates them.
+  // Before a collective reads what the backend wrote, the strategy waits for the backend.
+  kernels::Backend* backend = nullptr;
   // Memory the data-parallel peers map (a shared-memory group), where whole gradients are kept so
   // that their all-reduce reads them in place; null otherwise.
   kernels::Allocator* peer_mapped = nullptr;
@@ -87,14 +90,14 @@ class DataParallelStrategy {
 
   // ---- one step ----
   // Zeroes the gradients before the step's first micro-batch.
-  virtual void ZeroGrads() = 0;
+  virtual absl::Status ZeroGrads() = 0;
   // Waits for every queued reduction; the first error of the step.
   virtual absl::Status FinishReductions() = 0;
   // Scales the gradients by clip_scale (when below 1) and runs AdamW on what this rank updates
   // (decay only where the tensor decays), then brings every rank's parameters back in step.
   virtual absl::Status Update(double clip_scale, int64_t step,
                               const kernels::cpu::AdamWConfig& adamw) = 0;
-  virtual void ClearOptimizerState() = 0;
+  virtual absl::Status ClearOptimizerState() = 0;
 
   // Seconds the caller waited on data-parallel collectives since the last call.
   virtual double TakeWaitSeconds() = 0;

@@ -67,7 +67,11 @@ struct ShardedGpt::Slot {
   // and the loss's per-row statistics.
   HeadActivations head;
   LossActivations loss;
-  std::vector<int32_t> tokens, targets;
+  // The micro-batch's tokens (the embedding's chunk) and targets (the head's), in the backend's
+  // memory: (b,T) each.
+  kernels::Tensor ids;
+  int32_t* tokens = nullptr;
+  int32_t* targets = nullptr;
 };
 
 ShardedGpt::ShardedGpt(const ShardedOptions& options, const ShardedGroups& groups,
@@ -162,7 +166,7 @@ absl::Status ShardedGpt::Allocate() {
   dp.dp = groups_.dp;
   dp.dp_size = options_.parallel.dp;
   dp.dp_index = options_.coords.dp;
-  dp.allocator = &allocator_;
+  dp.backend = &backend_;
   dp.peer_mapped = over_shm(groups_.dp) ? shared_memory_.get() : nullptr;
   ASSIGN_OR_RETURN(data_parallel_, DataParallelStrategy::Create(options_.parallel.zero, dp));
   kernels::Allocator& activation_allocator =
@@ -223,6 +227,9 @@ absl::Status ShardedGpt::Allocate() {
         s.loss.sumexp = c.Take(N);
         s.loss.target_logit = c.Take(N);
       }));
+      ASSIGN_OR_RETURN(s.ids, kernels::Tensor::Zeros({2 * N}, DType::kInt32, activation_allocator));
+      s.tokens = s.ids.data<int32_t>();
+      s.targets = s.tokens + N;
       pool.push_back(std::move(slot));
     }
     return absl::OkStatus();
@@ -361,7 +368,7 @@ HeadWeights ShardedGpt::HeadWeightsOf(const float* lnf, const float* head) const
 
 // ---- parameter values ----
 
-void ShardedGpt::InitGpt2(uint64_t seed) {
+absl::Status ShardedGpt::InitGpt2(uint64_t seed) {
   // Exactly GptModel::InitGpt2, element by global index.
   for (const ShardTensor& t : layout_.tensors()) {
     const TensorInit init = TensorInit::Of(t.name, t.init, options_.config.layers);
@@ -369,9 +376,9 @@ void ShardedGpt::InitGpt2(uint64_t seed) {
     ForEachBoxElement(t.global_shape, t.box_offsets, t.box_shape, [&](int64_t local, int64_t flat) {
       values[local] = init.Value(seed, static_cast<uint64_t>(flat));
     });
-    StoreTensor(t, values);
+    RETURN_IF_ERROR(StoreTensor(t, values));
   }
-  data_parallel_->ClearOptimizerState();
+  return data_parallel_->ClearOptimizerState();
 }
 
 template <typename Fn>
@@ -385,7 +392,7 @@ void ShardedGpt::ForEachOwnedRange(bool saved_only, Fn&& fn) const {
 }
 
 absl::Status ShardedGpt::LoadState(const BoxReader& read, bool with_moments) {
-  data_parallel_->ClearOptimizerState();
+  RETURN_IF_ERROR(data_parallel_->ClearOptimizerState());
   // Elements [begin, end) of tensor `t`'s box of the global tensor `name`, read box by box into
   // `out`: the boxes of a flat range follow one another in its order.
   const auto read_range = [&](const std::string& name, const ShardTensor& t, int64_t begin,
@@ -400,7 +407,8 @@ absl::Status ShardedGpt::LoadState(const BoxReader& read, bool with_moments) {
         return absl::InvalidArgumentError(absl::StrCat(
             "loading ", name, ": got ", values->size(), " values for a box of ", numel));
       }
-      out = std::copy(values->begin(), values->end(), out);
+      RETURN_IF_ERROR(backend_.ToDevice(out, values->data(), sizeof(float) * values->size()));
+      out += values->size();
     }
     return absl::OkStatus();
   };
@@ -462,8 +470,10 @@ absl::Status ShardedGpt::CopyState(std::span<float> out) const {
             absl::StrCat("CopyState: a buffer of ", out.size(), " floats is too small"));
         return;
       }
-      const float* from = data_parallel_->StateAt(kind, t, begin);
-      std::copy(from, from + n, out.data() + at);
+      if (status.ok()) {
+        status = backend_.ToHost(out.data() + at, data_parallel_->StateAt(kind, t, begin),
+                                 sizeof(float) * n);
+      }
       at += n;
     });
   }
@@ -475,18 +485,19 @@ absl::Status ShardedGpt::CopyState(std::span<float> out) const {
   return absl::OkStatus();
 }
 
-void ShardedGpt::StoreTensor(const ShardTensor& t, std::span<const float> values) {
+absl::Status ShardedGpt::StoreTensor(const ShardTensor& t, std::span<const float> values) {
   constexpr auto kParam = checkpoint::StateKind::kParam;
   if (!data_parallel_->KeepsOwnedOnly(kParam)) {
-    std::copy(values.begin(), values.end(), data_parallel_->StateAt(kParam, t, 0));
-    return;
+    return backend_.ToDevice(data_parallel_->StateAt(kParam, t, 0), values.data(),
+                             values.size_bytes());
   }
-  // Only the part of the unit this rank owns.
+  // Only the part of the unit this rank owns: one run of the owned shard.
   const int64_t ob = data_parallel_->OwnedBegin(t.unit), oe = data_parallel_->OwnedEnd(t.unit);
   const int64_t begin = std::max(ob, t.offset), end = std::min(oe, t.offset + t.numel);
-  for (int64_t x = begin; x < end; ++x) {
-    *data_parallel_->StateAt(kParam, t, x - t.offset) = values[x - t.offset];
-  }
+  if (begin >= end) return absl::OkStatus();
+  return backend_.ToDevice(data_parallel_->StateAt(kParam, t, begin - t.offset),
+                           values.data() + (begin - t.offset),
+                           sizeof(float) * static_cast<size_t>(end - begin));
 }
 
 absl::StatusOr<std::vector<std::vector<float>>> ShardedGpt::TensorValues() {
@@ -496,7 +507,8 @@ absl::StatusOr<std::vector<std::vector<float>>> ShardedGpt::TensorValues() {
     ASSIGN_OR_RETURN(float* base, data_parallel_->UnitParams(static_cast<int>(u)));
     for (const ShardTensor& t : layout_.tensors()) {
       if (t.unit != static_cast<int>(u)) continue;
-      values.emplace_back(base + t.offset, base + t.offset + t.numel);
+      std::vector<float>& value = values.emplace_back(static_cast<size_t>(t.numel));
+      RETURN_IF_ERROR(backend_.ToHost(value.data(), base + t.offset, sizeof(float) * value.size()));
     }
     data_parallel_->ReleaseParams(static_cast<int>(u));
   }
@@ -521,15 +533,19 @@ absl::Status ShardedGpt::Forward(Slot& slot, const std::vector<int32_t>& tokens,
   const int T = options_.seq_len;
   const int N = b * T;
   const int C = options_.config.d_model;
-  const int64_t NC = int64_t{N} * C;
-  slot.tokens = tokens;
-  slot.targets = targets;
+  const size_t id_bytes = sizeof(int32_t) * static_cast<size_t>(N);
+  if (HoldsEmbedding(slot.chunk)) {
+    RETURN_IF_ERROR(backend_.ToDevice(slot.tokens, tokens.data(), id_bytes));
+  }
+  if (HoldsHead(slot.chunk)) {
+    RETURN_IF_ERROR(backend_.ToDevice(slot.targets, targets.data(), id_bytes));
+  }
   const placement::StageRange range = place.chunks[slot.chunk];
   const int L = range.size();
   if (HoldsEmbedding(slot.chunk)) {
     ASSIGN_OR_RETURN(float* wte, data_parallel_->UnitParams(layout_.wte_unit()));
     ASSIGN_OR_RETURN(float* wpe, data_parallel_->UnitParams(layout_.wpe_unit()));
-    RETURN_IF_ERROR(EmbeddingForward(backend_, EmbeddingWeightsOf(wte, wpe), tokens.data(), nullptr,
+    RETURN_IF_ERROR(EmbeddingForward(backend_, EmbeddingWeightsOf(wte, wpe), slot.tokens, nullptr,
                                      N, T, C, slot.residual[0], tp_all_reduce_));
     data_parallel_->ReleaseParams(layout_.wpe_unit());
     data_parallel_->ReleaseParams(layout_.wte_unit());
@@ -553,9 +569,12 @@ absl::Status ShardedGpt::Forward(Slot& slot, const std::vector<int32_t>& tokens,
   RETURN_IF_ERROR(HeadForward(backend_, weights, slot.residual[L], N, C, slot.head));
   data_parallel_->ReleaseParams(head);
   data_parallel_->ReleaseParams(layout_.lnf_unit());
-  RETURN_IF_ERROR(VocabParallelCrossEntropy(backend_, weights, slot.head.logits, targets.data(), N,
+  RETURN_IF_ERROR(VocabParallelCrossEntropy(backend_, weights, slot.head.logits, slot.targets, N,
                                             slot.loss, tp_all_reduce_, tp_all_reduce_max_));
-  for (int n = 0; n < N; ++n) loss_sum += slot.loss.losses[n];
+  losses_.resize(static_cast<size_t>(N));
+  RETURN_IF_ERROR(
+      backend_.ToHost(losses_.data(), slot.loss.losses, sizeof(float) * losses_.size()));
+  for (float loss : losses_) loss_sum += loss;
   return absl::OkStatus();
 }
 
@@ -579,8 +598,8 @@ absl::Status ShardedGpt::Backward(Slot& slot, const float* dy, bool last_micro_b
     ASSIGN_OR_RETURN(float* head_w, data_parallel_->UnitParams(head));
     ASSIGN_OR_RETURN(float* head_g, data_parallel_->UnitGrads(head));
     const HeadWeights weights = HeadWeightsOf(lnf, head_w);
-    RETURN_IF_ERROR(HeadBackward(backend_, weights, head_g, dlnf_, dlogits_, dlosses_,
-                                 slot.targets.data(), N, C, slot.head, slot.loss));
+    RETURN_IF_ERROR(HeadBackward(backend_, weights, head_g, dlnf_, dlogits_, dlosses_, slot.targets,
+                                 N, C, slot.head, slot.loss));
     data_parallel_->ReleaseParams(head);
     // A tied head on a one-stage pipeline writes into "wte", which the embedding's backward
     // still adds to below.
@@ -617,12 +636,12 @@ absl::Status ShardedGpt::Backward(Slot& slot, const float* dy, bool last_micro_b
     // Each table's gradient goes to the strategy as soon as it is done.
     const EmbeddingWeights weights = EmbeddingWeightsOf(nullptr, nullptr);
     ASSIGN_OR_RETURN(float* wte_g, data_parallel_->UnitGrads(layout_.wte_unit()));
-    RETURN_IF_ERROR(EmbeddingBackward(backend_, weights, wte_g, nullptr, dresidual_[0],
-                                      slot.tokens.data(), N, T, C));
+    RETURN_IF_ERROR(
+        EmbeddingBackward(backend_, weights, wte_g, nullptr, dresidual_[0], slot.tokens, N, T, C));
     RETURN_IF_ERROR(data_parallel_->GradsReady(layout_.wte_unit(), last_micro_batch));
     ASSIGN_OR_RETURN(float* wpe_g, data_parallel_->UnitGrads(layout_.wpe_unit()));
-    RETURN_IF_ERROR(EmbeddingBackward(backend_, weights, nullptr, wpe_g, dresidual_[0],
-                                      slot.tokens.data(), N, T, C));
+    RETURN_IF_ERROR(
+        EmbeddingBackward(backend_, weights, nullptr, wpe_g, dresidual_[0], slot.tokens, N, T, C));
     RETURN_IF_ERROR(data_parallel_->GradsReady(layout_.wpe_unit(), last_micro_batch));
   }
   return absl::OkStatus();
@@ -723,7 +742,7 @@ absl::StatusOr<StepStats> ShardedGpt::TrainStep(const MicroBatchSource& source, 
   const ShardPlace& place = layout_.place();
   const int m = micro_batches_;
   const int T = options_.seq_len;
-  data_parallel_->ZeroGrads();
+  RETURN_IF_ERROR(data_parallel_->ZeroGrads());
 
   std::vector<int32_t> tokens, targets;
   double loss_sum = 0.0;  // on the stage holding the head

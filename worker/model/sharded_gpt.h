@@ -112,8 +112,9 @@ class ShardedGpt {
  public:
   // Validates the options against the config (see ShardLayout::Create, placement::
   // ValidateParallel) and allocates parameters, gradients and optimizer state from the backend's
-  // allocator; every layer runs on `backend` (which must outlive the model). Unimplemented for a
-  // backend other than the CPU's (see Create). Starts the communication thread.
+  // allocator; every layer runs on `backend` (which must outlive the model): the CPU's, or CUDA's
+  // with nccl groups (InvalidArgument names a host communicator). Starts the communication
+  // thread.
   static absl::StatusOr<std::unique_ptr<ShardedGpt>> Create(const ShardedOptions& options,
                                                             const ShardedGroups& groups,
                                                             kernels::Backend& backend);
@@ -131,7 +132,7 @@ class ShardedGpt {
 
   // GptModel::InitGpt2's values, each rank drawing exactly the elements of its boxes (the draws
   // are indexed by global element, see counter_rng.h). Clears the optimizer state.
-  void InitGpt2(uint64_t seed);
+  absl::Status InitGpt2(uint64_t seed);
   // Loads the parameters and, `with_moments`, both AdamW moments (StateTensorName) by boxes from
   // `read`, reading only what this rank keeps: each parameter's whole box, but under ZeRO 3 only
   // the part of it this rank owns; moments whole under ZeRO 0, the owned part under ZeRO 1-3.
@@ -168,7 +169,7 @@ class ShardedGpt {
   // The (micro-batch, T) dims of one block on this rank: its heads and MLP columns.
   BlockDims MicroBatchDims() const;
   // Writes one tensor's box (ZeRO 3: the part this rank owns) into the parameters.
-  void StoreTensor(const ShardTensor& tensor, std::span<const float> values);
+  absl::Status StoreTensor(const ShardTensor& tensor, std::span<const float> values);
   // Calls fn(tensor, begin, end) for every tensor this rank saves, [begin, end) being the part of
   // its box (flat, row-major) that this rank owns.
   template <typename Fn>
@@ -249,6 +250,7 @@ class ShardedGpt {
   AllReduceFn tp_all_reduce_, tp_all_reduce_max_;
   // tp collectives; pipeline transfers; waiting for data-parallel ones and the norm's all-reduce.
   double tp_seconds_ = 0, pp_seconds_ = 0, dp_wait_seconds_ = 0;
+  std::vector<float> losses_;  // a micro-batch's losses, read back to the host
 };
 
 }  // namespace shardline::model

@@ -1,7 +1,6 @@
-// TrainableGpt: what the single-device training loop (worker/training/trainer.h) needs of a GPT,
-// whatever device it computes on. GptModel (CPU, f32) and CudaGptModel (one CUDA device, bf16 or
-// f32 GEMMs over f32 master weights) implement it; both keep their parameters in the buffer layout
-// of ParamLayout, so a checkpoint written from either is the same file.
+// TrainableGpt: the single-device GPT's training interface, which GptModel (CPU, f32; the tests'
+// reference) implements with its parameters in the buffer layout of ParamLayout. Training itself
+// runs the one engine (worker/model/sharded_gpt.h) on any backend.
 #pragma once
 
 #include <cstdint>

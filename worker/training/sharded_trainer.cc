@@ -49,8 +49,7 @@ model::ShardedOptions ShardedOptionsOf(const placement::TrainSpec& spec,
 
 absl::Status LoadStartingPoint(const StartingPoint& start, uint64_t seed, model::ShardedGpt& gpt) {
   if (start.kind == StartingPoint::Kind::kFresh) {
-    gpt.InitGpt2(seed);
-    return absl::OkStatus();
+    return gpt.InitGpt2(seed);
   }
   const CheckpointSource& source = *start.source;
   return gpt.LoadState(
@@ -82,8 +81,9 @@ absl::StatusOr<ShardedTrainResult> TrainSharded(const ShardedTrainOptions& optio
   const checkpoint::DataIdentity data = IdentifyData(spec, dataset);
   ASSIGN_OR_RETURN(const StartingPoint starting,
                    OpenStartingPoint(spec, options.resume_manifest, data));
-  kernels::cpu::CpuBackend backend;
-  ASSIGN_OR_RETURN(auto gpt, model::ShardedGpt::Create(sharded, options.groups, backend));
+  ASSIGN_OR_RETURN(const std::unique_ptr<kernels::Backend> backend,
+                   kernels::CreateBackend(options.backend));
+  ASSIGN_OR_RETURN(auto gpt, model::ShardedGpt::Create(sharded, options.groups, *backend));
   RETURN_IF_ERROR(LoadStartingPoint(starting, spec.seed, *gpt));
 
   // Saves: the writer's thread writes this rank's shard and reports it; the coordinator commits
@@ -162,7 +162,7 @@ absl::StatusOr<ShardedTrainResult> TrainSharded(const ShardedTrainOptions& optio
   }
   if (writer) RETURN_IF_ERROR(writer->WaitIdle());
   result.peak_bytes =
-      static_cast<int64_t>(backend.allocator().stats().peak_bytes) + gpt->shared_bytes();
+      static_cast<int64_t>(backend->allocator().stats().peak_bytes) + gpt->shared_bytes();
   result.memory = gpt->memory();
   return result;
 }

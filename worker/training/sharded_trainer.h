@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "checkpoint/commit.h"
 #include "checkpoint/file_system.h"
+#include "kernels/backend.h"
 #include "placement/job_spec.h"
 #include "worker/model/data/sampler.h"
 #include "worker/model/sharded_gpt.h"
@@ -46,6 +47,9 @@ struct ShardedTrainOptions {
   placement::JobSpec spec;  // kind train
   int rank = 0;
   model::ShardedGroups groups;
+  // The device the rank computes on (its groups must be nccl ones on CUDA). A cluster job placed
+  // on CUDA devices computes its GEMMs in bf16 over fp32 weights.
+  kernels::BackendOptions backend;
   // The manifest of the step to resume from, as the coordinator decided it for the whole job
   // (checkpoint::DecideResume); empty: start fresh, from spec.train.init_from's parameters when
   // given, else GPT-2 initialisation from the seed.

@@ -8,6 +8,7 @@
 #include "checkpoint/layout.h"
 #include "common/status_macros.h"
 #include "kernels/allocator.h"
+#include "kernels/backend.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "placement/checkpoint_state.h"
 #include "worker/checkpoint/shard_writer.h"
@@ -19,30 +20,10 @@
 #include "worker/training/sharded_trainer.h"
 #include "worker/training/starting_point.h"
 
-#if SHARDLINE_WITH_CUDA
-#include "worker/model/cuda/gpt_model.h"
-#endif
-
 namespace shardline::training {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// The whole state of a single-device model of `config` from `source`, in WholeModelPieces order:
-// the parameters, then (`with_moments`) both AdamW moments.
-absl::StatusOr<std::vector<float>> ReadWholeState(const CheckpointSource& source,
-                                                  const model::ModelConfig& config,
-                                                  bool with_moments) {
-  std::vector<float> state;
-  for (const model::StatePiece& piece : model::WholeModelPieces(config)) {
-    if (piece.kind != checkpoint::StateKind::kParam && !with_moments) continue;
-    ASSIGN_OR_RETURN(const std::vector<float> values,
-                     ReadCheckpointBox(source, checkpoint::StateTensorName(piece.kind, piece.param),
-                                       piece.box.offsets, piece.box.shape));
-    state.insert(state.end(), values.begin(), values.end());
-  }
-  return state;
-}
 
 // What the loop needs of the engine the spec's device runs: a step, and the state a save copies.
 class RunEngine {
@@ -56,17 +37,25 @@ class RunEngine {
   virtual int64_t PeakBytes() const = 0;
 };
 
-// On the CPU: the one engine, ShardedGpt, at tp = pp = dp = 1 with the whole batch as one
-// micro-batch — what a cluster job of one rank runs.
-class ShardedRunEngine final : public RunEngine {
+// The one engine, ShardedGpt, at tp = pp = dp = 1 with the whole batch as one micro-batch — what a
+// cluster job of one rank runs — on the backend of the spec's device: the CPU's, or CUDA's (bf16
+// or fp32 GEMMs over fp32 weights, as the spec's precision says).
+class OneRankEngine final : public RunEngine {
  public:
   static absl::StatusOr<std::unique_ptr<RunEngine>> Create(const placement::TrainSpec& spec,
                                                            const StartingPoint& start) {
+    auto engine = std::unique_ptr<OneRankEngine>(new OneRankEngine());
+    const bool cuda = spec.device == placement::TrainDevice::kCuda;
+    ASSIGN_OR_RETURN(engine->backend_,
+                     kernels::CreateBackend(kernels::BackendOptions{
+                         .device = cuda ? kernels::Device::kCuda : kernels::Device::kCpu,
+                         .device_index = spec.device_index,
+                         .bf16_gemms = spec.precision == placement::TrainPrecision::kBFloat16,
+                         .cpu_allocator = &engine->cpu_allocator_}));
     const model::ShardedOptions options =
         ShardedOptionsOf(spec, placement::ParallelSpec{}, placement::RankCoords{});
-    auto engine = std::unique_ptr<ShardedRunEngine>(new ShardedRunEngine());
     ASSIGN_OR_RETURN(engine->gpt_,
-                     model::ShardedGpt::Create(options, model::ShardedGroups{}, engine->backend_));
+                     model::ShardedGpt::Create(options, model::ShardedGroups{}, *engine->backend_));
     RETURN_IF_ERROR(LoadStartingPoint(start, spec.seed, *engine->gpt_));
     return std::unique_ptr<RunEngine>(std::move(engine));
   }
@@ -78,85 +67,14 @@ class ShardedRunEngine final : public RunEngine {
   std::vector<model::StatePiece> StatePieces() const override { return gpt_->StatePieces(); }
   absl::Status CopyState(std::span<float> out) const override { return gpt_->CopyState(out); }
   int64_t PeakBytes() const override {
-    return static_cast<int64_t>(allocator_.stats().peak_bytes) + gpt_->shared_bytes();
+    return static_cast<int64_t>(backend_->allocator().stats().peak_bytes) + gpt_->shared_bytes();
   }
 
  private:
-  ShardedRunEngine() = default;
-  kernels::CpuAllocator allocator_;  // before the model, which allocates from it
-  kernels::cpu::CpuBackend backend_{allocator_};
+  OneRankEngine() = default;
+  kernels::CpuAllocator cpu_allocator_;        // the CPU backend's, before it
+  std::unique_ptr<kernels::Backend> backend_;  // before the model, which allocates from it
   std::unique_ptr<model::ShardedGpt> gpt_;
-};
-
-// The single-device CUDA model of a spec, in its precision, with zeroed parameters. Errors name the
-// device: FailedPrecondition when it is not usable (CUDA's reason) or this build has no CUDA.
-absl::StatusOr<std::unique_ptr<model::TrainableGpt>> CreateCudaModel(
-    const placement::TrainSpec& spec) {
-  const std::string device = "device cuda:" + std::to_string(spec.device_index);
-#if SHARDLINE_WITH_CUDA
-  const auto precision = spec.precision == placement::TrainPrecision::kBFloat16
-                             ? kernels::cuda::GemmPrecision::kBFloat16
-                             : kernels::cuda::GemmPrecision::kFloat32;
-  auto gpt = model::CudaGptModel::Create(spec.model, spec.device_index, precision);
-  if (!gpt.ok()) return Annotate(gpt.status(), device);
-  return std::unique_ptr<model::TrainableGpt>(std::move(*gpt));
-#else
-  return absl::FailedPreconditionError(
-      device +
-      ": this shardline was built without CUDA (nvcc was not found under "
-      "/usr/local/cuda when it was configured, or -DSHARDLINE_CUDA=OFF)");
-#endif
-}
-
-// On a GPU: the single-device model (CudaGptModel) until the engine computes through a CUDA
-// backend.
-class CudaRunEngine final : public RunEngine {
- public:
-  static absl::StatusOr<std::unique_ptr<RunEngine>> Create(const placement::TrainSpec& spec,
-                                                           const StartingPoint& start) {
-    auto engine = std::unique_ptr<CudaRunEngine>(new CudaRunEngine());
-    engine->batch_ = static_cast<int>(spec.batch);
-    engine->seq_len_ = static_cast<int>(spec.seq_len);
-    engine->adamw_ = AdamWOptionsOf(spec.optimizer);
-    ASSIGN_OR_RETURN(engine->gpt_, CreateCudaModel(spec));
-    model::TrainableGpt& gpt = *engine->gpt_;
-    const size_t n = static_cast<size_t>(gpt.layout().total());
-    if (start.kind == StartingPoint::Kind::kFresh) {
-      gpt.InitGpt2(spec.seed);
-    } else {
-      const bool resume = start.kind == StartingPoint::Kind::kResume;
-      ASSIGN_OR_RETURN(const std::vector<float> state,
-                       ReadWholeState(*start.source, spec.model, resume));
-      const std::span<const float> all(state);
-      RETURN_IF_ERROR(resume ? gpt.LoadState(all.first(n), all.subspan(n, n), all.subspan(2 * n, n))
-                             : gpt.LoadState(all, {}, {}));
-    }
-    engine->pieces_ = model::WholeModelPieces(spec.model);
-    return std::unique_ptr<RunEngine>(std::move(engine));
-  }
-
-  absl::StatusOr<model::StepStats> Step(const data::Sampler& sampler, int64_t step,
-                                        float learning_rate) override {
-    // The samples of step s are a function of (seed, s) alone (data::Sampler).
-    const data::Batch batch = sampler.GlobalBatch(static_cast<uint64_t>(step - 1));
-    gpt_->ZeroGrad();
-    model::StepStats stats;
-    ASSIGN_OR_RETURN(stats.loss, gpt_->Forward(batch.inputs, batch.targets, batch_, seq_len_));
-    RETURN_IF_ERROR(gpt_->Backward());
-    adamw_.adamw.learning_rate = learning_rate;
-    ASSIGN_OR_RETURN(stats.grad_norm, gpt_->AdamWStep(adamw_, step));
-    return stats;
-  }
-  std::vector<model::StatePiece> StatePieces() const override { return pieces_; }
-  absl::Status CopyState(std::span<float> out) const override { return gpt_->CopyState(out); }
-  int64_t PeakBytes() const override { return gpt_->PeakBytes(); }
-
- private:
-  CudaRunEngine() = default;
-  std::unique_ptr<model::TrainableGpt> gpt_;
-  std::vector<model::StatePiece> pieces_;
-  model::AdamWOptions adamw_;
-  int batch_ = 0, seq_len_ = 0;
 };
 
 }  // namespace
@@ -207,10 +125,8 @@ absl::StatusOr<TrainResult> Train(const placement::TrainSpec& spec,
   result.start.prepared = plan.prepared;
   if (start.kind == StartingPoint::Kind::kInitFrom) result.start.initialized_from = spec.init_from;
 
-  // One engine for every plan: on the CPU the sharded engine at 1×1×1.
-  ASSIGN_OR_RETURN(std::unique_ptr<RunEngine> engine, spec.device == placement::TrainDevice::kCpu
-                                                          ? ShardedRunEngine::Create(spec, start)
-                                                          : CudaRunEngine::Create(spec, start));
+  // One engine for every plan and device: the sharded engine at 1×1×1.
+  ASSIGN_OR_RETURN(std::unique_ptr<RunEngine> engine, OneRankEngine::Create(spec, start));
   if (callbacks.on_start) callbacks.on_start(result.start);
 
   // Saves: the writer's thread writes the file, then commits it as a one-rank step (what the
