@@ -417,6 +417,7 @@ StageMemoryTerms StageMemory(const model::ModelConfig& model, const TrainSetup& 
   t.fixed.activations = kept.inputs * N * e * d.C;
   // Each slot's tokens and targets (int32), in the memory of the device that reads them.
   t.fixed.activations += slots * N * 2 * kTokenIdBytes;
+
   if (last) {
     t.fixed.activations +=
         head_slots * N *
@@ -433,6 +434,9 @@ StageMemoryTerms StageMemory(const model::ModelConfig& model, const TrainSetup& 
   t.fixed.backward += N * RecomputeScratchPerToken(d, p, recompute);
   t.fixed.backward += kept.early_gradients * N * e * d.C;
   if (last) t.fixed.backward += N * (e * d.C + kFp32Bytes * vocab_rows + kStatBytes);
+  // The norm's and the loss's sums (two doubles) for the world's all-reduce, in device memory:
+  // one per rank, whatever the slots (the planner scales the activations with them).
+  t.fixed.backward += 2 * 8;
 
   // Transient buffers of the data-parallel reduction (TransientPeak).
   TransientUnits units;

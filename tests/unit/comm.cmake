@@ -22,3 +22,7 @@ shardline_test(comm_shared_host_memory_test
 shardline_test(comm_local_rank_group_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/comm_local_rank_group_test.cc
   LIBS shardline_comm LABELS unit TIMEOUT 60)
+# A host communicator carrying a backend's buffers (comm::StagedCommunicator), in forked ranks.
+shardline_test(comm_staged_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/comm_staged_test.cc
+  LIBS shardline_comm shardline_forked_world LABELS unit TIMEOUT 120)

@@ -26,7 +26,7 @@ shardline_test(placement_memory_validation_test
 if(SHARDLINE_CUDA)
   shardline_test(model_engine_cuda_test
     SOURCES ${CMAKE_CURRENT_LIST_DIR}/model_engine_cuda_test.cc
-    LIBS shardline_training shardline_data LABELS gpu TIMEOUT 300)
+    LIBS shardline_training shardline_data shardline_forked_world LABELS gpu TIMEOUT 300)
 endif()
 # The data-parallel strategy (ZeRO 0-3) on its own: what each stage keeps whole or sharded, where
 # an element lives, a gradient's way into the owned shard, and bad stages.

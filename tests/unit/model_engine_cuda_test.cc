@@ -3,6 +3,11 @@
 // losses and parameters within the tolerances below; its state round-trips exactly; and
 // `shardline train --device cuda` (training::Train) learns and writes a checkpoint the CPU loads.
 //
+// And two ranks on the one GPU, as tp = 2 and as pp = 2, against the CPU engine at 1×1×1: NCCL
+// refuses two ranks on one device, so their groups are the host's shared-memory communicators
+// carrying the GPU's buffers through host memory (comm::StagedCommunicator), as `shardline` gives
+// ranks that share a GPU.
+//
 // Tests that need a GPU skip, naming the reason (cudaGetDeviceCount's error), when none is usable;
 // the *NoGpu* ones need none. scripts/gpu-check.sh runs them on a GPU (`ctest -L gpu`).
 //
@@ -13,10 +18,13 @@
 // each parameter by about ±lr whatever the gradient's size, so trajectories part slowly where a
 // gradient is near zero). Parameters after the steps: within 1e-3 (fp32) and 2e-2 (bf16) of the
 // largest parameter's magnitude. These bounds have not yet been run on a GPU by this engine.
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,12 +35,14 @@
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_allocator.h"
 #include "placement/train_spec.h"
+#include "tests/support/forked_world.h"
 #include "tests/support/tiny_train_spec.h"
 #include "tests/unit/kernels_test_util.h"
 #include "worker/model/data/sampler.h"
 #include "worker/model/data/synthetic_corpus.h"
 #include "worker/model/sharded_gpt.h"
 #include "worker/training/model_checkpoint.h"
+#include "worker/training/sharded_trainer.h"
 #include "worker/training/trainer.h"
 
 namespace shardline::model {
@@ -71,10 +81,12 @@ struct Trajectory {
   std::vector<std::vector<float>> params;  // after the steps, in layout order
 };
 
-// kSteps steps of the synthetic corpus from GPT-2's initialisation with seed 5.
-Trajectory Train(kernels::Backend& backend, bool tied) {
+// kSteps steps of the synthetic corpus from GPT-2's initialisation with seed 5, on this rank of
+// `options`' layout.
+Trajectory Train(kernels::Backend& backend, const ShardedOptions& options,
+                 const ShardedGroups& groups = {}) {
   Trajectory run;
-  auto gpt = ShardedGpt::Create(Options(tied), {}, backend);
+  auto gpt = ShardedGpt::Create(options, groups, backend);
   EXPECT_TRUE(gpt.ok()) << gpt.status();
   if (!gpt.ok()) return run;
   EXPECT_TRUE((*gpt)->InitGpt2(5).ok());
@@ -145,8 +157,8 @@ TEST_P(EngineOnCudaTest, TenStepsMatchTheCpuEngine) {
     auto cpu_backend = Backend(kernels::Device::kCpu, false);
     auto cuda_backend = Backend(kernels::Device::kCuda, bf16);
     ASSERT_TRUE(cpu_backend && cuda_backend);
-    const Trajectory cpu = Train(*cpu_backend, tied);
-    const Trajectory cuda = Train(*cuda_backend, tied);
+    const Trajectory cpu = Train(*cpu_backend, Options(tied));
+    const Trajectory cuda = Train(*cuda_backend, Options(tied));
     ASSERT_EQ(cpu.losses.size(), static_cast<size_t>(kSteps));
     ASSERT_EQ(cuda.losses.size(), cpu.losses.size());
     const double rel = bf16 ? 2e-2 : 1e-4;
@@ -164,6 +176,85 @@ TEST_P(EngineOnCudaTest, TenStepsMatchTheCpuEngine) {
 
 INSTANTIATE_TEST_SUITE_P(Precisions, EngineOnCudaTest, ::testing::Values(false, true),
                          [](const auto& info) { return info.param ? "Bf16" : "Fp32"; });
+
+// cudaGetDeviceCount's reason, asked in a child process: CUDA does not survive fork(), so the
+// parent of a forked world must not initialise it.
+std::string CudaReasonFromAChild() {
+  int fds[2];
+  if (pipe(fds) != 0) return "pipe failed";
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    const std::string reason = kernels::cuda::CudaUnavailableReason(0);
+    const ssize_t written = write(fds[1], reason.data(), reason.size());
+    _exit(written == static_cast<ssize_t>(reason.size()) ? 0 : 1);
+  }
+  close(fds[1]);
+  std::string reason;
+  char buffer[256];
+  for (ssize_t n; (n = read(fds[0], buffer, sizeof(buffer))) > 0;) reason.append(buffer, n);
+  close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return reason;
+}
+
+// Each rank's losses go to dir/losses-RANK, one per line.
+int WriteLosses(const std::string& path, const Trajectory& run) {
+  if (run.losses.size() != static_cast<size_t>(kSteps)) return 3;
+  std::ofstream out(path);
+  for (float loss : run.losses) out << loss << "\n";
+  return out ? 0 : 4;
+}
+
+std::vector<float> ReadLosses(const std::string& path) {
+  std::vector<float> losses;
+  std::ifstream in(path);
+  for (float loss; in >> loss;) losses.push_back(loss);
+  return losses;
+}
+
+// The losses of the layout tp × pp × 1 on the one GPU (fp32 GEMMs), or (`cpu`) on the CPU.
+std::vector<float> ForkedLosses(int tp, int pp, bool cpu) {
+  const std::string dir = testing::MakeTempDir("shardline_engine_cuda");
+  EXPECT_FALSE(dir.empty());
+  auto grid = placement::RankGrid::Create(tp, pp, 1);
+  EXPECT_TRUE(grid.ok());
+  const testing::ForkedWorldResult result = testing::RunForkedWorld(
+      *grid, dir, [&](int rank, const placement::RankCoords& coords, const ShardedGroups& host) {
+        auto backend = kernels::CreateBackend(kernels::BackendOptions{
+            .device = cpu ? kernels::Device::kCpu : kernels::Device::kCuda});
+        if (!backend.ok()) return 2;
+        std::vector<std::unique_ptr<comm::Communicator>> staged;
+        const ShardedGroups groups = training::GroupsForBackend(host, **backend, staged);
+        ShardedOptions options = Options(true);
+        options.parallel.tp = tp;
+        options.parallel.pp = pp;
+        options.parallel.micro_batch = kBatch / 2;  // two micro-batches through the pipeline
+        options.coords = coords;
+        return WriteLosses(dir + "/losses-" + std::to_string(rank),
+                           Train(**backend, options, groups));
+      });
+  EXPECT_TRUE(result.ok()) << result.Describe();
+  std::vector<float> losses = ReadLosses(dir + "/losses-0");
+  std::filesystem::remove_all(dir);
+  return losses;
+}
+
+TEST(EngineOnCudaForkedTest, TwoRanksOnOneGpuOverHostMemoryMatchTheCpuEngine) {
+  const std::string reason = CudaReasonFromAChild();
+  if (!reason.empty()) GTEST_SKIP() << reason;
+  const std::vector<float> reference = ForkedLosses(1, 1, /*cpu=*/true);
+  ASSERT_EQ(reference.size(), static_cast<size_t>(kSteps));
+  for (const auto& [tp, pp] : {std::pair{2, 1}, std::pair{1, 2}}) {
+    SCOPED_TRACE("tp " + std::to_string(tp) + " pp " + std::to_string(pp));
+    const std::vector<float> losses = ForkedLosses(tp, pp, /*cpu=*/false);
+    ASSERT_EQ(losses.size(), reference.size());
+    for (int i = 0; i < kSteps; ++i) {
+      EXPECT_NEAR(losses[i], reference[i], 1e-4 * std::fabs(reference[i])) << "step " << i;
+    }
+  }
+}
 
 TEST(EngineOnCudaStateTest, StateCopiedFromTheGpuLoadsOnTheCpuExactly) {
   SKIP_WITHOUT_GPU();

@@ -181,8 +181,8 @@ TEST(CostModelTest, MemoryByHand) {
   // stage output 8, lnf 8 + 2, logits 300, 6 loss numbers and the token and target ids (int32).
   EXPECT_EQ(m->activations, (2 * 134 + 8 + 10 + 300 + 6 + 2) * 32 * 4);
   // Backward: 3 residual gradients (8 each), dresid_mid + dln (16), dfch_gelu + dfch (64), datty 8,
-  // dqkv 24; dlnf 8, dlogits 300, dlosses 1.
-  EXPECT_EQ(m->backward, (24 + 16 + 64 + 8 + 24 + 8 + 300 + 1) * 32 * 4);
+  // dqkv 24; dlnf 8, dlogits 300, dlosses 1; and the world's two sums (16 bytes).
+  EXPECT_EQ(m->backward, (24 + 16 + 64 + 8 + 24 + 8 + 300 + 1) * 32 * 4 + 16);
   EXPECT_EQ(m->comm_buffers, 0);
 }
 

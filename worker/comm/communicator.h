@@ -44,7 +44,10 @@ class Communicator {
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  virtual std::string_view backend() const = 0;  // "gloo" or "nccl"
+  virtual std::string_view backend() const = 0;  // "gloo", "shm", "shm+gloo" or "nccl"
+  // Whether the buffers are a device's memory (NCCL's, or a staged host communicator's) rather
+  // than the host's.
+  virtual bool device_buffers() const { return false; }
 
   // In place over `count` elements on every rank.
   virtual absl::Status AllReduce(void* data, size_t count, DType dtype, ReduceOp op) = 0;

@@ -29,6 +29,7 @@ class NcclCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string_view backend() const override { return "nccl"; }
+  bool device_buffers() const override { return true; }
 
   absl::Status AllReduce(void* data, size_t count, DType dtype, ReduceOp op) override;
   absl::Status AllGather(const void* send, void* recv, size_t count, DType dtype) override;

@@ -89,13 +89,18 @@ absl::StatusOr<std::unique_ptr<ShardedGpt>> ShardedGpt::Create(const ShardedOpti
                                                                kernels::Backend& backend) {
   const placement::ParallelSpec& par = options.parallel;
   const placement::RankCoords& c = options.coords;
-  if (backend.device() != kernels::Device::kCpu) {
-    // The layers run on any backend; the data-parallel strategy, the state's loading and saving
-    // and the loss's sum still read the host's memory.
-    return absl::UnimplementedError(absl::StrCat(
-        "the sharded engine's training state lives in host memory: it runs on the cpu backend, "
-        "not ",
-        backend.Describe()));
+  // The collectives read and write the backend's memory: a host communicator cannot take a
+  // device's buffers (wrap it in a comm::StagedCommunicator), nor NCCL the host's.
+  const bool on_device = backend.device() != kernels::Device::kCpu;
+  for (const auto& [group, kind] :
+       {std::pair{groups.world, "world"}, std::pair{groups.tp, "tensor-parallel"},
+        std::pair{groups.pp, "pipeline"}, std::pair{groups.dp, "data-parallel"}}) {
+    if (group != nullptr && group->device_buffers() != on_device) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the ", kind, " group is a ", std::string(group->backend()),
+                       " communicator of ", group->device_buffers() ? "device" : "host",
+                       " buffers, and the engine runs on ", backend.Describe()));
+    }
   }
   if (c.tp < 0 || c.tp >= par.tp || c.pp < 0 || c.pp >= par.pp || c.dp < 0 || c.dp >= par.dp) {
     return absl::InvalidArgumentError(absl::StrCat("coordinates tp ", c.tp, " pp ", c.pp, " dp ",
@@ -257,6 +262,7 @@ absl::Status ShardedGpt::Allocate() {
     dlogits_ = c.Take(N * Vs);
     dlosses_ = c.Take(N);
   }));
+  ASSIGN_OR_RETURN(totals_, kernels::Tensor::Zeros({2}, DType::kFloat64, allocator_));
   const int held = schedule_->MaxEarlyGradients(stage);
   RETURN_IF_ERROR(allocate(held_buffer_, [&](Carver& c) {
     held_buffers_.clear();
@@ -662,6 +668,7 @@ absl::Status ShardedGpt::SumTiedEmbeddings() {
   const int64_t n = static_cast<int64_t>(grads.size());
   ASSIGN_OR_RETURN(kernels::Tensor theirs,
                    kernels::Tensor::Empty({n}, DType::kFloat32, allocator_));
+  RETURN_IF_ERROR(backend_.Synchronize());  // the reductions' last additions
   const auto start = Clock::now();
   absl::Status status = groups_.pp->SendRecv(g, static_cast<size_t>(n), peer,
                                              theirs.data<float>(), static_cast<size_t>(n), peer,
@@ -673,7 +680,7 @@ absl::Status ShardedGpt::SumTiedEmbeddings() {
 }
 
 absl::StatusOr<double> ShardedGpt::OwnedSumOfSquares() const {
-  double sum = 0.0;
+  std::vector<std::span<const float>> owned;
   for (const ShardTensor& t : layout_.tensors()) {
     // Each element of the model counted once in the world: one tensor-parallel rank speaks for
     // replicas, the first stage for the tied copy, and each data-parallel rank for what it owns.
@@ -682,10 +689,10 @@ absl::StatusOr<double> ShardedGpt::OwnedSumOfSquares() const {
     const int64_t ob = data_parallel_->OwnedBegin(u), oe = data_parallel_->OwnedEnd(u);
     const int64_t begin = std::max(ob, t.offset), end = std::min(oe, t.offset + t.numel);
     if (begin >= end) continue;
-    const float* at = data_parallel_->ReducedGradAt(t, begin - t.offset);
-    for (int64_t x = 0; x < end - begin; ++x) sum += static_cast<double>(at[x]) * at[x];
+    owned.emplace_back(data_parallel_->ReducedGradAt(t, begin - t.offset),
+                       static_cast<size_t>(end - begin));
   }
-  return sum;
+  return backend_.SumOfSquares(owned);
 }
 
 absl::Status ShardedGpt::Transfer(const placement::PipeAction& action) {
@@ -716,6 +723,7 @@ absl::Status ShardedGpt::Transfer(const placement::PipeAction& action) {
       recv = dresidual_[chunks[in.chunk].size()];
     }
   }
+  if (send != nullptr) RETURN_IF_ERROR(backend_.Synchronize());  // the communicator reads it
   // Time spent here is the bubble: waiting for a neighbouring stage.
   const auto start = Clock::now();
   comm::Communicator* pp = groups_.pp;
@@ -796,10 +804,14 @@ absl::StatusOr<StepStats> ShardedGpt::TrainStep(const MicroBatchSource& source, 
   double totals[2] = {sum_of_squares,
                       place.last_stage && options_.coords.tp == 0 ? loss_sum : 0.0};
   if (groups_.world != nullptr) {
+    // Through the backend's memory, where the world's communicator reads.
+    double* sums = totals_.data<double>();
+    RETURN_IF_ERROR(backend_.ToDevice(sums, totals, sizeof(totals)));
     const auto wait_start = Clock::now();
-    absl::Status status = groups_.world->AllReduce(totals, 2, DType::kFloat64, comm::ReduceOp::kSum);
+    absl::Status status = groups_.world->AllReduce(sums, 2, DType::kFloat64, comm::ReduceOp::kSum);
     dp_wait_seconds_ += Since(wait_start);
     RETURN_IF_ERROR(Annotate(status, "the gradient norm's all-reduce over the world"));
+    RETURN_IF_ERROR(backend_.ToHost(totals, sums, sizeof(totals)));
   }
   StepStats stats;
   stats.loss = static_cast<float>(totals[1] / static_cast<double>(options_.global_batch * T));

@@ -112,9 +112,9 @@ class ShardedGpt {
  public:
   // Validates the options against the config (see ShardLayout::Create, placement::
   // ValidateParallel) and allocates parameters, gradients and optimizer state from the backend's
-  // allocator; every layer runs on `backend` (which must outlive the model): the CPU's, or CUDA's
-  // with nccl groups (InvalidArgument names a host communicator). Starts the communication
-  // thread.
+  // allocator; every layer runs on `backend` (which must outlive the model): the CPU's with host
+  // communicators, or CUDA's with nccl or staged ones (InvalidArgument names a group whose
+  // buffers are another device's). Starts the communication thread.
   static absl::StatusOr<std::unique_ptr<ShardedGpt>> Create(const ShardedOptions& options,
                                                             const ShardedGroups& groups,
                                                             kernels::Backend& backend);
@@ -251,6 +251,7 @@ class ShardedGpt {
   // tp collectives; pipeline transfers; waiting for data-parallel ones and the norm's all-reduce.
   double tp_seconds_ = 0, pp_seconds_ = 0, dp_wait_seconds_ = 0;
   std::vector<float> losses_;  // a micro-batch's losses, read back to the host
+  kernels::Tensor totals_;     // the norm's and the loss's sums, for the world's all-reduce
 };
 
 }  // namespace shardline::model

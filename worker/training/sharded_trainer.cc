@@ -9,6 +9,7 @@
 #include "kernels/allocator.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "worker/checkpoint/shard_writer.h"
+#include "worker/comm/staged_communicator.h"
 #include "worker/model/data/sampler.h"
 #include "worker/training/model_checkpoint.h"
 #include "worker/training/starting_point.h"
@@ -71,6 +72,18 @@ model::MicroBatchSource StepSamples(const data::Sampler& sampler, int64_t step) 
   };
 }
 
+model::ShardedGroups GroupsForBackend(const model::ShardedGroups& groups, kernels::Backend& backend,
+                                      std::vector<std::unique_ptr<comm::Communicator>>& staged) {
+  model::ShardedGroups out = groups;
+  if (backend.device() == kernels::Device::kCpu) return out;
+  for (comm::Communicator** group : {&out.world, &out.tp, &out.pp, &out.dp}) {
+    if (*group == nullptr || (*group)->device_buffers()) continue;
+    staged.push_back(std::make_unique<comm::StagedCommunicator>(**group, backend));
+    *group = staged.back().get();
+  }
+  return out;
+}
+
 absl::StatusOr<ShardedTrainResult> TrainSharded(const ShardedTrainOptions& options) {
   const placement::JobSpec& job = options.spec;
   const placement::TrainSpec& spec = job.train;
@@ -83,7 +96,9 @@ absl::StatusOr<ShardedTrainResult> TrainSharded(const ShardedTrainOptions& optio
                    OpenStartingPoint(spec, options.resume_manifest, data));
   ASSIGN_OR_RETURN(const std::unique_ptr<kernels::Backend> backend,
                    kernels::CreateBackend(options.backend));
-  ASSIGN_OR_RETURN(auto gpt, model::ShardedGpt::Create(sharded, options.groups, *backend));
+  std::vector<std::unique_ptr<comm::Communicator>> staged;
+  const model::ShardedGroups groups = GroupsForBackend(options.groups, *backend, staged);
+  ASSIGN_OR_RETURN(auto gpt, model::ShardedGpt::Create(sharded, groups, *backend));
   RETURN_IF_ERROR(LoadStartingPoint(starting, spec.seed, *gpt));
 
   // Saves: the writer's thread writes this rank's shard and reports it; the coordinator commits

@@ -87,6 +87,11 @@ model::ShardedOptions ShardedOptionsOf(const placement::TrainSpec& spec,
 // The engine's state from where the run starts: GPT-2 initialisation from `seed`, or the boxes
 // this rank keeps of the checkpoint (with both AdamW moments when resuming). Errors name the
 // tensor.
+// `groups` as the engine on `backend` takes them: on a device's backend, host communicators (ranks
+// that share a GPU, which NCCL refuses) wrapped in staged ones, which `staged` keeps.
+model::ShardedGroups GroupsForBackend(const model::ShardedGroups& groups, kernels::Backend& backend,
+                                      std::vector<std::unique_ptr<comm::Communicator>>& staged);
+
 absl::Status LoadStartingPoint(const StartingPoint& start, uint64_t seed, model::ShardedGpt& gpt);
 // Samples of step `step` (1-based) for the engine: a function of (seed, step) alone, whatever the
 // plan (data/sampler.h). `sampler` must outlive the result.
