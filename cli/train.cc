@@ -4,13 +4,15 @@
 #include <iostream>
 #include <mutex>
 
-#include "cli/commands.h"
 #include "checkpoint/layout.h"
+#include "cli/commands.h"
 #include "common/status_macros.h"
 #include "kernels/allocator.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "placement/train_spec.h"
 #include "worker/model/data/tokenizer.h"
 #include "worker/model/inference.h"
+#include "worker/serving/serving_rank.h"
 #include "worker/training/model_checkpoint.h"
 #include "worker/training/trainer.h"
 
@@ -133,14 +135,23 @@ int Generate(const GenerateCommandOptions& options) {
     std::cerr << "error: " << which << ": " << tokenizer.status().message() << "\n";
     return 2;
   }
-  kernels::CpuAllocator allocator;
-  auto gpt = training::LoadModel(*path, allocator, options.hf_heads);
-  if (!gpt.ok()) {
-    std::cerr << "error: " << gpt.status().message() << "\n";
+  // The engine's inference weights of the whole model (one rank: the serving shard at tp = pp =
+  // 1), read box by box from any kind of checkpoint.
+  auto source = training::CheckpointSource::Open(*path, options.hf_heads);
+  if (!source.ok()) {
+    std::cerr << "error: " << source.status().message() << "\n";
     return 1;
   }
-  if ((*gpt)->config().vocab < (*tokenizer)->vocab_size()) {
-    std::cerr << "error: " << *path << " has a vocabulary of " << (*gpt)->config().vocab
+  kernels::CpuAllocator allocator;
+  kernels::cpu::CpuBackend backend(allocator);
+  auto weights = serving::LoadServingShard(*source, 1, 1, placement::RankCoords{}, allocator);
+  if (!weights.ok()) {
+    std::cerr << "error: " << weights.status().message() << "\n";
+    return 1;
+  }
+  const model::ModelConfig& config = (*weights)->weights().config;
+  if (config.vocab < (*tokenizer)->vocab_size()) {
+    std::cerr << "error: " << *path << " has a vocabulary of " << config.vocab
               << " tokens, fewer than the " << (*tokenizer)->vocab_size() << " of "
               << (*tokenizer)->Describe() << " (--tokenizer names another)\n";
     return 1;
@@ -152,7 +163,7 @@ int Generate(const GenerateCommandOptions& options) {
   generate.sampling.top_k = options.top_k;
   generate.sampling.seed = options.seed;
   generate.use_kv_cache = !options.no_kv_cache;
-  auto tokens = model::Generate(**gpt, prompt, generate);
+  auto tokens = model::Generate((*weights)->weights(), backend, prompt, generate);
   if (!tokens.ok()) {
     std::cerr << "error: " << tokens.status().message() << "\n";
     return 1;

@@ -124,10 +124,6 @@ absl::Status ModelConfig::EngineSupports() const {
                      ": the engine runs learned positions only (", std::string(FamilyName()),
                      " models can be planned with `shardline plan`, not run)"));
   }
-  if (norm_eps != ModelConfig().norm_eps) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "norm_eps ", norm_eps, ": the engine's LayerNorm runs eps 1e-05 (GPT-2's) only"));
-  }
   if (!bias) {
     return absl::InvalidArgumentError(
         "bias false: the engine runs layers with biases only (models without can be planned "

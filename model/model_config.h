@@ -75,7 +75,7 @@ struct ModelConfig {
   // norm_eps and rope_theta positive.
   absl::Status Validate() const;
   // OK when the engine can run this config, else InvalidArgument naming the first field it cannot
-  // run ("norm rmsnorm: the engine runs layernorm only"). Today: LayerNorm of eps 1e-5, GELU,
+  // run ("norm rmsnorm: the engine runs layernorm only"). Today: LayerNorm (any eps), GELU,
   // learned positions, biases on, one key/value head per head, and every dimension and weight
   // matrix within the kernels' int sizes.
   absl::Status EngineSupports() const;

@@ -11,7 +11,9 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/allocator.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "worker/model/gpt.h"
+#include "worker/model/sharded_gpt.h"
 
 namespace shardline::model {
 namespace {
@@ -334,6 +336,46 @@ TEST(GptModelTest, SameSeedGivesBitIdenticalLosses) {
   }
   const std::vector<float> c = Train(TrainConfig(), 100, 2, 1e-2f);
   EXPECT_NE(a[0], c[0]);
+}
+
+// The norms' epsilon (ModelConfig::norm_eps) reaches every LayerNorm: the engine at 1×1×1 and
+// the single-device model give the same loss with eps 1e-2, and it is not the loss of eps 1e-5.
+TEST(GptModelTest, TheNormsEpsilonReachesEveryNormInBothModels) {
+  const std::vector<int32_t> tokens = RandomTokens(2 * 8, 32, 5);
+  std::vector<int32_t> targets(tokens.begin() + 1, tokens.end());
+  targets.push_back(3);
+  const auto loss_of = [&](float eps, bool engine) -> float {
+    ModelConfig c = TinyConfig();
+    c.norm_eps = eps;
+    kernels::CpuAllocator allocator;
+    if (!engine) {
+      auto gpt = GptModel::Create(c, allocator);
+      EXPECT_TRUE(gpt.ok());
+      (*gpt)->InitGpt2(3);
+      return (*gpt)->Forward(tokens, targets, 2, 8).value();
+    }
+    kernels::cpu::CpuBackend backend(allocator);
+    ShardedOptions options;
+    options.config = c;
+    options.parallel.micro_batch = 2;
+    options.global_batch = 2;
+    options.seq_len = 8;
+    auto gpt = ShardedGpt::Create(options, {}, backend);
+    EXPECT_TRUE(gpt.ok()) << gpt.status();
+    EXPECT_TRUE((*gpt)->InitGpt2(3).ok());
+    const MicroBatchSource source = [&](int64_t, int64_t, std::vector<int32_t>& in,
+                                        std::vector<int32_t>& out) {
+      in = tokens;
+      out = targets;
+      return absl::OkStatus();
+    };
+    return (*gpt)->TrainStep(source, 1, 0.0f).value().loss;  // the loss of the step's forward
+  };
+  const float single = loss_of(1e-2f, false), engine = loss_of(1e-2f, true);
+  EXPECT_NEAR(engine, single, 1e-5f * std::fabs(single));
+  // d_model 16 of U(±0.02)-sized activations: eps 1e-2 changes the normalised values a lot.
+  EXPECT_GT(std::fabs(single - loss_of(1e-5f, false)), 1e-4f);
+  EXPECT_GT(std::fabs(engine - loss_of(1e-5f, true)), 1e-4f);
 }
 
 }  // namespace

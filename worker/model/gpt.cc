@@ -117,7 +117,8 @@ BlockDims GptModel::Dims(int B, int T) const {
                    static_cast<int>(config_.d_model),
                    static_cast<int>(config_.heads),
                    static_cast<int>(config_.head_size()),
-                   static_cast<int>(config_.ff())};
+                   static_cast<int>(config_.ff()),
+                   static_cast<float>(config_.norm_eps)};
 }
 
 absl::Status GptModel::PrepareBatch(int B, int T) {
@@ -165,7 +166,7 @@ void GptModel::Head(GptActivations& acts) const {
   const int N = acts.B() * acts.T();
   // x (B,T,C) → lnf (B,T,C) → logits (B,T,V) = lnf · lm_headᵀ.
   cpu::LayerNormForward(acts.lnf, acts.lnf_mean, acts.lnf_rstd, acts.residual[config_.layers],
-                        o.lnf_w, o.lnf_b, N, config_.d_model);
+                        o.lnf_w, o.lnf_b, N, config_.d_model, static_cast<float>(config_.norm_eps));
   cpu::MatmulForward(acts.logits, acts.lnf, o.lm_head, nullptr, N, config_.d_model, config_.vocab);
 }
 

@@ -8,7 +8,6 @@
 #include "common/status_macros.h"
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/vector_math.h"
-#include "worker/model/activations.h"
 #include "worker/model/counter_rng.h"
 #include "worker/model/paged_inference.h"
 
@@ -113,9 +112,15 @@ int DrawAmongCandidates(std::span<const float> values, float temperature, float 
   return k - 1;  // u rounded past the last partial sum
 }
 
-absl::StatusOr<int> GenerateStreaming(const GptModel& model, std::span<const int32_t> prompt,
+absl::StatusOr<int> GenerateStreaming(const InferenceWeights& weights, kernels::Backend& backend,
+                                      std::span<const int32_t> prompt,
                                       const GenerateOptions& options, const TokenSink& sink) {
-  const ModelConfig& c = model.config();
+  const ModelConfig& c = weights.config;
+  if (weights.tp_size != 1 || weights.pp_size != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Generate: weights of tp ", weights.tp_size, " pp ", weights.pp_size,
+                     " (one rank generates with the whole model; a sharded one serves)"));
+  }
   if (prompt.empty()) return absl::InvalidArgumentError("Generate: the prompt is empty");
   if (options.max_new_tokens < 0) {
     return absl::InvalidArgumentError(
@@ -140,66 +145,73 @@ absl::StatusOr<int> GenerateStreaming(const GptModel& model, std::span<const int
   }
   if (options.max_new_tokens == 0) return 0;
 
-  if (options.use_kv_cache) {
-    // The serving engine's paged forward with one sequence: the whole prompt in one step, then
-    // one token per step, the cache blocks in order.
-    const int block_size = 16;
-    const int blocks = (c.max_seq_len + block_size - 1) / block_size;
-    ASSIGN_OR_RETURN(
-        auto paged, PagedGptForward::Create(InferenceWeights::Of(model),
-                                            {.num_blocks = blocks,
-                                             .block_size = block_size,
-                                             .max_tokens_per_step = static_cast<int>(c.max_seq_len),
-                                             .max_seqs_per_step = 1},
-                                            model.backend()));
-    std::vector<int32_t> table(blocks);
-    std::iota(table.begin(), table.end(), 0);
-    std::vector<int32_t> tokens(prompt.begin(), prompt.end());
-    std::vector<int32_t> positions(tokens.size());
-    std::iota(positions.begin(), positions.end(), 0);
-    for (int i = 0; i < options.max_new_tokens; ++i) {
-      const std::vector<int32_t> token_seq(tokens.size(), 0);
-      const int32_t last_row = static_cast<int32_t>(tokens.size()) - 1;
-      ASSIGN_OR_RETURN(std::span<const float> logits,
-                       paged->Forward({.tokens = tokens,
-                                       .positions = positions,
-                                       .token_seq = token_seq,
-                                       .block_tables = table,
-                                       .num_seqs = 1,
-                                       .max_blocks_per_seq = blocks,
-                                       .logit_rows = std::span(&last_row, 1)}));
-      ASSIGN_OR_RETURN(int32_t next, SampleToken(logits, options.sampling, i));
-      if (!sink(next)) return i + 1;
-      positions = {positions.back() + 1};
-      tokens = {next};
-    }
-    return options.max_new_tokens;
-  }
-
+  // The serving engine's paged forward with one sequence, its cache blocks in order. With the
+  // cache: the whole prompt in one step, then one token per step. Without: every step runs the
+  // whole sequence again from position 0 (writing every key and value anew), the reference the
+  // cache's reuse is tested against.
+  const int block_size = 16;
+  const int blocks = (c.max_seq_len + block_size - 1) / block_size;
+  ASSIGN_OR_RETURN(auto paged,
+                   PagedGptForward::Create(weights,
+                                           {.num_blocks = blocks,
+                                            .block_size = block_size,
+                                            .max_tokens_per_step = static_cast<int>(c.max_seq_len),
+                                            .max_seqs_per_step = 1},
+                                           backend));
+  std::vector<int32_t> table(blocks);
+  std::iota(table.begin(), table.end(), 0);
   std::vector<int32_t> sequence(prompt.begin(), prompt.end());
+  std::vector<int32_t> tokens = sequence;  // this step's
+  std::vector<int32_t> at(tokens.size());  // their positions
+  std::iota(at.begin(), at.end(), 0);
   for (int i = 0; i < options.max_new_tokens; ++i) {
-    const int T = static_cast<int>(sequence.size());
-    ASSIGN_OR_RETURN(GptActivations acts,
-                     GptActivations::Allocate(c, 1, T, /*with_grads=*/false, model.allocator()));
-    RETURN_IF_ERROR(model.ForwardInto(acts, sequence, 1, T));
-    const std::span<const float> last(acts.logits + int64_t{T - 1} * c.vocab, c.vocab);
-    ASSIGN_OR_RETURN(int32_t next, SampleToken(last, options.sampling, i));
+    const std::vector<int32_t> token_seq(tokens.size(), 0);
+    const int32_t last_row = static_cast<int32_t>(tokens.size()) - 1;
+    ASSIGN_OR_RETURN(std::span<const float> logits,
+                     paged->Forward({.tokens = tokens,
+                                     .positions = at,
+                                     .token_seq = token_seq,
+                                     .block_tables = table,
+                                     .num_seqs = 1,
+                                     .max_blocks_per_seq = blocks,
+                                     .logit_rows = std::span(&last_row, 1)}));
+    ASSIGN_OR_RETURN(int32_t next, SampleToken(logits, options.sampling, i));
     if (!sink(next)) return i + 1;
     sequence.push_back(next);
+    if (options.use_kv_cache) {
+      at = {at.back() + 1};
+      tokens = {next};
+    } else {
+      tokens = sequence;
+      at.resize(sequence.size());
+      std::iota(at.begin(), at.end(), 0);
+    }
   }
   return options.max_new_tokens;
+}
+
+absl::StatusOr<std::vector<int32_t>> Generate(const InferenceWeights& weights,
+                                              kernels::Backend& backend,
+                                              std::span<const int32_t> prompt,
+                                              const GenerateOptions& options) {
+  std::vector<int32_t> out;
+  out.reserve(std::max(options.max_new_tokens, 0));
+  RETURN_IF_ERROR(GenerateStreaming(weights, backend, prompt, options, [&out](int32_t token) {
+                    out.push_back(token);
+                    return true;
+                  }).status());
+  return out;
+}
+
+absl::StatusOr<int> GenerateStreaming(const GptModel& model, std::span<const int32_t> prompt,
+                                      const GenerateOptions& options, const TokenSink& sink) {
+  return GenerateStreaming(InferenceWeights::Of(model), model.backend(), prompt, options, sink);
 }
 
 absl::StatusOr<std::vector<int32_t>> Generate(const GptModel& model,
                                               std::span<const int32_t> prompt,
                                               const GenerateOptions& options) {
-  std::vector<int32_t> out;
-  out.reserve(std::max(options.max_new_tokens, 0));
-  RETURN_IF_ERROR(GenerateStreaming(model, prompt, options, [&out](int32_t token) {
-                    out.push_back(token);
-                    return true;
-                  }).status());
-  return out;
+  return Generate(InferenceWeights::Of(model), model.backend(), prompt, options);
 }
 
 }  // namespace shardline::model

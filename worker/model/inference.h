@@ -1,6 +1,7 @@
-// Autoregressive inference over a GptModel: token sampling, and Generate (greedy, or temperature
-// with top-k) of one sequence, through the serving engine's paged KV-cache forward
-// (paged_inference.h) or, as the reference, the full forward for every token.
+// Autoregressive inference: token sampling, and Generate (greedy, or temperature with top-k and
+// top-p) of one sequence with the whole model's inference weights (one rank: a checkpoint's
+// ShardWeights at tp = pp = 1), through the serving engine's paged KV-cache forward
+// (paged_inference.h) on a backend.
 #pragma once
 
 #include <cstdint>
@@ -10,8 +11,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/backend.h"
 #include "kernels/tensor.h"
 #include "worker/model/gpt.h"
+#include "worker/model/paged_inference.h"
 
 namespace shardline::model {
 
@@ -52,14 +55,20 @@ double SamplingWeight(float logit, float max, float temperature);
 struct GenerateOptions {
   int max_new_tokens = 16;
   SamplingOptions sampling;
-  // false re-runs the full forward over the whole sequence for every token: slower, and the
-  // reference the KV-cache path (PagedGptForward) is tested against.
+  // false re-runs the forward over the whole sequence for every token (every key and value
+  // computed anew): slower, and the reference the cache's reuse is tested against.
   bool use_kv_cache = true;
 };
 
 // The `max_new_tokens` tokens generated after `prompt` (not including it). InvalidArgument, before
 // any work, for an empty prompt, tokens outside the vocabulary, or a prompt plus new tokens that
 // would need more than max_seq_len positions.
+// InvalidArgument too for weights cut for more than one rank.
+absl::StatusOr<std::vector<int32_t>> Generate(const InferenceWeights& weights,
+                                              kernels::Backend& backend,
+                                              std::span<const int32_t> prompt,
+                                              const GenerateOptions& options);
+// The same with a single-device model's parameters (the tests' reference model).
 absl::StatusOr<std::vector<int32_t>> Generate(const GptModel& model,
                                               std::span<const int32_t> prompt,
                                               const GenerateOptions& options);
@@ -71,6 +80,9 @@ using TokenSink = std::function<bool(int32_t token)>;
 // Generate, one token at a time: `sink` sees every token as it is chosen, so a server can stream
 // it and stop early (a cancelled request, a stop sequence). Returns how many tokens the sink was
 // given. The same checks, before any work, and the same tokens as Generate (which is built on it).
+absl::StatusOr<int> GenerateStreaming(const InferenceWeights& weights, kernels::Backend& backend,
+                                      std::span<const int32_t> prompt,
+                                      const GenerateOptions& options, const TokenSink& sink);
 absl::StatusOr<int> GenerateStreaming(const GptModel& model, std::span<const int32_t> prompt,
                                       const GenerateOptions& options, const TokenSink& sink);
 
