@@ -20,7 +20,6 @@ namespace stdfs = std::filesystem;
 
 // kernels/cpu/layernorm.h's kLayerNormEps; checkpoint/ may not include kernels/, so the export
 // test holds the two equal.
-constexpr double kLayerNormEpsilon = 1e-5;
 
 // The end-of-text token of the tokenizers whose vocabularies we know by size: the byte
 // tokenizer's (worker/model/data/byte_tokenizer.h, 257 tokens) and GPT-2's BPE (50257); null for
@@ -45,7 +44,7 @@ std::string HfConfigJson(const model::ModelConfig& config) {
       {"n_head", config.heads},
       {"n_inner", config.ff()},
       {"activation_function", "gelu_new"},  // the tanh GELU of kernels/cpu/elementwise.cc
-      {"layer_norm_epsilon", kLayerNormEpsilon},
+      {"layer_norm_epsilon", config.norm_eps},
       {"resid_pdrop", 0.0},  // our training uses no dropout
       {"embd_pdrop", 0.0},
       {"attn_pdrop", 0.0},

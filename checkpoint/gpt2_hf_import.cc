@@ -300,6 +300,14 @@ class Importer {
   absl::Status ApplyHfConfig() {
     model::ModelConfig& config = weights_.config;
     const nlohmann::json& json = hf_config_->json;
+    // The norms' epsilon is the model's (GPT2Config's default 1e-5 when absent).
+    if (const auto it = json.find("layer_norm_epsilon"); it != json.end()) {
+      if (!it->is_number() || !(it->get<double>() > 0)) {
+        return ConfigError(
+            absl::StrCat("layer_norm_epsilon ", it->dump(), " is not a positive number"));
+      }
+      config.norm_eps = it->get<double>();
+    }
     if (const auto it = json.find("model_type"); it != json.end() && *it != "gpt2") {
       return ConfigError(absl::StrCat("model_type is ", it->dump(), ", expected \"gpt2\""));
     }
@@ -349,12 +357,6 @@ class Importer {
         return ConfigError(absl::StrCat("activation_function ", it->dump(),
                                         " is not supported: Shardline's GELU is the tanh "
                                         "approximation (gelu_new)"));
-      }
-    }
-    if (const auto it = json.find("layer_norm_epsilon"); it != json.end()) {
-      if (!it->is_number() || std::abs(it->get<double>() - 1e-5) > 1e-12) {
-        return ConfigError(absl::StrCat("layer_norm_epsilon ", it->dump(),
-                                        " is not supported: Shardline's LayerNorm uses 1e-05"));
       }
     }
     // GPT2Config's defaults (true, false) are what our attention computes.

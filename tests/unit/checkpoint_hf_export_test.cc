@@ -305,7 +305,7 @@ TEST(HfImportConfigTest, ConfigJsonThatDisagreesWithTheTensorsIsNamed) {
       {"n_head", "four", true, "'n_head' is \"four\", expected an integer"},
       {"model_type", "gpt_neo", true, "model_type is \"gpt_neo\""},
       {"activation_function", "gelu", true, "activation_function \"gelu\" is not supported"},
-      {"layer_norm_epsilon", 1e-6, true, "layer_norm_epsilon"},
+      {"layer_norm_epsilon", -1e-6, true, "layer_norm_epsilon -1e-06 is not a positive number"},
       {"scale_attn_by_inverse_layer_idx", true, true, "scale_attn_by_inverse_layer_idx"},
       {"tie_word_embeddings", "yes", true, "'tie_word_embeddings' is \"yes\""},
       // A tied export whose config unties it: no head to untie.
@@ -320,6 +320,15 @@ TEST(HfImportConfigTest, ConfigJsonThatDisagreesWithTheTensorsIsNamed) {
     const absl::Status status = ImportHfGpt2(ModelFile(e.dir)).status();
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << c.key;
     EXPECT_THAT(Message(status), AllOf(HasSubstr(ConfigFile(e.dir)), HasSubstr(c.says))) << c.key;
+  }
+  // Another epsilon is the model's: the import keeps it (and the engine runs it).
+  {
+    Export eps = MakeExport("eps", true);
+    eps.config["layer_norm_epsilon"] = 1e-6;
+    WriteJson(ConfigFile(eps.dir), eps.config);
+    auto imported = ImportHfGpt2(ModelFile(eps.dir));
+    ASSERT_TRUE(imported.ok()) << imported.status();
+    EXPECT_EQ(imported->config.norm_eps, 1e-6);
   }
   // A tied export with no tie_word_embeddings key: transformers' default, true.
   Export e = MakeExport("tie-default", true);
