@@ -138,8 +138,11 @@ class ZeroStrategy final : public DataParallelStrategy {
   absl::Status GradsReady(int u, bool last_micro_batch) override {
     comm::Communicator* dp = options_.dp;
     kernels::Backend* backend = options_.backend;
-    // The communication thread reads what the backward wrote.
-    RETURN_IF_ERROR(backend->Synchronize());
+    // The communication thread's collective reads what the backward wrote (on a device backend,
+    // still queued): wait for it, and only then.
+    if (dp != nullptr && (grads_sharded_ || last_micro_batch)) {
+      RETURN_IF_ERROR(backend->Synchronize());
+    }
     const std::string what = layout_.units()[u].name;
     if (!grads_sharded_) {
       // Whole gradients accumulate over the micro-batches; reduce once, after the last.
