@@ -38,7 +38,7 @@
 
 namespace shardline::model {
 
-class GptModel final : public TrainableGpt {
+class GptModel final {
  public:
   // A model of `config` with zeroed parameters (call InitGpt2 or load a checkpoint). InvalidArgument
   // when the config is invalid or `allocator` is not a CPU allocator; ResourceExhausted when the
@@ -49,8 +49,8 @@ class GptModel final : public TrainableGpt {
   GptModel(const GptModel&) = delete;
   GptModel& operator=(const GptModel&) = delete;
 
-  const ModelConfig& config() const override { return config_; }
-  const ParamLayout& layout() const override { return layout_; }
+  const ModelConfig& config() const { return config_; }
+  const ParamLayout& layout() const { return layout_; }
   kernels::Allocator& allocator() const { return *allocator_; }
   // The CPU backend over allocator(), that the blocks run on.
   kernels::Backend& backend() const { return backend_; }
@@ -73,20 +73,20 @@ class GptModel final : public TrainableGpt {
   OuterParams OuterParamsView() const;
 
   // GPT-2's initialisation (FillGpt2Init). Clears the optimizer state.
-  void InitGpt2(uint64_t seed) override;
+  void InitGpt2(uint64_t seed);
   // Gradients accumulate over Backward calls (micro-batches) until this sets them to zero.
-  void ZeroGrad() override;
+  void ZeroGrad();
 
   // The whole forward: tokens and targets are (B,T) row-major; a negative target ignores its
   // position (no loss, no gradient). Returns the mean loss over the positions not ignored (0 when
   // all are). Errors, before any work: T > max_seq_len, sizes that disagree, tokens or targets
   // outside the vocabulary.
   absl::StatusOr<float> Forward(std::span<const int32_t> tokens, std::span<const int32_t> targets,
-                                int B, int T) override;
+                                int B, int T);
   // The forward to the logits only (no loss; Backward is then a FailedPrecondition).
   absl::Status ForwardLogits(std::span<const int32_t> tokens, int B, int T);
   // The whole backward of the last Forward: accumulates into grads().
-  absl::Status Backward() override;
+  absl::Status Backward();
 
   // By stage (see the top of this file). Block ranges are [first, last) with
   // 0 <= first <= last <= layers.
@@ -111,16 +111,12 @@ class GptModel final : public TrainableGpt {
   // One optimizer step on the accumulated gradients: clip to options.max_grad_norm, then AdamW
   // with `step` (1-based) for bias correction. Returns the gradient norm before clipping. When the
   // norm is not finite the parameters are left untouched (the caller should skip the step).
-  absl::StatusOr<double> AdamWStep(const AdamWOptions& options, int64_t step) override;
+  absl::StatusOr<double> AdamWStep(const AdamWOptions& options, int64_t step);
 
-  // params() itself: the parameters already live in host memory.
-  absl::StatusOr<std::span<const float>> HostParams() override { return params(); }
-  absl::Status CopyState(std::span<float> out) override;
+  absl::Status CopyState(std::span<float> out);
   absl::Status LoadState(std::span<const float> params, std::span<const float> exp_avg,
-                         std::span<const float> exp_avg_sq) override;
-  int64_t PeakBytes() const override {
-    return static_cast<int64_t>(allocator_->stats().peak_bytes);
-  }
+                         std::span<const float> exp_avg_sq);
+  int64_t PeakBytes() const { return static_cast<int64_t>(allocator_->stats().peak_bytes); }
 
   // Inference: the forward to the logits into `acts` (allocated for (B,T) with this config; grads
   // not needed), without touching the model's own training state.

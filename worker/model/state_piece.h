@@ -1,6 +1,6 @@
 // A piece of a model's training state as a checkpoint stores it: a box of a global tensor, the
 // parameter's own or one of its AdamW moments' (which have the parameter's global shape). A model
-// lists the pieces it saves (ShardedGpt::StatePieces, WholeModelPieces), copies their values into a
+// lists the pieces it saves (ShardedGpt::StatePieces), copies their values into a
 // staging buffer in that order, and loads them back by boxes from any plan's checkpoint.
 #pragma once
 
@@ -21,9 +21,5 @@ struct StatePiece {
   checkpoint::Box box;                // in global_shape
   int64_t numel = 0;
 };
-
-// Every tensor of a single-device model whole, parameters then exp_avg then exp_avg_sq, each in
-// ParamLayout order: the pieces of [params | exp_avg | exp_avg_sq] laid out back to back.
-std::vector<StatePiece> WholeModelPieces(const ModelConfig& config);
 
 }  // namespace shardline::model

@@ -7,7 +7,7 @@
 #include "checkpoint/layout.h"
 #include "common/status_macros.h"
 #include "kernels/allocator.h"
-#include "kernels/cpu/cpu_backend.h"
+#include "kernels/backend.h"
 #include "worker/checkpoint/shard_writer.h"
 #include "worker/comm/staged_communicator.h"
 #include "worker/model/data/sampler.h"

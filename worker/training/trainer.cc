@@ -9,7 +9,6 @@
 #include "common/status_macros.h"
 #include "kernels/allocator.h"
 #include "kernels/backend.h"
-#include "kernels/cpu/cpu_backend.h"
 #include "placement/checkpoint_state.h"
 #include "worker/checkpoint/shard_writer.h"
 #include "worker/model/data/sampler.h"
