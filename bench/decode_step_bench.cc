@@ -23,7 +23,7 @@
 #include "kernels/cpu/blas.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/vector_math.h"
-#include "worker/model/gpt.h"
+#include "worker/model/model_params.h"
 #include "worker/model/paged_inference.h"
 
 namespace {
@@ -147,13 +147,12 @@ int main(int argc, char** argv) {
       .layers = layers, .heads = 12, .d_model = 768, .vocab = 50257, .max_seq_len = 1024};
   kernels::CpuAllocator allocator;
   kernels::cpu::CpuBackend gpt_backend(allocator);
-  auto gpt = model::GptModel::Create(config, allocator);
+  auto gpt = model::ModelParams::Gpt2Init(config, 0);
   if (!gpt.ok()) {
     std::fprintf(stderr, "decode_step_bench: %s\n", gpt.status().ToString().c_str());
     return 1;
   }
-  (*gpt)->InitGpt2(0);
-  const model::InferenceWeights weights = model::InferenceWeights::Of(**gpt);
+  const model::InferenceWeights weights = model::InferenceWeights::Of(*gpt);
   std::printf("GPT-2 small shape (%s), %d threads, BLAS %s\n", config.DebugString().c_str(),
               omp_get_max_threads(), kernels::cpu::BlasDescription().c_str());
   std::printf("sequences | context | prefill ms | ms per step | tokens/s\n");

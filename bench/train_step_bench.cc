@@ -1,14 +1,16 @@
-// One training step of a GPT (ZeroGrad + forward to the loss + backward + AdamW with clipping) on
-// the CPU, in tokens per second; bench/train_step_torch.py runs the same model in PyTorch and
+// One training step of a GPT (forward to the loss + backward + AdamW with clipping) on the CPU, in
+// tokens per second: the engine on one rank (OneRankGpt: ShardedGpt at tp = pp = dp = 1, what
+// `shardline train` runs); bench/train_step_torch.py runs the same model in PyTorch and
 // bench/train_step_compare.py runs both in one run and prints the ratio.
 //
 //   train_step_bench [--layers 12] [--d-model 768] [--heads 12] [--seq 256] [--batch 4]
 //                    [--vocab 50304] [--steps 3] [--warmup 1] [--threads 2] [--kernels REPS]
 //
-// Prints per-phase times of the timed steps (the model's staged API, each phase timed on its own:
-// the kernels are synchronous, so wall time per phase adds up to the step) and one line
+// Prints each step's loss, norm and time, and one line
 //   RESULT impl=shardline tokens_per_s=... step_s=... peak_bytes=... peak_kind=allocator
 // where peak_bytes is the CpuAllocator's peak (parameters, gradients, AdamW moments, activations).
+// The engine times its step as a whole (StepStats: compute, and on more than one rank the
+// communication and the pipeline's waits); --kernels splits the compute further.
 //
 // --kernels REPS then times every kernel that one block's forward and backward and the head run
 // (kernels/cpu/ called directly on buffers of the model's shapes, the best of REPS runs each), so
@@ -30,12 +32,14 @@
 #include "bench/step_bench_flags.h"
 #include "kernels/allocator.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/layernorm.h"
 #include "kernels/cpu/matmul.h"
 #include "model/model_config.h"
-#include "worker/model/gpt.h"
+#include "worker/model/model_params.h"
+#include "worker/model/one_rank_gpt.h"
 
 namespace {
 
@@ -76,22 +80,6 @@ void Check(const absl::Status& s, const char* what) {
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
-
-enum Phase {
-  kZeroGrad,
-  kEmbedForward,
-  kBlocksForward,
-  kHeadForward,
-  kLossForward,
-  kHeadBackward,
-  kBlocksBackward,
-  kEmbedBackward,
-  kAdamW,
-  kNumPhases
-};
-constexpr const char* kPhaseNames[kNumPhases] = {"ZeroGrad",       "EmbedForward",  "BlocksForward",
-                                                 "HeadForward",    "LossForward",   "HeadBackward",
-                                                 "BlocksBackward", "EmbedBackward", "AdamWStep"};
 
 // Times fn: the best of `reps` runs, in seconds.
 template <typename Fn>
@@ -273,7 +261,7 @@ void ProfileKernels(const Options& o, double step_s) {
 }
 
 // Options::init_out's files; exits with a message when one cannot be written.
-void WriteInitialState(const std::string& dir, const shardline::model::GptModel& model,
+void WriteInitialState(const std::string& dir, const shardline::model::ModelParams& model,
                        const std::vector<int32_t>& tokens) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
@@ -285,11 +273,11 @@ void WriteInitialState(const std::string& dir, const shardline::model::GptModel&
       std::exit(1);
     }
   };
-  const std::span<const float> params = model.params();
+  const std::span<const float> params = model.values();
   write("params.bin", params.data(), params.size_bytes());
   write("tokens.bin", tokens.data(), tokens.size() * sizeof(int32_t));
   std::string manifest;
-  for (const auto& tensor : model.NamedTensors()) {
+  for (const auto& tensor : model.layout().tensors()) {
     manifest += tensor.name + " " + std::to_string(tensor.offset);
     for (int64_t d : tensor.shape) manifest += " " + std::to_string(d);
     manifest += "\n";
@@ -313,11 +301,18 @@ int main(int argc, char** argv) {
   const shardline::model::ModelConfig config = opt.Config();
   Check(config.Validate(), "config");
 
+  shardline::model::OneRankOptions options{
+      .config = config, .batch = opt.batch, .seq_len = opt.seq};
+  options.adamw.adamw.weight_decay = 0.1f;
+  options.adamw.max_grad_norm = 1.0;
+  constexpr float kLearningRate = 3e-4f;
   shardline::kernels::CpuAllocator allocator;
-  auto created = shardline::model::GptModel::Create(config, allocator);
-  Check(created.status(), "GptModel::Create");
-  shardline::model::GptModel& model = **created;
-  model.InitGpt2(1337);
+  shardline::kernels::cpu::CpuBackend backend(allocator);
+  auto created = shardline::model::OneRankGpt::Create(options, backend);
+  Check(created.status(), "OneRankGpt::Create");
+  shardline::model::OneRankGpt& model = **created;
+  Check(model.InitGpt2(1337), "InitGpt2");
+  const int64_t num_params = shardline::model::ParamLayout(config).total();
 
   // Random tokens; the targets are the next token (the last position wraps to the first), as a
   // language-model batch would have them.
@@ -332,77 +327,37 @@ int main(int argc, char** argv) {
     for (int t = 0; t < T; ++t) targets[size_t(b) * T + t] = tokens[size_t(b) * T + (t + 1) % T];
   }
 
-  if (!opt.init_out.empty()) WriteInitialState(opt.init_out, model, tokens);
-
-  shardline::model::AdamWOptions adamw;
-  adamw.adamw.learning_rate = 3e-4f;
-  adamw.adamw.weight_decay = 0.1f;
-  adamw.max_grad_norm = 1.0;
+  if (!opt.init_out.empty()) {
+    auto params = model.Params();
+    Check(params.status(), "reading the initial parameters");
+    WriteInitialState(opt.init_out, *params, tokens);
+  }
 
   std::printf("config: %s B=%d T=%d params=%lld threads=%d omp_max_threads=%d\n",
-              config.DebugString().c_str(), B, T, static_cast<long long>(model.num_params()),
-              opt.threads, omp_get_max_threads());
+              config.DebugString().c_str(), B, T, static_cast<long long>(num_params), opt.threads,
+              omp_get_max_threads());
   std::fflush(stdout);
 
-  double phase_s[kNumPhases] = {};
   float first_loss = 0.0f;
   float last_loss = 0.0f;
   double timed_s = 0.0;
   const int total = opt.warmup + opt.steps;
   for (int step = 1; step <= total; ++step) {
     const bool timed = step > opt.warmup;
-    double this_phase[kNumPhases] = {};
     const Clock::time_point start = Clock::now();
-    Clock::time_point t0 = start;
-    auto lap = [&](Phase p) {
-      const Clock::time_point t1 = Clock::now();
-      this_phase[p] += Seconds(t0, t1);
-      t0 = t1;
-    };
-    model.ZeroGrad();
-    lap(kZeroGrad);
-    Check(model.EmbedForward(tokens, B, T), "EmbedForward");
-    lap(kEmbedForward);
-    Check(model.BlocksForward(0, config.layers), "BlocksForward");
-    lap(kBlocksForward);
-    Check(model.HeadForward(), "HeadForward");
-    lap(kHeadForward);
-    auto loss = model.LossForward(targets);
-    Check(loss.status(), "LossForward");
-    lap(kLossForward);
-    Check(model.HeadBackward(), "HeadBackward");
-    lap(kHeadBackward);
-    Check(model.BlocksBackward(0, config.layers), "BlocksBackward");
-    lap(kBlocksBackward);
-    Check(model.EmbedBackward(), "EmbedBackward");
-    lap(kEmbedBackward);
-    auto norm = model.AdamWStep(adamw, step);
-    Check(norm.status(), "AdamWStep");
-    lap(kAdamW);
+    auto stats = model.Step(tokens, targets, step, kLearningRate);
+    Check(stats.status(), "Step");
     const double step_s = Seconds(start, Clock::now());
-    if (step == 1) first_loss = *loss;
-    last_loss = *loss;
+    if (step == 1) first_loss = stats->loss;
+    last_loss = stats->loss;
     std::printf("step %d%s: loss %.4f grad_norm %.4f %.3f s\n", step, timed ? "" : " (warmup)",
-                *loss, *norm, step_s);
+                stats->loss, stats->grad_norm, step_s);
     std::fflush(stdout);
-    if (timed) {
-      timed_s += step_s;
-      for (int p = 0; p < kNumPhases; ++p) phase_s[p] += this_phase[p];
-    }
+    if (timed) timed_s += step_s;
   }
 
   const double step_s = timed_s / opt.steps;
   const double tokens_per_s = static_cast<double>(B) * T / step_s;
-  std::printf("phases (mean over %d timed steps):\n", opt.steps);
-  for (int p = 0; p < kNumPhases; ++p) {
-    const double s = phase_s[p] / opt.steps;
-    std::printf("  %-15s %9.4f s  %5.1f%%\n", kPhaseNames[p], s, 100.0 * s / step_s);
-  }
-  std::printf("PHASES impl=shardline");
-  for (int p = 0; p < kNumPhases; ++p) {
-    std::printf(" %s=%.6f", kPhaseNames[p], phase_s[p] / opt.steps);
-  }
-  std::printf("\n");
   std::printf("loss: first %.4f last %.4f\n", first_loss, last_loss);
   std::printf(
       "RESULT impl=shardline tokens_per_s=%.2f step_s=%.6f peak_bytes=%zu "

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """One GPT training step in PyTorch, the peer of bench/train_step_bench.cc.
 
-The same model as Shardline's GptModel: GPT-2 blocks (pre-LayerNorm, fused qkv with bias, causal
+The same model as Shardline's engine: GPT-2 blocks (pre-LayerNorm, fused qkv with bias, causal
 attention, GELU tanh MLP with bias), learned positions, a final LayerNorm and a head tied to wte;
 GPT-2 initialisation; AdamW (weight decay 0.1 on the 2-D tensors only, lr 3e-4, betas 0.9/0.999,
 eps 1e-8) after clipping the global gradient norm to 1.0. Same shapes, random tokens, warmup then
@@ -52,7 +52,7 @@ def parse_args():
                    help="default fp32 on cpu, bf16 on cuda (autocast)")
     p.add_argument("--init-from", default=None, metavar="DIR",
                    help="start from the parameters and batch train_step_bench --init-out DIR "
-                        "wrote (its GptModel layout mapped to these modules), so that the two "
+                        "wrote (its parameter layout mapped to these modules), so that the two "
                         "sides' losses can be compared step by step")
     p.add_argument("--foreach", action=argparse.BooleanOptionalAction, default=True,
                    help="AdamW's multi-tensor (foreach) implementation; torch 1.13 defaults to the "
@@ -123,7 +123,7 @@ class GPT(nn.Module):
         self.lm_head.weight = self.wte.weight  # tied
         # True above the diagonal: the future that a position may not see.
         self.register_buffer("mask", torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1))
-        # GPT-2 initialisation, as GptModel::InitGpt2.
+        # GPT-2 initialisation, as Shardline's InitGpt2.
         for name, p in self.named_parameters():
             if p.dim() == 1:
                 nn.init.ones_(p) if name.endswith(("ln1.weight", "ln2.weight", "lnf.weight")) \
@@ -160,7 +160,7 @@ def load_initial_state(model, folder, B, T):
             name, offset, *shape = line.split()
             shape = [int(d) for d in shape]
             numel = math.prod(shape)
-            # GptModel's "h.0.qkv.w" is this module's "h.0.qkv.weight"; ".b" its ".bias".
+            # Shardline's "h.0.qkv.w" is this module's "h.0.qkv.weight"; ".b" its ".bias".
             torch_name = name[:-2] + (".weight" if name.endswith(".w") else ".bias") \
                 if name.endswith((".w", ".b")) else name + ".weight"
             if torch_name not in ours:

@@ -201,8 +201,7 @@ TEST_F(ClusterCheckpointTest, KillingARankWhileItWritesItsShardLosesNothingCommi
   EXPECT_FALSE(fs::exists(checkpoint::ManifestPath(dir, 4)));
   EXPECT_EQ(*checkpoint::ReadLatest(dir), 2);
   EXPECT_TRUE(checkpoint::VerifyStep(checkpoint::ManifestPath(dir, 2)).ok());
-  kernels::CpuAllocator allocator;
-  EXPECT_TRUE(training::LoadModel(dir, allocator).ok());
+  EXPECT_TRUE(training::LoadModel(dir).ok());
 
   // The same job again resumes after step 2, clears the interrupted save and finishes.
   const json again = RunJob(yaml);

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -18,9 +19,11 @@
 #include "checkpoint/gpt2_hf_import.h"
 #include "checkpoint/safetensors_reader.h"
 #include "kernels/allocator.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/layernorm.h"
 #include "nlohmann/json.hpp"
-#include "worker/model/gpt.h"
+#include "tests/support/whole_forward.h"
+#include "worker/model/model_params.h"
 #include "worker/training/model_checkpoint.h"
 
 namespace shardline::checkpoint {
@@ -65,21 +68,18 @@ model::ModelConfig SmallConfig(bool tied) {
 
 // A GPT-2-initialised model and its parameters as Gpt2Weights.
 struct Model {
-  kernels::CpuAllocator allocator;
-  std::unique_ptr<model::GptModel> gpt;
+  std::optional<model::ModelParams> gpt;
   Gpt2Weights weights;
 };
 
 std::unique_ptr<Model> MakeModel(bool tied, uint64_t seed = 11) {
   auto m = std::make_unique<Model>();
-  absl::StatusOr<std::unique_ptr<model::GptModel>> gpt =
-      model::GptModel::Create(SmallConfig(tied), m->allocator);
+  absl::StatusOr<model::ModelParams> gpt = model::ModelParams::Gpt2Init(SmallConfig(tied), seed);
   EXPECT_TRUE(gpt.ok()) << gpt.status();
-  m->gpt = std::move(*gpt);
-  m->gpt->InitGpt2(seed);
+  m->gpt.emplace(std::move(*gpt));
   m->weights.config = m->gpt->config();
-  const std::span<const float> params = std::as_const(*m->gpt).params();
-  for (const auto& info : m->gpt->NamedTensors()) {
+  const std::span<const float> params = std::as_const(*m->gpt).values();
+  for (const auto& info : m->gpt->layout().tensors()) {
     m->weights.tensors[info.name] =
         HostTensor{info.shape, std::vector<float>(params.begin() + info.offset,
                                                   params.begin() + info.offset + info.numel)};
@@ -87,12 +87,15 @@ std::unique_ptr<Model> MakeModel(bool tied, uint64_t seed = 11) {
   return m;
 }
 
-std::vector<float> Logits(model::GptModel& gpt) {
+// The logits of the engine's layers (tests/support/whole_forward.h) for a fixed sequence.
+std::vector<float> Logits(const model::ModelParams& gpt) {
   const std::vector<int32_t> tokens = {104, 101, 108, 108, 111, 32, 119, 111, 114, 108, 100, 256};
-  const absl::Status status = gpt.ForwardLogits(tokens, 1, static_cast<int>(tokens.size()));
-  EXPECT_TRUE(status.ok()) << status;
-  const std::span<const float> logits = gpt.Logits();
-  return {logits.begin(), logits.end()};
+  kernels::CpuAllocator allocator;
+  kernels::cpu::CpuBackend backend(allocator);
+  absl::StatusOr<std::vector<float>> logits = shardline::testing::WholeForwardLogits(
+      gpt, backend, tokens, 1, static_cast<int>(tokens.size()));
+  EXPECT_TRUE(logits.ok()) << logits.status();
+  return logits.ok() ? *logits : std::vector<float>();
 }
 
 bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
@@ -136,18 +139,16 @@ TEST_P(HfExportRoundTrip, ImportAndLoadModelGiveTheSameTensorsAndLogits) {
   }
 
   // LoadModel takes the folder as `generate --checkpoint DIR` does.
-  kernels::CpuAllocator allocator;
-  absl::StatusOr<std::unique_ptr<model::GptModel>> loaded =
-      training::LoadModel(dir, allocator, /*hf_heads=*/1);
+  absl::StatusOr<model::ModelParams> loaded = training::LoadModel(dir, /*hf_heads=*/1);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
-  EXPECT_EQ((*loaded)->config().heads, m->gpt->config().heads);
-  EXPECT_EQ((*loaded)->config().tied_embeddings, tied);
-  const std::span<const float> a = std::as_const(**loaded).params();
-  const std::span<const float> b = std::as_const(*m->gpt).params();
+  EXPECT_EQ(loaded->config().heads, m->gpt->config().heads);
+  EXPECT_EQ(loaded->config().tied_embeddings, tied);
+  const std::span<const float> a = std::as_const(*loaded).values();
+  const std::span<const float> b = std::as_const(*m->gpt).values();
   ASSERT_EQ(a.size(), b.size());
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
   const std::vector<float> expected = Logits(*m->gpt);
-  const std::vector<float> got = Logits(**loaded);
+  const std::vector<float> got = Logits(*loaded);
   ASSERT_FALSE(expected.empty());
   EXPECT_TRUE(BitEqual(got, expected));
 }

@@ -20,9 +20,8 @@
 #include "checkpoint/model_config.h"
 #include "checkpoint/safetensors_writer.h"
 #include "common/status_macros.h"
-#include "kernels/allocator.h"
 #include "tests/support/box_reference.h"
-#include "worker/model/gpt.h"
+#include "worker/model/model_params.h"
 #include "worker/training/model_checkpoint.h"
 
 namespace shardline::training {
@@ -61,15 +60,14 @@ model::ModelConfig TinyConfig(bool tied) {
   return config;
 }
 
-std::unique_ptr<model::GptModel> TinyModel(kernels::Allocator& allocator, bool tied) {
-  auto gpt = model::GptModel::Create(TinyConfig(tied), allocator);
+std::unique_ptr<model::ModelParams> TinyModel(bool tied) {
+  auto gpt = model::ModelParams::Gpt2Init(TinyConfig(tied), 5);
   EXPECT_TRUE(gpt.ok()) << gpt.status();
-  (*gpt)->InitGpt2(5);
   // LayerNorm weights and biases start constant; make every element distinct so that a misplaced
   // one shows.
-  std::span<float> params = (*gpt)->params();
+  std::span<float> params = gpt->values();
   for (size_t i = 0; i < params.size(); ++i) params[i] += 1e-3f * static_cast<float>(i % 977);
-  return std::move(*gpt);
+  return std::make_unique<model::ModelParams>(std::move(*gpt));
 }
 
 std::vector<float> Slice(std::span<const float> full, const std::vector<int64_t>& global,
@@ -98,7 +96,7 @@ std::string RankFile(int rank) {
 // row-parallel biases.
 class ShardedJob {
  public:
-  explicit ShardedJob(const model::GptModel& gpt) : gpt_(gpt) {
+  explicit ShardedJob(const model::ModelParams& gpt) : gpt_(gpt) {
     manifest_.step = kStep;
     manifest_.world_size = kTp * kPp;
     const model::ModelConfig& config = gpt.config();
@@ -113,7 +111,7 @@ class ShardedJob {
     manifest_.metadata = checkpoint::ModelMetadata(meta);
     const int64_t C = config.d_model, F = config.ff(), V = config.vocab;
     const int64_t vocab_rows[kTp + 1] = {0, 129, V};
-    for (const model::ParamTensorInfo& info : gpt.NamedTensors()) {
+    for (const model::ParamTensorInfo& info : gpt.layout().tensors()) {
       const std::string& n = info.name;
       const std::vector<int64_t> global = ShardedShape(info, C);
       for (int pp = 0; pp < kPp; ++pp) {
@@ -175,22 +173,23 @@ class ShardedJob {
  private:
   void Add(const std::string& name, const std::vector<int64_t>& global, int rank,
            const std::vector<int64_t>& offsets, const std::vector<int64_t>& shape) {
-    auto full = gpt_.params().subspan(gpt_.layout().Find(name)->offset);
+    auto full = gpt_.values().subspan(gpt_.layout().Find(name)->offset);
     files_[rank][name] = HostTensor{shape, Slice(full, global, offsets, shape)};
     checkpoint::ManifestTensor& tensor = manifest_.tensors[name];
     tensor.global_shape = global;
     tensor.shards.push_back({rank, RankFile(rank), name, offsets, shape});
   }
 
-  const model::GptModel& gpt_;
+  const model::ModelParams& gpt_;
   Manifest manifest_;
   std::map<int, std::map<std::string, HostTensor>> files_;
 };
 
-void ExpectSameParameters(const model::GptModel& a, const model::GptModel& b) {
+void ExpectSameParameters(const model::ModelParams& a, const model::ModelParams& b) {
   ASSERT_EQ(a.config().DebugString(), b.config().DebugString());
-  ASSERT_EQ(a.num_params(), b.num_params());
-  EXPECT_EQ(0, std::memcmp(a.params().data(), b.params().data(), sizeof(float) * a.num_params()));
+  ASSERT_EQ(a.values().size(), b.values().size());
+  EXPECT_EQ(0,
+            std::memcmp(a.values().data(), b.values().data(), sizeof(float) * a.values().size()));
 }
 
 class ShardedCheckpointTest : public ::testing::TestWithParam<bool> {};
@@ -198,8 +197,7 @@ class ShardedCheckpointTest : public ::testing::TestWithParam<bool> {};
 TEST_P(ShardedCheckpointTest, LoadsBitIdenticalToTheSingleFile) {
   const bool tied = GetParam();
   const std::string dir = TempDir(tied ? "load-tied" : "load-untied");
-  kernels::CpuAllocator allocator;
-  const auto original = TinyModel(allocator, tied);
+  const auto original = TinyModel(tied);
   const std::string single = dir + "/single/step-00000003/model.safetensors";
   ASSERT_TRUE(SaveModel(*original, single).ok());
   ShardedJob job(*original);
@@ -212,16 +210,16 @@ TEST_P(ShardedCheckpointTest, LoadsBitIdenticalToTheSingleFile) {
   ASSERT_TRUE(step_folder.ok()) << step_folder.status();
   EXPECT_EQ(*step_folder, *resolved);
 
-  auto from_file = LoadModel(single, allocator);
+  auto from_file = LoadModel(single);
   ASSERT_TRUE(from_file.ok()) << from_file.status();
-  ExpectSameParameters(**from_file, *original);
+  ExpectSameParameters(*from_file, *original);
   // The run folder, the step folder and the manifest itself all name the same checkpoint.
   for (const std::string& path :
        {dir + "/run", dir + "/run/step-00000007", dir + "/run/step-00000007/manifest.json"}) {
-    auto loaded = LoadModel(path, allocator);
+    auto loaded = LoadModel(path);
     ASSERT_TRUE(loaded.ok()) << path << ": " << loaded.status();
-    EXPECT_EQ((*loaded)->config().tied_embeddings, tied);
-    ExpectSameParameters(**loaded, *original);
+    EXPECT_EQ(loaded->config().tied_embeddings, tied);
+    ExpectSameParameters(*loaded, *original);
   }
   fs::remove_all(dir);
 }
@@ -229,8 +227,7 @@ TEST_P(ShardedCheckpointTest, LoadsBitIdenticalToTheSingleFile) {
 TEST_P(ShardedCheckpointTest, EveryBoxEqualsTheSliceFromEitherKind) {
   const bool tied = GetParam();
   const std::string dir = TempDir(tied ? "box-tied" : "box-untied");
-  kernels::CpuAllocator allocator;
-  const auto original = TinyModel(allocator, tied);
+  const auto original = TinyModel(tied);
   ASSERT_TRUE(SaveModel(*original, dir + "/single/step-00000003/model.safetensors").ok());
   ShardedJob job(*original);
   job.Write(dir + "/run");
@@ -250,9 +247,9 @@ TEST_P(ShardedCheckpointTest, EveryBoxEqualsTheSliceFromEitherKind) {
 
   std::mt19937 rng(3);
   const int64_t C = expected.d_model;
-  for (const model::ParamTensorInfo& info : original->NamedTensors()) {
+  for (const model::ParamTensorInfo& info : original->layout().tensors()) {
     const std::vector<int64_t> global = ShardedShape(info, C);
-    const auto full = original->params().subspan(info.offset, info.numel);
+    const auto full = original->values().subspan(info.offset, info.numel);
     for (const CheckpointSource* source : {&*single, &*sharded}) {
       absl::StatusOr<std::vector<int64_t>> box_shape = source->BoxShape(info.name);
       ASSERT_TRUE(box_shape.ok()) << box_shape.status();
@@ -283,7 +280,7 @@ TEST_P(ShardedCheckpointTest, EveryBoxEqualsTheSliceFromEitherKind) {
   absl::StatusOr<std::vector<float>> head =
       ReadCheckpointBox(*sharded, "h.2.qkv.w", offsets, shape);
   ASSERT_TRUE(head.ok()) << head.status();
-  const auto qkv = original->params().subspan(original->layout().Find("h.2.qkv.w")->offset);
+  const auto qkv = original->values().subspan(original->layout().Find("h.2.qkv.w")->offset);
   for (int64_t part = 0; part < 3; ++part) {
     for (int64_t row = 0; row < 8; ++row) {
       ASSERT_EQ(0, std::memcmp(head->data() + (part * 8 + row) * C,
@@ -300,13 +297,12 @@ INSTANTIATE_TEST_SUITE_P(TiedAndUntied, ShardedCheckpointTest, ::testing::Bool()
 
 TEST(ShardedCheckpointErrorsTest, AMissingShardFileNamesItAndTheTensor) {
   const std::string dir = TempDir("missing");
-  kernels::CpuAllocator allocator;
-  const auto original = TinyModel(allocator, true);
+  const auto original = TinyModel(true);
   ShardedJob job(*original);
   job.Write(dir);
   const std::string step = dir + "/step-00000007";
   fs::remove(step + "/" + RankFile(3));
-  auto loaded = LoadModel(dir, allocator);
+  auto loaded = LoadModel(dir);
   ASSERT_FALSE(loaded.ok());
   EXPECT_EQ(loaded.status().code(), absl::StatusCode::kNotFound);
   // Rank 3 (stage 1, tensor-parallel rank 1) is first needed for layer 2's second head.
@@ -329,15 +325,14 @@ TEST(ShardedCheckpointErrorsTest, AMissingShardFileNamesItAndTheTensor) {
 
 TEST(ShardedCheckpointErrorsTest, AShardWithTheWrongShapeNamesItAndTheTensor) {
   const std::string dir = TempDir("shape");
-  kernels::CpuAllocator allocator;
-  const auto original = TinyModel(allocator, true);
+  const auto original = TinyModel(true);
   ShardedJob job(*original);
   // Rank 1 wrote 31 rows of h.0.fc.w where the manifest says 32.
   HostTensor& fc = job.files()[1]["h.0.fc.w"];
   fc.shape = {31, 16};
   fc.values.resize(31 * 16);
   job.Write(dir);
-  auto loaded = LoadModel(dir, allocator);
+  auto loaded = LoadModel(dir);
   ASSERT_FALSE(loaded.ok());
   EXPECT_THAT(Message(loaded.status()),
               AllOf(HasSubstr("manifest.json"), HasSubstr("rank-00001.safetensors"),
@@ -348,14 +343,13 @@ TEST(ShardedCheckpointErrorsTest, AShardWithTheWrongShapeNamesItAndTheTensor) {
 
 TEST(ShardedCheckpointErrorsTest, AManifestWithAHoleNamesTheTensor) {
   const std::string dir = TempDir("hole");
-  kernels::CpuAllocator allocator;
-  const auto original = TinyModel(allocator, true);
+  const auto original = TinyModel(true);
   ShardedJob job(*original);
   job.Write(dir);
   // Drop tensor-parallel rank 1's rows of h.1.fc.w; WriteManifest would refuse, so write the text.
   job.manifest().tensors["h.1.fc.w"].shards.pop_back();
   std::ofstream(dir + "/step-00000007/manifest.json") << checkpoint::ManifestToJson(job.manifest());
-  auto loaded = LoadModel(dir, allocator);
+  auto loaded = LoadModel(dir);
   ASSERT_FALSE(loaded.ok());
   EXPECT_THAT(Message(loaded.status()),
               AllOf(HasSubstr(dir + "/step-00000007/manifest.json"), HasSubstr("tensor 'h.1.fc.w'"),
@@ -364,15 +358,14 @@ TEST(ShardedCheckpointErrorsTest, AManifestWithAHoleNamesTheTensor) {
 }
 
 TEST(ShardedCheckpointErrorsTest, MetadataAndTensorsThatDisagreeAreErrors) {
-  kernels::CpuAllocator allocator;
-  const auto original = TinyModel(allocator, false);
+  const auto original = TinyModel(false);
   // An untied model whose metadata claims a tied head: lm_head.w must not be silently dropped.
   {
     const std::string dir = TempDir("tied-claim");
     ShardedJob job(*original);
     job.manifest().metadata["tied_embeddings"] = "true";
     job.Write(dir);
-    EXPECT_THAT(Message(LoadModel(dir, allocator).status()),
+    EXPECT_THAT(Message(LoadModel(dir).status()),
                 AllOf(HasSubstr("tensor 'lm_head.w'"), HasSubstr("not a parameter")));
     fs::remove_all(dir);
   }
@@ -388,7 +381,7 @@ TEST(ShardedCheckpointErrorsTest, MetadataAndTensorsThatDisagreeAreErrors) {
       qkv.shards[t].shape = {24, 16};
     }
     job.Write(dir);
-    EXPECT_THAT(Message(LoadModel(dir, allocator).status()),
+    EXPECT_THAT(Message(LoadModel(dir).status()),
                 AllOf(HasSubstr("tensor 'h.0.qkv.w'"), HasSubstr("[48, 16]"),
                       HasSubstr("expected [3, 16, 16]")));
     fs::remove_all(dir);
@@ -402,9 +395,9 @@ TEST(ShardedCheckpointErrorsTest, MetadataAndTensorsThatDisagreeAreErrors) {
                                             {16, 16},
                                             {{0, RankFile(0), "adam_m.wpe", {0, 0}, {16, 16}}}};
     job.Write(dir);
-    auto loaded = LoadModel(dir, allocator);
+    auto loaded = LoadModel(dir);
     ASSERT_TRUE(loaded.ok()) << loaded.status();
-    ExpectSameParameters(**loaded, *original);
+    ExpectSameParameters(*loaded, *original);
     absl::StatusOr<CheckpointSource> source = CheckpointSource::Open(dir);
     ASSERT_TRUE(source.ok()) << source.status();
     const std::vector<int64_t> offsets = {15, 15}, shape = {1, 1};

@@ -2,6 +2,7 @@
 // a batched serving step (paged_inference.h) gives the full forward's logits too, for sequences
 // interleaved over steps in chunks, with scattered cache blocks; and it refuses a bad step naming
 // what is wrong.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -12,7 +13,7 @@
 #include "gtest/gtest.h"
 #include "kernels/allocator.h"
 #include "kernels/cpu/cpu_backend.h"
-#include "worker/model/gpt.h"
+#include "tests/support/whole_forward.h"
 #include "worker/model/inference.h"
 #include "worker/model/paged_inference.h"
 
@@ -35,13 +36,11 @@ ModelConfig SmallConfig() {
 
 // GPT-2's init gives logits within ~1e-2 of each other; a hotter random init makes the logits
 // (and the attention patterns) vary enough that a wrong position or cache row would show.
-std::unique_ptr<GptModel> HotModel(const ModelConfig& config, kernels::Allocator& allocator,
-                                   uint32_t seed) {
-  auto model = GptModel::Create(config, allocator).value();
-  model->InitGpt2(seed);
+ModelParams HotModel(const ModelConfig& config, uint32_t seed) {
+  ModelParams model = ModelParams::Gpt2Init(config, seed).value();
   std::mt19937 rng(seed);
   std::normal_distribution<float> noise(0.0f, 0.2f);
-  for (float& p : model->params()) p += noise(rng);
+  for (float& p : model.values()) p += noise(rng);
   return model;
 }
 
@@ -67,45 +66,59 @@ void ExpectRowClose(std::span<const float> got, const float* want, int V, const 
 TEST(InferenceTest, GreedyGenerationWithAndWithoutCacheAgree) {
   kernels::CpuAllocator allocator;
   const ModelConfig c = SmallConfig();
-  auto model = HotModel(c, allocator, 8);
+  const ModelParams model = HotModel(c, 8);
+  kernels::cpu::CpuBackend backend(allocator);
   const std::vector<int32_t> prompt = RandomTokens(5, c.vocab, 9);
   GenerateOptions options;
   options.max_new_tokens = c.max_seq_len - 5 + 1;  // exactly fills the positions
   options.use_kv_cache = true;
-  auto cached = Generate(*model, prompt, options);
+  auto cached = Generate(InferenceWeights::Of(model), backend, prompt, options);
   ASSERT_TRUE(cached.ok()) << cached.status();
   options.use_kv_cache = false;
-  auto uncached = Generate(*model, prompt, options);
+  auto uncached = Generate(InferenceWeights::Of(model), backend, prompt, options);
   ASSERT_TRUE(uncached.ok()) << uncached.status();
   EXPECT_EQ(*cached, *uncached);
   EXPECT_EQ(cached->size(), static_cast<size_t>(options.max_new_tokens));
+
+  // And both are the greedy tokens of the training forward's layers over the whole sequence.
+  std::vector<int32_t> sequence = prompt;
+  for (size_t k = 0; k < cached->size(); ++k) {
+    const int T = static_cast<int>(sequence.size());
+    auto logits = testing::WholeForwardLogits(model, backend, sequence, 1, T);
+    ASSERT_TRUE(logits.ok()) << logits.status();
+    const auto last = logits->begin() + int64_t{T - 1} * c.vocab;
+    const auto best = static_cast<int32_t>(std::max_element(last, last + c.vocab) - last);
+    EXPECT_EQ((*cached)[k], best) << "token " << k;
+    sequence.push_back(best);
+  }
 }
 
 TEST(InferenceTest, SampledGenerationIsSeededAndRespectsTopK) {
   kernels::CpuAllocator allocator;
   const ModelConfig c = SmallConfig();
-  auto model = HotModel(c, allocator, 10);
+  const ModelParams model = HotModel(c, 10);
+  kernels::cpu::CpuBackend backend(allocator);
   const std::vector<int32_t> prompt = {1, 2, 3};
   GenerateOptions options;
   options.max_new_tokens = 12;
   options.sampling.temperature = 1.0f;
   options.sampling.top_k = 5;
   options.sampling.seed = 42;
-  const auto a = Generate(*model, prompt, options).value();
-  const auto b = Generate(*model, prompt, options).value();
+  const auto a = Generate(InferenceWeights::Of(model), backend, prompt, options).value();
+  const auto b = Generate(InferenceWeights::Of(model), backend, prompt, options).value();
   EXPECT_EQ(a, b);
   options.use_kv_cache = false;
-  EXPECT_EQ(Generate(*model, prompt, options).value(), a);
+  EXPECT_EQ(Generate(InferenceWeights::Of(model), backend, prompt, options).value(), a);
   options.use_kv_cache = true;
   options.sampling.seed = 43;
-  EXPECT_NE(Generate(*model, prompt, options).value(), a);
+  EXPECT_NE(Generate(InferenceWeights::Of(model), backend, prompt, options).value(), a);
 
   // top_k = 1 is greedy whatever the temperature.
   options.sampling.top_k = 1;
   options.sampling.temperature = 5.0f;
-  const auto top1 = Generate(*model, prompt, options).value();
+  const auto top1 = Generate(InferenceWeights::Of(model), backend, prompt, options).value();
   options.sampling = SamplingOptions{};
-  EXPECT_EQ(top1, Generate(*model, prompt, options).value());
+  EXPECT_EQ(top1, Generate(InferenceWeights::Of(model), backend, prompt, options).value());
 
   // Every draw lies among the k largest logits.
   std::vector<float> logits(c.vocab);
@@ -124,21 +137,27 @@ TEST(InferenceTest, SampledGenerationIsSeededAndRespectsTopK) {
 TEST(InferenceTest, GenerateRejectsBadRequestsBeforeAnyWork) {
   kernels::CpuAllocator allocator;
   const ModelConfig c = SmallConfig();
-  auto model = HotModel(c, allocator, 1);
+  const ModelParams model = HotModel(c, 1);
+  kernels::cpu::CpuBackend backend(allocator);
   GenerateOptions options;
   options.max_new_tokens = 20;
-  auto r = Generate(*model, RandomTokens(10, c.vocab, 1), options);
+  auto r = Generate(InferenceWeights::Of(model), backend, RandomTokens(10, c.vocab, 1), options);
   ASSERT_FALSE(r.ok());
   EXPECT_THAT(std::string(r.status().message()),
               HasSubstr("a prompt of 10 tokens plus 20 new tokens needs 29 positions, past "
                         "max_seq_len 24"));
-  EXPECT_EQ(Generate(*model, {}, options).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Generate(InferenceWeights::Of(model), backend, {}, options).status().code(),
+            absl::StatusCode::kInvalidArgument);
   const std::vector<int32_t> bad = {1, 99};
-  EXPECT_THAT(std::string(Generate(*model, bad, options).status().message()),
-              HasSubstr("token 99 at position 1"));
+  EXPECT_THAT(
+      std::string(Generate(InferenceWeights::Of(model), backend, bad, options).status().message()),
+      HasSubstr("token 99 at position 1"));
   options.sampling.top_k = -1;
-  EXPECT_THAT(std::string(Generate(*model, std::span(bad).first(1), options).status().message()),
-              HasSubstr("top_k"));
+  EXPECT_THAT(
+      std::string(Generate(InferenceWeights::Of(model), backend, std::span(bad).first(1), options)
+                      .status()
+                      .message()),
+      HasSubstr("top_k"));
 }
 
 // Nucleus sampling on a known distribution (0.5, 0.3, 0.15, 0.05): top_p 0.75 keeps the first
@@ -179,22 +198,24 @@ TEST(InferenceTest, TopPKeepsTheNucleus) {
 TEST(PagedInferenceTest, StepsOfInterleavedChunksGiveTheFullForwardsLogits) {
   kernels::CpuAllocator allocator;
   const ModelConfig c = SmallConfig();
-  auto model = HotModel(c, allocator, 8);
+  const ModelParams model = HotModel(c, 8);
+  kernels::cpu::CpuBackend backend(allocator);
   const std::vector<int> lengths = {24, 11, 5};
   std::vector<std::vector<int32_t>> seqs;
   std::vector<std::vector<float>> full;
   for (size_t s = 0; s < lengths.size(); ++s) {
     seqs.push_back(RandomTokens(lengths[s], c.vocab, 20 + s));
-    ASSERT_TRUE(model->ForwardLogits(seqs[s], 1, lengths[s]).ok());
-    full.emplace_back(model->Logits().begin(), model->Logits().end());
+    auto logits = testing::WholeForwardLogits(model, backend, seqs[s], 1, lengths[s]);
+    ASSERT_TRUE(logits.ok()) << logits.status();
+    full.push_back(std::move(*logits));
   }
   const int block_size = 4, max_blocks = 6;  // 24 positions
-  auto paged = PagedGptForward::Create(InferenceWeights::Of(*model),
+  auto paged = PagedGptForward::Create(InferenceWeights::Of(model),
                                        {.num_blocks = 20,
                                         .block_size = block_size,
                                         .max_tokens_per_step = 16,
                                         .max_seqs_per_step = 16},
-                                       model->backend())
+                                       backend)
                    .value();
   // Blocks handed out out of order and interleaved between the sequences.
   const std::vector<int32_t> tables = {17, 3,  9, 0, 12, 5,   // sequence 0
@@ -245,19 +266,20 @@ TEST(PagedInferenceTest, StepsOfInterleavedChunksGiveTheFullForwardsLogits) {
 TEST(PagedInferenceTest, RefusesABadStepNamingWhatIsWrong) {
   kernels::CpuAllocator allocator;
   const ModelConfig c = SmallConfig();
-  auto model = HotModel(c, allocator, 9);
-  EXPECT_THAT(std::string(PagedGptForward::Create(
-                              InferenceWeights::Of(*model),
-                              {.num_blocks = 0, .max_tokens_per_step = 4, .max_seqs_per_step = 2},
-                              model->backend())
-                              .status()
-                              .message()),
-              HasSubstr("num_blocks"));
+  const ModelParams model = HotModel(c, 9);
+  kernels::cpu::CpuBackend backend(allocator);
+  EXPECT_THAT(
+      std::string(PagedGptForward::Create(
+                      InferenceWeights::Of(model),
+                      {.num_blocks = 0, .max_tokens_per_step = 4, .max_seqs_per_step = 2}, backend)
+                      .status()
+                      .message()),
+      HasSubstr("num_blocks"));
   auto paged =
       PagedGptForward::Create(
-          InferenceWeights::Of(*model),
+          InferenceWeights::Of(model),
           {.num_blocks = 4, .block_size = 4, .max_tokens_per_step = 4, .max_seqs_per_step = 2},
-          model->backend())
+          backend)
           .value();
   std::vector<int32_t> tokens = {1, 2}, positions = {0, 1}, token_seq = {0, 0}, rows = {1};
   std::vector<int32_t> tables = {3, 1};

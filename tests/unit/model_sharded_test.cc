@@ -1,13 +1,14 @@
-// ShardedGpt against the single-device GptModel: for every (tp, pp, dp) in {1,2}³ and for ZeRO 1,
-// 2 and 3 (with dp = 2, alone and with pp = 2), the losses of the first steps and the final
-// parameters match the unsharded run's. Every rank is a forked process; the groups are the real
-// communicators CPU actors train over (shared memory; a tp 2 x pp 2 x dp 2 and a ZeRO 3 case
-// also over Gloo on loopback), bootstrapped through a FileStore directory
+// ShardedGpt against the engine on one rank (OneRankGpt, one micro-batch of the whole global batch:
+// itself checked against PyTorch in model_torch_reference_test): for every (tp, pp, dp) in {1,2}³
+// and for ZeRO 1, 2 and 3 (with dp = 2, alone and with pp = 2), the losses of the first steps and
+// the final parameters match the unsharded run's. Every rank is a forked process; the groups are
+// the real communicators CPU actors train over (shared memory; a tp 2 x pp 2 x dp 2 and a ZeRO 3
+// case also over Gloo on loopback), bootstrapped through a FileStore directory
 // (tests/support/forked_world.h). Also: the ZeRO
 // stages' memory saving by the allocator's own accounting, and the layout's bad input.
 //
 // The parent process never computes: OpenMP and OpenBLAS thread pools do not survive fork(), so
-// the single-device reference runs in a forked child too, and the parent only compares files.
+// the one-rank reference runs in a forked child too, and the parent only compares files.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -26,7 +27,7 @@
 #include "tests/support/forked_world.h"
 #include "worker/model/data/sampler.h"
 #include "worker/model/data/synthetic_corpus.h"
-#include "worker/model/gpt.h"
+#include "worker/model/one_rank_gpt.h"
 #include "worker/model/sharded_gpt.h"
 
 namespace shardline::model {
@@ -42,7 +43,7 @@ constexpr float kLearningRate = 1e-3f;
 
 // Tolerances, fp32: tensor parallelism splits the inner sums of the row-parallel GEMMs and the
 // cross-entropy's, pipeline and data parallelism the batch's, so results differ from the
-// single-device run by rounding only. Losses: relative 1e-5. Parameters after 5 AdamW steps: an
+// one-rank run by rounding only. Losses: relative 1e-5. Parameters after 5 AdamW steps: an
 // element whose gradient is at rounding-noise level can move by up to the learning rate either
 // way (Adam normalises the step), so parameters are compared with an absolute tolerance of
 // 1e-5 = lr/100 and we also require that almost all (99.9%) agree to 1e-6.
@@ -143,24 +144,26 @@ std::vector<float> ReadFloats(const std::string& path) {
   return values;
 }
 
-// Child: the single-device run. Writes the losses, then every parameter in ParamLayout order.
+// Child: the one-rank run, the whole global batch in one micro-batch. Writes the losses, then
+// every parameter in ParamLayout order.
 int RunReference(const std::string& dir, bool tied, int layers) {
   kernels::CpuAllocator allocator;
-  auto gpt = GptModel::Create(Config(tied, layers), allocator);
-  if (!gpt.ok()) return 2;
-  (*gpt)->InitGpt2(kSeed);
+  kernels::cpu::CpuBackend backend(allocator);
+  auto gpt = OneRankGpt::Create(
+      {.config = Config(tied, layers), .batch = kGlobalBatch, .seq_len = kSeqLen, .adamw = Adam()},
+      backend);
+  if (!gpt.ok() || !(*gpt)->InitGpt2(kSeed).ok()) return 2;
   data::Sampler sampler = MakeSampler();
   std::vector<float> out;
-  AdamWOptions adam = Adam();
-  adam.adamw.learning_rate = kLearningRate;
   for (int step = 1; step <= kSteps; ++step) {
     const data::Batch batch = sampler.GlobalBatch(step - 1);
-    (*gpt)->ZeroGrad();
-    auto loss = (*gpt)->Forward(batch.inputs, batch.targets, kGlobalBatch, kSeqLen);
-    if (!loss.ok() || !(*gpt)->Backward().ok() || !(*gpt)->AdamWStep(adam, step).ok()) return 3;
-    out.push_back(*loss);
+    auto stats = (*gpt)->Step(batch.inputs, batch.targets, step, kLearningRate);
+    if (!stats.ok()) return 3;
+    out.push_back(stats->loss);
   }
-  out.insert(out.end(), (*gpt)->params().begin(), (*gpt)->params().end());
+  auto params = (*gpt)->Params();
+  if (!params.ok()) return 4;
+  out.insert(out.end(), params->values().begin(), params->values().end());
   WriteFloats(dir + "/reference.bin", out);
   return 0;
 }
@@ -232,7 +235,7 @@ void RunWorld(const std::string& dir, const Case& c) {
   ASSERT_TRUE(result.ok()) << c.Name() << ": " << result.Describe();
 }
 
-// The single-device reference, in a child of its own.
+// The one-rank reference, in a child of its own.
 void RunReferenceChild(const std::string& dir, bool tied, int layers) {
   auto grid = placement::RankGrid::Create(1, 1, 1);
   ASSERT_TRUE(grid.ok());

@@ -67,7 +67,11 @@ def main(directory):
         x = x + m @ p(h + "fc_proj.w").T + p(h + "fc_proj.b")
     head = params.get("lm_head.w", p("wte"))
     logits = ln(x, "lnf") @ head.T  # (B,T,V)
-    loss = F.cross_entropy(logits.reshape(-1, V), targets.reshape(-1), ignore_index=-1)
+    # Shardline's loss: the mean over every position of the batch, an ignored one (target -1)
+    # counting 0 (worker/model/sharded_gpt.cc). Without ignored targets it is F.cross_entropy's
+    # default mean.
+    loss = F.cross_entropy(logits.reshape(-1, V), targets.reshape(-1), ignore_index=-1,
+                           reduction="sum") / targets.numel()
     loss.backward()
 
     logits.detach().numpy().astype("<f4").tofile(os.path.join(directory, "logits.bin"))

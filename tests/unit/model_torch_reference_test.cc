@@ -1,5 +1,7 @@
-// The GPT against PyTorch: same weights, same tokens → same logits, loss and gradients of every
-// parameter tensor. The test writes the model to a temp dir, runs
+// The engine against PyTorch: same weights, same tokens → same logits (the training forward's
+// layers, tests/support/whole_forward.h), loss and gradients of every parameter tensor (a step of
+// the engine on one rank, OneRankGpt, which tests/unit/model_sharded_test.cc compares every
+// sharded plan with). The test writes the model to a temp dir, runs
 // tests/unit/model_torch_reference.py with /usr/bin/python3 (Debian's python3-torch), and compares
 // with what it writes back. The reference runs in float64, so the differences are our f32 error.
 //
@@ -23,8 +25,11 @@
 
 #include "gtest/gtest.h"
 #include "kernels/allocator.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "nlohmann/json.hpp"
-#include "worker/model/gpt.h"
+#include "tests/support/whole_forward.h"
+#include "worker/model/model_params.h"
+#include "worker/model/one_rank_gpt.h"
 
 namespace shardline::model {
 namespace {
@@ -100,22 +105,35 @@ TEST_P(TorchReferenceTest, LogitsLossAndGradientsMatch) {
   config.tied_embeddings = tied;
   constexpr int B = 3, T = 16;
 
-  kernels::CpuAllocator allocator;
-  auto model = GptModel::Create(config, allocator).value();
-  model->InitGpt2(21);
+  ModelParams model = ModelParams::Gpt2Init(config, 21).value();
   // GPT-2's init on top of noise: larger activations and gradients, so a mismatch shows.
   std::mt19937 rng(22);
   std::normal_distribution<float> noise(0.0f, 0.1f);
-  for (float& p : model->params()) p += noise(rng);
+  for (float& p : model.values()) p += noise(rng);
   std::uniform_int_distribution<int32_t> token(0, config.vocab - 1);
   std::vector<int32_t> tokens(B * T), targets(B * T);
   for (int32_t& t : tokens) t = token(rng);
   for (int32_t& t : targets) t = token(rng);
   targets[7] = -1;  // ignored by both (torch: ignore_index=-1)
 
-  model->ZeroGrad();
-  const float loss = model->Forward(tokens, targets, B, T).value();
-  ASSERT_TRUE(model->Backward().ok());
+  // One step at learning rate 0: its loss is the forward's at these weights, and with β₁ = 0 and
+  // no clipping AdamW's first moment is the step's gradient.
+  kernels::CpuAllocator allocator;
+  kernels::cpu::CpuBackend backend(allocator);
+  OneRankOptions options{.config = config, .batch = B, .seq_len = T};
+  options.adamw.adamw.beta1 = 0.0f;
+  options.adamw.max_grad_norm = 0.0;
+  auto engine = OneRankGpt::Create(options, backend);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  ASSERT_TRUE((*engine)->Load(model).ok());
+  auto stats = (*engine)->Step(tokens, targets, 1, 0.0f);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  const float loss = stats->loss;
+  auto state = (*engine)->TrainingState();
+  ASSERT_TRUE(state.ok()) << state.status();
+  const std::span<const float> grads = state->exp_avg.values();
+  auto forward = testing::WholeForwardLogits(model, backend, tokens, B, T);
+  ASSERT_TRUE(forward.ok()) << forward.status();
 
   const std::string dir = MakeTempDir();
   ASSERT_FALSE(dir.empty()) << "mkdtemp under " << ::testing::TempDir();
@@ -126,11 +144,11 @@ TEST_P(TorchReferenceTest, LogitsLossAndGradientsMatch) {
                     {"tied_embeddings", config.tied_embeddings}};
   spec["batch"] = B;
   spec["seq_len"] = T;
-  for (const ParamTensorInfo& t : model->NamedTensors()) {
+  for (const ParamTensorInfo& t : model.layout().tensors()) {
     spec["tensors"].push_back({{"name", t.name}, {"offset", t.offset}, {"shape", t.shape}});
   }
   std::ofstream(dir + "/model.json") << spec.dump(1);
-  WriteRaw<float>(dir + "/params.bin", model->params());
+  WriteRaw<float>(dir + "/params.bin", model.values());
   WriteRaw<int32_t>(dir + "/tokens.bin", tokens);
   WriteRaw<int32_t>(dir + "/targets.bin", targets);
 
@@ -150,7 +168,7 @@ TEST_P(TorchReferenceTest, LogitsLossAndGradientsMatch) {
   RecordProperty("loss_rel_error", Sci(std::fabs(loss - torch_loss) / torch_loss));
 
   // Logits.
-  const std::span<const float> logits = model->Logits();
+  const std::span<const float> logits = *forward;
   const std::vector<float> torch_logits = ReadFloats(dir + "/logits.bin", logits.size());
   double worst_logit = 0;
   for (size_t i = 0; i < logits.size(); ++i) {
@@ -160,9 +178,9 @@ TEST_P(TorchReferenceTest, LogitsLossAndGradientsMatch) {
   RecordProperty("logits_abs_error", Sci(worst_logit));
 
   // Gradients of every tensor, each against its own scale.
-  const std::vector<float> torch_grads = ReadFloats(dir + "/grads.bin", model->grads().size());
+  const std::vector<float> torch_grads = ReadFloats(dir + "/grads.bin", grads.size());
   double worst_grad = 0;
-  for (const ParamTensorInfo& t : model->NamedTensors()) {
+  for (const ParamTensorInfo& t : model.layout().tensors()) {
     double scale = 0;
     for (int64_t i = 0; i < t.numel; ++i) {
       scale = std::max(scale, std::fabs(double(torch_grads[t.offset + i])));
@@ -170,8 +188,7 @@ TEST_P(TorchReferenceTest, LogitsLossAndGradientsMatch) {
     ASSERT_GT(scale, 0.0) << t.name << " has an all-zero reference gradient";
     double worst = 0;
     for (int64_t i = 0; i < t.numel; ++i) {
-      worst = std::max(worst, std::fabs(double(model->grads()[t.offset + i]) -
-                                        torch_grads[t.offset + i]));
+      worst = std::max(worst, std::fabs(double(grads[t.offset + i]) - torch_grads[t.offset + i]));
     }
     EXPECT_LE(worst, kGradRtol * scale) << t.name << ": max |grad| " << scale;
     worst_grad = std::max(worst_grad, worst / scale);

@@ -63,10 +63,9 @@ class ServingBatchingEngineTest : public ::testing::Test {
   void SetUp() override {
     model::ModelConfig config{
         .layers = 2, .heads = 2, .d_model = 16, .vocab = 40, .max_seq_len = 32};
-    auto gpt = model::GptModel::Create(config, allocator_);
+    auto gpt = model::ModelParams::Gpt2Init(config, 11);
     ASSERT_TRUE(gpt.ok()) << gpt.status();
-    gpt_ = std::move(*gpt);
-    gpt_->InitGpt2(11);
+    gpt_ = std::make_unique<model::ModelParams>(std::move(*gpt));
   }
 
   std::vector<int32_t> Reference(const GenerationRequest& r) {
@@ -74,7 +73,7 @@ class ServingBatchingEngineTest : public ::testing::Test {
     options.max_new_tokens = r.max_tokens;
     options.sampling = {
         .temperature = r.temperature, .top_k = r.top_k, .top_p = r.top_p, .seed = r.seed};
-    auto tokens = model::Generate(*gpt_, r.prompt, options);
+    auto tokens = model::Generate(model::InferenceWeights::Of(*gpt_), backend_, r.prompt, options);
     EXPECT_TRUE(tokens.ok()) << tokens.status();
     return tokens.value_or(std::vector<int32_t>{});
   }
@@ -87,29 +86,31 @@ class ServingBatchingEngineTest : public ::testing::Test {
 
   kernels::CpuAllocator allocator_;
   kernels::cpu::CpuBackend backend_{allocator_};
-  std::unique_ptr<model::GptModel> gpt_;
+  std::unique_ptr<model::ModelParams> gpt_;
 };
 
 TEST_F(ServingBatchingEngineTest, GenerateStreamingGivesGeneratesTokensAndStopsWhenAsked) {
   const std::vector<int32_t> prompt = {1, 2, 3};
   model::GenerateOptions options;
   options.max_new_tokens = 8;
-  auto whole = model::Generate(*gpt_, prompt, options);
+  auto whole = model::Generate(model::InferenceWeights::Of(*gpt_), backend_, prompt, options);
   ASSERT_TRUE(whole.ok());
   std::vector<int32_t> streamed;
-  auto count = model::GenerateStreaming(*gpt_, prompt, options, [&](int32_t t) {
-    streamed.push_back(t);
-    return streamed.size() < 3;
-  });
+  auto count = model::GenerateStreaming(model::InferenceWeights::Of(*gpt_), backend_, prompt,
+                                        options, [&](int32_t t) {
+                                          streamed.push_back(t);
+                                          return streamed.size() < 3;
+                                        });
   ASSERT_TRUE(count.ok());
   EXPECT_EQ(*count, 3);
   EXPECT_EQ(streamed, std::vector<int32_t>(whole->begin(), whole->begin() + 3));
   options.use_kv_cache = false;
   streamed.clear();
-  count = model::GenerateStreaming(*gpt_, prompt, options, [&](int32_t t) {
-    streamed.push_back(t);
-    return true;
-  });
+  count = model::GenerateStreaming(model::InferenceWeights::Of(*gpt_), backend_, prompt, options,
+                                   [&](int32_t t) {
+                                     streamed.push_back(t);
+                                     return true;
+                                   });
   ASSERT_TRUE(count.ok());
   EXPECT_EQ(streamed, *whole);
 }

@@ -26,8 +26,8 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "placement/parallel_layout.h"
 #include "tests/support/forked_world.h"
-#include "worker/model/gpt.h"
 #include "worker/model/inference.h"
+#include "worker/model/model_params.h"
 #include "worker/model/paged_inference.h"
 #include "worker/model/shard_layout.h"
 #include "worker/model/vocab_parallel_sampling.h"
@@ -51,15 +51,14 @@ model::ModelConfig Config() {
       .layers = 2, .heads = 6, .d_model = 24, .d_ff = 48, .vocab = 41, .max_seq_len = 32};
 }
 
-std::unique_ptr<model::GptModel> Model(kernels::Allocator& allocator) {
-  auto gpt = model::GptModel::Create(Config(), allocator);
+std::unique_ptr<model::ModelParams> Model() {
+  auto gpt = model::ModelParams::Gpt2Init(Config(), 21);
   if (!gpt.ok()) return nullptr;
-  (*gpt)->InitGpt2(21);
   // A hotter init than GPT-2's, so logits and attention vary enough to show a wrong shard.
   std::mt19937 rng(5);
   std::normal_distribution<float> noise(0.0f, 0.3f);
-  for (float& p : (*gpt)->params()) p += noise(rng);
-  return std::move(*gpt);
+  for (float& p : gpt->values()) p += noise(rng);
+  return std::make_unique<model::ModelParams>(std::move(*gpt));
 }
 
 void RunWorld(int tp, int pp, const testing::RankBody& body, std::chrono::seconds deadline) {
@@ -79,7 +78,7 @@ ServingGroups GroupsOf(const model::ShardedGroups& g) {
 bool IsLeader(const model::ShardedGroups& g) { return g.world == nullptr || g.world->rank() == 0; }
 
 // This rank's part of Model(): its tensor-parallel index and pipeline stage.
-absl::StatusOr<std::unique_ptr<model::ShardWeights>> Shard(const model::GptModel& gpt, int tp,
+absl::StatusOr<std::unique_ptr<model::ShardWeights>> Shard(const model::ModelParams& gpt, int tp,
                                                            int pp,
                                                            const placement::RankCoords& coords,
                                                            kernels::Allocator& allocator) {
@@ -156,11 +155,12 @@ TEST_P(ServingShardedTest, ShardLogitsAreTheWholeModels) {
       [&](int, const placement::RankCoords& coords, const model::ShardedGroups& groups) {
         kernels::CpuAllocator allocator;
         kernels::cpu::CpuBackend backend(allocator);
-        auto gpt = Model(allocator);
+        auto gpt = Model();
         CHILD_CHECK(gpt != nullptr, 2);
         auto shard = Shard(*gpt, tp, pp, coords, allocator);
         CHILD_CHECK(shard.ok(), 3);
-        CHILD_CHECK((*shard)->bytes() < gpt->num_params() * 4, 4);  // a part, not the whole
+        CHILD_CHECK((*shard)->bytes() < static_cast<int64_t>(gpt->values().size()) * 4,
+                    4);  // a part, not the whole
         const model::PagedCacheOptions cache{
             .num_blocks = 8, .block_size = 4, .max_tokens_per_step = 16, .max_seqs_per_step = 4};
         auto sharded =
@@ -260,7 +260,7 @@ TEST_P(ServingShardedTest, AnEngineOverTheGroupGivesTheSingleDeviceTokens) {
       [&](int, const placement::RankCoords& coords, const model::ShardedGroups& groups) {
         kernels::CpuAllocator allocator;
         kernels::cpu::CpuBackend backend(allocator);
-        auto gpt = Model(allocator);
+        auto gpt = Model();
         CHILD_CHECK(gpt != nullptr, 2);
         auto shard = Shard(*gpt, tp, pp, coords, allocator);
         CHILD_CHECK(shard.ok(), 3);
@@ -306,7 +306,8 @@ TEST_P(ServingShardedTest, AnEngineOverTheGroupGivesTheSingleDeviceTokens) {
                                 .top_k = requests[i].top_k,
                                 .top_p = requests[i].top_p,
                                 .seed = requests[i].seed};
-          auto want = model::Generate(*gpt, requests[i].prompt, reference);
+          auto want = model::Generate(model::InferenceWeights::Of(*gpt), backend,
+                                      requests[i].prompt, reference);
           CHILD_CHECK(want.ok(), 10);
           if (outcomes[i].tokens != *want) {
             std::fprintf(stderr, "request %zu: the group's tokens differ from Generate's\n", i);
@@ -330,7 +331,7 @@ TEST_P(ServingShardedTest, AFollowerWhoseLeaderDiesReturnsAnError) {
       [&](int, const placement::RankCoords& coords, const model::ShardedGroups& groups) {
         kernels::CpuAllocator allocator;
         kernels::cpu::CpuBackend backend(allocator);
-        auto gpt = Model(allocator);
+        auto gpt = Model();
         CHILD_CHECK(gpt != nullptr, 2);
         auto shard = Shard(*gpt, tp, pp, coords, allocator);
         CHILD_CHECK(shard.ok(), 3);

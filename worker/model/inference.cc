@@ -203,15 +203,4 @@ absl::StatusOr<std::vector<int32_t>> Generate(const InferenceWeights& weights,
   return out;
 }
 
-absl::StatusOr<int> GenerateStreaming(const GptModel& model, std::span<const int32_t> prompt,
-                                      const GenerateOptions& options, const TokenSink& sink) {
-  return GenerateStreaming(InferenceWeights::Of(model), model.backend(), prompt, options, sink);
-}
-
-absl::StatusOr<std::vector<int32_t>> Generate(const GptModel& model,
-                                              std::span<const int32_t> prompt,
-                                              const GenerateOptions& options) {
-  return Generate(InferenceWeights::Of(model), model.backend(), prompt, options);
-}
-
 }  // namespace shardline::model

@@ -13,7 +13,6 @@
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
 #include "kernels/tensor.h"
-#include "worker/model/gpt.h"
 #include "worker/model/paged_inference.h"
 
 namespace shardline::model {
@@ -68,10 +67,6 @@ absl::StatusOr<std::vector<int32_t>> Generate(const InferenceWeights& weights,
                                               kernels::Backend& backend,
                                               std::span<const int32_t> prompt,
                                               const GenerateOptions& options);
-// The same with a single-device model's parameters (the tests' reference model).
-absl::StatusOr<std::vector<int32_t>> Generate(const GptModel& model,
-                                              std::span<const int32_t> prompt,
-                                              const GenerateOptions& options);
 
 // Receives each generated token as soon as it is chosen, before the next one is computed; returns
 // false to stop generating (the token just given still counts as generated).
@@ -82,8 +77,6 @@ using TokenSink = std::function<bool(int32_t token)>;
 // given. The same checks, before any work, and the same tokens as Generate (which is built on it).
 absl::StatusOr<int> GenerateStreaming(const InferenceWeights& weights, kernels::Backend& backend,
                                       std::span<const int32_t> prompt,
-                                      const GenerateOptions& options, const TokenSink& sink);
-absl::StatusOr<int> GenerateStreaming(const GptModel& model, std::span<const int32_t> prompt,
                                       const GenerateOptions& options, const TokenSink& sink);
 
 }  // namespace shardline::model

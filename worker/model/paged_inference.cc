@@ -11,7 +11,7 @@ namespace shardline::model {
 namespace cpu = kernels::cpu;
 using enum TensorRole;
 
-InferenceWeights InferenceWeights::Of(const GptModel& model) {
+InferenceWeights InferenceWeights::Of(const ModelParams& model) {
   const ModelConfig& c = model.config();
   InferenceWeights w;
   w.config = c;
@@ -19,8 +19,8 @@ InferenceWeights InferenceWeights::Of(const GptModel& model) {
   w.ff = c.ff();
   w.vocab_end = c.vocab;
   w.last_layer = c.layers;
-  for (int l = 0; l < c.layers; ++l) w.blocks.push_back(model.BlockParamsView(l));
-  const OuterParams outer = model.OuterParamsView();
+  for (int l = 0; l < c.layers; ++l) w.blocks.push_back(model.Block(l));
+  const OuterParams outer = model.Outer();
   w.wte = outer.wte;
   w.wpe = outer.wpe;
   w.lnf_w = outer.lnf_w;
@@ -93,7 +93,7 @@ absl::StatusOr<std::unique_ptr<ShardWeights>> ShardWeights::Load(const ModelConf
   return shard;
 }
 
-BoxReader ModelBoxReader(const GptModel& model) {
+BoxReader ModelBoxReader(const ModelParams& model) {
   return [&model](const std::string& name, const std::vector<int64_t>& offsets,
                   const std::vector<int64_t>& shape) -> absl::StatusOr<std::vector<float>> {
     // The global view of checkpoint boxes is the tensor's own row-major memory (qkv.w viewed as
@@ -120,7 +120,7 @@ BoxReader ModelBoxReader(const GptModel& model) {
       }
       numel *= shape[d];
     }
-    ASSIGN_OR_RETURN(std::span<const float> values, const_cast<GptModel&>(model).Param(name));
+    ASSIGN_OR_RETURN(std::span<const float> values, model.Tensor(name));
     std::vector<float> out;
     out.reserve(numel);
     // Row by row of the innermost dimension: `index` walks the box's outer dimensions.

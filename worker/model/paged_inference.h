@@ -41,14 +41,14 @@
 #include "kernels/cpu/blas.h"
 #include "kernels/tensor.h"
 #include "worker/comm/communicator.h"
-#include "worker/model/gpt.h"
 #include "worker/model/gpt_block.h"
+#include "worker/model/model_params.h"
 #include "worker/model/shard_layout.h"
 #include "worker/model/sharded_gpt.h"
 
 namespace shardline::model {
 
-// The parameters one rank computes with, as pointers: into a GptModel (the whole model), or into
+// The parameters one rank computes with, as pointers: into a ModelParams (the whole model), or into
 // a ShardWeights' buffer (one tensor-parallel rank's part). They must outlive their users.
 struct InferenceWeights {
   ModelConfig config;
@@ -70,7 +70,7 @@ struct InferenceWeights {
   bool last_stage() const { return stage == pp_size - 1; }
 
   // The whole model (tp 1), sharing its parameters.
-  static InferenceWeights Of(const GptModel& model);
+  static InferenceWeights Of(const ModelParams& model);
 };
 
 // The layers [first, last) of pipeline stage `stage` of `pp` for inference: as even as they go,
@@ -100,7 +100,7 @@ class ShardWeights {
 
 // A BoxReader over a whole model's parameters (the global view of checkpoint boxes), for loading
 // ShardWeights from a model in memory.
-BoxReader ModelBoxReader(const GptModel& model);
+BoxReader ModelBoxReader(const ModelParams& model);
 
 struct PagedCacheOptions {
   int num_blocks = 0;           // cache blocks (each block_size positions of every layer)

@@ -375,7 +375,7 @@ HeadWeights ShardedGpt::HeadWeightsOf(const float* lnf, const float* head) const
 // ---- parameter values ----
 
 absl::Status ShardedGpt::InitGpt2(uint64_t seed) {
-  // Exactly GptModel::InitGpt2, element by global index.
+  // Exactly FillGpt2Init's values (ModelParams::Gpt2Init), element by global index.
   for (const ShardTensor& t : layout_.tensors()) {
     const TensorInit init = TensorInit::Of(t.name, t.init, options_.config.layers);
     std::vector<float> values(static_cast<size_t>(t.numel));
@@ -772,6 +772,16 @@ absl::StatusOr<StepStats> ShardedGpt::TrainStep(const MicroBatchSource& source, 
           cpu::ValidateTokens(tokens.data(), static_cast<int64_t>(tokens.size()),
                               options_.config.vocab),
           absl::StrCat("micro-batch ", i, " tokens")));
+    }
+    if (HoldsHead(chunk)) {
+      // The vocab-parallel loss would read a target past the vocabulary as another rank's column.
+      for (size_t n = 0; n < targets.size(); ++n) {
+        if (targets[n] >= options_.config.vocab) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "micro-batch ", i, " targets: target ", targets[n], " at position ", n,
+              " is outside the vocabulary [0, ", options_.config.vocab, ") (negative: ignored)"));
+        }
+      }
     }
     return Forward(SlotFor(i, chunk), tokens, targets, loss_sum);
   };

@@ -1,7 +1,8 @@
 // ShardedGpt: one rank's part of a GPT trained with tensor, pipeline and data parallelism and
-// ZeRO — the engine a training actor runs. Its results equal the single-device GptModel's (same
-// initial values, same global batch, same loss, same update) up to the order of floating-point
-// sums.
+// ZeRO — the one engine every training path runs (a cluster actor, `shardline train` and
+// OneRankGpt at tp = pp = dp = 1). On any plan its results equal the one-rank run's (same initial
+// values, same global batch, same loss, same update) up to the order of floating-point sums; the
+// one-rank run is checked against PyTorch (tests/unit/model_torch_reference_test.cc).
 //
 // Per training step (TrainStep):
 //   * the rank's data-parallel share of the global batch is cut into micro-batches and run
@@ -52,9 +53,9 @@
 #include "worker/comm/shared_host_memory.h"
 #include "worker/model/data_parallel.h"
 #include "worker/model/embedding_head.h"
-#include "worker/model/gpt.h"
 #include "worker/model/shard_layout.h"
 #include "worker/model/state_piece.h"
+#include "worker/model/training_recipe.h"
 
 namespace shardline::model {
 
@@ -130,7 +131,7 @@ class ShardedGpt {
   // ZeRO 0-1; activations and backward scratch over a shared-memory tensor-parallel group).
   int64_t shared_bytes() const;
 
-  // GptModel::InitGpt2's values, each rank drawing exactly the elements of its boxes (the draws
+  // ModelParams::Gpt2Init's values, each rank drawing exactly the elements of its boxes (the draws
   // are indexed by global element, see counter_rng.h). Clears the optimizer state.
   absl::Status InitGpt2(uint64_t seed);
   // Loads the parameters and, `with_moments`, both AdamW moments (StateTensorName) by boxes from

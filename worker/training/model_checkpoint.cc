@@ -22,8 +22,8 @@ namespace fs = std::filesystem;
 
 }  // namespace
 
-absl::Status SaveModel(const model::GptModel& model, const std::string& path) {
-  return SaveModel(model.config(), model.params(), path);
+absl::Status SaveModel(const model::ModelParams& model, const std::string& path) {
+  return SaveModel(model.config(), model.values(), path);
 }
 
 absl::Status SaveModel(const model::ModelConfig& config, std::span<const float> params,
@@ -46,17 +46,15 @@ absl::Status SaveModel(const model::ModelConfig& config, std::span<const float> 
   return checkpoint::WriteGpt2Checkpoint(path, weights);
 }
 
-absl::StatusOr<std::unique_ptr<model::GptModel>> LoadModel(const std::string& path,
-                                                           kernels::Allocator& allocator,
-                                                           int hf_heads) {
+absl::StatusOr<model::ModelParams> LoadModel(const std::string& path, int hf_heads) {
   ASSIGN_OR_RETURN(const std::string file, checkpoint::ResolveCheckpoint(path));
   if (checkpoint::IsManifestPath(file)) {
     // Gathered box by box through the same reader a sharded trainer uses, so that a model loaded
     // here and one assembled from the ranks' boxes cannot disagree.
     ASSIGN_OR_RETURN(const CheckpointSource source, CheckpointSource::Open(file));
-    ASSIGN_OR_RETURN(auto gpt, model::GptModel::Create(source.config(), allocator));
-    auto params = gpt->params();
-    for (const auto& info : gpt->NamedTensors()) {
+    ASSIGN_OR_RETURN(model::ModelParams gpt, model::ModelParams::Zeros(source.config()));
+    const std::span<float> params = gpt.values();
+    for (const auto& info : gpt.layout().tensors()) {
       ASSIGN_OR_RETURN(const std::vector<int64_t> shape, source.BoxShape(info.name));
       const std::vector<int64_t> zeros(shape.size(), 0);
       // (3, C, C) of qkv is (3C, C) in the model: the same bytes, so a flat copy.
@@ -81,9 +79,9 @@ absl::StatusOr<std::unique_ptr<model::GptModel>> LoadModel(const std::string& pa
   }
   const model::ModelConfig& config = weights.config;
   RETURN_IF_ERROR(Annotate(config.EngineSupports(), absl::StrCat("checkpoint ", file)));
-  ASSIGN_OR_RETURN(auto gpt, model::GptModel::Create(config, allocator));
-  auto params = gpt->params();
-  for (const auto& info : gpt->NamedTensors()) {
+  ASSIGN_OR_RETURN(model::ModelParams gpt, model::ModelParams::Zeros(config));
+  const std::span<float> params = gpt.values();
+  for (const auto& info : gpt.layout().tensors()) {
     auto it = weights.tensors.find(info.name);
     if (it == weights.tensors.end()) {
       return absl::InvalidArgumentError(file + ": tensor " + info.name + " is missing");

@@ -1,7 +1,8 @@
-// Saving and loading a GptModel as a safetensors checkpoint (our format, Hugging Face GPT-2 files,
-// and the sharded checkpoints of a sharded job, docs/checkpoint-format.md), finding the newest
-// checkpoint in a training run's folder, and reading any box of a tensor from any of them (what a
-// sharded trainer loads its own shard with, whatever plan wrote the checkpoint).
+// Saving and loading a whole model's parameters (ModelParams) as a safetensors checkpoint (our
+// format, Hugging Face GPT-2 files, and the sharded checkpoints of a sharded job,
+// docs/checkpoint-format.md), finding the newest checkpoint in a training run's folder, and reading
+// any box of a tensor from any of them (what a sharded trainer loads its own shard with, whatever
+// plan wrote the checkpoint).
 #pragma once
 
 #include <cstdint>
@@ -18,17 +19,17 @@
 #include "checkpoint/sharded_reader.h"
 #include "kernels/allocator.h"
 #include "model/tensor_table.h"
-#include "worker/model/gpt.h"
+#include "worker/model/model_params.h"
 
 namespace shardline::training {
 
 // Writes every parameter of `model` to `path` (atomically), untied output head included.
-absl::Status SaveModel(const model::GptModel& model, const std::string& path);
+absl::Status SaveModel(const model::ModelParams& model, const std::string& path);
 // The same from a model's parameters in ParamLayout(config) order, wherever the model computes.
 absl::Status SaveModel(const model::ModelConfig& config, std::span<const float> params,
                        const std::string& path);
 
-// Loads, into a single-device model:
+// Loads a whole model's parameters from:
 //   - a checkpoint written by SaveModel;
 //   - a Hugging Face GPT-2 safetensors file (recognised by its tensor names; its head count is
 //     not stored, so `hf_heads` gives it);
@@ -39,9 +40,7 @@ absl::Status SaveModel(const model::ModelConfig& config, std::span<const float> 
 // shapes of model::TensorRow::sharded_shape; other tensors (optimizer state, say) are ignored
 // unless they are named like a parameter the config does not have. Errors name the file and the
 // tensor.
-absl::StatusOr<std::unique_ptr<model::GptModel>> LoadModel(const std::string& path,
-                                                           kernels::Allocator& allocator,
-                                                           int hf_heads = 12);
+absl::StatusOr<model::ModelParams> LoadModel(const std::string& path, int hf_heads = 12);
 
 enum class CheckpointKind {
   kSingleFile,   // our format, one safetensors file

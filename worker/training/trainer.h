@@ -16,7 +16,7 @@
 #include "model/model_config.h"
 #include "placement/train_spec.h"
 #include "worker/model/data/text_dataset.h"
-#include "worker/model/trainable_gpt.h"
+#include "worker/model/training_recipe.h"
 
 namespace shardline::training {
 

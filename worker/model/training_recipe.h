@@ -1,7 +1,6 @@
-// What training a GPT needs besides the model: AdamW's options (the clip norm and which tensors
-// decay), GPT-2's initialisation of a ParamLayout buffer, and the single-device model's state
-// checks and mean loss. Training itself runs the one engine (worker/model/sharded_gpt.h) on any
-// backend; GptModel (gpt.h), the tests' single-device reference, uses the rest.
+// What training a GPT takes besides the engine: AdamW's options (the clip norm and which tensors
+// decay) and GPT-2's initialisation of a ParamLayout buffer. Both are the engine's on every plan
+// (ShardedGpt takes the options, draws the initialisation by global element).
 #pragma once
 
 #include <cstdint>
@@ -35,17 +34,5 @@ struct AdamWOptions {
 // (attn_proj.w, fc_proj.w) scaled by 1/√(2·layers), LayerNorm weights 1, biases and LayerNorm
 // biases 0.
 void FillGpt2Init(const ParamLayout& layout, int layers, uint64_t seed, std::span<float> params);
-
-// GptModel::LoadState's argument check: `params` has `num_params` values and the
-// moments either both as many or both none. InvalidArgument prefixed by `where`.
-absl::Status CheckStateSizes(int64_t num_params, std::span<const float> params,
-                             std::span<const float> exp_avg, std::span<const float> exp_avg_sq,
-                             const char* where);
-
-// The mean of losses[n] over the positions whose target is not negative (0 when none is), summed
-// in double so the loss does not depend on how many rows round the same way; writes dlosses[n],
-// the gradient of that mean (1/count, or 0 for an ignored position).
-float MeanLoss(std::span<const float> losses, std::span<const int32_t> targets,
-               std::span<float> dlosses);
 
 }  // namespace shardline::model
