@@ -194,6 +194,8 @@ def main():
     for impl in ("shardline", "pytorch"):
         res = best[impl]
         total = res["step_s"]
+        if not res["phases"]:  # Shardline's engine times its step whole (--kernels splits it)
+            continue
         parts = "  ".join(f"{k} {v:.3f}s ({100 * v / total:.0f}%)" for k, v in res["phases"].items())
         print(f"phases {impl}: {parts}")
     return 0
