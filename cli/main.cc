@@ -250,6 +250,9 @@ int Main(int argc, char** argv) {
                            "or one of those files; default: the checkpoint folder's, else bytes");
   generate_cmd->add_flag("--no-kv-cache", generate_options.no_kv_cache,
                          "Recompute the whole sequence for every token (reference path)");
+  generate_cmd
+      ->add_option("--device", generate_options.device, "cpu, cuda or cuda:N (fp32 on either)")
+      ->capture_default_str();
   generate_cmd->add_option("--log-level", log_level);
 
   ServeOptions serve_options;

@@ -224,7 +224,7 @@ int Serve(const ServeOptions& options) {
   kernels::CpuAllocator allocator;
   kernels::cpu::CpuBackend backend(allocator);
   auto weights =
-      serving::LoadServingShard(*source, options.tp, options.pp, grid.Coords(0), allocator);
+      serving::LoadServingShard(*source, options.tp, options.pp, grid.Coords(0), backend);
   if (!weights.ok()) {
     std::cerr << "error: " << weights.status().message() << "\n";
     return 1;
@@ -301,7 +301,7 @@ int ServeRank(const ServeRankOptions& options) {
   }
   kernels::CpuAllocator allocator;
   kernels::cpu::CpuBackend backend(allocator);
-  auto weights = serving::LoadServingShard(*source, options.tp, options.pp, coords, allocator);
+  auto weights = serving::LoadServingShard(*source, options.tp, options.pp, coords, backend);
   if (!weights.ok()) {
     std::cerr << "error: " << who << weights.status().message() << "\n";
     return 1;

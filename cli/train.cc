@@ -8,7 +8,7 @@
 #include "cli/commands.h"
 #include "common/status_macros.h"
 #include "kernels/allocator.h"
-#include "kernels/cpu/cpu_backend.h"
+#include "kernels/backend.h"
 #include "placement/train_spec.h"
 #include "worker/model/data/tokenizer.h"
 #include "worker/model/inference.h"
@@ -122,6 +122,23 @@ int Train(const TrainOptions& options) {
 }
 
 int Generate(const GenerateCommandOptions& options) {
+  // The device first: a wrong --device fails before anything is read. One rule for device names
+  // (the train spec's); generate computes in fp32 on either device.
+  placement::TrainSpec device;
+  if (const absl::Status s = placement::SetTrainDevice(options.device, device); !s.ok()) {
+    std::cerr << "error: --device: " << s.message() << "\n";
+    return 2;
+  }
+  kernels::CpuAllocator allocator;
+  auto backend = kernels::CreateBackend(kernels::BackendOptions{
+      .device = device.device == placement::TrainDevice::kCuda ? kernels::Device::kCuda
+                                                               : kernels::Device::kCpu,
+      .device_index = device.device_index,
+      .cpu_allocator = &allocator});
+  if (!backend.ok()) {
+    std::cerr << "error: --device " << options.device << ": " << backend.status().message() << "\n";
+    return 1;
+  }
   auto path = checkpoint::ResolveCheckpoint(options.checkpoint);
   if (!path.ok()) {
     std::cerr << "error: " << path.status().message() << "\n";
@@ -142,9 +159,7 @@ int Generate(const GenerateCommandOptions& options) {
     std::cerr << "error: " << source.status().message() << "\n";
     return 1;
   }
-  kernels::CpuAllocator allocator;
-  kernels::cpu::CpuBackend backend(allocator);
-  auto weights = serving::LoadServingShard(*source, 1, 1, placement::RankCoords{}, allocator);
+  auto weights = serving::LoadServingShard(*source, 1, 1, placement::RankCoords{}, **backend);
   if (!weights.ok()) {
     std::cerr << "error: " << weights.status().message() << "\n";
     return 1;
@@ -163,7 +178,7 @@ int Generate(const GenerateCommandOptions& options) {
   generate.sampling.top_k = options.top_k;
   generate.sampling.seed = options.seed;
   generate.use_kv_cache = !options.no_kv_cache;
-  auto tokens = model::Generate((*weights)->weights(), backend, prompt, generate);
+  auto tokens = model::Generate((*weights)->weights(), **backend, prompt, generate);
   if (!tokens.ok()) {
     std::cerr << "error: " << tokens.status().message() << "\n";
     return 1;

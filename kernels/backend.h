@@ -25,6 +25,7 @@
 #include "kernels/allocator.h"
 #include "kernels/cpu/optimizer.h"
 #include "kernels/device.h"
+#include "kernels/paged_attention_batch.h"
 
 namespace shardline::kernels {
 
@@ -98,6 +99,16 @@ class Backend {
   virtual absl::Status AttentionBackward(float* dqkv, const float* dout, const float* qkv,
                                          const float* out, const float* lse, int B, int T, int NH,
                                          int HS) = 0;
+
+  // ---- attention over a paged KV cache (inference; kernels/cpu/paged_attention.h) ----
+  // Writes each token's key and value from qkv (N,3,NH,HS) into its cache slot, then (the second)
+  // each token's query attends its own sequence's cached positions 0..pos: out (N,NH,HS). The
+  // batch's arrays are in the backend's memory.
+  virtual absl::Status PagedKvWrite(float* k_cache, float* v_cache, const float* qkv,
+                                    const PagedAttentionBatch& batch, int NH, int HS) = 0;
+  virtual absl::Status PagedAttention(float* out, const float* qkv, const float* k_cache,
+                                      const float* v_cache, const PagedAttentionBatch& batch,
+                                      int NH, int HS) = 0;
 
   // ---- embeddings ----
   // out (N,C) = the rows [v0, v1) of the vocabulary that `tokens` name (zero for the others: the

@@ -6,8 +6,8 @@
 # at one rank), the GPU kernel benchmarks, one training step of GPT-2 small and medium, the engine
 # against PyTorch eager on the same GPU (tokens/s and MFU, bench/train_step_compare.py --device
 # cuda), and `shardline train --device cuda` on examples/gpt-tiny.yaml followed by `shardline
-# generate` from its checkpoint (generation runs on the CPU: the paged KV-cache attention has no
-# CUDA kernel yet).
+# generate` from its checkpoint on the GPU and on the CPU (the greedy text must be the same; the
+# paged KV-cache forward against the CPU's is InferenceOnCudaTest in model_engine_cuda_test).
 #
 # Two ways to get the binaries:
 #   scripts/gpu-check.sh [BUILD_DIR]        builds with CUDA (Release) into BUILD_DIR (default
@@ -119,14 +119,23 @@ for shape in small medium; do
   sed -n '/^config /,/^(best/p' "$out_dir/train_step_compare_$shape.log" | sed 's/^/   /'
 done
 
-# `shardline train` on the GPU as a user runs it, then text from its checkpoint (on the CPU).
+# `shardline train` on the GPU as a user runs it, then greedy text from its checkpoint on the GPU
+# and on the CPU: the same text.
 ckpt=$(mktemp -d /tmp/shardline-gpu-ckpt.XXXXXX)
 step "shardline train --device cuda" "$out_dir/train_cuda.log" timeout 300 \
   "$build_dir/cli/shardline" train examples/gpt-tiny.yaml --device cuda --checkpoint-dir "$ckpt"
 grep -E '^(Training|step .*/300|Final)' "$out_dir/train_cuda.log" | sed 's/^/   /' | tail -n 4
-step "shardline generate (from the GPU's checkpoint)" "$out_dir/generate.log" timeout 120 \
-  "$build_dir/cli/shardline" generate --checkpoint "$ckpt" --prompt "the cat " --max-new-tokens 40
+step "shardline generate --device cuda" "$out_dir/generate.log" timeout 120 \
+  "$build_dir/cli/shardline" generate --checkpoint "$ckpt" --prompt "the cat " --max-new-tokens 40 \
+  --device cuda
 sed 's/^/   /' "$out_dir/generate.log" | head -n 3
+step "shardline generate (cpu)" "$ckpt/generate_cpu.log" timeout 120 \
+  "$build_dir/cli/shardline" generate --checkpoint "$ckpt" --prompt "the cat " --max-new-tokens 40
+if [[ -n "$gpus" ]] && ! cmp -s "$out_dir/generate.log" "$ckpt/generate_cpu.log"; then
+  echo "   the GPU's greedy text differs from the CPU's:"
+  sed 's/^/   cpu: /' "$ckpt/generate_cpu.log" | head -n 3
+  failures+=("generate (cuda != cpu)")
+fi
 
 if [[ ${#failures[@]} -gt 0 ]]; then
   echo "gpu-check: FAILED: ${failures[*]} (logs in $out_dir/)"

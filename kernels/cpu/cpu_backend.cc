@@ -12,6 +12,7 @@
 #include "kernels/cpu/layernorm.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/optimizer.h"
+#include "kernels/cpu/paged_attention.h"
 #include "kernels/cpu/skinny_matmul.h"
 
 namespace shardline::kernels::cpu {
@@ -124,6 +125,19 @@ absl::Status CpuBackend::AttentionBackward(float* dqkv, const float* dout, const
                                            const float* out, const float* lse, int B, int T, int NH,
                                            int HS) {
   cpu::AttentionBackward(dqkv, dout, qkv, out, lse, B, T, NH, HS);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::PagedKvWrite(float* k_cache, float* v_cache, const float* qkv,
+                                      const PagedAttentionBatch& batch, int NH, int HS) {
+  cpu::PagedKvWrite(k_cache, v_cache, qkv, batch, NH, HS);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::PagedAttention(float* out, const float* qkv, const float* k_cache,
+                                        const float* v_cache, const PagedAttentionBatch& batch,
+                                        int NH, int HS) {
+  PagedAttentionForward(out, qkv, k_cache, v_cache, batch, NH, HS);
   return absl::OkStatus();
 }
 

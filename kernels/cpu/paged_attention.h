@@ -18,20 +18,12 @@
 
 #include <cstdint>
 
+#include "kernels/paged_attention_batch.h"
+
 namespace shardline::kernels::cpu {
 
-// One step of a continuously batched forward: N tokens from several sequences, flattened.
-struct PagedAttentionBatch {
-  int num_tokens = 0;                     // N
-  const int32_t* token_seq = nullptr;     // (N): the sequence (row of block_tables) of each token
-  const int32_t* positions = nullptr;     // (N): each token's position in its sequence
-  const int32_t* block_tables = nullptr;  // (num_seqs, max_blocks_per_seq): cache block of each
-                                          // block_size positions of a sequence
-  int num_seqs = 0;
-  int max_blocks_per_seq = 0;
-  int block_size = 0;  // positions per block
-  int num_blocks = 0;  // blocks in the cache (for bounds checks in debug)
-};
+// The step's tokens (kernels/paged_attention_batch.h), its arrays in host memory here.
+using kernels::PagedAttentionBatch;
 
 // One layer's cache: k_cache and v_cache are each (num_blocks, block_size, NH, HS).
 // Writes each token's key and value (from qkv (N,3,NH,HS), the training kernel's layout) into

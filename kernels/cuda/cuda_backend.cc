@@ -148,6 +148,17 @@ absl::Status CudaBackend::AttentionBackward(float* dqkv, const float* dout, cons
   return cuda::AttentionBackward(dqkv, dout, qkv, out, lse, B, T, NH, HS, stream_);
 }
 
+absl::Status CudaBackend::PagedKvWrite(float* k_cache, float* v_cache, const float* qkv,
+                                       const PagedAttentionBatch& batch, int NH, int HS) {
+  return cuda::PagedKvWrite(k_cache, v_cache, qkv, batch, NH, HS, stream_);
+}
+
+absl::Status CudaBackend::PagedAttention(float* out, const float* qkv, const float* k_cache,
+                                         const float* v_cache, const PagedAttentionBatch& batch,
+                                         int NH, int HS) {
+  return PagedAttentionForward(out, qkv, k_cache, v_cache, batch, NH, HS, stream_);
+}
+
 absl::Status CudaBackend::TokenEmbedding(float* out, const int32_t* tokens, const float* wte, int N,
                                          int C, int v0, int v1) {
   return TokenEmbeddingForward(out, tokens, wte, N, C, v0, v1, stream_);

@@ -70,6 +70,11 @@ class CudaBackend final : public Backend {
                          int HS) override;
   absl::Status AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out,
                                  const float* lse, int B, int T, int NH, int HS) override;
+  absl::Status PagedKvWrite(float* k_cache, float* v_cache, const float* qkv,
+                            const PagedAttentionBatch& batch, int NH, int HS) override;
+  absl::Status PagedAttention(float* out, const float* qkv, const float* k_cache,
+                              const float* v_cache, const PagedAttentionBatch& batch, int NH,
+                              int HS) override;
 
   absl::Status TokenEmbedding(float* out, const int32_t* tokens, const float* wte, int N, int C,
                               int v0, int v1) override;

@@ -11,6 +11,8 @@
 
 #include <cstdint>
 
+#include "kernels/paged_attention_batch.h"
+
 namespace shardline::kernels::cuda::launch {
 
 // elementwise.cu
@@ -94,5 +96,13 @@ cudaError_t AttentionForward(float* out, float* lse, const float* qkv, int B, in
                              cudaStream_t stream);
 cudaError_t AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out,
                               const float* lse, int B, int T, int NH, int HS, cudaStream_t stream);
+
+// paged_attention.cu. The batch's arrays in device memory; PagedAttentionForward returns
+// cudaErrorInvalidValue for HS outside 1..512 (ops.cc checks first and names it).
+cudaError_t PagedKvWrite(float* k_cache, float* v_cache, const float* qkv,
+                         const PagedAttentionBatch& batch, int NH, int HS, cudaStream_t stream);
+cudaError_t PagedAttentionForward(float* out, const float* qkv, const float* k_cache,
+                                  const float* v_cache, const PagedAttentionBatch& batch, int NH,
+                                  int HS, cudaStream_t stream);
 
 }  // namespace shardline::kernels::cuda::launch

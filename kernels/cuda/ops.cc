@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/launchers.h"
@@ -421,6 +422,23 @@ absl::Status AttentionBackward(float* dqkv, const float* dout, const float* qkv,
   RETURN_IF_ERROR(CheckAttention(B, T, NH, HS, "cuda::AttentionBackward"));
   return Launched(launch::AttentionBackward(dqkv, dout, qkv, out, lse, B, T, NH, HS, stream),
                   "cuda::AttentionBackward");
+}
+
+absl::Status PagedKvWrite(float* k_cache, float* v_cache, const float* qkv,
+                          const PagedAttentionBatch& batch, int NH, int HS, cudaStream_t stream) {
+  return Launched(launch::PagedKvWrite(k_cache, v_cache, qkv, batch, NH, HS, stream),
+                  "cuda::PagedKvWrite");
+}
+
+absl::Status PagedAttentionForward(float* out, const float* qkv, const float* k_cache,
+                                   const float* v_cache, const PagedAttentionBatch& batch, int NH,
+                                   int HS, cudaStream_t stream) {
+  if (HS < 1 || HS > 512 || NH < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("cuda::PagedAttentionForward: head size ", HS,
+                                                   " with ", NH, " heads (it takes 1..512)"));
+  }
+  return Launched(launch::PagedAttentionForward(out, qkv, k_cache, v_cache, batch, NH, HS, stream),
+                  "cuda::PagedAttentionForward");
 }
 
 }  // namespace shardline::kernels::cuda

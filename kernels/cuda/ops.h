@@ -25,6 +25,7 @@
 #include "kernels/cpu/optimizer.h"
 #include "kernels/cuda/blas.h"
 #include "kernels/half.h"
+#include "kernels/paged_attention_batch.h"
 
 namespace shardline::kernels::cuda {
 
@@ -164,5 +165,17 @@ absl::Status AttentionForward(float* out, float* lse, const float* qkv, int B, i
 // dqkv (B,T,3,NH,HS) accumulates; deterministic (no atomics).
 absl::Status AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out,
                                const float* lse, int B, int T, int NH, int HS, cudaStream_t stream);
+
+// ---- paged_attention.h -----------------------------------------------------------------------
+// Inference over a paged KV cache, as cpu::PagedKvWrite and cpu::PagedAttentionForward, the
+// batch's arrays (token_seq, positions, block_tables) in device memory and trusted (validate on
+// the host). One thread block per (token, head), online softmax over passes of 256 positions:
+// deterministic, and independent of the other tokens of the step. InvalidArgument unless
+// 1 <= HS <= 512.
+absl::Status PagedKvWrite(float* k_cache, float* v_cache, const float* qkv,
+                          const PagedAttentionBatch& batch, int NH, int HS, cudaStream_t stream);
+absl::Status PagedAttentionForward(float* out, const float* qkv, const float* k_cache,
+                                   const float* v_cache, const PagedAttentionBatch& batch, int NH,
+                                   int HS, cudaStream_t stream);
 
 }  // namespace shardline::kernels::cuda

@@ -51,6 +51,25 @@ TEST(TrainCliTest, TrainsSavesAndGenerates) {
                                 "the quick brown ", "--max-new-tokens", "20", "--no-kv-cache"});
   EXPECT_EQ(uncached.output, cached.output);
 
+  // On a GPU, the same greedy text (fp32 there too); without one, an error that says why.
+  auto bad_device = RunShardline({"generate", "--checkpoint", (dir / "ckpt").string(), "--prompt",
+                                  "the quick brown ", "--device", "gpu"});
+  EXPECT_EQ(bad_device.exit_code, 2);
+  EXPECT_NE(bad_device.output.find("--device: 'gpu' is not a device: cpu, cuda or cuda:N"),
+            std::string::npos)
+      << bad_device.output;
+  auto on_cuda = RunShardline({"generate", "--checkpoint", (dir / "ckpt").string(), "--prompt",
+                               "the quick brown ", "--max-new-tokens", "20", "--device", "cuda"});
+  if (on_cuda.exit_code == 0) {
+    EXPECT_EQ(on_cuda.output, cached.output);
+  } else {
+    EXPECT_EQ(on_cuda.exit_code, 1) << on_cuda.output;
+    const bool says_why = on_cuda.output.find("error: --device cuda: ") != std::string::npos &&
+                          (on_cuda.output.find("cudaGetDeviceCount") != std::string::npos ||
+                           on_cuda.output.find("built without CUDA") != std::string::npos);
+    EXPECT_TRUE(says_why) << on_cuda.output;
+  }
+
   auto too_long = RunShardline({"generate", "--checkpoint", (dir / "ckpt").string(), "--prompt",
                                 "the quick brown ", "--max-new-tokens", "100"});
   EXPECT_NE(too_long.exit_code, 0);

@@ -218,6 +218,46 @@ Op AttentionOp() {
   };
 }
 
+// A serving step over a paged cache: a prefill chunk of one sequence (positions 0..9), a decode
+// of another at position 300 (past the CUDA kernel's pass of 256 positions, its earlier keys
+// already cached), and a short prompt of a third, their blocks scattered through the cache.
+Op PagedAttentionOp() {
+  return [](Backend& be, Arena& a) -> Outputs {
+    constexpr int NH = 3, HS = 40, A = NH * HS, kBlock = 8, kBlocks = 48, kMaxBlocks = 38;
+    std::vector<int32_t> token_seq, positions;
+    for (int p = 0; p < 10; ++p) token_seq.push_back(0), positions.push_back(p);
+    token_seq.push_back(1), positions.push_back(300);
+    for (int p = 0; p < 3; ++p) token_seq.push_back(2), positions.push_back(p);
+    const int N = static_cast<int>(positions.size());
+    // Block tables: a permutation of the cache's blocks, sequence 1 taking 38 of them.
+    std::vector<int32_t> order(kBlocks);
+    for (int b = 0; b < kBlocks; ++b) order[b] = (b * 29 + 5) % kBlocks;
+    std::vector<int32_t> tables(3 * kMaxBlocks, 0);
+    int next = 0;
+    for (int b = 0; b < 2; ++b) tables[0 * kMaxBlocks + b] = order[next++];
+    for (int b = 0; b < kMaxBlocks; ++b) tables[1 * kMaxBlocks + b] = order[next++];
+    tables[2 * kMaxBlocks] = order[next++];
+    const int64_t cache = int64_t{kBlocks} * kBlock * A;
+    float* k = a.Put(RandomVector(cache, 40));
+    float* v = a.Put(RandomVector(cache, 41));
+    float* qkv = a.Put(RandomVector(int64_t{N} * 3 * A, 42));
+    float* out = a.Zeros(int64_t{N} * A);
+    const PagedAttentionBatch batch{.num_tokens = N,
+                                    .token_seq = a.Put(token_seq),
+                                    .positions = a.Put(positions),
+                                    .block_tables = a.Put(tables),
+                                    .num_seqs = 3,
+                                    .max_blocks_per_seq = kMaxBlocks,
+                                    .block_size = kBlock,
+                                    .num_blocks = kBlocks};
+    EXPECT_TRUE(be.PagedKvWrite(k, v, qkv, batch, NH, HS).ok());
+    EXPECT_TRUE(be.PagedAttention(out, qkv, k, v, batch, NH, HS).ok());
+    return {{"k_cache", a.Get(k, cache)},
+            {"v_cache", a.Get(v, cache)},
+            {"out", a.Get(out, int64_t{N} * A)}};
+  };
+}
+
 Op EmbeddingOp() {
   return [](Backend& be, Arena& a) -> Outputs {
     constexpr int B = 3, T = 11, N = B * T, C = 40, V = 97, v0 = 30, v1 = 70, S = 64;
@@ -318,6 +358,7 @@ std::vector<NamedOp> AllOps() {
       {"LayerNormEps", LayerNormOp(1e-2f), kLayerNorm, kLayerNorm},
       {"Pointwise", PointwiseOp(), kPointwise, kPointwise},
       {"Attention", AttentionOp(), kAttention, kAttention},
+      {"PagedAttention", PagedAttentionOp(), kAttention, kAttention},
       {"Embedding", EmbeddingOp(), kReduction, kReduction},
       {"CrossEntropy", CrossEntropyOp(), kReduction, kReduction},
       {"Optimizer", OptimizerOp(), kReduction, kReduction},

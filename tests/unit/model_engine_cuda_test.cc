@@ -26,6 +26,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,9 @@
 #include "tests/unit/kernels_test_util.h"
 #include "worker/model/data/sampler.h"
 #include "worker/model/data/synthetic_corpus.h"
+#include "worker/model/inference.h"
+#include "worker/model/model_params.h"
+#include "worker/model/paged_inference.h"
 #include "worker/model/sharded_gpt.h"
 #include "worker/training/model_checkpoint.h"
 #include "worker/training/sharded_trainer.h"
@@ -306,6 +310,69 @@ TEST(EngineOnCudaStateTest, ShardlineTrainOnCudaLearnsAndItsCheckpointLoadsOnThe
   ASSERT_EQ(resumed->losses.size(), 1u);
   EXPECT_NEAR(resumed->losses.front(), result->losses.back(), 0.3);
   std::filesystem::remove_all(dir);
+}
+
+// Inference on the GPU: the paged KV-cache forward (the CUDA paged attention over scattered cache
+// blocks, the step's integers in device memory) gives the CPU's logits within fp32 tolerance, and
+// `generate`'s greedy tokens, cached and uncached, are the CPU's. A hotter init than GPT-2's, so
+// that the logits part and a near-tie cannot flip a greedy token.
+TEST(InferenceOnCudaTest, PagedLogitsAndGreedyTokensMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+  ModelConfig config;
+  config.layers = 2;
+  config.heads = 4;
+  config.d_model = 64;
+  config.vocab = 257;
+  config.max_seq_len = 64;
+  ModelParams params = ModelParams::Gpt2Init(config, 13).value();
+  std::mt19937 rng(13);
+  std::normal_distribution<float> noise(0.0f, 0.2f);
+  for (float& p : params.values()) p += noise(rng);
+
+  auto cpu = Backend(kernels::Device::kCpu, false);
+  auto gpu = Backend(kernels::Device::kCuda, false);
+  ASSERT_NE(cpu, nullptr);
+  ASSERT_NE(gpu, nullptr);
+  auto cpu_weights = ShardWeights::Load(config, 1, 0, ModelBoxReader(params), *cpu);
+  auto gpu_weights = ShardWeights::Load(config, 1, 0, ModelBoxReader(params), *gpu);
+  ASSERT_TRUE(cpu_weights.ok()) << cpu_weights.status();
+  ASSERT_TRUE(gpu_weights.ok()) << gpu_weights.status();
+
+  // One prefill step of 20 positions whose blocks are out of order, every row's logits.
+  const PagedCacheOptions cache{
+      .num_blocks = 8, .block_size = 4, .max_tokens_per_step = 20, .max_seqs_per_step = 20};
+  std::vector<int32_t> tokens(20), positions(20), token_seq(20, 0), rows(20);
+  for (int t = 0; t < 20; ++t) tokens[t] = (t * 37 + 11) % 257, positions[t] = rows[t] = t;
+  const std::vector<int32_t> tables = {6, 2, 7, 0, 3};
+  std::vector<std::vector<float>> logits;
+  for (auto* run : {cpu_weights->get(), gpu_weights->get()}) {
+    auto paged =
+        PagedGptForward::Create(run->weights(), cache, run == cpu_weights->get() ? *cpu : *gpu);
+    ASSERT_TRUE(paged.ok()) << paged.status();
+    auto out = (*paged)->Forward({.tokens = tokens,
+                                  .positions = positions,
+                                  .token_seq = token_seq,
+                                  .block_tables = tables,
+                                  .num_seqs = 1,
+                                  .max_blocks_per_seq = 5,
+                                  .logit_rows = rows});
+    ASSERT_TRUE(out.ok()) << out.status();
+    logits.emplace_back(out->begin(), out->end());
+  }
+  ExpectScaled(logits[1], logits[0], 1e-4, 1e-4, "paged logits");
+
+  const std::vector<int32_t> prompt = {3, 141, 59, 26, 53, 58};
+  GenerateOptions options;
+  options.max_new_tokens = 40;
+  auto want = Generate((*cpu_weights)->weights(), *cpu, prompt, options);
+  auto got = Generate((*gpu_weights)->weights(), *gpu, prompt, options);
+  ASSERT_TRUE(want.ok()) << want.status();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, *want);
+  options.use_kv_cache = false;
+  auto uncached = Generate((*gpu_weights)->weights(), *gpu, prompt, options);
+  ASSERT_TRUE(uncached.ok()) << uncached.status();
+  EXPECT_EQ(*uncached, *want);
 }
 
 }  // namespace

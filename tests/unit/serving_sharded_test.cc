@@ -81,9 +81,9 @@ bool IsLeader(const model::ShardedGroups& g) { return g.world == nullptr || g.wo
 absl::StatusOr<std::unique_ptr<model::ShardWeights>> Shard(const model::ModelParams& gpt, int tp,
                                                            int pp,
                                                            const placement::RankCoords& coords,
-                                                           kernels::Allocator& allocator) {
-  return model::ShardWeights::Load(Config(), tp, coords.tp, model::ModelBoxReader(gpt), allocator,
-                                   pp, coords.pp);
+                                                           kernels::Backend& backend) {
+  return model::ShardWeights::Load(Config(), tp, coords.tp, model::ModelBoxReader(gpt), backend, pp,
+                                   coords.pp);
 }
 
 struct Cut {
@@ -157,7 +157,7 @@ TEST_P(ServingShardedTest, ShardLogitsAreTheWholeModels) {
         kernels::cpu::CpuBackend backend(allocator);
         auto gpt = Model();
         CHILD_CHECK(gpt != nullptr, 2);
-        auto shard = Shard(*gpt, tp, pp, coords, allocator);
+        auto shard = Shard(*gpt, tp, pp, coords, backend);
         CHILD_CHECK(shard.ok(), 3);
         CHILD_CHECK((*shard)->bytes() < static_cast<int64_t>(gpt->values().size()) * 4,
                     4);  // a part, not the whole
@@ -262,7 +262,7 @@ TEST_P(ServingShardedTest, AnEngineOverTheGroupGivesTheSingleDeviceTokens) {
         kernels::cpu::CpuBackend backend(allocator);
         auto gpt = Model();
         CHILD_CHECK(gpt != nullptr, 2);
-        auto shard = Shard(*gpt, tp, pp, coords, allocator);
+        auto shard = Shard(*gpt, tp, pp, coords, backend);
         CHILD_CHECK(shard.ok(), 3);
         const BatchingEngineOptions options{
             .max_running = 4, .max_tokens_per_step = 8, .block_size = 4};
@@ -333,7 +333,7 @@ TEST_P(ServingShardedTest, AFollowerWhoseLeaderDiesReturnsAnError) {
         kernels::cpu::CpuBackend backend(allocator);
         auto gpt = Model();
         CHILD_CHECK(gpt != nullptr, 2);
-        auto shard = Shard(*gpt, tp, pp, coords, allocator);
+        auto shard = Shard(*gpt, tp, pp, coords, backend);
         CHILD_CHECK(shard.ok(), 3);
         const BatchingEngineOptions options{.max_running = 2, .max_tokens_per_step = 8};
         if (!IsLeader(groups)) {

@@ -12,8 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/layout.h"
 #include "common/status_macros.h"
+#include "kernels/backend.h"
 #include "kernels/cpu/blas.h"
-#include "kernels/cpu/cpu_backend.h"
 #include "monitoring/metrics.h"
 #include "monitoring/metrics_server.h"
 #include "placement/job_spec.h"
@@ -618,8 +618,20 @@ absl::Status Actor::RunServeJob() {
       .max_queue = limits.max_queue};
   RETURN_IF_ERROR(serving::CheckServingLayout(source.config(), tp, pp, engine_options,
                                               "parallel.tp", "parallel.pp"));
+  // On a CUDA device the engine runs there (fp32 GEMMs) when the model is served by this one rank;
+  // a group's steps and residuals move through host memory, which NCCL does not carry.
+  if (cuda_device_ && grid.world() > 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "serving on CUDA devices runs one rank per model (parallel tp 1, pp 1) today, not tp ", tp,
+        ", pp ", pp));
+  }
   kernels::CpuAllocator allocator;
-  ASSIGN_OR_RETURN(auto shard, serving::LoadServingShard(source, tp, pp, coords, allocator));
+  ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend,
+                   kernels::CreateBackend(kernels::BackendOptions{
+                       .device = cuda_device_ ? kernels::Device::kCuda : kernels::Device::kCpu,
+                       .device_index = device_index_,
+                       .cpu_allocator = &allocator}));
+  ASSIGN_OR_RETURN(auto shard, serving::LoadServingShard(source, tp, pp, coords, *backend));
   spdlog::info("rank {} (tensor-parallel index {}, stage {}) loaded its shard of {}",
                options_.rank, coords.tp, coords.pp, resolved);
   // Every rank has loaded its shard before the leader says it is ready (/health) or a follower
@@ -627,9 +639,8 @@ absl::Status Actor::RunServeJob() {
   if (comm::Communicator* world = ServingGroupsOf().world; world != nullptr) {
     RETURN_IF_ERROR(Annotate(world->Barrier(), "waiting for every rank to load its shard"));
   }
-  kernels::cpu::CpuBackend backend(allocator);
-  if (options_.rank == 0) return LeadServing(source, shard->weights(), engine_options, backend);
-  return serving::RunServingFollower(shard->weights(), engine_options, backend, ServingGroupsOf());
+  if (options_.rank == 0) return LeadServing(source, shard->weights(), engine_options, *backend);
+  return serving::RunServingFollower(shard->weights(), engine_options, *backend, ServingGroupsOf());
 }
 
 absl::Status Actor::RunCommCheckJob() {

@@ -38,7 +38,7 @@ std::pair<int, int> InferenceStageLayers(int layers, int pp, int stage) {
 absl::StatusOr<std::unique_ptr<ShardWeights>> ShardWeights::Load(const ModelConfig& config,
                                                                  int tp_size, int tp_index,
                                                                  const BoxReader& read,
-                                                                 kernels::Allocator& allocator,
+                                                                 kernels::Backend& backend,
                                                                  int pp_size, int stage) {
   if (pp_size < 1 || stage < 0 || stage >= pp_size || pp_size > config.layers) {
     return absl::InvalidArgumentError(absl::StrCat("pipeline stage ", stage, " of ", pp_size,
@@ -55,7 +55,8 @@ absl::StatusOr<std::unique_ptr<ShardWeights>> ShardWeights::Load(const ModelConf
                                                }));
   std::unique_ptr<ShardWeights> shard(new ShardWeights(std::move(layout)));
   const ShardLayout& l = shard->layout_;
-  ASSIGN_OR_RETURN(shard->params_, kernels::Tensor::Zeros({l.total()}, DType::kFloat32, allocator));
+  ASSIGN_OR_RETURN(shard->params_,
+                   kernels::Tensor::Zeros({l.total()}, DType::kFloat32, backend.allocator()));
   float* base = shard->params_.data<float>();
   for (const ShardTensor& t : l.tensors()) {
     ASSIGN_OR_RETURN(std::vector<float> values, read(t.name, t.box_offsets, t.box_shape));
@@ -63,8 +64,10 @@ absl::StatusOr<std::unique_ptr<ShardWeights>> ShardWeights::Load(const ModelConf
       return absl::InvalidArgumentError(absl::StrCat("loading ", t.name, ": got ", values.size(),
                                                      " values for a box of ", t.numel));
     }
-    std::copy(values.begin(), values.end(), base + l.units()[t.unit].begin + t.offset);
+    RETURN_IF_ERROR(backend.ToDevice(base + l.units()[t.unit].begin + t.offset, values.data(),
+                                     values.size() * sizeof(float)));
   }
+  RETURN_IF_ERROR(backend.Synchronize());  // `values` are gone once the loop moves on
   auto unit = [&](int u) { return base + l.units()[u].begin; };
   InferenceWeights& w = shard->weights_;
   w.config = config;
@@ -151,11 +154,13 @@ absl::StatusOr<std::unique_ptr<PagedGptForward>> PagedGptForward::Create(
     const InferenceWeights& weights, const PagedCacheOptions& options, kernels::Backend& backend,
     comm::Communicator* tp) {
   const ModelConfig& c = weights.config;
-  if (backend.device() != kernels::Device::kCpu) {
-    return absl::UnimplementedError(absl::StrCat(
-        "the paged KV-cache attention has a cpu kernel only, not one for ", backend.Describe()));
-  }
   kernels::Allocator& allocator = backend.allocator();
+  const bool on_device = backend.device() != kernels::Device::kCpu;
+  if (tp != nullptr && tp->device_buffers() != on_device) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("paged forward on ", backend.Describe(), ": the tensor-parallel communicator ",
+                     "reduces ", tp->device_buffers() ? "device" : "host", " memory"));
+  }
   const int tp_size = tp == nullptr ? 1 : tp->size();
   if (tp_size != weights.tp_size) {
     return absl::InvalidArgumentError(absl::StrCat("paged forward: weights cut for tp ",
@@ -210,6 +215,14 @@ absl::StatusOr<std::unique_ptr<PagedGptForward>> PagedGptForward::Create(
   f->lnf_ = take(R * C);
   f->lnf_stats_ = take(2 * R);
   f->logits_ = take(R * V);
+  const int64_t table = R * ((c.max_seq_len + options.block_size - 1) / options.block_size);
+  ASSIGN_OR_RETURN(f->step_ints_,
+                   kernels::Tensor::Zeros({3 * N + table}, DType::kInt32, allocator));
+  f->tokens_ = f->step_ints_.data<int32_t>();
+  f->positions_ = f->tokens_ + N;
+  f->token_seq_ = f->positions_ + N;
+  f->block_tables_ = f->token_seq_ + N;
+  if (on_device) f->host_in_.resize(static_cast<size_t>(N * C));
 
   // MKL-packed copies for the products of few rows (none with OpenBLAS: Pack gives null).
   const int rows = std::min(options.max_tokens_per_step, kPackedRows);
@@ -234,7 +247,16 @@ absl::StatusOr<std::unique_ptr<PagedGptForward>> PagedGptForward::Create(
 
 std::span<float> PagedGptForward::StageInput(int num_tokens) {
   if (num_tokens < 0 || num_tokens > options_.max_tokens_per_step) return {};
-  return {residual_[0], static_cast<size_t>(num_tokens) * weights_.config.d_model};
+  const size_t n = static_cast<size_t>(num_tokens) * weights_.config.d_model;
+  return {on_host() ? residual_[0] : host_in_.data(), n};
+}
+
+absl::StatusOr<std::span<const float>> PagedGptForward::OnHost(const float* data, size_t n,
+                                                               std::vector<float>& staging) {
+  if (on_host()) return std::span<const float>(data, n);
+  staging.resize(n);
+  RETURN_IF_ERROR(backend_.ToHost(staging.data(), data, n * sizeof(float)));
+  return std::span<const float>(staging);
 }
 
 float* PagedGptForward::KeyCache(int layer) {
@@ -272,6 +294,13 @@ absl::Status PagedGptForward::Validate(const PagedStep& s) const {
         absl::StrCat("paged step: block tables of ", s.block_tables.size(), " entries for ",
                      s.num_seqs, " sequences × ", s.max_blocks_per_seq, " blocks (at most ",
                      options_.max_seqs_per_step, " sequences)"));
+  }
+  const int64_t table_capacity = step_ints_.numel() - 3 * int64_t{options_.max_tokens_per_step};
+  if (static_cast<int64_t>(s.block_tables.size()) > table_capacity) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("paged step: block tables of ", s.block_tables.size(),
+                     " entries, more than the ", table_capacity, " of ", options_.max_seqs_per_step,
+                     " sequences of max_seq_len ", c.max_seq_len));
   }
   if (s.logit_rows.size() > static_cast<size_t>(options_.max_seqs_per_step)) {
     return absl::InvalidArgumentError(absl::StrCat("paged step: ", s.logit_rows.size(),
@@ -328,22 +357,34 @@ absl::StatusOr<std::span<const float>> PagedGptForward::Forward(const PagedStep&
 
   AllReduceFn all_reduce;
   if (tp_ != nullptr) {
-    all_reduce = [this](float* data, int64_t n) {
+    all_reduce = [this](float* data, int64_t n) -> absl::Status {
+      RETURN_IF_ERROR(backend_.Synchronize());  // the communicator reads what the backend queued
       return tp_->AllReduce(data, n, DType::kFloat32, comm::ReduceOp::kSum);
     };
   }
+  // The step's integers into the backend's memory (on the CPU a copy of a few hundred bytes).
+  const auto to_backend = [this](int32_t* dst, std::span<const int32_t> src) {
+    return backend_.ToDevice(dst, src.data(), src.size_bytes());
+  };
+  RETURN_IF_ERROR(to_backend(tokens_, s.tokens));
+  RETURN_IF_ERROR(to_backend(positions_, s.positions));
+  RETURN_IF_ERROR(to_backend(token_seq_, s.token_seq));
+  RETURN_IF_ERROR(to_backend(block_tables_, s.block_tables));
   if (w.first_stage()) {
     // The training embedding, each token at its own position.
-    RETURN_IF_ERROR(
-        EmbeddingForward(backend_, EmbeddingWeights{w.wte, w.wpe, w.vocab_begin, w.vocab_end},
-                         s.tokens.data(), s.positions.data(), N, N, C, residual_[0], all_reduce));
-  }  // else StageInput(N) holds the stage before's residual: residual_[0]
+    RETURN_IF_ERROR(EmbeddingForward(backend_,
+                                     EmbeddingWeights{w.wte, w.wpe, w.vocab_begin, w.vocab_end},
+                                     tokens_, positions_, N, N, C, residual_[0], all_reduce));
+  } else if (!on_host()) {  // StageInput(N) holds the stage before's residual
+    RETURN_IF_ERROR(backend_.ToDevice(residual_[0], host_in_.data(),
+                                      static_cast<size_t>(N) * C * sizeof(float)));
+  }
 
-  const cpu::PagedAttentionBatch batch{
+  const kernels::PagedAttentionBatch batch{
       .num_tokens = N,
-      .token_seq = s.token_seq.data(),
-      .positions = s.positions.data(),
-      .block_tables = s.block_tables.data(),
+      .token_seq = token_seq_,
+      .positions = positions_,
+      .block_tables = block_tables_,
       .num_seqs = s.num_seqs,
       .max_blocks_per_seq = s.max_blocks_per_seq,
       .block_size = options_.block_size,
@@ -354,22 +395,22 @@ absl::StatusOr<std::span<const float>> PagedGptForward::Forward(const PagedStep&
     float* k = KeyCache(l);
     float* v = ValueCache(l);
     const AttentionFn attention = [&](const float* qkv, float* atty) {
-      cpu::PagedKvWrite(k, v, qkv, batch, dims.NH, dims.HS);
-      cpu::PagedAttentionForward(atty, qkv, k, v, batch, dims.NH, dims.HS);
-      return absl::OkStatus();
+      RETURN_IF_ERROR(backend_.PagedKvWrite(k, v, qkv, batch, dims.NH, dims.HS));
+      return backend_.PagedAttention(atty, qkv, k, v, batch, dims.NH, dims.HS);
     };
     RETURN_IF_ERROR(Annotate(BlockForward(backend_, dims, blocks_[l], residual_[l % 2],
                                           residual_[(l + 1) % 2], acts_, all_reduce, attention),
                              absl::StrCat("layer ", w.first_layer + l)));
   }
   const float* out = residual_[layers % 2];
-  if (!w.last_stage()) return std::span<const float>(out, static_cast<size_t>(N) * C);
+  if (!w.last_stage()) return OnHost(out, static_cast<size_t>(N) * C, host_out_);
 
   // The head only for the rows whose logits are wanted: a prefill chunk needs its last row only.
   const int R = static_cast<int>(s.logit_rows.size());
   if (R == 0) return std::span<const float>();
   for (int r = 0; r < R; ++r) {
-    std::copy_n(out + int64_t{s.logit_rows[r]} * C, C, head_in_ + int64_t{r} * C);
+    RETURN_IF_ERROR(
+        backend_.Copy(head_in_ + int64_t{r} * C, out + int64_t{s.logit_rows[r]} * C, C));
   }
   const int Vs = w.vocab_end - w.vocab_begin;
   const HeadWeights head{.norm_w = w.lnf_w,
@@ -381,7 +422,7 @@ absl::StatusOr<std::span<const float>> PagedGptForward::Forward(const PagedStep&
                          .eps = static_cast<float>(c.norm_eps)};
   RETURN_IF_ERROR(HeadForward(backend_, head, head_in_, R, C,
                               HeadActivations{lnf_, lnf_stats_, lnf_stats_ + R, logits_}));
-  return std::span<const float>(logits_, static_cast<size_t>(R) * Vs);
+  return OnHost(logits_, static_cast<size_t>(R) * Vs, host_out_);
 }
 
 }  // namespace shardline::model

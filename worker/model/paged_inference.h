@@ -79,14 +79,14 @@ std::pair<int, int> InferenceStageLayers(int layers, int pp, int stage);
 
 // One rank's parameters for inference (no gradients, no optimizer state): its tensor-parallel part
 // of its pipeline stage, read box by box through `read` (e.g. training::ReadCheckpointBox), so a
-// rank reads only its own part.
+// rank reads only its own part, into the memory of the backend that will compute with them.
 class ShardWeights {
  public:
   // InvalidArgument when tp does not divide the heads and the MLP width, or there are more stages
   // than layers; read's errors name the tensor.
   static absl::StatusOr<std::unique_ptr<ShardWeights>> Load(const ModelConfig& config, int tp_size,
                                                             int tp_index, const BoxReader& read,
-                                                            kernels::Allocator& allocator,
+                                                            kernels::Backend& backend,
                                                             int pp_size = 1, int stage = 0);
   const InferenceWeights& weights() const { return weights_; }
   int64_t bytes() const { return layout_.total() * static_cast<int64_t>(sizeof(float)); }
@@ -128,12 +128,13 @@ class PagedGptForward {
   // Products of up to this many rows (decode steps, short prompt chunks) use packed weights.
   static constexpr int kPackedRows = 64;
 
-  // A cache and step buffers for `weights` (one pipeline stage's, or the whole model), from
-  // the backend's allocator; the step runs on `backend` (the CPU's: Unimplemented for another,
-  // whose paged attention has no kernel yet). `tp` is the tensor-parallel group (null for one rank;
-  // size weights.tp_size). InvalidArgument names a bad option; ResourceExhausted when the cache
-  // does not fit. The weights must outlive this and not change while it is used (the cache holds
-  // keys computed with them).
+  // A cache and step buffers for `weights` (one pipeline stage's, or the whole model, in the
+  // backend's memory: ShardWeights::Load's), from the backend's allocator; the step runs on
+  // `backend`, the CPU's or CUDA's. `tp` is the tensor-parallel group (null for one rank; size
+  // weights.tp_size), over the backend's memory (InvalidArgument for a host communicator on CUDA:
+  // wrap it in comm::StagedCommunicator). InvalidArgument names a bad option; ResourceExhausted
+  // when the cache does not fit. The weights must outlive this and not change while it is used (the
+  // cache holds keys computed with them).
   static absl::StatusOr<std::unique_ptr<PagedGptForward>> Create(const InferenceWeights& weights,
                                                                  const PagedCacheOptions& options,
                                                                  kernels::Backend& backend,
@@ -147,15 +148,16 @@ class PagedGptForward {
   // then returns, on the last stage, this rank's logits (R, vocab_end - vocab_begin) of
   // step.logit_rows (R rows, row-major), and on any other stage the residual stream of the step's
   // tokens after its layers (N, C), for the next stage's StageInput; valid until the next
-  // Forward. A stage other than the first reads its input from StageInput(N), which the caller
-  // fills first. The ranks of a tensor-parallel group run the same step together.
-  // InvalidArgument, before any work, for sizes past the options, a token outside the
-  // vocabulary, a position past max_seq_len, or a block or row index out of range; a
-  // communicator error names the layer.
+  // Forward. Both in host memory, whatever the backend (a device backend copies them back). A stage
+  // other than the first reads its input from StageInput(N), which the caller fills first. The
+  // ranks of a tensor-parallel group run the same step together. InvalidArgument, before any work,
+  // for sizes past the options, a token outside the vocabulary, a position past max_seq_len, or a
+  // block or row index out of range; a communicator error names the layer.
   absl::StatusOr<std::span<const float>> Forward(const PagedStep& step);
 
   // Where a stage other than the first takes the residual stream of a step of `num_tokens`
-  // tokens (num_tokens, C) from the stage before. Empty for a count past the options.
+  // tokens (num_tokens, C) from the stage before, in host memory. Empty for a count past the
+  // options.
   std::span<float> StageInput(int num_tokens);
 
   const PagedCacheOptions& options() const { return options_; }
@@ -167,6 +169,11 @@ class PagedGptForward {
                   kernels::Backend& backend, comm::Communicator* tp)
       : weights_(weights), options_(options), backend_(backend), tp_(tp) {}
   absl::Status Validate(const PagedStep& step) const;
+  // `n` floats of the backend's memory at `data` as host memory: themselves on the CPU, else
+  // copied into `staging`.
+  absl::StatusOr<std::span<const float>> OnHost(const float* data, size_t n,
+                                                std::vector<float>& staging);
+  bool on_host() const { return backend_.device() == kernels::Device::kCpu; }
   absl::Status TpAllReduce(float* data, int64_t n, const char* what);
   float* KeyCache(int layer);
   float* ValueCache(int layer);
@@ -187,6 +194,15 @@ class PagedGptForward {
   float* lnf_ = nullptr;                     // (R, C)
   float* lnf_stats_ = nullptr;               // (2R)
   float* logits_ = nullptr;                  // (R, vocab shard)
+  // The step's integer arrays in the backend's memory: tokens, positions, token_seq (N each),
+  // logit rows (R) and the block tables (R × blocks of max_seq_len).
+  kernels::Tensor step_ints_;
+  int32_t* tokens_ = nullptr;
+  int32_t* positions_ = nullptr;
+  int32_t* token_seq_ = nullptr;
+  int32_t* block_tables_ = nullptr;
+  // Host copies of what a device backend returns, and of a later stage's input.
+  std::vector<float> host_out_, host_in_;
 };
 
 }  // namespace shardline::model

@@ -24,14 +24,14 @@ absl::Status CheckServingLayout(const model::ModelConfig& config, int tp, int pp
 
 absl::StatusOr<std::unique_ptr<model::ShardWeights>> LoadServingShard(
     const training::CheckpointSource& source, int tp, int pp, const placement::RankCoords& coords,
-    kernels::Allocator& allocator) {
+    kernels::Backend& backend) {
   auto weights = model::ShardWeights::Load(
       source.config(), tp, coords.tp,
       [&](const std::string& name, const std::vector<int64_t>& offsets,
           const std::vector<int64_t>& shape) {
         return training::ReadCheckpointBox(source, name, offsets, shape);
       },
-      allocator, pp, coords.pp);
+      backend, pp, coords.pp);
   if (!weights.ok()) return Annotate(weights.status(), source.path());
   return weights;
 }

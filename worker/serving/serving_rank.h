@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/allocator.h"
+#include "kernels/backend.h"
 #include "placement/parallel_layout.h"
 #include "worker/model/shard_layout.h"
 #include "worker/serving/batching_engine.h"
@@ -25,11 +26,11 @@ absl::Status CheckServingLayout(const model::ModelConfig& config, int tp, int pp
                                 const std::string& pp_name = "--pp");
 
 // This rank's part of the parameters only (no gradients or optimizer state), read box by box: its
-// tensor-parallel index of its stage's layers (`coords` in a RankGrid(tp, pp, 1)). Errors name the
-// checkpoint.
+// tensor-parallel index of its stage's layers (`coords` in a RankGrid(tp, pp, 1)), in the memory of
+// `backend`. Errors name the checkpoint.
 absl::StatusOr<std::unique_ptr<model::ShardWeights>> LoadServingShard(
     const training::CheckpointSource& source, int tp, int pp, const placement::RankCoords& coords,
-    kernels::Allocator& allocator);
+    kernels::Backend& backend);
 
 // The API key in the file `path`: its first line without surrounding white space.
 // InvalidArgument naming the file when it cannot be read or that line is empty.
