@@ -4,8 +4,12 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 
+#include "absl/status/statusor.h"
+#include "kernels/allocator.h"
+#include "kernels/backend.h"
 #include "protocol/curve.h"
 
 namespace shardline::cli {
@@ -112,6 +116,7 @@ struct ServeOptions {
   int tp = 1;
   int pp = 1;                      // 1..the model's layers
   std::string log_level = "info";  // passed on to the other ranks
+  std::string device = "cpu";      // cpu, cuda or cuda:N: every rank's (passed on)
 };
 // Serves until SIGINT/SIGTERM; 0 after a clean stop, 1 when the model cannot be loaded, the
 // address bound or a rank fails (at start or while serving), 2 for bad flags.
@@ -132,9 +137,16 @@ struct ServeRankOptions {
   int block_size = 16;
   int64_t kv_cache_mib = 0;
   std::string log_level = "info";
+  std::string device = "cpu";
 };
 // Runs the steps rank 0 sends until it says stop: 0 then, 1 (the error printed) otherwise.
 int ServeRank(const ServeRankOptions& options);
+
+// The backend inference runs on for a --device flag (cpu, cuda or cuda:N: the train spec's names;
+// fp32 on either), the CPU's over `allocator`. InvalidArgument for a name that is not a device,
+// FailedPrecondition (CreateBackend's reason) for a CUDA device that cannot run.
+absl::StatusOr<std::unique_ptr<kernels::Backend>> InferenceBackend(
+    const std::string& device, kernels::CpuAllocator& allocator);
 
 // `shardline checkpoint inspect DIR`: the steps of a run's checkpoint folder (or one step of it).
 struct CheckpointInspectOptions {

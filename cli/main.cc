@@ -309,6 +309,11 @@ int Main(int argc, char** argv) {
                    "Pipeline stages: tp x pp processes of this host, each stage holding its share "
                    "of the layers (1 to the model's layers)")
       ->capture_default_str();
+  serve_cmd
+      ->add_option("--device", serve_options.device,
+                   "cpu, cuda or cuda:N: where every rank computes (fp32; with --tp/--pp the "
+                   "ranks share the GPU and exchange through host memory)")
+      ->capture_default_str();
   serve_cmd->add_option("--log-level", log_level);
 
   // The options `serve --tp/--pp` starts each other rank with (cli/serve.cc's ServeRankCommand).
@@ -327,6 +332,7 @@ int Main(int argc, char** argv) {
       ->required();
   serve_rank_cmd->add_option("--block-size", serve_rank_options.block_size)->required();
   serve_rank_cmd->add_option("--kv-cache-mib", serve_rank_options.kv_cache_mib)->required();
+  serve_rank_cmd->add_option("--device", serve_rank_options.device)->required();
   serve_rank_cmd->add_option("--log-level", log_level);
 
   CheckpointInspectOptions inspect_options;

@@ -20,7 +20,7 @@
 #include "common/process.h"
 #include "common/status_macros.h"
 #include "kernels/allocator.h"
-#include "kernels/cpu/cpu_backend.h"
+#include "kernels/backend.h"
 #include "placement/job_spec.h"
 #include "placement/parallel_layout.h"
 #include "worker/comm/local_rank_group.h"
@@ -55,7 +55,8 @@ ServeRankOptions RankOptionsOf(const ServeOptions& options, const std::string& r
                           .max_tokens_per_step = options.max_tokens_per_step,
                           .block_size = options.block_size,
                           .kv_cache_mib = options.kv_cache_mib,
-                          .log_level = options.log_level};
+                          .log_level = options.log_level,
+                          .device = options.device};
 }
 
 serving::BatchingEngineOptions EngineOptionsOf(const ServeRankOptions& rank, int max_queue) {
@@ -91,7 +92,9 @@ std::vector<std::string> ServeRankCommand(const ServeRankOptions& o) {
           "--block-size",
           std::to_string(o.block_size),
           "--kv-cache-mib",
-          std::to_string(o.kv_cache_mib)};
+          std::to_string(o.kv_cache_mib),
+          "--device",
+          o.device};
 }
 
 // The followers' share of this host's cores for OpenMP and OpenBLAS, as the agent gives its
@@ -172,6 +175,16 @@ int Serve(const ServeOptions& options) {
   }
   http.model_name = options.model_name.empty() ? serving::DefaultModelName(options.checkpoint)
                                                : options.model_name;
+  // The device before anything is read or started (the followers create theirs the same way).
+  kernels::CpuAllocator allocator;
+  auto device = InferenceBackend(options.device, allocator);
+  if (!device.ok()) {
+    const bool bad_name = absl::IsInvalidArgument(device.status());
+    std::cerr << "error: --device" << (bad_name ? "" : " " + options.device) << ": "
+              << device.status().message() << "\n";
+    return bad_name ? 2 : 1;
+  }
+  kernels::Backend& backend = **device;
 
   auto path = checkpoint::ResolveCheckpoint(options.checkpoint);
   if (!path.ok()) {
@@ -221,8 +234,6 @@ int Serve(const ServeOptions& options) {
     group = std::move(*started);
   }
   // The followers load their shards while this rank loads its own.
-  kernels::CpuAllocator allocator;
-  kernels::cpu::CpuBackend backend(allocator);
   auto weights =
       serving::LoadServingShard(*source, options.tp, options.pp, grid.Coords(0), backend);
   if (!weights.ok()) {
@@ -243,6 +254,8 @@ int Serve(const ServeOptions& options) {
     }
     groups = ServingGroupsOf(**joined);
   }
+  std::unique_ptr<comm::Communicator> staged_tp;
+  groups = serving::GroupsForBackend(groups, backend, staged_tp);
 
   auto engine =
       serving::BatchingEngine::Create((*weights)->weights(), engine_options, backend, groups);
@@ -300,7 +313,13 @@ int ServeRank(const ServeRankOptions& options) {
     return 1;
   }
   kernels::CpuAllocator allocator;
-  kernels::cpu::CpuBackend backend(allocator);
+  auto device = InferenceBackend(options.device, allocator);
+  if (!device.ok()) {
+    std::cerr << "error: " << who << "--device " << options.device << ": "
+              << device.status().message() << "\n";
+    return 1;
+  }
+  kernels::Backend& backend = **device;
   auto weights = serving::LoadServingShard(*source, options.tp, options.pp, coords, backend);
   if (!weights.ok()) {
     std::cerr << "error: " << who << weights.status().message() << "\n";
@@ -312,9 +331,11 @@ int ServeRank(const ServeRankOptions& options) {
     std::cerr << "error: " << who << communicators.status().message() << "\n";
     return 1;
   }
-  const absl::Status served =
-      serving::RunServingFollower((*weights)->weights(), EngineOptionsOf(options, /*max_queue=*/1),
-                                  backend, ServingGroupsOf(*communicators));
+  std::unique_ptr<comm::Communicator> staged_tp;
+  const serving::ServingGroups groups =
+      serving::GroupsForBackend(ServingGroupsOf(*communicators), backend, staged_tp);
+  const absl::Status served = serving::RunServingFollower(
+      (*weights)->weights(), EngineOptionsOf(options, /*max_queue=*/1), backend, groups);
   if (!served.ok()) {
     std::cerr << "error: " << who << served.message() << "\n";
     return 1;

@@ -121,23 +121,27 @@ int Train(const TrainOptions& options) {
   return StopRequested().load() ? 130 : 0;
 }
 
-int Generate(const GenerateCommandOptions& options) {
-  // The device first: a wrong --device fails before anything is read. One rule for device names
-  // (the train spec's); generate computes in fp32 on either device.
-  placement::TrainSpec device;
-  if (const absl::Status s = placement::SetTrainDevice(options.device, device); !s.ok()) {
-    std::cerr << "error: --device: " << s.message() << "\n";
-    return 2;
-  }
-  kernels::CpuAllocator allocator;
-  auto backend = kernels::CreateBackend(kernels::BackendOptions{
-      .device = device.device == placement::TrainDevice::kCuda ? kernels::Device::kCuda
+absl::StatusOr<std::unique_ptr<kernels::Backend>> InferenceBackend(
+    const std::string& device, kernels::CpuAllocator& allocator) {
+  // One rule for device names: the train spec's.
+  placement::TrainSpec parsed;
+  RETURN_IF_ERROR(placement::SetTrainDevice(device, parsed));
+  return kernels::CreateBackend(kernels::BackendOptions{
+      .device = parsed.device == placement::TrainDevice::kCuda ? kernels::Device::kCuda
                                                                : kernels::Device::kCpu,
-      .device_index = device.device_index,
+      .device_index = parsed.device_index,
       .cpu_allocator = &allocator});
+}
+
+int Generate(const GenerateCommandOptions& options) {
+  // The device first: a wrong --device fails before anything is read.
+  kernels::CpuAllocator allocator;
+  auto backend = InferenceBackend(options.device, allocator);
   if (!backend.ok()) {
-    std::cerr << "error: --device " << options.device << ": " << backend.status().message() << "\n";
-    return 1;
+    const bool bad_name = absl::IsInvalidArgument(backend.status());
+    std::cerr << "error: --device" << (bad_name ? "" : " " + options.device) << ": "
+              << backend.status().message() << "\n";
+    return bad_name ? 2 : 1;
   }
   auto path = checkpoint::ResolveCheckpoint(options.checkpoint);
   if (!path.ok()) {

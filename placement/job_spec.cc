@@ -579,7 +579,16 @@ absl::StatusOr<JobSpec> ParseJobSpecMap(const YamlMap& map, const PathBase& base
                                               AbslView(DeviceKindName(spec.devices)),
                                               "'; use 'shm', 'gloo' or 'auto' for cpu actors"));
   }
-  if (spec.backend == Backend::kShm && spec.devices != DeviceKind::kCpu) {
+  // A serving group moves host memory between its ranks (the steps, a stage's residual, the
+  // sampling's candidates; the forward's all-reduces stage a GPU's buffers through it), so it
+  // runs over shm or Gloo on any device.
+  if (spec.kind == JobKind::kServe && spec.backend == Backend::kNccl) {
+    return map.ErrorAt(kBackend,
+                       "a serve job's ranks exchange host memory: use 'shm', 'gloo' or "
+                       "'auto', not 'nccl'");
+  }
+  if (spec.backend == Backend::kShm && spec.devices != DeviceKind::kCpu &&
+      spec.kind != JobKind::kServe) {
     return map.ErrorAt(kBackend, "'shm' runs only on cpu devices; use 'nccl' or 'auto' for cuda "
                                  "actors");
   }
@@ -736,6 +745,7 @@ std::string_view BackendName(Backend backend) { return NameOf(kBackends, backend
 
 Backend ResolveBackend(const JobSpec& spec) {
   if (spec.backend != Backend::kAuto) return spec.backend;
+  if (spec.kind == JobKind::kServe) return Backend::kShm;  // host memory on any device (above)
   return spec.devices == DeviceKind::kCuda ? Backend::kNccl : Backend::kShm;
 }
 

@@ -22,7 +22,8 @@ namespace shardline::placement {
 
 enum class JobKind { kCommCheck, kTrain, kServe };
 enum class DeviceKind { kCpu, kCuda };
-// kAuto picks by device: NCCL on CUDA, kShm on CPU (see ResolveBackend). kShm is shared memory
+// kAuto picks by device: NCCL on CUDA, kShm on CPU, and kShm for a serve job on any device (its
+// ranks exchange host memory; see ResolveBackend). kShm is shared memory
 // between the ranks of a group on one host, a hierarchical shm + Gloo all-reduce for a group over
 // hosts with as many ranks on each, and Gloo otherwise (worker/comm/cpu_communicator.h); kGloo
 // forces Gloo over TCP for every group.

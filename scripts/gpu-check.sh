@@ -7,7 +7,9 @@
 # against PyTorch eager on the same GPU (tokens/s and MFU, bench/train_step_compare.py --device
 # cuda), and `shardline train --device cuda` on examples/gpt-tiny.yaml followed by `shardline
 # generate` from its checkpoint on the GPU and on the CPU (the greedy text must be the same; the
-# paged KV-cache forward against the CPU's is InferenceOnCudaTest in model_engine_cuda_test).
+# paged KV-cache forward against the CPU's is InferenceOnCudaTest in model_engine_cuda_test; a tp 2 and
+# a pp 2 serving group sharing the GPU against the CPU's tokens is serving_sharded_test's
+# ServingOnOneGpuTest).
 #
 # Two ways to get the binaries:
 #   scripts/gpu-check.sh [BUILD_DIR]        builds with CUDA (Release) into BUILD_DIR (default
@@ -74,8 +76,8 @@ else
     exit 1
   fi
   step "build" "$out_dir/build.log" cmake --build "$build_dir" -j "$(nproc)" --target \
-    kernels_cuda_test kernels_backend_test model_engine_cuda_test comm_nccl_test gpu_train_step_bench \
-    train_step_gpu_bench shardline
+    kernels_cuda_test kernels_backend_test model_engine_cuda_test serving_sharded_test comm_nccl_test \
+    gpu_train_step_bench train_step_gpu_bench shardline
   if [[ ${#failures[@]} -gt 0 ]]; then
     echo "gpu-check: the build failed; nothing was run"
     exit 1
@@ -87,7 +89,7 @@ fi
 # The engine's forked two-ranks-on-one-GPU test runs in a process of its own: CUDA does not survive
 # fork(), so its parent must not have touched the GPU (ctest runs every test alone anyway).
 for test in kernels_cuda_test kernels_backend_test model_engine_cuda_test:-*Forked* \
-            model_engine_cuda_test:*Forked* comm_nccl_test; do
+            model_engine_cuda_test:*Forked* serving_sharded_test:*OnOneGpu* comm_nccl_test; do
   binary=${test%%:*}
   filter=${test#"$binary"}
   log="$out_dir/$binary${filter:+-$( [[ $filter == :-* ]] && echo rest || echo forked )}.log"

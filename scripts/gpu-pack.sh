@@ -19,8 +19,8 @@ cd "$(dirname "$0")/.."
 build_dir=${1:-build-gpu}
 pack_dir=.gpu-pack
 # What gpu-check.sh runs: the gpu-labelled tests, the NCCL tests, the GPU benchmarks, the CLI.
-targets=(kernels_cuda_test kernels_backend_test model_engine_cuda_test comm_nccl_test gpu_train_step_bench
-         train_step_gpu_bench shardline)
+targets=(kernels_cuda_test kernels_backend_test model_engine_cuda_test serving_sharded_test
+         comm_nccl_test gpu_train_step_bench train_step_gpu_bench shardline)
 # Loaded from the GPU machine itself (see above); everything else a binary needs is packed.
 provided='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread\.so|libdl\.so|librt\.so|libstdc\+\+\.so|libgcc_s\.so|libcuda\.so|libnccl\.so|libcublas|libcublasLt)'
 

@@ -1050,6 +1050,15 @@ TEST(ServeJobSpecTest, BadSpecsNameTheKeyAndTheValue) {
   EXPECT_THAT(ErrorOf(base + "api_key: a\napi_key_file: k\n"),
               HasSubstr("give api_key or api_key_file, not both"));
   EXPECT_THAT(ErrorOf(base + "elastic: {min_actors: 2}\n"), HasSubstr("unknown key 'min_actors'"));
+  // A serving group exchanges host memory, on GPUs too.
+  EXPECT_THAT(ErrorOf(base + "devices: cuda\nbackend: nccl\n"),
+              HasSubstr("backend: a serve job's ranks exchange host memory: use 'shm', 'gloo' or "
+                        "'auto', not 'nccl'"));
+  absl::StatusOr<JobSpec> on_gpus = Parse(base + "devices: cuda\n");
+  ASSERT_TRUE(on_gpus.ok()) << on_gpus.status();
+  EXPECT_EQ(on_gpus->devices, DeviceKind::kCuda);
+  EXPECT_EQ(ResolveBackend(*on_gpus), Backend::kShm);
+  EXPECT_TRUE(Parse(base + "devices: cuda\nbackend: shm\n").ok());
   // The other kinds' keys, each way.
   EXPECT_THAT(ErrorOf(base + "steps: 10\n"),
               HasSubstr("steps: only allowed with kind: train, not 'serve'"));

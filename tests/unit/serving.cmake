@@ -14,7 +14,7 @@ shardline_test(serving_batch_scheduler_test
   LIBS shardline_serving_scheduler LABELS unit TIMEOUT 120)
 shardline_test(serving_sharded_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/serving_sharded_test.cc
-  LIBS shardline_serving shardline_forked_world LABELS unit TIMEOUT 300)
+  LIBS shardline_serving_rank shardline_forked_world LABELS unit TIMEOUT 300)
 shardline_test(serving_cli_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/serving_cli_test.cc
   LIBS shardline_checkpoint shardline_common PkgConfig::HTTPLIB nlohmann_json::nlohmann_json

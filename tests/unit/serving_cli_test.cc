@@ -336,7 +336,9 @@ TEST_F(ServingCliTest, BadFlagsSayWhatIsWrong) {
            {{"--checkpoint", TempDir() + "/missing"}, "--checkpoint"},
            {{"--checkpoint", model, "--tokenizer", "/no/such/tokenizer"}, "--tokenizer"},
            {{"--checkpoint", model, "--api-key", "a", "--api-key-file", model + "/config.json"},
-            "excludes"}}) {
+            "excludes"},
+           {{"--checkpoint", model, "--device", "gpu"},
+            "--device: 'gpu' is not a device: cpu, cuda or cuda:N"}}) {
     const std::string log = TempDir() + "/bad.log";
     SpawnOptions spawn;
     spawn.argv = {Binary(), "serve"};

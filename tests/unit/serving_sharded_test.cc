@@ -9,6 +9,7 @@
 //
 // Every rank computes in its own child (the parent must not start OpenMP threads before forking).
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "kernels/allocator.h"
+#include "kernels/backend.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "placement/parallel_layout.h"
 #include "tests/support/forked_world.h"
@@ -32,6 +34,7 @@
 #include "worker/model/shard_layout.h"
 #include "worker/model/vocab_parallel_sampling.h"
 #include "worker/serving/batching_engine.h"
+#include "worker/serving/serving_rank.h"
 
 namespace shardline::serving {
 namespace {
@@ -321,6 +324,97 @@ TEST_P(ServingShardedTest, AnEngineOverTheGroupGivesTheSingleDeviceTokens) {
         return 0;
       },
       std::chrono::seconds(120));
+}
+
+// Why no GPU can run here (CreateBackend's reason), asked in a child process: CUDA does not
+// survive fork(), so the parent of a forked world must not initialise it. Empty: a GPU runs.
+std::string GpuUnavailableFromAChild() {
+  int fds[2];
+  if (pipe(fds) != 0) return "pipe failed";
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    auto gpu = kernels::CreateBackend(kernels::BackendOptions{.device = kernels::Device::kCuda});
+    const std::string reason = gpu.ok() ? "" : std::string(gpu.status().message());
+    const ssize_t written = write(fds[1], reason.data(), reason.size());
+    _exit(written == static_cast<ssize_t>(reason.size()) ? 0 : 1);
+  }
+  close(fds[1]);
+  std::string reason;
+  char buffer[256];
+  for (ssize_t n; (n = read(fds[0], buffer, sizeof(buffer))) > 0;) reason.append(buffer, n);
+  close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return reason;
+}
+
+// Serving on a GPU, the ranks of a tp 2 and a pp 2 group sharing the one GPU (their steps,
+// residuals and sampling over host shared memory, the forward's all-reduces staged through it, as
+// a serve job on CUDA devices runs): greedy requests give the CPU's Generate tokens. Skipped, with
+// the reason, where no GPU can run (labelled unit: it runs wherever the suite does).
+TEST(ServingOnOneGpuTest, TensorAndPipelineRanksSharingAGpuGiveTheCpusGreedyTokens) {
+  const std::string reason = GpuUnavailableFromAChild();
+  if (!reason.empty()) GTEST_SKIP() << reason;
+  for (const Cut cut : {Cut{2, 1}, Cut{1, 2}}) {
+    SCOPED_TRACE(::testing::PrintToString(cut));
+    const int tp = cut.tp, pp = cut.pp;
+    RunWorld(
+        tp, pp,
+        [&](int, const placement::RankCoords& coords, const model::ShardedGroups& groups) {
+          kernels::CpuAllocator allocator;
+          kernels::cpu::CpuBackend cpu(allocator);
+          auto gpu =
+              kernels::CreateBackend(kernels::BackendOptions{.device = kernels::Device::kCuda});
+          CHILD_CHECK(gpu.ok(), 2);
+          auto gpt = Model();
+          CHILD_CHECK(gpt != nullptr, 3);
+          auto shard = Shard(*gpt, tp, pp, coords, **gpu);
+          CHILD_CHECK(shard.ok(), 4);
+          std::unique_ptr<comm::Communicator> staged;
+          const ServingGroups serving = GroupsForBackend(GroupsOf(groups), **gpu, staged);
+          const BatchingEngineOptions options{
+              .max_running = 4, .max_tokens_per_step = 8, .block_size = 4};
+          if (!IsLeader(groups)) {
+            const absl::Status followed =
+                RunServingFollower((*shard)->weights(), options, **gpu, serving);
+            if (!followed.ok()) std::fprintf(stderr, "follower: %s\n", followed.ToString().c_str());
+            return followed.ok() ? 0 : 9;
+          }
+          auto engine = BatchingEngine::Create((*shard)->weights(), options, **gpu, serving);
+          CHILD_CHECK(engine.ok(), 5);
+          std::mt19937 rng(9);
+          std::vector<GenerationRequest> requests;
+          for (int i = 0; i < 6; ++i) {
+            GenerationRequest r;
+            const int prompt_len = 1 + static_cast<int>(rng() % 14);
+            for (int j = 0; j < prompt_len; ++j) r.prompt.push_back(int32_t(rng() % 41));
+            r.max_tokens = 1 + static_cast<int>(rng() % (32 - prompt_len));
+            requests.push_back(r);  // greedy: temperature 0
+          }
+          std::vector<Outcome> outcomes(requests.size());
+          for (size_t i = 0; i < requests.size(); ++i) {
+            CHILD_CHECK((*engine)->Submit(requests[i], outcomes[i].Callbacks()).ok(), 6);
+          }
+          for (size_t i = 0; i < requests.size(); ++i) {
+            CHILD_CHECK(outcomes[i].Wait(), 7);
+            CHILD_CHECK(outcomes[i].status.ok(), 8);
+            model::GenerateOptions greedy;
+            greedy.max_new_tokens = requests[i].max_tokens;
+            auto want =
+                model::Generate(model::InferenceWeights::Of(*gpt), cpu, requests[i].prompt, greedy);
+            CHILD_CHECK(want.ok(), 10);
+            if (outcomes[i].tokens != *want) {
+              std::fprintf(stderr, "request %zu: the GPU group's tokens differ from the CPU's\n",
+                           i);
+              return 11;
+            }
+          }
+          (*engine)->Shutdown();
+          return 0;
+        },
+        std::chrono::seconds(120));
+  }
 }
 
 TEST_P(ServingShardedTest, AFollowerWhoseLeaderDiesReturnsAnError) {

@@ -125,7 +125,7 @@ class Actor {
   absl::Status LeadServing(const training::CheckpointSource& source,
                            const model::InferenceWeights& weights,
                            const serving::BatchingEngineOptions& engine_options,
-                           kernels::Backend& backend);
+                           kernels::Backend& backend, const serving::ServingGroups& groups);
   void PostServingStatus(const serving::HttpServer* server, const serving::BatchingEngine* engine,
                          const std::string& model_name);
 
@@ -533,7 +533,7 @@ void Actor::PostServingStatus(const serving::HttpServer* server,
 absl::Status Actor::LeadServing(const training::CheckpointSource& source,
                                 const model::InferenceWeights& weights,
                                 const serving::BatchingEngineOptions& engine_options,
-                                kernels::Backend& backend) {
+                                kernels::Backend& backend, const serving::ServingGroups& groups) {
   const placement::ServeSpec& serve = spec_.serve;
   // The leader alone tokenizes (the other ranks see token ids only).
   auto tokenizer = data::LoadTokenizer(training::TokenizerSpecFor(serve.tokenizer, source.path()));
@@ -553,8 +553,8 @@ absl::Status Actor::LeadServing(const training::CheckpointSource& source,
   }
   http.model_name =
       serve.model_name.empty() ? serving::DefaultModelName(serve.checkpoint) : serve.model_name;
-  ASSIGN_OR_RETURN(auto engine, serving::BatchingEngine::Create(weights, engine_options, backend,
-                                                                ServingGroupsOf()));
+  ASSIGN_OR_RETURN(auto engine,
+                   serving::BatchingEngine::Create(weights, engine_options, backend, groups));
   auto server = serving::HttpServer::Start(http, *engine, **tokenizer);
   if (!server.ok()) return Annotate(server.status(), "listen " + listen);
   spdlog::info("serving {} at {}/v1 (tp {}, pp {}, KV cache of {} blocks of {} positions on each "
@@ -618,13 +618,9 @@ absl::Status Actor::RunServeJob() {
       .max_queue = limits.max_queue};
   RETURN_IF_ERROR(serving::CheckServingLayout(source.config(), tp, pp, engine_options,
                                               "parallel.tp", "parallel.pp"));
-  // On a CUDA device the engine runs there (fp32 GEMMs) when the model is served by this one rank;
-  // a group's steps and residuals move through host memory, which NCCL does not carry.
-  if (cuda_device_ && grid.world() > 1) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "serving on CUDA devices runs one rank per model (parallel tp 1, pp 1) today, not tp ", tp,
-        ", pp ", pp));
-  }
+  // On a CUDA device the engine runs there (fp32 GEMMs). The groups are host communicators (a
+  // serve job's backend is shm or Gloo: its steps, residuals and sampling move host memory); the
+  // forward's tensor-parallel all-reduces stage the GPU's buffers through the host group.
   kernels::CpuAllocator allocator;
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend,
                    kernels::CreateBackend(kernels::BackendOptions{
@@ -639,8 +635,13 @@ absl::Status Actor::RunServeJob() {
   if (comm::Communicator* world = ServingGroupsOf().world; world != nullptr) {
     RETURN_IF_ERROR(Annotate(world->Barrier(), "waiting for every rank to load its shard"));
   }
-  if (options_.rank == 0) return LeadServing(source, shard->weights(), engine_options, *backend);
-  return serving::RunServingFollower(shard->weights(), engine_options, *backend, ServingGroupsOf());
+  std::unique_ptr<comm::Communicator> staged_tp;
+  const serving::ServingGroups groups =
+      serving::GroupsForBackend(ServingGroupsOf(), *backend, staged_tp);
+  if (options_.rank == 0) {
+    return LeadServing(source, shard->weights(), engine_options, *backend, groups);
+  }
+  return serving::RunServingFollower(shard->weights(), engine_options, *backend, groups);
 }
 
 absl::Status Actor::RunCommCheckJob() {

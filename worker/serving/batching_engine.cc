@@ -139,7 +139,7 @@ absl::StatusOr<std::unique_ptr<BatchingEngine>> BatchingEngine::Create(
         " but its pipeline group has ", groups.pp == nullptr ? 0 : groups.pp->size(), " ranks"));
   }
   ASSIGN_OR_RETURN(auto forward,
-                   model::PagedGptForward::Create(weights, cache, backend, groups.tp));
+                   model::PagedGptForward::Create(weights, cache, backend, groups.ForwardTp()));
   return std::unique_ptr<BatchingEngine>(
       new BatchingEngine(options, std::move(forward), std::move(scheduler), groups));
 }
@@ -518,7 +518,7 @@ absl::Status RunServingFollower(const model::InferenceWeights& weights,
   ASSIGN_OR_RETURN(const model::PagedCacheOptions cache,
                    CacheOptionsFor(weights.config, options, weights.tp_size, weights.pp_size));
   ASSIGN_OR_RETURN(auto forward,
-                   model::PagedGptForward::Create(weights, cache, backend, groups.tp));
+                   model::PagedGptForward::Create(weights, cache, backend, groups.ForwardTp()));
   const SlotLimits limits = SlotLimits::For(cache, weights.config.d_model);
   comm::Communicator* stage = StageGroup(groups);
   comm::Communicator* ring = Ring(groups);

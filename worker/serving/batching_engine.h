@@ -70,6 +70,11 @@ struct ServingGroups {
   comm::Communicator* world = nullptr;
   comm::Communicator* tp = nullptr;
   comm::Communicator* pp = nullptr;
+  // The tensor-parallel group as the forward's all-reduces use it, over the backend's memory: on
+  // a GPU, `tp` staged through host memory (comm::StagedCommunicator); null: `tp` itself (the
+  // CPU's). Every other use of the groups (steps, residuals, sampling) moves host memory.
+  comm::Communicator* tp_forward = nullptr;
+  comm::Communicator* ForwardTp() const { return tp_forward != nullptr ? tp_forward : tp; }
   // Tensor parallelism only: the world is the tensor-parallel group.
   static ServingGroups TensorParallel(comm::Communicator* tp) { return {tp, tp, nullptr}; }
 };

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "worker/comm/staged_communicator.h"
 
 namespace shardline::serving {
 
@@ -34,6 +35,14 @@ absl::StatusOr<std::unique_ptr<model::ShardWeights>> LoadServingShard(
       backend, pp, coords.pp);
   if (!weights.ok()) return Annotate(weights.status(), source.path());
   return weights;
+}
+
+ServingGroups GroupsForBackend(ServingGroups groups, kernels::Backend& backend,
+                               std::unique_ptr<comm::Communicator>& staged) {
+  if (backend.device() == kernels::Device::kCpu || groups.tp == nullptr) return groups;
+  staged = std::make_unique<comm::StagedCommunicator>(*groups.tp, backend);
+  groups.tp_forward = staged.get();
+  return groups;
 }
 
 absl::StatusOr<std::string> ReadApiKeyFile(const std::string& path) {

@@ -32,6 +32,12 @@ absl::StatusOr<std::unique_ptr<model::ShardWeights>> LoadServingShard(
     const training::CheckpointSource& source, int tp, int pp, const placement::RankCoords& coords,
     kernels::Backend& backend);
 
+// `groups` for a rank computing on `backend`: on a device backend the tensor-parallel group staged
+// through host memory for the forward's all-reduces (ServingGroups::tp_forward, a
+// comm::StagedCommunicator kept in `staged`); on the CPU `groups` as they are.
+ServingGroups GroupsForBackend(ServingGroups groups, kernels::Backend& backend,
+                               std::unique_ptr<comm::Communicator>& staged);
+
 // The API key in the file `path`: its first line without surrounding white space.
 // InvalidArgument naming the file when it cannot be read or that line is empty.
 absl::StatusOr<std::string> ReadApiKeyFile(const std::string& path);
