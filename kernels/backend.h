@@ -92,6 +92,27 @@ class Backend {
   virtual absl::Status ResidualBackward(float* dinp1, float* dinp2, const float* dout,
                                         int64_t n) = 0;
 
+  // ---- Llama's pieces (kernels/cpu/rmsnorm.h, elementwise.h, rotary.h) ----
+  // RMSNorm: out (N,C) = inp·rstd·weight, rstd (N) kept for the backward (dinp, dweight
+  // accumulate; either may be null).
+  virtual absl::Status RmsNorm(float* out, float* rstd, const float* inp, const float* weight,
+                               int N, int C, float eps) = 0;
+  virtual absl::Status RmsNormBackward(float* dinp, float* dweight, const float* dout,
+                                       const float* inp, const float* weight, const float* rstd,
+                                       int N, int C) = 0;
+  // out (n) = silu(gate)·up; its backward accumulates into dgate and dup (either may be null).
+  virtual absl::Status SwiGlu(float* out, const float* gate, const float* up, int64_t n) = 0;
+  virtual absl::Status SwiGluBackward(float* dgate, float* dup, const float* gate, const float* up,
+                                      const float* dout, int64_t n) = 0;
+  // Rotary positions, in place on H heads of HS channels per row (rows row_stride apart; positions
+  // per row, or null: n % T); inv_freq (HS/2, cpu::RotaryInverseFrequencies) in the backend's
+  // memory. The backward turns a gradient back. InvalidArgument for an odd HS (or one past
+  // cpu::kMaxRotaryHeadSize on the CPU).
+  virtual absl::Status Rotary(float* x, int64_t row_stride, int N, int T, int H, int HS,
+                              const int32_t* positions, const float* inv_freq) = 0;
+  virtual absl::Status RotaryBackward(float* dx, int64_t row_stride, int N, int T, int H, int HS,
+                                      const int32_t* positions, const float* inv_freq) = 0;
+
   // ---- causal self-attention ----
   // qkv (B,T,3,NH,HS) → out (B,T,NH,HS) and the log-sum-exp (B,NH,T) for the backward.
   virtual absl::Status Attention(float* out, float* lse, const float* qkv, int B, int T, int NH,

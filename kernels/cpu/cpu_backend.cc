@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/blas.h"
 #include "kernels/cpu/cross_entropy.h"
@@ -13,6 +14,8 @@
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/optimizer.h"
 #include "kernels/cpu/paged_attention.h"
+#include "kernels/cpu/rmsnorm.h"
+#include "kernels/cpu/rotary.h"
 #include "kernels/cpu/skinny_matmul.h"
 
 namespace shardline::kernels::cpu {
@@ -112,6 +115,52 @@ absl::Status CpuBackend::Residual(float* out, const float* inp1, const float* in
 absl::Status CpuBackend::ResidualBackward(float* dinp1, float* dinp2, const float* dout,
                                           int64_t n) {
   cpu::ResidualBackward(dinp1, dinp2, dout, n);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::RmsNorm(float* out, float* rstd, const float* inp, const float* weight,
+                                 int N, int C, float eps) {
+  RmsNormForward(out, rstd, inp, weight, N, C, eps);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::RmsNormBackward(float* dinp, float* dweight, const float* dout,
+                                         const float* inp, const float* weight, const float* rstd,
+                                         int N, int C) {
+  cpu::RmsNormBackward(dinp, dweight, dout, inp, weight, rstd, N, C);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::SwiGlu(float* out, const float* gate, const float* up, int64_t n) {
+  SwiGluForward(out, gate, up, n);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::SwiGluBackward(float* dgate, float* dup, const float* gate,
+                                        const float* up, const float* dout, int64_t n) {
+  cpu::SwiGluBackward(dgate, dup, gate, up, dout, n);
+  return absl::OkStatus();
+}
+
+namespace {
+absl::Status CheckRotaryHead(int HS, const char* what) {
+  if (HS >= 2 && HS % 2 == 0 && HS <= kMaxRotaryHeadSize) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, ": head size ", HS, " is not an even size up to ", kMaxRotaryHeadSize));
+}
+}  // namespace
+
+absl::Status CpuBackend::Rotary(float* x, int64_t row_stride, int N, int T, int H, int HS,
+                                const int32_t* positions, const float* inv_freq) {
+  RETURN_IF_ERROR(CheckRotaryHead(HS, "cpu rotary"));
+  RotaryForward(x, row_stride, N, T, H, HS, positions, inv_freq);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::RotaryBackward(float* dx, int64_t row_stride, int N, int T, int H, int HS,
+                                        const int32_t* positions, const float* inv_freq) {
+  RETURN_IF_ERROR(CheckRotaryHead(HS, "cpu rotary backward"));
+  cpu::RotaryBackward(dx, row_stride, N, T, H, HS, positions, inv_freq);
   return absl::OkStatus();
 }
 

@@ -124,6 +124,51 @@ void GeluBackward(float* dinp, const float* inp, const float* dout, int64_t n) {
   }
 }
 
+namespace {
+// SwiGLU in blocks as GELU: the block's sigmoid through the vectorised exp (vector_math.h), then
+// the products; the blocks are what the threads share out.
+constexpr int64_t kSwiGluBlock = 1024;
+
+// sig[j] = sigmoid(gate[j]) = 1 / (1 + exp(−gate[j])).
+void Sigmoid(float* sig, const float* gate, int64_t m) {
+  for (int64_t j = 0; j < m; ++j) sig[j] = -gate[j];
+  ExpShiftedInto(sig, sig, 0.0f, m);
+  for (int64_t j = 0; j < m; ++j) sig[j] = 1.0f / (1.0f + sig[j]);
+}
+}  // namespace
+
+void SwiGluForward(float* out, const float* gate, const float* up, int64_t n) {
+  const int64_t blocks = (n + kSwiGluBlock - 1) / kSwiGluBlock;
+#pragma omp parallel for schedule(static) if (n >= kMinParallelWork)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t i0 = b * kSwiGluBlock;
+    const int64_t m = std::min(kSwiGluBlock, n - i0);
+    float sig[kSwiGluBlock];
+    Sigmoid(sig, gate + i0, m);
+    for (int64_t j = 0; j < m; ++j) out[i0 + j] = gate[i0 + j] * sig[j] * up[i0 + j];
+  }
+}
+
+void SwiGluBackward(float* dgate, float* dup, const float* gate, const float* up, const float* dout,
+                    int64_t n) {
+  const int64_t blocks = (n + kSwiGluBlock - 1) / kSwiGluBlock;
+#pragma omp parallel for schedule(static) if (n >= kMinParallelWork)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t i0 = b * kSwiGluBlock;
+    const int64_t m = std::min(kSwiGluBlock, n - i0);
+    float sig[kSwiGluBlock];
+    Sigmoid(sig, gate + i0, m);
+    for (int64_t j = 0; j < m; ++j) {
+      const int64_t i = i0 + j;
+      const float x = gate[i], s = sig[j];
+      const float silu = x * s;
+      // silu'(x) = sigmoid(x)·(1 + x·(1 − sigmoid(x))).
+      if (dgate != nullptr) dgate[i] += dout[i] * up[i] * s * (1.0f + x * (1.0f - s));
+      if (dup != nullptr) dup[i] += dout[i] * silu;
+    }
+  }
+}
+
 void ResidualForward(float* out, const float* inp1, const float* inp2, int64_t n) {
 #pragma omp parallel for simd schedule(static) if (n >= kMinParallelWork)
   for (int64_t i = 0; i < n; ++i) out[i] = inp1[i] + inp2[i];

@@ -137,6 +137,36 @@ absl::Status CudaBackend::ResidualBackward(float* dinp1, float* dinp2, const flo
   return cuda::ResidualBackward(dinp1, dinp2, dout, n, stream_);
 }
 
+absl::Status CudaBackend::RmsNorm(float* out, float* rstd, const float* inp, const float* weight,
+                                  int N, int C, float eps) {
+  return RmsNormForward(out, rstd, inp, weight, N, C, eps, stream_);
+}
+
+absl::Status CudaBackend::RmsNormBackward(float* dinp, float* dweight, const float* dout,
+                                          const float* inp, const float* weight, const float* rstd,
+                                          int N, int C) {
+  return cuda::RmsNormBackward(dinp, dweight, dout, inp, weight, rstd, N, C, stream_);
+}
+
+absl::Status CudaBackend::SwiGlu(float* out, const float* gate, const float* up, int64_t n) {
+  return SwiGluForward(out, gate, up, n, stream_);
+}
+
+absl::Status CudaBackend::SwiGluBackward(float* dgate, float* dup, const float* gate,
+                                         const float* up, const float* dout, int64_t n) {
+  return cuda::SwiGluBackward(dgate, dup, gate, up, dout, n, stream_);
+}
+
+absl::Status CudaBackend::Rotary(float* x, int64_t row_stride, int N, int T, int H, int HS,
+                                 const int32_t* positions, const float* inv_freq) {
+  return RotaryForward(x, row_stride, N, T, H, HS, positions, inv_freq, stream_);
+}
+
+absl::Status CudaBackend::RotaryBackward(float* dx, int64_t row_stride, int N, int T, int H, int HS,
+                                         const int32_t* positions, const float* inv_freq) {
+  return cuda::RotaryBackward(dx, row_stride, N, T, H, HS, positions, inv_freq, stream_);
+}
+
 absl::Status CudaBackend::Attention(float* out, float* lse, const float* qkv, int B, int T, int NH,
                                     int HS) {
   return AttentionForward(out, lse, qkv, B, T, NH, HS, stream_);

@@ -66,6 +66,17 @@ class CudaBackend final : public Backend {
   absl::Status Residual(float* out, const float* inp1, const float* inp2, int64_t n) override;
   absl::Status ResidualBackward(float* dinp1, float* dinp2, const float* dout, int64_t n) override;
 
+  absl::Status RmsNorm(float* out, float* rstd, const float* inp, const float* weight, int N, int C,
+                       float eps) override;
+  absl::Status RmsNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
+                               const float* weight, const float* rstd, int N, int C) override;
+  absl::Status SwiGlu(float* out, const float* gate, const float* up, int64_t n) override;
+  absl::Status SwiGluBackward(float* dgate, float* dup, const float* gate, const float* up,
+                              const float* dout, int64_t n) override;
+  absl::Status Rotary(float* x, int64_t row_stride, int N, int T, int H, int HS,
+                      const int32_t* positions, const float* inv_freq) override;
+  absl::Status RotaryBackward(float* dx, int64_t row_stride, int N, int T, int H, int HS,
+                              const int32_t* positions, const float* inv_freq) override;
   absl::Status Attention(float* out, float* lse, const float* qkv, int B, int T, int NH,
                          int HS) override;
   absl::Status AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out,

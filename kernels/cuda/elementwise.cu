@@ -69,6 +69,26 @@ __global__ void GeluBackwardKernel(float* dinp, const float* inp, const float* d
   }
 }
 
+// SwiGLU: out = silu(gate)·up, as kernels/cpu/elementwise.h.
+__global__ void SwiGluForwardKernel(float* out, const float* gate, const float* up, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float x = gate[i];
+    out[i] = x / (1.0f + expf(-x)) * up[i];
+  }
+}
+
+__global__ void SwiGluBackwardKernel(float* dgate, float* dup, const float* gate, const float* up,
+                                     const float* dout, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float x = gate[i];
+    const float s = 1.0f / (1.0f + expf(-x));
+    if (dgate != nullptr) dgate[i] += dout[i] * up[i] * s * (1.0f + x * (1.0f - s));
+    if (dup != nullptr) dup[i] += dout[i] * x * s;
+  }
+}
+
 __global__ void FillKernel(float* out, float value, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
@@ -146,6 +166,20 @@ cudaError_t GeluBackward(float* dinp, const float* inp, const float* dout, int64
                          cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   GeluBackwardKernel<<<GridFor(n), kBlockThreads, 0, stream>>>(dinp, inp, dout, n);
+  return detail::LaunchResult();
+}
+
+cudaError_t SwiGluForward(float* out, const float* gate, const float* up, int64_t n,
+                          cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  SwiGluForwardKernel<<<GridFor(n), kBlockThreads, 0, stream>>>(out, gate, up, n);
+  return detail::LaunchResult();
+}
+
+cudaError_t SwiGluBackward(float* dgate, float* dup, const float* gate, const float* up,
+                           const float* dout, int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  SwiGluBackwardKernel<<<GridFor(n), kBlockThreads, 0, stream>>>(dgate, dup, gate, up, dout, n);
   return detail::LaunchResult();
 }
 

@@ -43,6 +43,22 @@ cudaError_t LayerNormBackward(float* dinp, float* dweight, float* dbias, const f
                               const float* inp, const float* weight, const float* mean,
                               const float* rstd, int N, int C, cudaStream_t stream);
 
+// layernorm.cu: RMSNorm (kernels/cpu/rmsnorm.h)
+cudaError_t RmsNormForward(float* out, float* rstd, const float* inp, const float* weight, int N,
+                           int C, float eps, cudaStream_t stream);
+cudaError_t RmsNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
+                            const float* weight, const float* rstd, int N, int C,
+                            cudaStream_t stream);
+// elementwise.cu: SwiGLU (kernels/cpu/elementwise.h)
+cudaError_t SwiGluForward(float* out, const float* gate, const float* up, int64_t n,
+                          cudaStream_t stream);
+cudaError_t SwiGluBackward(float* dgate, float* dup, const float* gate, const float* up,
+                           const float* dout, int64_t n, cudaStream_t stream);
+// rotary.cu (kernels/cpu/rotary.h): the forward turn, or (backward) the inverse one.
+cudaError_t Rotary(float* x, int64_t row_stride, int N, int T, int H, int HS,
+                   const int32_t* positions, const float* inv_freq, bool backward,
+                   cudaStream_t stream);
+
 // embedding.cu
 cudaError_t TokenEmbeddingForward(float* out, const int32_t* tokens, const float* wte, int N, int C,
                                   int v0, int v1, cudaStream_t stream);

@@ -1,6 +1,6 @@
-// LayerNorm over the last dimension. Forward and the input gradient: one warp per row. Weight and
-// bias gradients: a column reduction over rows with a fixed summation order (no atomics), so a
-// backward pass is reproducible run to run.
+// LayerNorm and RMSNorm over the last dimension. Forward and the input gradient: one warp per row.
+// Weight and bias gradients: a column reduction over rows with a fixed summation order (no
+// atomics), so a backward pass is reproducible run to run.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launchers.h"
 
@@ -99,6 +99,59 @@ __global__ void LayerNormParamGradKernel(float* dweight, float* dbias, const flo
   }
 }
 
+// RMSNorm: y = x·s·weight with s = 1/sqrt(mean(x²) + eps), as kernels/cpu/rmsnorm.h.
+__global__ void RmsNormForwardKernel(float* out, float* rstd, const float* inp, const float* weight,
+                                     int N, int C, float eps) {
+  const int n = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  if (n >= N) return;
+  const float* x = inp + int64_t{n} * C;
+  float sq = 0.0f;
+  for (int c = lane; c < C; c += kWarpSize) sq += x[c] * x[c];
+  const float s = 1.0f / sqrtf(detail::WarpSum(sq) / static_cast<float>(C) + eps);
+  float* y = out + int64_t{n} * C;
+  for (int c = lane; c < C; c += kWarpSize) y[c] = x[c] * s * weight[c];
+  if (lane == 0) rstd[n] = s;
+}
+
+// dx = s·(g − norm·mean(g·norm)) with norm = x·s and g = weight·dy.
+__global__ void RmsNormInputGradKernel(float* dinp, const float* dout, const float* inp,
+                                       const float* weight, const float* rstd, int N, int C) {
+  const int n = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  if (n >= N) return;
+  const float* x = inp + int64_t{n} * C;
+  const float* dy = dout + int64_t{n} * C;
+  const float s = rstd[n];
+  float g_norm_sum = 0.0f;
+  for (int c = lane; c < C; c += kWarpSize) g_norm_sum += weight[c] * dy[c] * x[c] * s;
+  const float g_norm_mean = detail::WarpSum(g_norm_sum) / static_cast<float>(C);
+  float* dx = dinp + int64_t{n} * C;
+  for (int c = lane; c < C; c += kWarpSize) {
+    dx[c] += (weight[c] * dy[c] - x[c] * s * g_norm_mean) * s;
+  }
+}
+
+// dweight += Σ_rows x·s·dy: block (32, kRowGroups) per 32 columns, as LayerNormParamGradKernel.
+__global__ void RmsNormWeightGradKernel(float* dweight, const float* dout, const float* inp,
+                                        const float* rstd, int N, int C) {
+  __shared__ float partial[kRowGroups][kWarpSize + 1];
+  const int c = blockIdx.x * kWarpSize + threadIdx.x;
+  float w = 0.0f;
+  if (c < C) {
+    for (int n = threadIdx.y; n < N; n += kRowGroups) {
+      w += inp[int64_t{n} * C + c] * rstd[n] * dout[int64_t{n} * C + c];
+    }
+  }
+  partial[threadIdx.y][threadIdx.x] = w;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    float total = 0.0f;
+    for (int g = 0; g < kRowGroups; ++g) total += partial[g][threadIdx.x];
+    dweight[c] += total;
+  }
+}
+
 }  // namespace
 
 namespace launch {
@@ -126,6 +179,33 @@ cudaError_t LayerNormBackward(float* dinp, float* dweight, float* dbias, const f
     const unsigned blocks = static_cast<unsigned>((C + kWarpSize - 1) / kWarpSize);
     LayerNormParamGradKernel<<<blocks, dim3(kWarpSize, kRowGroups), 0, stream>>>(
         dweight, dbias, dout, inp, mean, rstd, N, C);
+    return detail::LaunchResult();
+  }
+  return cudaSuccess;
+}
+
+cudaError_t RmsNormForward(float* out, float* rstd, const float* inp, const float* weight, int N,
+                           int C, float eps, cudaStream_t stream) {
+  if (N == 0) return cudaSuccess;
+  RmsNormForwardKernel<<<RowBlocks(N), detail::kBlockThreads, 0, stream>>>(out, rstd, inp, weight,
+                                                                           N, C, eps);
+  return detail::LaunchResult();
+}
+
+cudaError_t RmsNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
+                            const float* weight, const float* rstd, int N, int C,
+                            cudaStream_t stream) {
+  if (N == 0 || C == 0) return cudaSuccess;
+  if (dinp != nullptr) {
+    RmsNormInputGradKernel<<<RowBlocks(N), detail::kBlockThreads, 0, stream>>>(dinp, dout, inp,
+                                                                               weight, rstd, N, C);
+    const cudaError_t error = detail::LaunchResult();
+    if (error != cudaSuccess) return error;
+  }
+  if (dweight != nullptr) {
+    const unsigned blocks = static_cast<unsigned>((C + kWarpSize - 1) / kWarpSize);
+    RmsNormWeightGradKernel<<<blocks, dim3(kWarpSize, kRowGroups), 0, stream>>>(dweight, dout, inp,
+                                                                                rstd, N, C);
     return detail::LaunchResult();
   }
   return cudaSuccess;

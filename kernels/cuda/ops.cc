@@ -178,6 +178,51 @@ absl::Status LayerNormBackward(float* dinp, float* dweight, float* dbias, const 
       "cuda::LayerNormBackward");
 }
 
+absl::Status RmsNormForward(float* out, float* rstd, const float* inp, const float* weight, int N,
+                            int C, float eps, cudaStream_t stream) {
+  return Launched(launch::RmsNormForward(out, rstd, inp, weight, N, C, eps, stream),
+                  "cuda::RmsNormForward");
+}
+
+absl::Status RmsNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
+                             const float* weight, const float* rstd, int N, int C,
+                             cudaStream_t stream) {
+  return Launched(launch::RmsNormBackward(dinp, dweight, dout, inp, weight, rstd, N, C, stream),
+                  "cuda::RmsNormBackward");
+}
+
+absl::Status SwiGluForward(float* out, const float* gate, const float* up, int64_t n,
+                           cudaStream_t stream) {
+  return Launched(launch::SwiGluForward(out, gate, up, n, stream), "cuda::SwiGluForward");
+}
+
+absl::Status SwiGluBackward(float* dgate, float* dup, const float* gate, const float* up,
+                            const float* dout, int64_t n, cudaStream_t stream) {
+  return Launched(launch::SwiGluBackward(dgate, dup, gate, up, dout, n, stream),
+                  "cuda::SwiGluBackward");
+}
+
+namespace {
+absl::Status CheckRotary(int HS, const char* what) {
+  if (HS >= 2 && HS % 2 == 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(what, ": head size ", HS, " is not even"));
+}
+}  // namespace
+
+absl::Status RotaryForward(float* x, int64_t row_stride, int N, int T, int H, int HS,
+                           const int32_t* positions, const float* inv_freq, cudaStream_t stream) {
+  RETURN_IF_ERROR(CheckRotary(HS, "cuda::RotaryForward"));
+  return Launched(launch::Rotary(x, row_stride, N, T, H, HS, positions, inv_freq, false, stream),
+                  "cuda::RotaryForward");
+}
+
+absl::Status RotaryBackward(float* dx, int64_t row_stride, int N, int T, int H, int HS,
+                            const int32_t* positions, const float* inv_freq, cudaStream_t stream) {
+  RETURN_IF_ERROR(CheckRotary(HS, "cuda::RotaryBackward"));
+  return Launched(launch::Rotary(dx, row_stride, N, T, H, HS, positions, inv_freq, true, stream),
+                  "cuda::RotaryBackward");
+}
+
 // ---- elementwise -------------------------------------------------------------------------------
 
 absl::Status GeluForward(float* out, const float* inp, int64_t n, cudaStream_t stream) {

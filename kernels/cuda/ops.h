@@ -71,6 +71,25 @@ absl::Status LayerNormBackward(float* dinp, float* dweight, float* dbias, const 
 absl::Status GeluForward(float* out, const float* inp, int64_t n, cudaStream_t stream);
 absl::Status GeluBackward(float* dinp, const float* inp, const float* dout, int64_t n,
                           cudaStream_t stream);
+
+// RMSNorm, SwiGLU and rotary positions, as kernels/cpu/rmsnorm.h, elementwise.h and rotary.h
+// (Llama's pieces). RMSNorm's dweight is a fixed-order column reduction (no atomics); rotary's
+// inv_freq (HS/2) is in device memory (cpu::RotaryInverseFrequencies' values, uploaded) and HS
+// must be even (InvalidArgument otherwise).
+absl::Status RmsNormForward(float* out, float* rstd, const float* inp, const float* weight, int N,
+                            int C, float eps, cudaStream_t stream);
+absl::Status RmsNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
+                             const float* weight, const float* rstd, int N, int C,
+                             cudaStream_t stream);
+absl::Status SwiGluForward(float* out, const float* gate, const float* up, int64_t n,
+                           cudaStream_t stream);
+absl::Status SwiGluBackward(float* dgate, float* dup, const float* gate, const float* up,
+                            const float* dout, int64_t n, cudaStream_t stream);
+absl::Status RotaryForward(float* x, int64_t row_stride, int N, int T, int H, int HS,
+                           const int32_t* positions, const float* inv_freq, cudaStream_t stream);
+absl::Status RotaryBackward(float* dx, int64_t row_stride, int N, int T, int H, int HS,
+                            const int32_t* positions, const float* inv_freq, cudaStream_t stream);
+
 // out may alias either input.
 absl::Status ResidualForward(float* out, const float* inp1, const float* inp2, int64_t n,
                              cudaStream_t stream);

@@ -12,3 +12,6 @@ shardline_test(kernels_attention_test
 shardline_test(kernels_paged_attention_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/kernels_paged_attention_test.cc
   LIBS shardline_kernels OpenMP::OpenMP_CXX LABELS unit TIMEOUT 120)
+shardline_test(kernels_llama_ops_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/kernels_llama_ops_test.cc
+  LIBS shardline_kernels LABELS unit TIMEOUT 60)

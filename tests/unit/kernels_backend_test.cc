@@ -18,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/rotary.h"
 #include "tests/unit/kernels_test_util.h"
 #ifdef SHARDLINE_WITH_CUDA
 #include "kernels/cuda/cuda_allocator.h"
@@ -175,6 +176,53 @@ Op LayerNormOp(float eps) {
                     .ok());
     return {{"out", a.Get(out, kN * kC)},   {"mean", a.Get(mean, kN)},  {"rstd", a.Get(rstd, kN)},
             {"dinp", a.Get(dinp, kN * kC)}, {"dweight", a.Get(dw, kC)}, {"dbias", a.Get(db, kC)}};
+  };
+}
+
+// Llama's pieces: RMSNorm (eps 1e-5) and its backward, SwiGLU's gating and its backward, rotary
+// positions (Llama 3 rescaled frequencies) forward and back on strided q/k heads of a qkv row.
+Op LlamaPiecesOp() {
+  return [](Backend& be, Arena& a) -> Outputs {
+    float* inp = a.Put(RandomVector(kN * kC, 50, -2.0f, 3.0f));
+    float* w = a.Put(RandomVector(kC, 51, 0.5f, 1.5f));
+    float* out = a.Zeros(kN * kC);
+    float* rstd = a.Zeros(kN);
+    EXPECT_TRUE(be.RmsNorm(out, rstd, inp, w, kN, kC, 1e-5f).ok());
+    float* dinp = a.Put(std::vector<float>(kN * kC, 0.25f));
+    float* dw = a.Put(std::vector<float>(kC, 0.25f));
+    EXPECT_TRUE(
+        be.RmsNormBackward(dinp, dw, a.Put(RandomVector(kN * kC, 52)), inp, w, rstd, kN, kC).ok());
+
+    const int64_t n = int64_t{kN} * kC;
+    float* gate = a.Put(RandomVector(n, 53, -6.0f, 6.0f));
+    float* up = a.Put(RandomVector(n, 54));
+    float* gated = a.Zeros(n);
+    EXPECT_TRUE(be.SwiGlu(gated, gate, up, n).ok());
+    float* dgate = a.Put(std::vector<float>(n, 0.25f));
+    float* dup = a.Put(std::vector<float>(n, 0.25f));
+    EXPECT_TRUE(be.SwiGluBackward(dgate, dup, gate, up, a.Put(RandomVector(n, 55)), n).ok());
+
+    // 4 query and 2 key heads of 32 turned inside rows of 8 heads; a second buffer turned back.
+    constexpr int N = 11, T = 11, HS = 32, kRow = 8 * HS;
+    const std::vector<float> inv_freq = cpu::RotaryInverseFrequencies(
+        HS, 500000.0, cpu::RotaryScaling{.factor = 8.0, .original_max_positions = 64.0});
+    float* freq = a.Put(inv_freq);
+    std::vector<int32_t> positions(N);
+    for (int i = 0; i < N; ++i) positions[i] = (i * 37) % 200;
+    int32_t* at = a.Put(positions);
+    float* rows = a.Put(RandomVector(N * kRow, 56));
+    EXPECT_TRUE(be.Rotary(rows, kRow, N, T, 6, HS, at, freq).ok());
+    float* grads = a.Put(RandomVector(N * kRow, 57));
+    EXPECT_TRUE(be.RotaryBackward(grads, kRow, N, T, 6, HS, nullptr, freq).ok());
+    return {{"rmsnorm out", a.Get(out, kN * kC)},
+            {"rmsnorm rstd", a.Get(rstd, kN)},
+            {"rmsnorm dinp", a.Get(dinp, kN * kC)},
+            {"rmsnorm dweight", a.Get(dw, kC)},
+            {"swiglu out", a.Get(gated, n)},
+            {"swiglu dgate", a.Get(dgate, n)},
+            {"swiglu dup", a.Get(dup, n)},
+            {"rotary", a.Get(rows, N * kRow)},
+            {"rotary backward", a.Get(grads, N * kRow)}};
   };
 }
 
@@ -357,6 +405,7 @@ std::vector<NamedOp> AllOps() {
       {"LayerNorm", LayerNormOp(1e-5f), kLayerNorm, kLayerNorm},
       {"LayerNormEps", LayerNormOp(1e-2f), kLayerNorm, kLayerNorm},
       {"Pointwise", PointwiseOp(), kPointwise, kPointwise},
+      {"LlamaPieces", LlamaPiecesOp(), kLayerNorm, kLayerNorm},
       {"Attention", AttentionOp(), kAttention, kAttention},
       {"PagedAttention", PagedAttentionOp(), kAttention, kAttention},
       {"Embedding", EmbeddingOp(), kReduction, kReduction},
