@@ -10,6 +10,7 @@
 #include <memory>
 #include <thread>
 
+#include "kernels/backend.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/cpu_communicator.h"
 #include "worker/comm/file_store.h"
@@ -117,6 +118,27 @@ std::string MakeTempDir(const std::string& prefix) {
   std::string pattern = "/tmp/" + prefix + "_XXXXXX";
   if (mkdtemp(pattern.data()) == nullptr) return "";
   return pattern;
+}
+
+std::string GpuUnavailableFromAChild() {
+  int fds[2];
+  if (pipe(fds) != 0) return "pipe failed";
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    auto gpu = kernels::CreateBackend(kernels::BackendOptions{.device = kernels::Device::kCuda});
+    const std::string reason = gpu.ok() ? "" : std::string(gpu.status().message());
+    const ssize_t written = write(fds[1], reason.data(), reason.size());
+    _exit(written == static_cast<ssize_t>(reason.size()) ? 0 : 1);
+  }
+  close(fds[1]);
+  std::string reason;
+  char buffer[256];
+  for (ssize_t n; (n = read(fds[0], buffer, sizeof(buffer))) > 0;) reason.append(buffer, n);
+  close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return reason;
 }
 
 }  // namespace shardline::testing

@@ -42,4 +42,9 @@ ForkedWorldResult RunForkedWorld(const placement::RankGrid& grid, const std::str
 // A fresh directory under /tmp, or "" on failure.
 std::string MakeTempDir(const std::string& prefix);
 
+// Why no CUDA device can run here (kernels::CreateBackend's reason), asked in a child process:
+// CUDA does not survive fork(), so the parent of a forked world must not initialise it. Empty
+// when a GPU runs.
+std::string GpuUnavailableFromAChild();
+
 }  // namespace shardline::testing

@@ -18,7 +18,6 @@
 // each parameter by about ±lr whatever the gradient's size, so trajectories part slowly where a
 // gradient is near zero). Parameters after the steps: within 1e-3 (fp32) and 2e-2 (bf16) of the
 // largest parameter's magnitude. These bounds have not yet been run on a GPU by this engine.
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -181,28 +180,6 @@ TEST_P(EngineOnCudaTest, TenStepsMatchTheCpuEngine) {
 INSTANTIATE_TEST_SUITE_P(Precisions, EngineOnCudaTest, ::testing::Values(false, true),
                          [](const auto& info) { return info.param ? "Bf16" : "Fp32"; });
 
-// cudaGetDeviceCount's reason, asked in a child process: CUDA does not survive fork(), so the
-// parent of a forked world must not initialise it.
-std::string CudaReasonFromAChild() {
-  int fds[2];
-  if (pipe(fds) != 0) return "pipe failed";
-  const pid_t pid = fork();
-  if (pid == 0) {
-    close(fds[0]);
-    const std::string reason = kernels::cuda::CudaUnavailableReason(0);
-    const ssize_t written = write(fds[1], reason.data(), reason.size());
-    _exit(written == static_cast<ssize_t>(reason.size()) ? 0 : 1);
-  }
-  close(fds[1]);
-  std::string reason;
-  char buffer[256];
-  for (ssize_t n; (n = read(fds[0], buffer, sizeof(buffer))) > 0;) reason.append(buffer, n);
-  close(fds[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return reason;
-}
-
 // Each rank's losses go to dir/losses-RANK, one per line.
 int WriteLosses(const std::string& path, const Trajectory& run) {
   if (run.losses.size() != static_cast<size_t>(kSteps)) return 3;
@@ -246,7 +223,7 @@ std::vector<float> ForkedLosses(int tp, int pp, bool cpu) {
 }
 
 TEST(EngineOnCudaForkedTest, TwoRanksOnOneGpuOverHostMemoryMatchTheCpuEngine) {
-  const std::string reason = CudaReasonFromAChild();
+  const std::string reason = testing::GpuUnavailableFromAChild();
   if (!reason.empty()) GTEST_SKIP() << reason;
   const std::vector<float> reference = ForkedLosses(1, 1, /*cpu=*/true);
   ASSERT_EQ(reference.size(), static_cast<size_t>(kSteps));

@@ -9,7 +9,6 @@
 //
 // Every rank computes in its own child (the parent must not start OpenMP threads before forking).
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -326,35 +325,12 @@ TEST_P(ServingShardedTest, AnEngineOverTheGroupGivesTheSingleDeviceTokens) {
       std::chrono::seconds(120));
 }
 
-// Why no GPU can run here (CreateBackend's reason), asked in a child process: CUDA does not
-// survive fork(), so the parent of a forked world must not initialise it. Empty: a GPU runs.
-std::string GpuUnavailableFromAChild() {
-  int fds[2];
-  if (pipe(fds) != 0) return "pipe failed";
-  const pid_t pid = fork();
-  if (pid == 0) {
-    close(fds[0]);
-    auto gpu = kernels::CreateBackend(kernels::BackendOptions{.device = kernels::Device::kCuda});
-    const std::string reason = gpu.ok() ? "" : std::string(gpu.status().message());
-    const ssize_t written = write(fds[1], reason.data(), reason.size());
-    _exit(written == static_cast<ssize_t>(reason.size()) ? 0 : 1);
-  }
-  close(fds[1]);
-  std::string reason;
-  char buffer[256];
-  for (ssize_t n; (n = read(fds[0], buffer, sizeof(buffer))) > 0;) reason.append(buffer, n);
-  close(fds[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return reason;
-}
-
 // Serving on a GPU, the ranks of a tp 2 and a pp 2 group sharing the one GPU (their steps,
 // residuals and sampling over host shared memory, the forward's all-reduces staged through it, as
 // a serve job on CUDA devices runs): greedy requests give the CPU's Generate tokens. Skipped, with
 // the reason, where no GPU can run (labelled unit: it runs wherever the suite does).
 TEST(ServingOnOneGpuTest, TensorAndPipelineRanksSharingAGpuGiveTheCpusGreedyTokens) {
-  const std::string reason = GpuUnavailableFromAChild();
+  const std::string reason = testing::GpuUnavailableFromAChild();
   if (!reason.empty()) GTEST_SKIP() << reason;
   for (const Cut cut : {Cut{2, 1}, Cut{1, 2}}) {
     SCOPED_TRACE(::testing::PrintToString(cut));

@@ -45,7 +45,8 @@ class OneRankGpt {
   absl::Status Load(const ModelParams& params);
 
   // One training step (1-based `step`, for AdamW's bias correction) on (batch, seq_len) tokens
-  // and targets, row-major; a negative target is ignored. A learning rate of 0 leaves the
+  // and targets, row-major; a negative target is ignored (the loss is the mean over every
+  // position, an ignored one counting 0: ShardedGpt's). A learning rate of 0 leaves the
   // parameters as they were (the step's loss is then the forward's at them). Errors name the
   // sizes, or the token outside the vocabulary.
   absl::StatusOr<StepStats> Step(std::span<const int32_t> tokens, std::span<const int32_t> targets,
