@@ -25,7 +25,6 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -36,6 +35,7 @@
 #include "kernels/cuda/cuda_allocator.h"
 #include "placement/train_spec.h"
 #include "tests/support/forked_world.h"
+#include "tests/support/test_models.h"
 #include "tests/support/tiny_train_spec.h"
 #include "tests/unit/kernels_test_util.h"
 #include "worker/model/data/sampler.h"
@@ -301,10 +301,7 @@ TEST(InferenceOnCudaTest, PagedLogitsAndGreedyTokensMatchTheCpu) {
   config.d_model = 64;
   config.vocab = 257;
   config.max_seq_len = 64;
-  ModelParams params = ModelParams::Gpt2Init(config, 13).value();
-  std::mt19937 rng(13);
-  std::normal_distribution<float> noise(0.0f, 0.2f);
-  for (float& p : params.values()) p += noise(rng);
+  const ModelParams params = testing::NoisyGpt2Init(config, 13, 13, 0.2f);
 
   auto cpu = Backend(kernels::Device::kCpu, false);
   auto gpu = Backend(kernels::Device::kCuda, false);

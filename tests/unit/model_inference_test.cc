@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "kernels/allocator.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "tests/support/test_models.h"
 #include "tests/support/whole_forward.h"
 #include "worker/model/inference.h"
 #include "worker/model/paged_inference.h"
@@ -34,23 +35,12 @@ ModelConfig SmallConfig() {
   return c;
 }
 
-// GPT-2's init gives logits within ~1e-2 of each other; a hotter random init makes the logits
-// (and the attention patterns) vary enough that a wrong position or cache row would show.
+// A hotter init than GPT-2's (tests/support/test_models.h says why).
 ModelParams HotModel(const ModelConfig& config, uint32_t seed) {
-  ModelParams model = ModelParams::Gpt2Init(config, seed).value();
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> noise(0.0f, 0.2f);
-  for (float& p : model.values()) p += noise(rng);
-  return model;
+  return testing::NoisyGpt2Init(config, seed, seed, 0.2f);
 }
 
-std::vector<int32_t> RandomTokens(size_t n, int vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> dist(0, vocab - 1);
-  std::vector<int32_t> out(n);
-  for (int32_t& t : out) t = dist(rng);
-  return out;
-}
+using testing::RandomTokens;
 
 void ExpectRowClose(std::span<const float> got, const float* want, int V, const std::string& what) {
   ASSERT_EQ(got.size(), static_cast<size_t>(V)) << what;

@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "kernels/allocator.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "tests/support/test_models.h"
 #include "tests/support/whole_forward.h"
 #include "worker/model/model_params.h"
 #include "worker/model/one_rank_gpt.h"
@@ -35,13 +36,7 @@ ModelConfig TinyConfig() {
   return c;
 }
 
-std::vector<int32_t> RandomTokens(size_t n, int vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> dist(0, vocab - 1);
-  std::vector<int32_t> out(n);
-  for (int32_t& t : out) t = dist(rng);
-  return out;
-}
+using testing::RandomTokens;
 
 // A CPU engine of one rank, with the allocator it reports its memory through.
 struct Engine {

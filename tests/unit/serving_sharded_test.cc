@@ -27,6 +27,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "placement/parallel_layout.h"
 #include "tests/support/forked_world.h"
+#include "tests/support/test_models.h"
 #include "worker/model/inference.h"
 #include "worker/model/model_params.h"
 #include "worker/model/paged_inference.h"
@@ -54,13 +55,8 @@ model::ModelConfig Config() {
 }
 
 std::unique_ptr<model::ModelParams> Model() {
-  auto gpt = model::ModelParams::Gpt2Init(Config(), 21);
-  if (!gpt.ok()) return nullptr;
   // A hotter init than GPT-2's, so logits and attention vary enough to show a wrong shard.
-  std::mt19937 rng(5);
-  std::normal_distribution<float> noise(0.0f, 0.3f);
-  for (float& p : gpt->values()) p += noise(rng);
-  return std::make_unique<model::ModelParams>(std::move(*gpt));
+  return std::make_unique<model::ModelParams>(testing::NoisyGpt2Init(Config(), 21, 5, 0.3f));
 }
 
 void RunWorld(int tp, int pp, const testing::RankBody& body, std::chrono::seconds deadline) {
