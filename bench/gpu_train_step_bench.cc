@@ -145,9 +145,9 @@ void BM_AttentionForwardBackward(benchmark::State& state) {
   float* dout = arena.Floats(size_t{kN} * kC, 1.0f);
   float* dqkv = arena.Floats(size_t{kN} * 3 * kC);
   TimeOnGpu(state, gpu, [&]() -> absl::Status {
-    absl::Status status = AttentionForward(out, lse, qkv, kB, kT, kNH, kHS, gpu.stream);
+    absl::Status status = AttentionForward(out, lse, qkv, kB, kT, kNH, kNH, kHS, gpu.stream);
     if (!status.ok()) return status;
-    return AttentionBackward(dqkv, dout, qkv, out, lse, kB, kT, kNH, kHS, gpu.stream);
+    return AttentionBackward(dqkv, dout, qkv, out, lse, kB, kT, kNH, kNH, kHS, gpu.stream);
   });
   // Causal: half of the 4·B·NH·T²·HS forward FLOPs, and about 2.5× that for the backward.
   const double flops = 3.5 * 2.0 * kB * kNH * double{kT} * kT * kHS;
@@ -217,7 +217,7 @@ void BM_LayerTrainStep(benchmark::State& state) {
     // Forward.
     st.push_back(LayerNormForward(ln1, m1, r1, x, w.ln1w, w.ln1b, N, C, eps, s));
     st.push_back(MatmulForward(blas, qkv, ln1, w.qkvw, w.qkvb, N, C, C3, s));
-    st.push_back(AttentionForward(atty, lse, qkv, kB, kT, kNH, kHS, s));
+    st.push_back(AttentionForward(atty, lse, qkv, kB, kT, kNH, kNH, kHS, s));
     st.push_back(MatmulForward(blas, attproj, atty, w.projw, w.projb, N, C, C, s));
     st.push_back(ResidualForward(res2, x, attproj, int64_t(NC), s));
     st.push_back(LayerNormForward(ln2, m2, r2, res2, w.ln2w, w.ln2b, N, C, eps, s));
@@ -237,7 +237,7 @@ void BM_LayerTrainStep(benchmark::State& state) {
     st.push_back(ResidualBackward(dx, dattproj, dres2, int64_t(NC), s));
     st.push_back(
         MatmulBackward(blas, datty, g.projw, g.projb, dattproj, atty, w.projw, N, C, C, s));
-    st.push_back(AttentionBackward(dqkv, datty, qkv, atty, lse, kB, kT, kNH, kHS, s));
+    st.push_back(AttentionBackward(dqkv, datty, qkv, atty, lse, kB, kT, kNH, kNH, kHS, s));
     st.push_back(MatmulBackward(blas, dln1, g.qkvw, g.qkvb, dqkv, ln1, w.qkvw, N, C, C3, s));
     st.push_back(LayerNormBackward(dx, g.ln1w, g.ln1b, dln1, x, w.ln1w, m1, r1, N, C, s));
     // Update.

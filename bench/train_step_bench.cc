@@ -129,7 +129,7 @@ void ProfileKernels(const Options& o, double step_s) {
   std::vector<int32_t> targets(N);
   for (int n = 0; n < N; ++n) targets[n] = static_cast<int32_t>(rng() % V);
   // A real forward's lse, so that the attention backward sees sane probabilities.
-  cpu::AttentionForward(atty.data(), lse.data(), qkv.data(), B, T, NH, HS);
+  cpu::AttentionForward(atty.data(), lse.data(), qkv.data(), B, T, NH, NH, HS);
 
   struct Row {
     std::string group, name;
@@ -150,7 +150,7 @@ void ProfileKernels(const Options& o, double step_s) {
   add("block fwd", "gemm qkv", gemm(N, C, 3 * C),
       [&] { cpu::MatmulForward(qkv.data(), ln.data(), w_qkv.data(), b_qkv.data(), N, C, 3 * C); });
   add("block fwd", "attention", 0,
-      [&] { cpu::AttentionForward(atty.data(), lse.data(), qkv.data(), B, T, NH, HS); });
+      [&] { cpu::AttentionForward(atty.data(), lse.data(), qkv.data(), B, T, NH, NH, HS); });
   add("block fwd", "gemm attn_proj", gemm(N, C, C),
       [&] { cpu::MatmulForward(y.data(), atty.data(), w_proj.data(), b_proj.data(), N, C, C); });
   add("block fwd", "residual x2", 0, [&] {
@@ -201,7 +201,7 @@ void ProfileKernels(const Options& o, double step_s) {
   });
   add("block bwd", "attention", 0, [&] {
     cpu::AttentionBackward(dqkv.data(), datty.data(), qkv.data(), atty.data(), lse.data(), B, T, NH,
-                           HS);
+                           NH, HS);
   });
   add("block bwd", "gemm qkv", 2 * gemm(N, C, 3 * C), [&] {
     cpu::MatmulBackward(dln.data(), g_qkv.data(), g_bqkv.data(), dqkv.data(), ln.data(),

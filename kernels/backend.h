@@ -114,22 +114,25 @@ class Backend {
                                       const int32_t* positions, const float* inv_freq) = 0;
 
   // ---- causal self-attention ----
-  // qkv (B,T,3,NH,HS) → out (B,T,NH,HS) and the log-sum-exp (B,NH,T) for the backward.
+  // qkv (B,T,NH+2·KVH,HS): the NH query heads, then KVH key and KVH value heads (GPT-2's fused
+  // (B,T,3,NH,HS) when KVH = NH; kernels/cpu/attention.h) → out (B,T,NH,HS) and the log-sum-exp
+  // (B,NH,T) for the backward. InvalidArgument when KVH does not divide NH.
   virtual absl::Status Attention(float* out, float* lse, const float* qkv, int B, int T, int NH,
-                                 int HS) = 0;
+                                 int KVH, int HS) = 0;
   virtual absl::Status AttentionBackward(float* dqkv, const float* dout, const float* qkv,
                                          const float* out, const float* lse, int B, int T, int NH,
-                                         int HS) = 0;
+                                         int KVH, int HS) = 0;
 
   // ---- attention over a paged KV cache (inference; kernels/cpu/paged_attention.h) ----
-  // Writes each token's key and value from qkv (N,3,NH,HS) into its cache slot, then (the second)
+  // Writes each token's keys and values from qkv (N,NH+2·KVH,HS) into its cache slot (KVH heads a
+  // slot), then (the second)
   // each token's query attends its own sequence's cached positions 0..pos: out (N,NH,HS). The
   // batch's arrays are in the backend's memory.
   virtual absl::Status PagedKvWrite(float* k_cache, float* v_cache, const float* qkv,
-                                    const PagedAttentionBatch& batch, int NH, int HS) = 0;
+                                    const PagedAttentionBatch& batch, int NH, int KVH, int HS) = 0;
   virtual absl::Status PagedAttention(float* out, const float* qkv, const float* k_cache,
                                       const float* v_cache, const PagedAttentionBatch& batch,
-                                      int NH, int HS) = 0;
+                                      int NH, int KVH, int HS) = 0;
 
   // ---- embeddings ----
   // out (N,C) = the rows [v0, v1) of the vocabulary that `tokens` name (zero for the others: the

@@ -16,10 +16,24 @@ namespace {
 constexpr int kQueryTile = 64;
 constexpr int kKeyTile = 64;
 
-// Where head h's query, key (part 1) or value (part 2) vector of token (b, t) starts in qkv.
-inline int64_t QkvOffset(int b, int t, int part, int h, int T, int NH, int HS) {
-  return ((int64_t{b} * T + t) * 3 + part) * int64_t{NH} * HS + int64_t{h} * HS;
-}
+// The heads of one token's row of qkv: NH queries, then KVH keys, then KVH values.
+struct QkvHeads {
+  int NH, KVH, HS;
+  int64_t RowWidth() const { return int64_t{NH + 2 * KVH} * HS; }
+  // Query head h's vector of token (b, t).
+  int64_t Query(int b, int t, int h, int T) const {
+    return (int64_t{b} * T + t) * RowWidth() + int64_t{h} * HS;
+  }
+  // Key / value head kv's vector of token (b, t).
+  int64_t Key(int b, int t, int kv, int T) const {
+    return (int64_t{b} * T + t) * RowWidth() + int64_t{NH + kv} * HS;
+  }
+  int64_t Value(int b, int t, int kv, int T) const {
+    return (int64_t{b} * T + t) * RowWidth() + int64_t{NH + KVH + kv} * HS;
+  }
+  // The key/value head query head h reads: each of the KVH serves NH / KVH consecutive queries.
+  int KvOf(int h) const { return h / (NH / KVH); }
+};
 
 inline int64_t OutOffset(int b, int t, int h, int T, int NH, int HS) {
   return (int64_t{b} * T + t) * int64_t{NH} * HS + int64_t{h} * HS;
@@ -37,7 +51,8 @@ void TileGemm(bool trans_a, bool trans_b, int m, int n, int k, const float* a, i
 }
 
 // Per-thread copies of one head's vectors, made contiguous: in qkv consecutive tokens of one head
-// are 3·C floats apart, which would touch a new cache line (and page, at large C) per token.
+// are a whole row of qkv apart, which would touch a new cache line (and page, at large C) per
+// token.
 struct HeadScratch {
   std::vector<float> q;       // (T,HS), pre-scaled by 1/√HS
   std::vector<float> k;       // (T,HS)
@@ -45,16 +60,18 @@ struct HeadScratch {
   std::vector<float> scores;  // (kQueryTile, kKeyTile): a tile's scores, then probabilities
   std::vector<float> acc;     // forward: (kQueryTile, HS), the tile's unnormalised output
 
-  void Pack(const float* qkv, int b, int h, int T, int NH, int HS, float scale) {
+  void Pack(const float* qkv, int b, int h, int T, const QkvHeads& heads, float scale) {
+    const int HS = heads.HS;
+    const int kv = heads.KvOf(h);
     q.resize(static_cast<size_t>(T) * HS);
     k.resize(static_cast<size_t>(T) * HS);
     v.resize(static_cast<size_t>(T) * HS);
     scores.resize(static_cast<size_t>(kQueryTile) * kKeyTile);
     acc.resize(static_cast<size_t>(kQueryTile) * HS);
     for (int t = 0; t < T; ++t) {
-      const float* qs = qkv + QkvOffset(b, t, 0, h, T, NH, HS);
-      const float* ks = qkv + QkvOffset(b, t, 1, h, T, NH, HS);
-      const float* vs = qkv + QkvOffset(b, t, 2, h, T, NH, HS);
+      const float* qs = qkv + heads.Query(b, t, h, T);
+      const float* ks = qkv + heads.Key(b, t, kv, T);
+      const float* vs = qkv + heads.Value(b, t, kv, T);
       float* qd = q.data() + int64_t{t} * HS;
       float* kd = k.data() + int64_t{t} * HS;
       float* vd = v.data() + int64_t{t} * HS;
@@ -126,10 +143,14 @@ void ForwardHead(HeadScratch& scratch, float* out, float* lse, int b, int h, int
 // Gradients of one head, tile by tile. With s = q̂·k (q̂ = q/√HS), p = exp(s − lse):
 //   dv_j += Σ_i p_ij·do_i;  dp_ij = do_i·v_j;  ds_ij = p_ij·(dp_ij − D_i), D_i = do_i·o_i;
 //   dq̂_i += Σ_j ds_ij·k_j;  dk_j += Σ_i ds_ij·q̂_i;  and dq = dq̂/√HS.
-void BackwardHead(HeadScratch& scratch, float* dqkv, const float* dout, const float* out,
-                  const float* lse, int b, int h, int T, int NH, int HS, float scale) {
+//
+// dk and dv (T,HS each) accumulate: the caller sums a key/value head's gradient over the query
+// heads that read it before adding it to dqkv. dq goes straight into dqkv.
+void BackwardHead(HeadScratch& scratch, float* dqkv, std::vector<float>& dk, std::vector<float>& dv,
+                  const float* dout, const float* out, const float* lse, int b, int h, int T,
+                  int NH, int HS, float scale, const QkvHeads& heads) {
   const size_t head_size = static_cast<size_t>(T) * HS;
-  std::vector<float> dq(head_size, 0.0f), dk(head_size, 0.0f), dv(head_size, 0.0f);
+  std::vector<float> dq(head_size, 0.0f);
   std::vector<float> dout_rows(head_size), delta(T);
   // do made contiguous, as in Pack(), and D_i = do_i·o_i.
   for (int t = 0; t < T; ++t) {
@@ -174,21 +195,17 @@ void BackwardHead(HeadScratch& scratch, float* dqkv, const float* dout, const fl
     }
   }
   for (int t = 0; t < T; ++t) {
-    float* gq = dqkv + QkvOffset(b, t, 0, h, T, NH, HS);
-    float* gk = dqkv + QkvOffset(b, t, 1, h, T, NH, HS);
-    float* gv = dqkv + QkvOffset(b, t, 2, h, T, NH, HS);
-    for (int d = 0; d < HS; ++d) {
-      gq[d] += dq[int64_t{t} * HS + d] * scale;
-      gk[d] += dk[int64_t{t} * HS + d];
-      gv[d] += dv[int64_t{t} * HS + d];
-    }
+    float* gq = dqkv + heads.Query(b, t, h, T);
+    for (int d = 0; d < HS; ++d) gq[d] += dq[int64_t{t} * HS + d] * scale;
   }
 }
 
 }  // namespace
 
-void AttentionForward(float* out, float* lse, const float* qkv, int B, int T, int NH, int HS) {
+void AttentionForward(float* out, float* lse, const float* qkv, int B, int T, int NH, int KVH,
+                      int HS) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
+  const QkvHeads heads{NH, KVH, HS};
   const int pairs = B * NH;
 #pragma omp parallel if (pairs > 1 && int64_t{T} * T * HS >= (1 << 14))
   {
@@ -197,25 +214,42 @@ void AttentionForward(float* out, float* lse, const float* qkv, int B, int T, in
     for (int pair = 0; pair < pairs; ++pair) {
       const int b = pair / NH;
       const int h = pair % NH;
-      scratch.Pack(qkv, b, h, T, NH, HS, scale);
+      scratch.Pack(qkv, b, h, T, heads, scale);
       ForwardHead(scratch, out, lse, b, h, T, NH, HS);
     }
   }
 }
 
 void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                       const float* lse, int B, int T, int NH, int HS) {
+                       const float* lse, int B, int T, int NH, int KVH, int HS) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
-  const int pairs = B * NH;
+  const QkvHeads heads{NH, KVH, HS};
+  const int group = NH / KVH;
+  // Threads take whole (b, key/value head) pairs with all the query heads that read the head, so
+  // no two threads add to the same key or value gradient and the sums' order is fixed.
+  const int pairs = B * KVH;
 #pragma omp parallel if (pairs > 1 && int64_t{T} * T * HS >= (1 << 14))
   {
     HeadScratch scratch;
+    std::vector<float> dk, dv;
 #pragma omp for schedule(static)
     for (int pair = 0; pair < pairs; ++pair) {
-      const int b = pair / NH;
-      const int h = pair % NH;
-      scratch.Pack(qkv, b, h, T, NH, HS, scale);
-      BackwardHead(scratch, dqkv, dout, out, lse, b, h, T, NH, HS, scale);
+      const int b = pair / KVH;
+      const int kv = pair % KVH;
+      dk.assign(static_cast<size_t>(T) * HS, 0.0f);
+      dv.assign(static_cast<size_t>(T) * HS, 0.0f);
+      for (int h = kv * group; h < (kv + 1) * group; ++h) {
+        scratch.Pack(qkv, b, h, T, heads, scale);
+        BackwardHead(scratch, dqkv, dk, dv, dout, out, lse, b, h, T, NH, HS, scale, heads);
+      }
+      for (int t = 0; t < T; ++t) {
+        float* gk = dqkv + heads.Key(b, t, kv, T);
+        float* gv = dqkv + heads.Value(b, t, kv, T);
+        for (int d = 0; d < HS; ++d) {
+          gk[d] += dk[int64_t{t} * HS + d];
+          gv[d] += dv[int64_t{t} * HS + d];
+        }
+      }
     }
   }
 }

@@ -164,29 +164,42 @@ absl::Status CpuBackend::RotaryBackward(float* dx, int64_t row_stride, int N, in
   return absl::OkStatus();
 }
 
+namespace {
+// The kernels index key/value heads as h / (NH / KVH) and trust it.
+absl::Status CheckHeads(int NH, int KVH, const char* what) {
+  if (NH >= 0 && KVH >= 1 && NH % KVH == 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, ": key/value heads ", KVH, " must divide the query heads ", NH));
+}
+}  // namespace
+
 absl::Status CpuBackend::Attention(float* out, float* lse, const float* qkv, int B, int T, int NH,
-                                   int HS) {
-  AttentionForward(out, lse, qkv, B, T, NH, HS);
+                                   int KVH, int HS) {
+  RETURN_IF_ERROR(CheckHeads(NH, KVH, "cpu attention"));
+  AttentionForward(out, lse, qkv, B, T, NH, KVH, HS);
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::AttentionBackward(float* dqkv, const float* dout, const float* qkv,
                                            const float* out, const float* lse, int B, int T, int NH,
-                                           int HS) {
-  cpu::AttentionBackward(dqkv, dout, qkv, out, lse, B, T, NH, HS);
+                                           int KVH, int HS) {
+  RETURN_IF_ERROR(CheckHeads(NH, KVH, "cpu attention backward"));
+  cpu::AttentionBackward(dqkv, dout, qkv, out, lse, B, T, NH, KVH, HS);
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::PagedKvWrite(float* k_cache, float* v_cache, const float* qkv,
-                                      const PagedAttentionBatch& batch, int NH, int HS) {
-  cpu::PagedKvWrite(k_cache, v_cache, qkv, batch, NH, HS);
+                                      const PagedAttentionBatch& batch, int NH, int KVH, int HS) {
+  RETURN_IF_ERROR(CheckHeads(NH, KVH, "cpu paged KV write"));
+  cpu::PagedKvWrite(k_cache, v_cache, qkv, batch, NH, KVH, HS);
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::PagedAttention(float* out, const float* qkv, const float* k_cache,
                                         const float* v_cache, const PagedAttentionBatch& batch,
-                                        int NH, int HS) {
-  PagedAttentionForward(out, qkv, k_cache, v_cache, batch, NH, HS);
+                                        int NH, int KVH, int HS) {
+  RETURN_IF_ERROR(CheckHeads(NH, KVH, "cpu paged attention"));
+  PagedAttentionForward(out, qkv, k_cache, v_cache, batch, NH, KVH, HS);
   return absl::OkStatus();
 }
 

@@ -45,9 +45,9 @@ const int32_t* TableRow(const PagedAttentionBatch& batch, int seq) {
   return batch.block_tables + int64_t{seq} * batch.max_blocks_per_seq;
 }
 
-// Where the cache slot (block, offset) starts: its NH·HS floats, head by head.
-inline int64_t SlotOffset(int32_t block, int offset, int block_size, int NH, int HS) {
-  return (int64_t{block} * block_size + offset) * NH * HS;
+// Where the cache slot (block, offset) starts: its KVH·HS floats, head by head.
+inline int64_t SlotOffset(int32_t block, int offset, int block_size, int KVH, int HS) {
+  return (int64_t{block} * block_size + offset) * KVH * HS;
 }
 
 void CheckToken([[maybe_unused]] const PagedAttentionBatch& batch, [[maybe_unused]] int i) {
@@ -56,20 +56,20 @@ void CheckToken([[maybe_unused]] const PagedAttentionBatch& batch, [[maybe_unuse
          batch.positions[i] / batch.block_size < batch.max_blocks_per_seq);
 }
 
-// Where head h's key and value rows of positions c0 .. c0 + n − 1 start, through the block table:
+// Where key/value head kv's rows of positions c0 .. c0 + n − 1 start, through the block table:
 // one lookup per block, not a division per position.
 void FindRows(const float** k_rows, const float** v_rows, const float* k_cache,
-              const float* v_cache, const int32_t* table, int c0, int n, int h,
-              const PagedAttentionBatch& batch, int NH, int HS) {
+              const float* v_cache, const int32_t* table, int c0, int n, int kv,
+              const PagedAttentionBatch& batch, int KVH, int HS) {
   const int block_size = batch.block_size;
-  const int64_t stride = int64_t{NH} * HS;  // from one position of head h to the next in a block
+  const int64_t stride = int64_t{KVH} * HS;  // from one position of a head to the next in a block
   for (int j = 0; j < n;) {
     const int p = c0 + j;
     const int32_t block = table[p / block_size];
     assert(block >= 0 && block < batch.num_blocks);
     const int offset = p % block_size;
     const int run = std::min(block_size - offset, n - j);
-    const int64_t first = SlotOffset(block, offset, block_size, NH, HS) + int64_t{h} * HS;
+    const int64_t first = SlotOffset(block, offset, block_size, KVH, HS) + int64_t{kv} * HS;
     for (int r = 0; r < run; ++r, ++j) {
       k_rows[j] = k_cache + first + r * stride;
       v_rows[j] = v_cache + first + r * stride;
@@ -77,7 +77,7 @@ void FindRows(const float** k_rows, const float** v_rows, const float* k_cache,
   }
 }
 
-// Asks for a row of HS floats in cache ahead of its use. A head's rows are NH·HS floats apart
+// Asks for a row of HS floats in cache ahead of its use. A head's rows are KVH·HS floats apart
 // (a few KiB at real sizes), too far apart for the hardware's stride prefetcher: without this a
 // decode over a cache in DRAM waits out a miss per row (on the 2-core dev VM, a step of 32
 // sequences × 1024 positions, NH = 12, HS = 64, one thread: 45 ms without, 21 ms with; 8
@@ -87,13 +87,17 @@ inline void Prefetch(const float* row, int HS) {
   __builtin_prefetch(row + HS - 1);                              // a row not aligned to lines
 }
 
+// The most query heads one unit of ForwardHeads16 takes (its offsets live on the stack).
+constexpr int kMaxHeadsPerUnit = 256;
+
 // How many positions ahead the scores loop prefetches keys.
 constexpr int kAhead = 8;
 
-// One (token, head) pair: out_row (HS) = softmax(q·kᵀ/√HS)·v over positions 0..pos of the
-// sequence whose block table is `table`. q_scaled and acc are the thread's scratch (HS each).
+// One (token, query head) pair: out_row (HS) = softmax(q·kᵀ/√HS)·v over positions 0..pos of the
+// sequence whose block table is `table`, keys and values of head kv. q_scaled and acc are the
+// thread's scratch (HS each).
 void ForwardPair(float* out_row, const float* q, const float* k_cache, const float* v_cache,
-                 const int32_t* table, int pos, int h, const PagedAttentionBatch& batch, int NH,
+                 const int32_t* table, int pos, int kv, const PagedAttentionBatch& batch, int KVH,
                  int HS, float scale, float* q_scaled, float* acc) {
   for (int d = 0; d < HS; ++d) {
     q_scaled[d] = q[d] * scale;  // as the training kernel: scaled once, before the products
@@ -108,7 +112,7 @@ void ForwardPair(float* out_row, const float* q, const float* k_cache, const flo
   for (int c0 = 0; c0 <= pos; c0 += kChunk) {
     const int n = std::min(kChunk, pos + 1 - c0);
     const int found = std::min(kChunk + kAhead, pos + 1 - c0);
-    FindRows(k_rows, v_rows, k_cache, v_cache, table, c0, found, h, batch, NH, HS);
+    FindRows(k_rows, v_rows, k_cache, v_cache, table, c0, found, kv, batch, KVH, HS);
     if (c0 == 0) {
       for (int j = 0; j < std::min(kAhead, n); ++j) Prefetch(k_rows[j], HS);
     }
@@ -143,10 +147,11 @@ void ForwardPair(float* out_row, const float* q, const float* k_cache, const flo
 }
 
 // The sixteen-lane twin of ForwardPair, for head sizes of NV·16 (NV <= 8) on AVX-512 CPUs, over
-// the heads [h0, h1) of one token at once: a cache slot holds a position's heads side by side, so
-// reading them together streams each key and value row segment from memory in one run, where
-// a pair alone reads 64 floats every NH·HS (a strided walk the hardware prefetcher does not
-// follow). Each head's arithmetic is one pair's, in the same order (its scores summed over 16
+// the query heads [h0, h1) of one token at once: a cache slot holds a position's key/value heads
+// side by side, so reading them together streams each key and value row segment from memory in one
+// run, where a pair alone reads 64 floats every KVH·HS (a strided walk the hardware prefetcher does
+// not follow); under grouped-query attention the queries of one key/value head reuse its rows from
+// L1. Each head's arithmetic is one pair's, in the same order (its scores summed over 16
 // lanes with FMAs, then the lanes; the softmax rescaled at the same positions as ForwardPair's;
 // the values accumulated in position order with FMAs), so a token's bits do not depend on how its
 // heads are grouped, nor on the batch; they differ from ForwardPair's, as the exp's do between
@@ -185,9 +190,16 @@ __attribute__((target("avx512f"))) void ForwardHeads16(float* out, const float* 
                                                        const float* k_cache, const float* v_cache,
                                                        const int32_t* table, int pos, int h0,
                                                        int h1, const PagedAttentionBatch& batch,
-                                                       int NH, float scale, HeadsScratch& scratch) {
+                                                       int group, int KVH, float scale,
+                                                       HeadsScratch& scratch) {
   constexpr int HS = NV * 16;
   const int H = h1 - h0;
+  // Query head h0 + g reads key/value head (h0 + g) / group: kv_offset[g]·HS past head kv0's row.
+  const int kv0 = h0 / group;
+  const int kv1 = (h1 - 1) / group + 1;
+  int kv_offset[kMaxHeadsPerUnit];
+  for (int g = 0; g < H; ++g) kv_offset[g] = ((h0 + g) / group - kv0) * HS;
+  const int kv_span = (kv1 - kv0) * HS;  // the floats of a slot this unit reads
   float* qs = scratch.q.data();
   float* acc = scratch.acc.data();
   const __m512 scaled = _mm512_set1_ps(scale);
@@ -197,21 +209,21 @@ __attribute__((target("avx512f"))) void ForwardHeads16(float* out, const float* 
   }
   std::fill_n(scratch.max.begin(), H, -INFINITY);
   std::fill_n(scratch.sum.begin(), H, 0.0f);
-  // Head h0's rows of the chunk (and of the next chunk's first kAhead): head h0 + g is g·HS on.
+  // Head kv0's rows of the chunk (and of the next chunk's first kAhead).
   const float* k_rows[kChunk + kAhead];
   const float* v_rows[kChunk + kAhead];
   for (int c0 = 0; c0 <= pos; c0 += kChunk) {
     const int n = std::min(kChunk, pos + 1 - c0);
     const int found = std::min(kChunk + kAhead, pos + 1 - c0);
-    FindRows(k_rows, v_rows, k_cache, v_cache, table, c0, found, h0, batch, NH, HS);
+    FindRows(k_rows, v_rows, k_cache, v_cache, table, c0, found, kv0, batch, KVH, HS);
     if (c0 == 0) {
-      for (int j = 0; j < std::min(kAhead, n); ++j) PrefetchSpan(k_rows[j], H * HS);
+      for (int j = 0; j < std::min(kAhead, n); ++j) PrefetchSpan(k_rows[j], kv_span);
     }
     for (int j = 0; j < n; ++j) {
-      if (j + kAhead < found) PrefetchSpan(k_rows[j + kAhead], H * HS);
-      PrefetchSpan(v_rows[j], H * HS);
+      if (j + kAhead < found) PrefetchSpan(k_rows[j + kAhead], kv_span);
+      PrefetchSpan(v_rows[j], kv_span);
       for (int g = 0; g < H; ++g) {
-        scratch.s[g * kChunk + j] = Dot16<NV>(qs + g * HS, k_rows[j] + g * HS);
+        scratch.s[g * kChunk + j] = Dot16<NV>(qs + g * HS, k_rows[j] + kv_offset[g]);
       }
     }
     for (int g = 0; g < H; ++g) {
@@ -234,7 +246,7 @@ __attribute__((target("avx512f"))) void ForwardHeads16(float* out, const float* 
     for (int j = 0; j < n; ++j) {
       for (int g = 0; g < H; ++g) {
         const __m512 p = _mm512_set1_ps(scratch.s[g * kChunk + j]);
-        const float* v = v_rows[j] + g * HS;
+        const float* v = v_rows[j] + kv_offset[g];
         for (int i = 0; i < NV; ++i) {
           float* a = acc + g * HS + 16 * i;
           _mm512_storeu_ps(a, _mm512_fmadd_ps(p, _mm512_loadu_ps(v + 16 * i), _mm512_loadu_ps(a)));
@@ -252,7 +264,7 @@ __attribute__((target("avx512f"))) void ForwardHeads16(float* out, const float* 
 }
 
 using ForwardHeads16Fn = void (*)(float*, const float*, const float*, const float*, const int32_t*,
-                                  int, int, int, const PagedAttentionBatch&, int, float,
+                                  int, int, int, const PagedAttentionBatch&, int, int, float,
                                   HeadsScratch&);
 constexpr ForwardHeads16Fn kForwardHeads16[9] = {
     nullptr,           ForwardHeads16<1>, ForwardHeads16<2>, ForwardHeads16<3>, ForwardHeads16<4>,
@@ -267,26 +279,30 @@ ForwardHeads16Fn WideHeads(int HS) {
 }  // namespace
 
 void PagedKvWrite(float* k_cache, float* v_cache, const float* qkv,
-                  const PagedAttentionBatch& batch, int NH, int HS) {
+                  const PagedAttentionBatch& batch, int NH, int KVH, int HS) {
   const int N = batch.num_tokens;
-  const int64_t C = int64_t{NH} * HS;
-#pragma omp parallel for schedule(static) if (int64_t{N} * 2 * C >= kMinParallelWork)
+  const int64_t C = int64_t{NH} * HS;    // the queries of a row of qkv
+  const int64_t KC = int64_t{KVH} * HS;  // its keys, and its values
+  const int64_t row_width = C + 2 * KC;
+#pragma omp parallel for schedule(static) if (int64_t{N} * 2 * KC >= kMinParallelWork)
   for (int i = 0; i < N; ++i) {
     CheckToken(batch, i);
     const int pos = batch.positions[i];
     const int32_t block = TableRow(batch, batch.token_seq[i])[pos / batch.block_size];
     assert(block >= 0 && block < batch.num_blocks);
-    const int64_t slot = SlotOffset(block, pos % batch.block_size, batch.block_size, NH, HS);
-    const float* row = qkv + int64_t{i} * 3 * C;
-    std::copy_n(row + C, C, k_cache + slot);
-    std::copy_n(row + 2 * C, C, v_cache + slot);
+    const int64_t slot = SlotOffset(block, pos % batch.block_size, batch.block_size, KVH, HS);
+    const float* row = qkv + int64_t{i} * row_width;
+    std::copy_n(row + C, KC, k_cache + slot);
+    std::copy_n(row + C + KC, KC, v_cache + slot);
   }
 }
 
 void PagedAttentionForward(float* out, const float* qkv, const float* k_cache, const float* v_cache,
-                           const PagedAttentionBatch& batch, int NH, int HS) {
+                           const PagedAttentionBatch& batch, int NH, int KVH, int HS) {
   const int N = batch.num_tokens;
   const int64_t C = int64_t{NH} * HS;
+  const int64_t row_width = C + 2 * int64_t{KVH} * HS;  // of qkv
+  const int group = NH / KVH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const int64_t pairs = int64_t{N} * NH;
   // Threads take whole (token, head) pairs, so the thread count changes only who computes a pair,
@@ -299,7 +315,7 @@ void PagedAttentionForward(float* out, const float* qkv, const float* k_cache, c
     // else each token's heads in groups (a decode of one sequence still uses every thread).
     const int threads = omp_get_max_threads();
     const int groups = std::clamp((2 * threads + N - 1) / N, 1, NH);
-    const int per = (NH + groups - 1) / groups;
+    const int per = std::min((NH + groups - 1) / groups, kMaxHeadsPerUnit);
     const int64_t units = int64_t{N} * ((NH + per - 1) / per);
 #pragma omp parallel if (units > 1 && positions_read * 2 * C >= kMinParallelWork)
     {
@@ -309,9 +325,9 @@ void PagedAttentionForward(float* out, const float* qkv, const float* k_cache, c
         const int i = static_cast<int>(unit / ((NH + per - 1) / per));
         const int h0 = static_cast<int>(unit % ((NH + per - 1) / per)) * per;
         CheckToken(batch, i);
-        wide(out + int64_t{i} * C, qkv + int64_t{i} * 3 * C, k_cache, v_cache,
+        wide(out + int64_t{i} * C, qkv + int64_t{i} * row_width, k_cache, v_cache,
              TableRow(batch, batch.token_seq[i]), batch.positions[i], h0, std::min(NH, h0 + per),
-             batch, NH, scale, scratch);
+             batch, group, KVH, scale, scratch);
       }
     }
     return;
@@ -325,9 +341,9 @@ void PagedAttentionForward(float* out, const float* qkv, const float* k_cache, c
       const int h = static_cast<int>(pair % NH);
       CheckToken(batch, i);
       ForwardPair(out + int64_t{i} * C + int64_t{h} * HS,
-                  qkv + int64_t{i} * 3 * C + int64_t{h} * HS, k_cache, v_cache,
-                  TableRow(batch, batch.token_seq[i]), batch.positions[i], h, batch, NH, HS, scale,
-                  scratch.data(), scratch.data() + HS);
+                  qkv + int64_t{i} * row_width + int64_t{h} * HS, k_cache, v_cache,
+                  TableRow(batch, batch.token_seq[i]), batch.positions[i], h / group, batch, KVH,
+                  HS, scale, scratch.data(), scratch.data() + HS);
     }
   }
 }

@@ -1,6 +1,6 @@
 // Causal self-attention, fused in the flash-attention manner: the (T,T) score matrix is never
-// stored. Layouts and maths are those of kernels/cpu/attention.h: qkv (B,T,3,NH,HS), out
-// (B,T,NH,HS), lse (B,NH,T); scores use q̂ = q/√HS.
+// stored. Layouts and maths are those of kernels/cpu/attention.h: qkv (B,T,NH+2·KVH,HS) (query
+// head h reads key/value head h / (NH/KVH)), out (B,T,NH,HS), lse (B,NH,T); scores use q̂ = q/√HS.
 //
 // Work split. A block owns one (b, head) and one tile of kTile = 32 rows (queries in the forward
 // and the dq pass, keys in the dk/dv pass) and walks the tiles of the other side, staging them in
@@ -13,8 +13,9 @@
 // element d of row j then hits bank (j·stride + d) mod 32, a different bank for every lane.
 //
 // Backward (FlashAttention-2's split, with no atomics): one kernel parallel over key tiles
-// accumulates dk and dv, another parallel over query tiles accumulates dq; both recompute the
-// probabilities from the saved log-sum-exp, and D_i = do_i·o_i, as the CPU twin does.
+// accumulates dk and dv (a block walks every query head that reads its key/value head), another
+// parallel over query tiles accumulates dq; both recompute the probabilities from the saved
+// log-sum-exp, and D_i = do_i·o_i, as the CPU twin does.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launchers.h"
 
@@ -33,12 +34,14 @@ constexpr int kChunks = launch::kAttentionMaxHeadSize / kWarpSize;  // d = lane 
 static_assert(kTile == kWarpSize, "lane j must map to column j of a tile");
 
 struct Geometry {
-  int T, NH, HS, stride;
+  int T, NH, KVH, HS, stride;
   float scale;
 
-  // Offset of head h's query (part 0), key (1) or value (2) vector of token t of batch b in qkv.
+  // Offset of query head h's query (part 0), or of the key (1) or value (2) vector it reads, of
+  // token t of batch b in qkv.
   __device__ int64_t Qkv(int b, int t, int part, int h) const {
-    return ((int64_t{b} * T + t) * 3 + part) * int64_t{NH} * HS + int64_t{h} * HS;
+    const int head = part == 0 ? h : NH + (part - 1) * KVH + h / (NH / KVH);
+    return (int64_t{b} * T + t) * (NH + 2 * KVH) * int64_t{HS} + int64_t{head} * HS;
   }
   __device__ int64_t Out(int b, int t, int h) const {
     return (int64_t{b} * T + t) * int64_t{NH} * HS + int64_t{h} * HS;
@@ -176,8 +179,9 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// dk and dv for one key tile: grid (ceil(T/kTile), B·NH). For key j (a warp row) and query i
-// (lane i of the query tile), with p = exp(s − lse_i), dp = do_i·v_j, ds = p·(dp − D_i):
+// dk and dv for one key tile of one key/value head: grid (ceil(T/kTile), B·KVH), summing over the
+// NH/KVH query heads that read it. For key j (a warp row) and query i (lane i of the query tile),
+// with p = exp(s − lse_i), dp = do_i·v_j, ds = p·(dp − D_i):
 //   dv_j += Σ_i p·do_i;  dk_j += Σ_i ds·q̂_i.
 __global__ void __launch_bounds__(kThreads)
     BackwardKeyValueKernel(float* dqkv, const float* dout, const float* qkv, const float* out,
@@ -189,14 +193,15 @@ __global__ void __launch_bounds__(kThreads)
   float* do_tile = q_tile + kTile * g.stride;  // (kTile, stride): dout rows of those queries
   float* delta = do_tile + kTile * g.stride;   // (kTile)
   float* lse_tile = delta + kTile;             // (kTile)
-  const int b = blockIdx.y / g.NH;
-  const int h = blockIdx.y % g.NH;
+  const int b = blockIdx.y / g.KVH;
+  const int group = g.NH / g.KVH;
+  const int first_head = (blockIdx.y % g.KVH) * group;  // the first query head of this key head
   const int j0 = blockIdx.x * kTile;
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
 
-  LoadQkvTile(k_tile, qkv, g, b, h, j0, 1, 1.0f);
-  LoadQkvTile(v_tile, qkv, g, b, h, j0, 2, 1.0f);
+  LoadQkvTile(k_tile, qkv, g, b, first_head, j0, 1, 1.0f);
+  LoadQkvTile(v_tile, qkv, g, b, first_head, j0, 2, 1.0f);
 
   float dk[kRowsPerWarp][kChunks];
   float dv[kRowsPerWarp][kChunks];
@@ -207,12 +212,13 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   // Causal: queries before j0 see none of these keys. Tiles are aligned, so start at j0.
-  for (int i0 = j0; i0 < g.T; i0 += kTile) {
-    __syncthreads();
-    LoadQkvTile(q_tile, qkv, g, b, h, i0, 0, g.scale);
-    LoadRowsTile(do_tile, dout, g, b, h, i0);
-    LoadRowStats(delta, lse_tile, dout, out, lse, g, b, h, i0);
-    __syncthreads();
+  for (int h = first_head; h < first_head + group; ++h) {
+    for (int i0 = j0; i0 < g.T; i0 += kTile) {
+      __syncthreads();
+      LoadQkvTile(q_tile, qkv, g, b, h, i0, 0, g.scale);
+      LoadRowsTile(do_tile, dout, g, b, h, i0);
+      LoadRowStats(delta, lse_tile, dout, out, lse, g, b, h, i0);
+      __syncthreads();
 #pragma unroll
     for (int rr = 0; rr < kRowsPerWarp; ++rr) {
       const int r = warp * kRowsPerWarp + rr;
@@ -243,14 +249,15 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
+  }
 
   // Each (key, d) belongs to exactly one thread of one block: plain read-modify-write.
 #pragma unroll
   for (int rr = 0; rr < kRowsPerWarp; ++rr) {
     const int j = j0 + warp * kRowsPerWarp + rr;
     if (j >= g.T) continue;
-    float* gk = dqkv + g.Qkv(b, j, 1, h);
-    float* gv = dqkv + g.Qkv(b, j, 2, h);
+    float* gk = dqkv + g.Qkv(b, j, 1, first_head);
+    float* gv = dqkv + g.Qkv(b, j, 2, first_head);
 #pragma unroll
     for (int k = 0; k < kChunks; ++k) {
       const int d = lane + k * kWarpSize;
@@ -344,19 +351,21 @@ cudaError_t AllowSharedMemory(Kernel kernel, size_t bytes) {
                               static_cast<int>(bytes));
 }
 
-Geometry MakeGeometry(int T, int NH, int HS) {
-  return Geometry{T, NH, HS, OddStride(HS), 1.0f / sqrtf(static_cast<float>(HS))};
+Geometry MakeGeometry(int T, int NH, int KVH, int HS) {
+  return Geometry{T, NH, KVH, HS, OddStride(HS), 1.0f / sqrtf(static_cast<float>(HS))};
 }
 
 }  // namespace
 
 namespace launch {
 
-cudaError_t AttentionForward(float* out, float* lse, const float* qkv, int B, int T, int NH, int HS,
-                             cudaStream_t stream) {
+cudaError_t AttentionForward(float* out, float* lse, const float* qkv, int B, int T, int NH,
+                             int KVH, int HS, cudaStream_t stream) {
   if (B == 0 || T == 0 || NH == 0) return cudaSuccess;
-  if (HS <= 0 || HS > kAttentionMaxHeadSize) return cudaErrorInvalidValue;
-  const Geometry g = MakeGeometry(T, NH, HS);
+  if (HS <= 0 || HS > kAttentionMaxHeadSize || KVH <= 0 || NH % KVH != 0) {
+    return cudaErrorInvalidValue;
+  }
+  const Geometry g = MakeGeometry(T, NH, KVH, HS);
   const size_t shared_bytes = sizeof(float) * 3 * kTile * g.stride;
   cudaError_t error = AllowSharedMemory(ForwardKernel, shared_bytes);
   if (error != cudaSuccess) return error;
@@ -366,19 +375,24 @@ cudaError_t AttentionForward(float* out, float* lse, const float* qkv, int B, in
 }
 
 cudaError_t AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                              const float* lse, int B, int T, int NH, int HS, cudaStream_t stream) {
+                              const float* lse, int B, int T, int NH, int KVH, int HS,
+                              cudaStream_t stream) {
   if (B == 0 || T == 0 || NH == 0) return cudaSuccess;
-  if (HS <= 0 || HS > kAttentionMaxHeadSize) return cudaErrorInvalidValue;
-  const Geometry g = MakeGeometry(T, NH, HS);
+  if (HS <= 0 || HS > kAttentionMaxHeadSize || KVH <= 0 || NH % KVH != 0) {
+    return cudaErrorInvalidValue;
+  }
+  const Geometry g = MakeGeometry(T, NH, KVH, HS);
   const size_t shared_bytes = sizeof(float) * (4 * kTile * g.stride + 2 * kTile);
   cudaError_t error = AllowSharedMemory(BackwardKeyValueKernel, shared_bytes);
   if (error != cudaSuccess) return error;
   error = AllowSharedMemory(BackwardQueryKernel, shared_bytes);
   if (error != cudaSuccess) return error;
-  const dim3 grid((T + kTile - 1) / kTile, B * NH);
-  BackwardKeyValueKernel<<<grid, kThreads, shared_bytes, stream>>>(dqkv, dout, qkv, out, lse, g);
+  const dim3 key_grid((T + kTile - 1) / kTile, B * KVH);
+  BackwardKeyValueKernel<<<key_grid, kThreads, shared_bytes, stream>>>(dqkv, dout, qkv, out, lse,
+                                                                       g);
   error = detail::LaunchResult();
   if (error != cudaSuccess) return error;
+  const dim3 grid((T + kTile - 1) / kTile, B * NH);
   BackwardQueryKernel<<<grid, kThreads, shared_bytes, stream>>>(dqkv, dout, qkv, out, lse, g);
   return detail::LaunchResult();
 }

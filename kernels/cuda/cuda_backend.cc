@@ -168,25 +168,25 @@ absl::Status CudaBackend::RotaryBackward(float* dx, int64_t row_stride, int N, i
 }
 
 absl::Status CudaBackend::Attention(float* out, float* lse, const float* qkv, int B, int T, int NH,
-                                    int HS) {
-  return AttentionForward(out, lse, qkv, B, T, NH, HS, stream_);
+                                    int KVH, int HS) {
+  return AttentionForward(out, lse, qkv, B, T, NH, KVH, HS, stream_);
 }
 
 absl::Status CudaBackend::AttentionBackward(float* dqkv, const float* dout, const float* qkv,
                                             const float* out, const float* lse, int B, int T,
-                                            int NH, int HS) {
-  return cuda::AttentionBackward(dqkv, dout, qkv, out, lse, B, T, NH, HS, stream_);
+                                            int NH, int KVH, int HS) {
+  return cuda::AttentionBackward(dqkv, dout, qkv, out, lse, B, T, NH, KVH, HS, stream_);
 }
 
 absl::Status CudaBackend::PagedKvWrite(float* k_cache, float* v_cache, const float* qkv,
-                                       const PagedAttentionBatch& batch, int NH, int HS) {
-  return cuda::PagedKvWrite(k_cache, v_cache, qkv, batch, NH, HS, stream_);
+                                       const PagedAttentionBatch& batch, int NH, int KVH, int HS) {
+  return cuda::PagedKvWrite(k_cache, v_cache, qkv, batch, NH, KVH, HS, stream_);
 }
 
 absl::Status CudaBackend::PagedAttention(float* out, const float* qkv, const float* k_cache,
                                          const float* v_cache, const PagedAttentionBatch& batch,
-                                         int NH, int HS) {
-  return PagedAttentionForward(out, qkv, k_cache, v_cache, batch, NH, HS, stream_);
+                                         int NH, int KVH, int HS) {
+  return PagedAttentionForward(out, qkv, k_cache, v_cache, batch, NH, KVH, HS, stream_);
 }
 
 absl::Status CudaBackend::TokenEmbedding(float* out, const int32_t* tokens, const float* wte, int N,

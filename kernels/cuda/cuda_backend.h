@@ -77,15 +77,15 @@ class CudaBackend final : public Backend {
                       const int32_t* positions, const float* inv_freq) override;
   absl::Status RotaryBackward(float* dx, int64_t row_stride, int N, int T, int H, int HS,
                               const int32_t* positions, const float* inv_freq) override;
-  absl::Status Attention(float* out, float* lse, const float* qkv, int B, int T, int NH,
+  absl::Status Attention(float* out, float* lse, const float* qkv, int B, int T, int NH, int KVH,
                          int HS) override;
   absl::Status AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                                 const float* lse, int B, int T, int NH, int HS) override;
+                                 const float* lse, int B, int T, int NH, int KVH, int HS) override;
   absl::Status PagedKvWrite(float* k_cache, float* v_cache, const float* qkv,
-                            const PagedAttentionBatch& batch, int NH, int HS) override;
+                            const PagedAttentionBatch& batch, int NH, int KVH, int HS) override;
   absl::Status PagedAttention(float* out, const float* qkv, const float* k_cache,
                               const float* v_cache, const PagedAttentionBatch& batch, int NH,
-                              int HS) override;
+                              int KVH, int HS) override;
 
   absl::Status TokenEmbedding(float* out, const int32_t* tokens, const float* wte, int N, int C,
                               int v0, int v1) override;

@@ -108,17 +108,19 @@ cudaError_t ClipBySumOfSquares(float* data, int64_t n, const double* sum_sq, dou
 
 // attention.cu. HS must be <= kAttentionMaxHeadSize (ops.cc checks).
 inline constexpr int kAttentionMaxHeadSize = 128;
-cudaError_t AttentionForward(float* out, float* lse, const float* qkv, int B, int T, int NH, int HS,
-                             cudaStream_t stream);
+cudaError_t AttentionForward(float* out, float* lse, const float* qkv, int B, int T, int NH,
+                             int KVH, int HS, cudaStream_t stream);
 cudaError_t AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                              const float* lse, int B, int T, int NH, int HS, cudaStream_t stream);
+                              const float* lse, int B, int T, int NH, int KVH, int HS,
+                              cudaStream_t stream);
 
 // paged_attention.cu. The batch's arrays in device memory; PagedAttentionForward returns
 // cudaErrorInvalidValue for HS outside 1..512 (ops.cc checks first and names it).
 cudaError_t PagedKvWrite(float* k_cache, float* v_cache, const float* qkv,
-                         const PagedAttentionBatch& batch, int NH, int HS, cudaStream_t stream);
+                         const PagedAttentionBatch& batch, int NH, int KVH, int HS,
+                         cudaStream_t stream);
 cudaError_t PagedAttentionForward(float* out, const float* qkv, const float* k_cache,
                                   const float* v_cache, const PagedAttentionBatch& batch, int NH,
-                                  int HS, cudaStream_t stream);
+                                  int KVH, int HS, cudaStream_t stream);
 
 }  // namespace shardline::kernels::cuda::launch

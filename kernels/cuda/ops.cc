@@ -439,12 +439,17 @@ absl::StatusOr<double> GlobalNormClip(std::span<const std::span<float>> grads, d
 // ---- attention ---------------------------------------------------------------------------------
 
 namespace {
-absl::Status CheckAttention(int B, int T, int NH, int HS, const char* what) {
+absl::Status CheckAttention(int B, int T, int NH, int KVH, int HS, const char* what) {
   if (B < 0 || T < 0 || NH < 0 || HS < 1 || HS > launch::kAttentionMaxHeadSize) {
     return absl::InvalidArgumentError(std::string(what) + ": needs B, T, NH >= 0 and 1 <= HS <= " +
                                       std::to_string(launch::kAttentionMaxHeadSize) +
                                       ", got B=" + std::to_string(B) + " T=" + std::to_string(T) +
                                       " NH=" + std::to_string(NH) + " HS=" + std::to_string(HS));
+  }
+  if (KVH < 1 || NH % KVH != 0) {
+    return absl::InvalidArgumentError(std::string(what) + ": key/value heads " +
+                                      std::to_string(KVH) + " must divide the query heads " +
+                                      std::to_string(NH));
   }
   if (int64_t{B} * NH > 65535) {  // the grid's y dimension holds (b, head)
     return absl::InvalidArgumentError(
@@ -455,35 +460,38 @@ absl::Status CheckAttention(int B, int T, int NH, int HS, const char* what) {
 }  // namespace
 
 absl::Status AttentionForward(float* out, float* lse, const float* qkv, int B, int T, int NH,
-                              int HS, cudaStream_t stream) {
-  RETURN_IF_ERROR(CheckAttention(B, T, NH, HS, "cuda::AttentionForward"));
-  return Launched(launch::AttentionForward(out, lse, qkv, B, T, NH, HS, stream),
+                              int KVH, int HS, cudaStream_t stream) {
+  RETURN_IF_ERROR(CheckAttention(B, T, NH, KVH, HS, "cuda::AttentionForward"));
+  return Launched(launch::AttentionForward(out, lse, qkv, B, T, NH, KVH, HS, stream),
                   "cuda::AttentionForward");
 }
 
 absl::Status AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                               const float* lse, int B, int T, int NH, int HS,
+                               const float* lse, int B, int T, int NH, int KVH, int HS,
                                cudaStream_t stream) {
-  RETURN_IF_ERROR(CheckAttention(B, T, NH, HS, "cuda::AttentionBackward"));
-  return Launched(launch::AttentionBackward(dqkv, dout, qkv, out, lse, B, T, NH, HS, stream),
+  RETURN_IF_ERROR(CheckAttention(B, T, NH, KVH, HS, "cuda::AttentionBackward"));
+  return Launched(launch::AttentionBackward(dqkv, dout, qkv, out, lse, B, T, NH, KVH, HS, stream),
                   "cuda::AttentionBackward");
 }
 
 absl::Status PagedKvWrite(float* k_cache, float* v_cache, const float* qkv,
-                          const PagedAttentionBatch& batch, int NH, int HS, cudaStream_t stream) {
-  return Launched(launch::PagedKvWrite(k_cache, v_cache, qkv, batch, NH, HS, stream),
+                          const PagedAttentionBatch& batch, int NH, int KVH, int HS,
+                          cudaStream_t stream) {
+  return Launched(launch::PagedKvWrite(k_cache, v_cache, qkv, batch, NH, KVH, HS, stream),
                   "cuda::PagedKvWrite");
 }
 
 absl::Status PagedAttentionForward(float* out, const float* qkv, const float* k_cache,
                                    const float* v_cache, const PagedAttentionBatch& batch, int NH,
-                                   int HS, cudaStream_t stream) {
-  if (HS < 1 || HS > 512 || NH < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("cuda::PagedAttentionForward: head size ", HS,
-                                                   " with ", NH, " heads (it takes 1..512)"));
+                                   int KVH, int HS, cudaStream_t stream) {
+  if (HS < 1 || HS > 512 || NH < 1 || KVH < 1 || NH % KVH != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda::PagedAttentionForward: head size ", HS, " with ", NH, " heads and ",
+                     KVH, " key/value heads (it takes 1..512, key/value heads dividing heads)"));
   }
-  return Launched(launch::PagedAttentionForward(out, qkv, k_cache, v_cache, batch, NH, HS, stream),
-                  "cuda::PagedAttentionForward");
+  return Launched(
+      launch::PagedAttentionForward(out, qkv, k_cache, v_cache, batch, NH, KVH, HS, stream),
+      "cuda::PagedAttentionForward");
 }
 
 }  // namespace shardline::kernels::cuda

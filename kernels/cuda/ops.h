@@ -180,10 +180,11 @@ absl::StatusOr<double> GlobalNormClip(std::span<const std::span<float>> grads, d
 // InvalidArgument unless 1 <= HS <= 128 and B·NH <= 65535.
 
 absl::Status AttentionForward(float* out, float* lse, const float* qkv, int B, int T, int NH,
-                              int HS, cudaStream_t stream);
+                              int KVH, int HS, cudaStream_t stream);
 // dqkv (B,T,3,NH,HS) accumulates; deterministic (no atomics).
 absl::Status AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                               const float* lse, int B, int T, int NH, int HS, cudaStream_t stream);
+                               const float* lse, int B, int T, int NH, int KVH, int HS,
+                               cudaStream_t stream);
 
 // ---- paged_attention.h -----------------------------------------------------------------------
 // Inference over a paged KV cache, as cpu::PagedKvWrite and cpu::PagedAttentionForward, the
@@ -192,9 +193,10 @@ absl::Status AttentionBackward(float* dqkv, const float* dout, const float* qkv,
 // deterministic, and independent of the other tokens of the step. InvalidArgument unless
 // 1 <= HS <= 512.
 absl::Status PagedKvWrite(float* k_cache, float* v_cache, const float* qkv,
-                          const PagedAttentionBatch& batch, int NH, int HS, cudaStream_t stream);
+                          const PagedAttentionBatch& batch, int NH, int KVH, int HS,
+                          cudaStream_t stream);
 absl::Status PagedAttentionForward(float* out, const float* qkv, const float* k_cache,
                                    const float* v_cache, const PagedAttentionBatch& batch, int NH,
-                                   int HS, cudaStream_t stream);
+                                   int KVH, int HS, cudaStream_t stream);
 
 }  // namespace shardline::kernels::cuda

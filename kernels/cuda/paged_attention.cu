@@ -28,20 +28,21 @@ __device__ __forceinline__ int64_t SlotOf(const PagedAttentionBatch& batch, int 
   return int64_t{block} * batch.block_size + pos % batch.block_size;
 }
 
-// One thread per (token, channel of the NH·HS key/value row): consecutive threads write
+// One thread per (token, channel of the KVH·HS key/value row): consecutive threads write
 // consecutive floats of a slot.
 __global__ void PagedKvWriteKernel(float* k_cache, float* v_cache, const float* qkv,
-                                   PagedAttentionBatch batch, int NH, int HS) {
-  const int A = NH * HS;
+                                   PagedAttentionBatch batch, int NH, int KVH, int HS) {
+  const int A = KVH * HS;
+  const int64_t row = int64_t{NH + 2 * KVH} * HS;  // of qkv: queries, keys, values
   const int64_t total = int64_t{batch.num_tokens} * A;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
        i += int64_t{gridDim.x} * blockDim.x) {
     const int n = static_cast<int>(i / A);
     const int e = static_cast<int>(i % A);
     const int64_t slot = SlotOf(batch, batch.token_seq[n], batch.positions[n]);
-    const float* row = qkv + int64_t{n} * 3 * A;
-    k_cache[slot * A + e] = row[A + e];
-    v_cache[slot * A + e] = row[2 * A + e];
+    const float* keys = qkv + n * row + int64_t{NH} * HS;
+    k_cache[slot * A + e] = keys[e];
+    v_cache[slot * A + e] = keys[A + e];
   }
 }
 
@@ -59,20 +60,22 @@ __device__ float BlockReduce(float x, float* shared) {
   return kMax ? detail::WarpMax(x) : detail::WarpSum(x);
 }
 
-// out[n, h] = softmax(q·kᵀ/√HS)·v over positions 0..pos of token n's sequence. Per pass of up to
+// out[n, h] = softmax(q·kᵀ/√HS)·v over positions 0..pos of token n's sequence, the keys and values
+// of head h / (NH/KVH). Per pass of up to
 // kPositionsPerPass positions: the threads score positions (a whole dot product each), the block
 // takes the pass's maximum, turns scores into weights against the running maximum, and each
 // thread adds its channels' weighted values in position order (deterministic: no atomics).
 __global__ void PagedAttentionKernel(float* out, const float* qkv, const float* k_cache,
                                      const float* v_cache, PagedAttentionBatch batch, int NH,
-                                     int HS, float scale) {
+                                     int KVH, int HS, float scale) {
   __shared__ float q[kMaxDimsPerThread * kAttentionThreads];
   __shared__ float weights[kPositionsPerPass];
   __shared__ float reduce[kAttentionThreads / kWarpSize];
   const int n = blockIdx.x / NH, h = blockIdx.x % NH;
-  const int A = NH * HS;
+  const int A = KVH * HS;                                // a cache slot
+  const int64_t kv_head = int64_t{h / (NH / KVH)} * HS;  // its key/value head within a slot
   const int seq = batch.token_seq[n], pos = batch.positions[n];
-  const float* query = qkv + int64_t{n} * 3 * A + int64_t{h} * HS;
+  const float* query = qkv + int64_t{n} * (NH + 2 * KVH) * HS + int64_t{h} * HS;
   for (int d = threadIdx.x; d < HS; d += blockDim.x) q[d] = query[d];
   __syncthreads();
 
@@ -82,7 +85,7 @@ __global__ void PagedAttentionKernel(float* out, const float* qkv, const float* 
     const int count = min(kPositionsPerPass, pos + 1 - first);
     float pass_max = -FLT_MAX;
     for (int t = threadIdx.x; t < count; t += blockDim.x) {
-      const float* key = k_cache + SlotOf(batch, seq, first + t) * A + int64_t{h} * HS;
+      const float* key = k_cache + SlotOf(batch, seq, first + t) * A + kv_head;
       float dot = 0.0f;
       for (int d = 0; d < HS; ++d) dot += q[d] * key[d];
       weights[t] = dot * scale;
@@ -104,13 +107,13 @@ __global__ void PagedAttentionKernel(float* out, const float* qkv, const float* 
       if (d >= HS) break;
       float sum = acc[k] * correction;
       for (int t = 0; t < count; ++t) {
-        sum += weights[t] * v_cache[SlotOf(batch, seq, first + t) * A + int64_t{h} * HS + d];
+        sum += weights[t] * v_cache[SlotOf(batch, seq, first + t) * A + kv_head + d];
       }
       acc[k] = sum;
     }
     __syncthreads();  // the weights are read before the next pass writes them
   }
-  float* o = out + int64_t{n} * A + int64_t{h} * HS;
+  float* o = out + int64_t{n} * NH * HS + int64_t{h} * HS;
   for (int k = 0; k < kMaxDimsPerThread; ++k) {
     const int d = threadIdx.x + k * blockDim.x;
     if (d < HS) o[d] = acc[k] / running_sum;
@@ -122,23 +125,26 @@ __global__ void PagedAttentionKernel(float* out, const float* qkv, const float* 
 namespace launch {
 
 cudaError_t PagedKvWrite(float* k_cache, float* v_cache, const float* qkv,
-                         const PagedAttentionBatch& batch, int NH, int HS, cudaStream_t stream) {
-  const int64_t total = int64_t{batch.num_tokens} * NH * HS;
+                         const PagedAttentionBatch& batch, int NH, int KVH, int HS,
+                         cudaStream_t stream) {
+  const int64_t total = int64_t{batch.num_tokens} * KVH * HS;
   if (total == 0) return cudaSuccess;
+  if (KVH <= 0 || NH % KVH != 0) return cudaErrorInvalidValue;
   PagedKvWriteKernel<<<GridFor(total), kBlockThreads, 0, stream>>>(k_cache, v_cache, qkv, batch, NH,
-                                                                   HS);
+                                                                   KVH, HS);
   return detail::LaunchResult();
 }
 
 cudaError_t PagedAttentionForward(float* out, const float* qkv, const float* k_cache,
                                   const float* v_cache, const PagedAttentionBatch& batch, int NH,
-                                  int HS, cudaStream_t stream) {
+                                  int KVH, int HS, cudaStream_t stream) {
   if (batch.num_tokens == 0) return cudaSuccess;
   if (HS < 1 || HS > kMaxDimsPerThread * kAttentionThreads) return cudaErrorInvalidValue;
+  if (KVH <= 0 || NH % KVH != 0) return cudaErrorInvalidValue;
   const int64_t blocks = int64_t{batch.num_tokens} * NH;
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
   PagedAttentionKernel<<<static_cast<unsigned>(blocks), kAttentionThreads, 0, stream>>>(
-      out, qkv, k_cache, v_cache, batch, NH, HS, 1.0f / sqrtf(static_cast<float>(HS)));
+      out, qkv, k_cache, v_cache, batch, NH, KVH, HS, 1.0f / sqrtf(static_cast<float>(HS)));
   return detail::LaunchResult();
 }
 

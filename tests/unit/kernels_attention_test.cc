@@ -23,11 +23,15 @@ using testing::WeightedSum;
 
 struct Shape {
   int B, T, NH, HS;
-  size_t qkv() const { return static_cast<size_t>(B) * T * 3 * NH * HS; }
+  int KVH = 0;  // key/value heads; 0: NH
+  int kv() const { return KVH > 0 ? KVH : NH; }
+  size_t qkv() const { return static_cast<size_t>(B) * T * (NH + 2 * kv()) * HS; }
   size_t out() const { return static_cast<size_t>(B) * T * NH * HS; }
   size_t lse() const { return static_cast<size_t>(B) * NH * T; }
+  // Query head h's query (part 0), or the key (1) or value (2) it reads.
   size_t Q(int b, int t, int part, int h) const {
-    return ((static_cast<size_t>(b) * T + t) * 3 + part) * NH * HS + static_cast<size_t>(h) * HS;
+    const int head = part == 0 ? h : NH + (part - 1) * kv() + h / (NH / kv());
+    return (static_cast<size_t>(b) * T + t) * (NH + 2 * kv()) * HS + static_cast<size_t>(head) * HS;
   }
   size_t O(int b, int t, int h) const {
     return (static_cast<size_t>(b) * T + t) * NH * HS + static_cast<size_t>(h) * HS;
@@ -89,12 +93,13 @@ void ExpectMatchesNaive(Shape s, uint32_t seed) {
   const auto qkv = RandomVector(s.qkv(), seed, -2.0f, 2.0f);
   const auto dout = RandomVector(s.out(), seed + 1);
   std::vector<float> out(s.out()), lse(s.lse());
-  AttentionForward(out.data(), lse.data(), qkv.data(), s.B, s.T, s.NH, s.HS);
+  AttentionForward(out.data(), lse.data(), qkv.data(), s.B, s.T, s.NH, s.kv(), s.HS);
   const Reference ref = NaiveAttention(qkv, dout, s);
   ExpectClose(out, ref.out, 1e-5, 1e-4, "attention out");
   ExpectClose(lse, ref.lse, 1e-5, 1e-4, "attention lse");
   std::vector<float> dqkv(s.qkv(), 0.5f);
-  AttentionBackward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), s.B, s.T, s.NH, s.HS);
+  AttentionBackward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), s.B, s.T, s.NH,
+                    s.kv(), s.HS);
   for (float& g : dqkv) g -= 0.5f;  // backward accumulates
   ExpectClose(dqkv, ref.dqkv, 1e-4, 1e-3, "attention dqkv");
 }
@@ -106,6 +111,13 @@ TEST(AttentionTest, SeveralTilesMatchNaive) {
   ExpectMatchesNaive({.B = 2, .T = 150, .NH = 2, .HS = 16}, 62);
 }
 
+TEST(AttentionTest, GroupedQueryMatchesNaive) {
+  // Three query heads per key/value head (Llama's GQA), across tiles; the key and value gradients
+  // sum over their queries. And one key/value head for all (multi-query attention).
+  ExpectMatchesNaive({.B = 2, .T = 70, .NH = 6, .HS = 8, .KVH = 2}, 68);
+  ExpectMatchesNaive({.B = 1, .T = 9, .NH = 4, .HS = 4, .KVH = 1}, 69);
+}
+
 TEST(AttentionTest, FourLaneExpMatchesNaive) {
   // The exponentials at four lanes, as on a CPU without AVX-512 (vector_width.h).
   UseBaselineVectors(true);
@@ -114,17 +126,18 @@ TEST(AttentionTest, FourLaneExpMatchesNaive) {
 }
 
 TEST(AttentionTest, BackwardMatchesFiniteDifferences) {
-  const Shape s{.B = 1, .T = 4, .NH = 2, .HS = 3};
+  const Shape s{.B = 1, .T = 4, .NH = 4, .HS = 3, .KVH = 2};
   auto qkv = RandomVector(s.qkv(), 64, -1.5f, 1.5f);
   const auto w = RandomVector(s.out(), 65);
   auto loss = [&] {
     std::vector<float> out(s.out()), lse(s.lse());
-    AttentionForward(out.data(), lse.data(), qkv.data(), s.B, s.T, s.NH, s.HS);
+    AttentionForward(out.data(), lse.data(), qkv.data(), s.B, s.T, s.NH, s.kv(), s.HS);
     return WeightedSum(out, w);
   };
   std::vector<float> out(s.out()), lse(s.lse()), dqkv(s.qkv(), 0.0f);
-  AttentionForward(out.data(), lse.data(), qkv.data(), s.B, s.T, s.NH, s.HS);
-  AttentionBackward(dqkv.data(), w.data(), qkv.data(), out.data(), lse.data(), s.B, s.T, s.NH, s.HS);
+  AttentionForward(out.data(), lse.data(), qkv.data(), s.B, s.T, s.NH, s.kv(), s.HS);
+  AttentionBackward(dqkv.data(), w.data(), qkv.data(), out.data(), lse.data(), s.B, s.T, s.NH,
+                    s.kv(), s.HS);
   ExpectGradientMatches(loss, qkv, dqkv, "attention dqkv");
 }
 
@@ -136,9 +149,9 @@ TEST(AttentionTest, HeadSubsetEqualsTheSameHeadsOfTheFullAttention) {
   const auto qkv = RandomVector(full.qkv(), 66);
   const auto dout = RandomVector(full.out(), 67);
   std::vector<float> out(full.out()), lse(full.lse()), dqkv(full.qkv(), 0.0f);
-  AttentionForward(out.data(), lse.data(), qkv.data(), full.B, full.T, full.NH, full.HS);
+  AttentionForward(out.data(), lse.data(), qkv.data(), full.B, full.T, full.NH, full.NH, full.HS);
   AttentionBackward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), full.B, full.T,
-                    full.NH, full.HS);
+                    full.NH, full.NH, full.HS);
 
   std::vector<float> sub_qkv(part.qkv()), sub_dout(part.out());
   for (int b = 0; b < full.B; ++b) {
@@ -151,9 +164,10 @@ TEST(AttentionTest, HeadSubsetEqualsTheSameHeadsOfTheFullAttention) {
     }
   }
   std::vector<float> sub_out(part.out()), sub_lse(part.lse()), sub_dqkv(part.qkv(), 0.0f);
-  AttentionForward(sub_out.data(), sub_lse.data(), sub_qkv.data(), part.B, part.T, part.NH, part.HS);
-  AttentionBackward(sub_dqkv.data(), sub_dout.data(), sub_qkv.data(), sub_out.data(), sub_lse.data(),
-                    part.B, part.T, part.NH, part.HS);
+  AttentionForward(sub_out.data(), sub_lse.data(), sub_qkv.data(), part.B, part.T, part.NH, part.NH,
+                   part.HS);
+  AttentionBackward(sub_dqkv.data(), sub_dout.data(), sub_qkv.data(), sub_out.data(),
+                    sub_lse.data(), part.B, part.T, part.NH, part.NH, part.HS);
   // Heads are computed independently, in the same order: the results are identical, not just close.
   for (int b = 0; b < full.B; ++b) {
     for (int t = 0; t < full.T; ++t) {

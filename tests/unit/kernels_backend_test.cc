@@ -248,30 +248,33 @@ Op PointwiseOp() {
   };
 }
 
-Op AttentionOp() {
-  return [](Backend& be, Arena& a) -> Outputs {
-    constexpr int B = 2, T = 45, NH = 3, HS = 16;
+// NH query heads over KVH key/value heads (KVH = NH: GPT-2's attention).
+Op AttentionOp(int NH, int KVH) {
+  return [NH, KVH](Backend& be, Arena& a) -> Outputs {
+    constexpr int B = 2, T = 45, HS = 16;
     const int64_t A = NH * HS;
-    float* qkv = a.Put(RandomVector(B * T * 3 * A, 17));
+    const int64_t W = (NH + 2 * KVH) * HS;  // a token's row of qkv
+    float* qkv = a.Put(RandomVector(B * T * W, 17));
     float* out = a.Zeros(B * T * A);
     float* lse = a.Zeros(B * NH * T);
-    EXPECT_TRUE(be.Attention(out, lse, qkv, B, T, NH, HS).ok());
-    float* dqkv = a.Put(std::vector<float>(B * T * 3 * A, 0.25f));
-    EXPECT_TRUE(
-        be.AttentionBackward(dqkv, a.Put(RandomVector(B * T * A, 18)), qkv, out, lse, B, T, NH, HS)
-            .ok());
+    EXPECT_TRUE(be.Attention(out, lse, qkv, B, T, NH, KVH, HS).ok());
+    float* dqkv = a.Put(std::vector<float>(B * T * W, 0.25f));
+    EXPECT_TRUE(be.AttentionBackward(dqkv, a.Put(RandomVector(B * T * A, 18)), qkv, out, lse, B, T,
+                                     NH, KVH, HS)
+                    .ok());
     return {{"out", a.Get(out, B * T * A)},
             {"lse", a.Get(lse, B * NH * T)},
-            {"dqkv", a.Get(dqkv, B * T * 3 * A)}};
+            {"dqkv", a.Get(dqkv, B * T * W)}};
   };
 }
 
 // A serving step over a paged cache: a prefill chunk of one sequence (positions 0..9), a decode
 // of another at position 300 (past the CUDA kernel's pass of 256 positions, its earlier keys
 // already cached), and a short prompt of a third, their blocks scattered through the cache.
-Op PagedAttentionOp() {
-  return [](Backend& be, Arena& a) -> Outputs {
-    constexpr int NH = 3, HS = 40, A = NH * HS, kBlock = 8, kBlocks = 48, kMaxBlocks = 38;
+Op PagedAttentionOp(int NH, int KVH) {
+  return [NH, KVH](Backend& be, Arena& a) -> Outputs {
+    constexpr int HS = 40, kBlock = 8, kBlocks = 48, kMaxBlocks = 38;
+    const int A = NH * HS, KA = KVH * HS, W = A + 2 * KA;
     std::vector<int32_t> token_seq, positions;
     for (int p = 0; p < 10; ++p) token_seq.push_back(0), positions.push_back(p);
     token_seq.push_back(1), positions.push_back(300);
@@ -285,10 +288,10 @@ Op PagedAttentionOp() {
     for (int b = 0; b < 2; ++b) tables[0 * kMaxBlocks + b] = order[next++];
     for (int b = 0; b < kMaxBlocks; ++b) tables[1 * kMaxBlocks + b] = order[next++];
     tables[2 * kMaxBlocks] = order[next++];
-    const int64_t cache = int64_t{kBlocks} * kBlock * A;
+    const int64_t cache = int64_t{kBlocks} * kBlock * KA;
     float* k = a.Put(RandomVector(cache, 40));
     float* v = a.Put(RandomVector(cache, 41));
-    float* qkv = a.Put(RandomVector(int64_t{N} * 3 * A, 42));
+    float* qkv = a.Put(RandomVector(int64_t{N} * W, 42));
     float* out = a.Zeros(int64_t{N} * A);
     const PagedAttentionBatch batch{.num_tokens = N,
                                     .token_seq = a.Put(token_seq),
@@ -298,8 +301,8 @@ Op PagedAttentionOp() {
                                     .max_blocks_per_seq = kMaxBlocks,
                                     .block_size = kBlock,
                                     .num_blocks = kBlocks};
-    EXPECT_TRUE(be.PagedKvWrite(k, v, qkv, batch, NH, HS).ok());
-    EXPECT_TRUE(be.PagedAttention(out, qkv, k, v, batch, NH, HS).ok());
+    EXPECT_TRUE(be.PagedKvWrite(k, v, qkv, batch, NH, KVH, HS).ok());
+    EXPECT_TRUE(be.PagedAttention(out, qkv, k, v, batch, NH, KVH, HS).ok());
     return {{"k_cache", a.Get(k, cache)},
             {"v_cache", a.Get(v, cache)},
             {"out", a.Get(out, int64_t{N} * A)}};
@@ -406,8 +409,10 @@ std::vector<NamedOp> AllOps() {
       {"LayerNormEps", LayerNormOp(1e-2f), kLayerNorm, kLayerNorm},
       {"Pointwise", PointwiseOp(), kPointwise, kPointwise},
       {"LlamaPieces", LlamaPiecesOp(), kLayerNorm, kLayerNorm},
-      {"Attention", AttentionOp(), kAttention, kAttention},
-      {"PagedAttention", PagedAttentionOp(), kAttention, kAttention},
+      {"Attention", AttentionOp(3, 3), kAttention, kAttention},
+      {"GroupedQueryAttention", AttentionOp(6, 2), kAttention, kAttention},
+      {"PagedAttention", PagedAttentionOp(3, 3), kAttention, kAttention},
+      {"GroupedQueryPagedAttention", PagedAttentionOp(6, 2), kAttention, kAttention},
       {"Embedding", EmbeddingOp(), kReduction, kReduction},
       {"CrossEntropy", CrossEntropyOp(), kReduction, kReduction},
       {"Optimizer", OptimizerOp(), kReduction, kReduction},

@@ -141,10 +141,10 @@ TEST(CudaNoGpuTest, BadArgumentsAreInvalidArgumentBeforeAnyLaunch) {
   config.beta2 = 1.0f;
   EXPECT_EQ(AdamWUpdate(nullptr, nullptr, nullptr, nullptr, 0, config, 1, nullptr).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(AttentionForward(nullptr, nullptr, nullptr, 1, 4, 1, 256, nullptr).code(),
+  EXPECT_EQ(AttentionForward(nullptr, nullptr, nullptr, 1, 4, 1, 1, 256, nullptr).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(
-      AttentionBackward(nullptr, nullptr, nullptr, nullptr, nullptr, 1, 4, 1, 0, nullptr).code(),
+      AttentionBackward(nullptr, nullptr, nullptr, nullptr, nullptr, 1, 4, 1, 1, 0, nullptr).code(),
       absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(GlobalNormClip({}, 0.0, nullptr, nullptr).status().code(),
             absl::StatusCode::kInvalidArgument);
@@ -792,10 +792,11 @@ TEST_F(CudaTest, AttentionForwardMatchesCpu) {
     const size_t lse_size = size_t(s.B) * s.NH * s.T;
     const auto qkv = RandomVector(qkv_size, 37, -2.0f, 2.0f);
     std::vector<float> out(out_size), lse(lse_size);
-    cpu::AttentionForward(out.data(), lse.data(), qkv.data(), s.B, s.T, s.NH, s.HS);
+    cpu::AttentionForward(out.data(), lse.data(), qkv.data(), s.B, s.T, s.NH, s.NH, s.HS);
     float* d_out = Device<float>(out_size);
     float* d_lse = Device<float>(lse_size);
-    ASSERT_TRUE(AttentionForward(d_out, d_lse, ToDevice(qkv), s.B, s.T, s.NH, s.HS, stream_).ok());
+    ASSERT_TRUE(
+        AttentionForward(d_out, d_lse, ToDevice(qkv), s.B, s.T, s.NH, s.NH, s.HS, stream_).ok());
     ExpectScaled(ToHost(d_out, out_size), out, kAttentionAtolOfMax, kAttentionRtol,
                  "attention out " + Name(s));
     ExpectScaled(ToHost(d_lse, lse_size), lse, kAttentionAtolOfMax, kAttentionRtol,
@@ -810,15 +811,15 @@ TEST_F(CudaTest, AttentionBackwardMatchesCpu) {
     const size_t lse_size = size_t(s.B) * s.NH * s.T;
     const auto qkv = RandomVector(qkv_size, 38, -2.0f, 2.0f);
     std::vector<float> out(out_size), lse(lse_size);
-    cpu::AttentionForward(out.data(), lse.data(), qkv.data(), s.B, s.T, s.NH, s.HS);
+    cpu::AttentionForward(out.data(), lse.data(), qkv.data(), s.B, s.T, s.NH, s.NH, s.HS);
     const auto dout = RandomVector(out_size, 39);
     auto dqkv = Prefilled(qkv_size);
     float* d_dqkv = ToDevice(dqkv);
     // Both backward passes start from the CPU's forward results, so only the backward is compared.
     cpu::AttentionBackward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), s.B, s.T,
-                           s.NH, s.HS);
+                           s.NH, s.NH, s.HS);
     ASSERT_TRUE(AttentionBackward(d_dqkv, ToDevice(dout), ToDevice(qkv), ToDevice(out),
-                                  ToDevice(lse), s.B, s.T, s.NH, s.HS, stream_)
+                                  ToDevice(lse), s.B, s.T, s.NH, s.NH, s.HS, stream_)
                     .ok());
     ExpectScaled(ToHost(d_dqkv, qkv_size), dqkv, kAttentionAtolOfMax, kAttentionRtol,
                  "attention dqkv " + Name(s));

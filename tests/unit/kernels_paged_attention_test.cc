@@ -43,8 +43,15 @@ class PagedWorld {
  public:
   // capacities: the most positions each sequence will hold. Its blocks are taken from a shuffled
   // list of all the cache's blocks, so a sequence's blocks are neither contiguous nor in order.
-  PagedWorld(const std::vector<int>& capacities, int NH, int HS, int block_size, uint32_t seed)
-      : NH_(NH), HS_(HS), C_(NH * HS), block_size_(block_size) {
+  // KVH: key/value heads (0: NH), each read by NH / KVH consecutive query heads.
+  PagedWorld(const std::vector<int>& capacities, int NH, int HS, int block_size, uint32_t seed,
+             int KVH = 0)
+      : NH_(NH),
+        KVH_(KVH > 0 ? KVH : NH),
+        HS_(HS),
+        C_(NH * HS),
+        KC_(KVH_ * HS),
+        block_size_(block_size) {
     num_seqs_ = static_cast<int>(capacities.size());
     int needed = 0;
     for (int capacity : capacities) {
@@ -66,14 +73,14 @@ class PagedWorld {
       for (int b = 0; b < blocks; ++b)
         tables_[static_cast<size_t>(s) * max_blocks_ + b] = order[next++];
     }
-    const size_t cache_size = static_cast<size_t>(num_blocks_) * block_size * C_;
+    const size_t cache_size = static_cast<size_t>(num_blocks_) * block_size * KC_;
     k_cache_.assign(cache_size, kNaN);
     v_cache_.assign(cache_size, kNaN);
     keys_.resize(num_seqs_);
     values_.resize(num_seqs_);
     for (int s = 0; s < num_seqs_; ++s) {
-      keys_[s].assign(static_cast<size_t>(capacities[s]) * C_, kNaN);
-      values_[s].assign(static_cast<size_t>(capacities[s]) * C_, kNaN);
+      keys_[s].assign(static_cast<size_t>(capacities[s]) * KC_, kNaN);
+      values_[s].assign(static_cast<size_t>(capacities[s]) * KC_, kNaN);
     }
   }
 
@@ -89,16 +96,16 @@ class PagedWorld {
             .num_blocks = num_blocks_};
   }
 
-  // One step: writes the tokens' keys and values (qkv is (N,3,NH,HS)) and returns the forward's
+  // One step: writes the tokens' keys and values (qkv is (N,NH+2·KVH,HS)) and returns the forward's
   // out (N,NH,HS). Records the keys and values for the reference too.
   std::vector<float> Step(const std::vector<int32_t>& seq, const std::vector<int32_t>& pos,
                           const std::vector<float>& qkv) {
     const PagedAttentionBatch batch = Batch(seq, pos);
-    PagedKvWrite(k_cache_.data(), v_cache_.data(), qkv.data(), batch, NH_, HS_);
+    PagedKvWrite(k_cache_.data(), v_cache_.data(), qkv.data(), batch, NH_, KVH_, HS_);
     for (size_t i = 0; i < seq.size(); ++i) {
-      const float* row = qkv.data() + i * 3 * C_;
-      std::copy_n(row + C_, C_, &keys_[seq[i]][static_cast<size_t>(pos[i]) * C_]);
-      std::copy_n(row + 2 * C_, C_, &values_[seq[i]][static_cast<size_t>(pos[i]) * C_]);
+      const float* row = qkv.data() + i * RowWidth();
+      std::copy_n(row + C_, KC_, &keys_[seq[i]][static_cast<size_t>(pos[i]) * KC_]);
+      std::copy_n(row + C_ + KC_, KC_, &values_[seq[i]][static_cast<size_t>(pos[i]) * KC_]);
     }
     return Forward(seq, pos, qkv);
   }
@@ -108,7 +115,7 @@ class PagedWorld {
                              const std::vector<float>& qkv) const {
     std::vector<float> out(seq.size() * C_, kNaN);
     PagedAttentionForward(out.data(), qkv.data(), k_cache_.data(), v_cache_.data(), Batch(seq, pos),
-                          NH_, HS_);
+                          NH_, KVH_, HS_);
     return out;
   }
 
@@ -122,11 +129,12 @@ class PagedWorld {
       const std::vector<float>& keys = keys_[seq[i]];
       const std::vector<float>& values = values_[seq[i]];
       for (int h = 0; h < NH_; ++h) {
-        const float* q = qkv.data() + i * 3 * C_ + static_cast<size_t>(h) * HS_;
+        const float* q = qkv.data() + i * RowWidth() + static_cast<size_t>(h) * HS_;
+        const size_t kv = static_cast<size_t>(h / (NH_ / KVH_)) * HS_;
         std::vector<double> p(pos[i] + 1);
         double max = -INFINITY;
         for (int j = 0; j <= pos[i]; ++j) {
-          const float* k = keys.data() + static_cast<size_t>(j) * C_ + static_cast<size_t>(h) * HS_;
+          const float* k = keys.data() + static_cast<size_t>(j) * KC_ + kv;
           double dot = 0.0;
           for (int d = 0; d < HS_; ++d) dot += static_cast<double>(q[d]) * k[d];
           p[j] = dot * scale;
@@ -136,8 +144,7 @@ class PagedWorld {
         for (int j = 0; j <= pos[i]; ++j) sum += p[j] = std::exp(p[j] - max);
         double* o = out.data() + i * C_ + static_cast<size_t>(h) * HS_;
         for (int j = 0; j <= pos[i]; ++j) {
-          const float* v =
-              values.data() + static_cast<size_t>(j) * C_ + static_cast<size_t>(h) * HS_;
+          const float* v = values.data() + static_cast<size_t>(j) * KC_ + kv;
           for (int d = 0; d < HS_; ++d) o[d] += p[j] / sum * v[d];
         }
       }
@@ -146,6 +153,7 @@ class PagedWorld {
   }
 
   int C() const { return C_; }
+  size_t RowWidth() const { return static_cast<size_t>(C_) + 2 * KC_; }  // of qkv
   const std::vector<float>& keys(int seq) const { return keys_[seq]; }
   const std::vector<float>& values(int seq) const { return values_[seq]; }
   const std::vector<float>& k_cache() const { return k_cache_; }
@@ -156,11 +164,11 @@ class PagedWorld {
   int num_blocks() const { return num_blocks_; }
 
  private:
-  int NH_, HS_, C_, block_size_;
+  int NH_, KVH_, HS_, C_, KC_, block_size_;
   int num_seqs_ = 0, max_blocks_ = 0, num_blocks_ = 0;
   std::vector<int32_t> tables_;
   std::vector<float> k_cache_, v_cache_;
-  std::vector<std::vector<float>> keys_, values_;  // per sequence: (capacity, NH, HS)
+  std::vector<std::vector<float>> keys_, values_;  // per sequence: (capacity, KVH, HS)
 };
 
 // Rows of `out` (N,C) for the tokens `rows`, in that order.
@@ -235,7 +243,7 @@ std::vector<int> Decodes(std::vector<int> prefill, int decodes) {
 
 // Runs the schedules step by step, each step's tokens shuffled, and checks every step's output
 // against the double reference.
-void ExpectStepsMatchReference(int NH, int HS, int block_size, uint32_t seed) {
+void ExpectStepsMatchReference(int NH, int HS, int block_size, uint32_t seed, int KVH = 0) {
   const std::vector<Schedule> schedules{
       {0, {1}},                     // a one-token prompt, done in one step
       {0, Decodes({9, 9}, 5)},      // 23 positions
@@ -250,7 +258,7 @@ void ExpectStepsMatchReference(int NH, int HS, int block_size, uint32_t seed) {
     capacities.push_back(s.length());
     steps = std::max(steps, s.start + static_cast<int>(s.chunks.size()));
   }
-  PagedWorld world(capacities, NH, HS, block_size, seed);
+  PagedWorld world(capacities, NH, HS, block_size, seed, KVH);
   std::vector<int> next_pos(schedules.size(), 0);
   std::mt19937 rng(seed + 1);
   bool mixed = false;  // some step has a prefill chunk and a decode together
@@ -271,7 +279,7 @@ void ExpectStepsMatchReference(int NH, int HS, int block_size, uint32_t seed) {
       seq.push_back(s);
       pos.push_back(p);
     }
-    const auto qkv = RandomVector(seq.size() * 3 * world.C(), seed + 10 + step, -2.0f, 2.0f);
+    const auto qkv = RandomVector(seq.size() * world.RowWidth(), seed + 10 + step, -2.0f, 2.0f);
     const auto out = world.Step(seq, pos, qkv);
     ExpectClose(out, world.Reference(seq, pos, qkv), 1e-5, 1e-4,
                 "step " + std::to_string(step) + " out");
@@ -298,6 +306,13 @@ INSTANTIATE_TEST_SUITE_P(BlockSizesAndHeads, PagedAttentionShapes,
                                   std::to_string(std::get<2>(info.param));
                          });
 
+TEST(PagedAttentionTest, GroupedQueryStepsMatchDoubleReference) {
+  // Three query heads per cached key/value head, through the four-lane pairs (HS 8) and the
+  // sixteen-lane heads (HS 16, 64) where the CPU has AVX-512; and one cached head for all.
+  for (int HS : {8, 16, 64}) ExpectStepsMatchReference(6, HS, 4, 90 + HS, /*KVH=*/2);
+  ExpectStepsMatchReference(4, 16, 16, 97, /*KVH=*/1);
+}
+
 TEST(PagedAttentionTest, FourLaneExpMatchesDoubleReference) {
   // The exponentials and the pairs at four lanes, as on a CPU without AVX-512 (vector_width.h).
   UseBaselineVectors(true);
@@ -318,7 +333,7 @@ TEST_P(PagedAttentionVsTraining, WholePromptEqualsAttentionForward) {
   std::iota(pos.begin(), pos.end(), 0);
   const auto out = world.Step(seq, pos, qkv);
   std::vector<float> ref(static_cast<size_t>(T) * NH * HS), lse(static_cast<size_t>(NH) * T);
-  AttentionForward(ref.data(), lse.data(), qkv.data(), 1, T, NH, HS);
+  AttentionForward(ref.data(), lse.data(), qkv.data(), 1, T, NH, NH, HS);
   ExpectClose(out, ref, 1e-6, 1e-5, "paged vs training attention");
 }
 

@@ -395,8 +395,8 @@ absl::StatusOr<std::span<const float>> PagedGptForward::Forward(const PagedStep&
     float* k = KeyCache(l);
     float* v = ValueCache(l);
     const AttentionFn attention = [&](const float* qkv, float* atty) {
-      RETURN_IF_ERROR(backend_.PagedKvWrite(k, v, qkv, batch, dims.NH, dims.HS));
-      return backend_.PagedAttention(atty, qkv, k, v, batch, dims.NH, dims.HS);
+      RETURN_IF_ERROR(backend_.PagedKvWrite(k, v, qkv, batch, dims.NH, dims.KVH, dims.HS));
+      return backend_.PagedAttention(atty, qkv, k, v, batch, dims.NH, dims.KVH, dims.HS);
     };
     RETURN_IF_ERROR(Annotate(BlockForward(backend_, dims, blocks_[l], residual_[l % 2],
                                           residual_[(l + 1) % 2], acts_, all_reduce, attention),
