@@ -42,6 +42,12 @@ constexpr char kMlpKey[] = "mlp";
 constexpr char kPositionsKey[] = "positions";
 constexpr char kRopeThetaKey[] = "rope_theta";
 constexpr char kBiasKey[] = "bias";
+constexpr char kHeadDimKey[] = "head_dim";  // absent: d_model / n_head
+// Llama 3's rope scaling (absent: none), under transformers' names.
+constexpr char kRopeScalingFactorKey[] = "rope_scaling.factor";
+constexpr char kRopeLowKey[] = "rope_scaling.low_freq_factor";
+constexpr char kRopeHighKey[] = "rope_scaling.high_freq_factor";
+constexpr char kRopeOriginalKey[] = "rope_scaling.original_max_position_embeddings";
 
 template <typename E>
 struct Choice {
@@ -159,6 +165,13 @@ std::map<std::string, std::string> ModelMetadata(const model::ModelConfig& confi
   metadata[kPositionsKey] = ChoiceName(kPositions, config.positions);
   metadata[kRopeThetaKey] = FormatDouble(config.rope_theta);
   metadata[kBiasKey] = config.bias ? "true" : "false";
+  metadata[kHeadDimKey] = absl::StrCat(config.head_size());
+  if (config.rope_scaling.enabled()) {
+    metadata[kRopeScalingFactorKey] = FormatDouble(config.rope_scaling.factor);
+    metadata[kRopeLowKey] = FormatDouble(config.rope_scaling.low_freq_factor);
+    metadata[kRopeHighKey] = FormatDouble(config.rope_scaling.high_freq_factor);
+    metadata[kRopeOriginalKey] = absl::StrCat(config.rope_scaling.original_max_positions);
+  }
   return metadata;
 }
 
@@ -188,6 +201,23 @@ absl::StatusOr<model::ModelConfig> ModelConfigFromMetadata(
   RETURN_IF_ERROR(reader.Enum(kPositionsKey, kPositions, config.positions));
   RETURN_IF_ERROR(reader.Double(kRopeThetaKey, config.rope_theta));
   RETURN_IF_ERROR(reader.Bool(kBiasKey, config.bias));
+  if (const std::string* head_dim = reader.Optional(kHeadDimKey); head_dim != nullptr) {
+    RETURN_IF_ERROR(reader.Int(kHeadDimKey, *head_dim, config.head_dim));
+    // Stored resolved; keep the default's 0 when it is d_model / heads, so configs compare equal.
+    if (config.heads > 0 && config.head_dim * config.heads == config.d_model) config.head_dim = 0;
+  }
+  if (reader.Optional(kRopeScalingFactorKey) != nullptr) {
+    RETURN_IF_ERROR(reader.Double(kRopeScalingFactorKey, config.rope_scaling.factor));
+    RETURN_IF_ERROR(reader.Double(kRopeLowKey, config.rope_scaling.low_freq_factor));
+    RETURN_IF_ERROR(reader.Double(kRopeHighKey, config.rope_scaling.high_freq_factor));
+    const std::string* original = reader.Optional(kRopeOriginalKey);
+    if (original == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": metadata has ", kRopeScalingFactorKey, " but not ", kRopeOriginalKey));
+    }
+    RETURN_IF_ERROR(
+        reader.Int(kRopeOriginalKey, *original, config.rope_scaling.original_max_positions));
+  }
   const std::string_view expected_family = config.FamilyName();
   const std::string expected = expected_family == "gpt" ? kGpt2Model : std::string(expected_family);
   if (family != expected) {

@@ -42,6 +42,7 @@ ModelConfig ModelConfig::Gpt(ModelConfig sizes) {
   sizes.mlp = gpt.mlp;
   sizes.positions = gpt.positions;
   sizes.rope_theta = gpt.rope_theta;
+  sizes.rope_scaling = gpt.rope_scaling;
   sizes.bias = gpt.bias;
   return sizes;
 }
@@ -60,9 +61,10 @@ ModelConfig ModelConfig::Llama(ModelConfig sizes) {
 bool ModelConfig::operator==(const ModelConfig& o) const {
   const bool rotary = positions == PositionKind::kRotary;
   return layers == o.layers && heads == o.heads && kv() == o.kv() && d_model == o.d_model &&
-         ff() == o.ff() && vocab == o.vocab && max_seq_len == o.max_seq_len &&
-         tied_embeddings == o.tied_embeddings && norm == o.norm && norm_eps == o.norm_eps &&
-         mlp == o.mlp && positions == o.positions && (!rotary || rope_theta == o.rope_theta) &&
+         ff() == o.ff() && head_size() == o.head_size() && vocab == o.vocab &&
+         max_seq_len == o.max_seq_len && tied_embeddings == o.tied_embeddings && norm == o.norm &&
+         norm_eps == o.norm_eps && mlp == o.mlp && positions == o.positions &&
+         (!rotary || (rope_theta == o.rope_theta && rope_scaling == o.rope_scaling)) &&
          bias == o.bias;
 }
 
@@ -84,8 +86,13 @@ absl::Status ModelConfig::Validate() const {
   if (kv_heads < 0) {
     return Invalid(absl::StrCat("kv_heads must be >= 1 (or 0 for heads), got ", kv_heads));
   }
-  if (d_model % heads != 0) {
-    return Invalid(absl::StrCat("d_model ", d_model, " is not divisible by heads ", heads));
+  if (head_dim < 0 || head_dim > INT_MAX / 4) {
+    return Invalid(
+        absl::StrCat("head_dim must be >= 1 (or 0 for d_model / heads), got ", head_dim));
+  }
+  if (head_dim == 0 && d_model % heads != 0) {
+    return Invalid(absl::StrCat("d_model ", d_model, " is not divisible by heads ", heads,
+                                " (give head_dim to size the heads otherwise)"));
   }
   // Grouped-query attention: every key/value head serves heads / kv_heads query heads.
   if (kv() > heads || heads % kv() != 0) {
@@ -100,43 +107,44 @@ absl::Status ModelConfig::Validate() const {
   }
   if (positions == PositionKind::kRotary && head_size() % 2 != 0) {
     return Invalid(absl::StrCat("rotary positions rotate pairs of channels: the head size ",
-                                head_size(), " (d_model / heads) must be even"));
+                                head_size(), " must be even"));
+  }
+  if (positions == PositionKind::kRotary && rope_scaling.enabled()) {
+    const RopeScaling& r = rope_scaling;
+    if (!std::isfinite(r.factor) || !(r.low_freq_factor > 0) || !std::isfinite(r.low_freq_factor) ||
+        !(r.high_freq_factor > r.low_freq_factor) || !std::isfinite(r.high_freq_factor) ||
+        r.original_max_positions < 1) {
+      return Invalid(absl::StrCat(
+          "rope_scaling needs factor > 0, 0 < low_freq_factor < high_freq_factor and "
+          "original_max_position_embeddings >= 1; got factor ",
+          r.factor, ", low_freq_factor ", r.low_freq_factor, ", high_freq_factor ",
+          r.high_freq_factor, ", original_max_position_embeddings ", r.original_max_positions));
+    }
   }
   return absl::OkStatus();
 }
 
 absl::Status ModelConfig::EngineSupports() const {
-  // What the engine's block, embedding and head compute today (worker/model/gpt_block.h); the
-  // Llama family's kernels are the next issue's.
-  if (norm != NormKind::kLayerNorm) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "norm ", std::string(NormKindName(norm)), ": the engine runs layernorm only (",
-        std::string(FamilyName()), " models can be planned with `shardline plan`, not run)"));
+  // The tensor table (model/tensor_table.h) has no biases for grouped-query attention's separate
+  // q/k/v (Qwen2's) nor for SwiGLU's gate: a config asking for them would lose them silently.
+  if (bias && kv() != heads) {
+    return Invalid(absl::StrCat("bias true with kv_heads ", kv(), " < heads ", heads,
+                                ": biases on separate q/k/v projections are not supported"));
   }
-  if (mlp != MlpKind::kGelu) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "mlp ", std::string(MlpKindName(mlp)), ": the engine runs gelu only (",
-        std::string(FamilyName()), " models can be planned with `shardline plan`, not run)"));
+  if (bias && mlp == MlpKind::kSwiGlu) {
+    return Invalid("bias true with mlp swiglu: biases on SwiGLU's projections are not supported");
   }
-  if (positions != PositionKind::kLearned) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("positions ", std::string(PositionKindName(positions)),
-                     ": the engine runs learned positions only (", std::string(FamilyName()),
-                     " models can be planned with `shardline plan`, not run)"));
+  if (!bias && norm == NormKind::kLayerNorm) {
+    return Invalid("bias false with norm layernorm: a LayerNorm without its bias is not supported");
   }
-  if (!bias) {
-    return absl::InvalidArgumentError(
-        "bias false: the engine runs layers with biases only (models without can be planned "
-        "with `shardline plan`, not run)");
-  }
-  if (kv() != heads) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "kv_heads ", kv(), ": the engine runs one key/value head per head (heads ", heads,
-        "); grouped-query attention can be planned with `shardline plan`, not run"));
+  if (positions == PositionKind::kRotary && head_size() > 512) {
+    return Invalid(absl::StrCat("head size ", head_size(),
+                                ": the rotary kernels take heads of at most 512 channels"));
   }
   // The kernels take int dimensions: 3·C (the QKV width) and 4·C (the default F) must fit, and so
   // must the element count of the largest matrix, which OpenBLAS indexes with int strides.
-  const int64_t widest = std::max<int64_t>({3 * d_model, 4 * d_model, d_ff, vocab});
+  const int64_t widest =
+      std::max<int64_t>({3 * d_model, 4 * d_model, (heads + 2 * kv()) * head_size(), d_ff, vocab});
   if (widest > INT_MAX / 4) {
     return Invalid(absl::StrCat("a dimension of ", widest, " is too large (", DebugString(), ")"));
   }
@@ -153,6 +161,7 @@ std::string ModelConfig::DebugString() const {
                                   " d_ff=", ff(), " vocab=", vocab, " max_seq_len=", max_seq_len,
                                   tied_embeddings ? " tied" : " untied");
   if (kv() != heads) absl::StrAppend(&text, " kv_heads=", kv());
+  if (head_dim > 0 && head_dim * heads != d_model) absl::StrAppend(&text, " head_dim=", head_dim);
   const ModelConfig gpt;
   if (norm != gpt.norm) absl::StrAppend(&text, " norm=", std::string(NormKindName(norm)));
   if (norm_eps != gpt.norm_eps) absl::StrAppend(&text, " norm_eps=", norm_eps);
@@ -160,6 +169,12 @@ std::string ModelConfig::DebugString() const {
   if (positions != gpt.positions) {
     absl::StrAppend(&text, " positions=", std::string(PositionKindName(positions)),
                     " rope_theta=", rope_theta);
+    if (rope_scaling.enabled()) {
+      absl::StrAppend(&text, " rope_scaling=llama3(factor=", rope_scaling.factor,
+                      " low=", rope_scaling.low_freq_factor,
+                      " high=", rope_scaling.high_freq_factor,
+                      " original=", rope_scaling.original_max_positions, ")");
+    }
   }
   if (!bias) absl::StrAppend(&text, " no-bias");
   return text;

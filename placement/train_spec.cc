@@ -44,6 +44,7 @@ absl::StatusOr<model::ModelConfig> ParseModel(const YamlMap& map) {
   ASSIGN_OR_RETURN(model.kv_heads,
                    map.OptionalInt64("kv_heads", model.heads, {.min = 1, .max = 1024}));
   ASSIGN_OR_RETURN(model.d_model, map.RequiredInt64("d_model", {.min = 1, .max = kMaxDim}));
+  ASSIGN_OR_RETURN(model.head_dim, map.OptionalInt64("head_dim", 0, {.min = 1, .max = kMaxDim}));
   ASSIGN_OR_RETURN(model.d_ff, map.OptionalInt64("d_ff", llama ? LlamaFf(model.d_model) : 4 * model.d_model, {.min = 1, .max = 4 * kMaxDim}));
   ASSIGN_OR_RETURN(model.vocab, map.OptionalInt64("vocab", 257, {.min = 2, .max = kMaxVocab}));
   ASSIGN_OR_RETURN(model.max_seq_len, map.RequiredInt64("max_seq_len", {.min = 1, .max = kMaxDim}));
@@ -58,10 +59,41 @@ absl::StatusOr<model::ModelConfig> ParseModel(const YamlMap& map) {
   }
   ASSIGN_OR_RETURN(model.rope_theta, map.OptionalDouble("rope_theta", model.rope_theta,
                                                         {.min = 0, .min_exclusive = true}));
-  if (model.d_model % model.heads != 0) {
-    return map.ErrorAt("d_model", absl::StrCat("d_model ", model.d_model,
-                                               " is not divisible by heads ", model.heads,
-                                               " (remainder ", model.d_model % model.heads, ")"));
+  if (!llama && map.Has("rope_scaling")) {
+    return map.ErrorAt("rope_scaling", "rope_scaling needs arch: llama (rotary positions)");
+  }
+  // Llama 3's rescaled frequencies, under transformers' names.
+  ASSIGN_OR_RETURN(
+      const YamlMap scaling,
+      map.OptionalMap("rope_scaling", {"rope_type", "factor", "low_freq_factor", "high_freq_factor",
+                                       "original_max_position_embeddings"}));
+  if (map.Has("rope_scaling")) {
+    ASSIGN_OR_RETURN(const std::string type, scaling.OptionalString("rope_type", "llama3"));
+    if (type != "llama3") {
+      return scaling.ErrorAt("rope_type",
+                             absl::StrCat("rope_type '", type, "' is not supported (llama3 is)"));
+    }
+    model::RopeScaling& r = model.rope_scaling;
+    ASSIGN_OR_RETURN(r.factor, scaling.RequiredDouble("factor", {.min = 0, .min_exclusive = true}));
+    ASSIGN_OR_RETURN(r.low_freq_factor, scaling.OptionalDouble("low_freq_factor", r.low_freq_factor,
+                                                               {.min = 0, .min_exclusive = true}));
+    ASSIGN_OR_RETURN(r.high_freq_factor,
+                     scaling.OptionalDouble("high_freq_factor", r.high_freq_factor,
+                                            {.min = 0, .min_exclusive = true}));
+    if (r.high_freq_factor <= r.low_freq_factor) {
+      return scaling.ErrorAt("high_freq_factor",
+                             absl::StrCat("high_freq_factor ", r.high_freq_factor,
+                                          " must exceed low_freq_factor ", r.low_freq_factor));
+    }
+    ASSIGN_OR_RETURN(r.original_max_positions,
+                     scaling.OptionalInt64("original_max_position_embeddings",
+                                           r.original_max_positions, {.min = 1}));
+  }
+  if (model.head_dim == 0 && model.d_model % model.heads != 0) {
+    return map.ErrorAt("d_model",
+                       absl::StrCat("d_model ", model.d_model, " is not divisible by heads ",
+                                    model.heads, " (remainder ", model.d_model % model.heads,
+                                    "; give head_dim to size the heads otherwise)"));
   }
   // Grouped-query attention: every key/value head serves heads / kv_heads query heads.
   if (model.kv_heads > model.heads || model.heads % model.kv_heads != 0) {

@@ -20,9 +20,9 @@ inline constexpr std::array<std::string_view, 10> kTrainSectionKeys = {
 };
 
 // The keys of a `model:` section, which are also the top-level keys of a standalone model spec.
-inline constexpr std::array<std::string_view, 11> kModelKeys = {
-    "arch",  "layers",      "heads",           "kv_heads", "d_model",    "d_ff",
-    "vocab", "max_seq_len", "tied_embeddings", "norm_eps", "rope_theta",
+inline constexpr std::array<std::string_view, 13> kModelKeys = {
+    "arch",  "layers",      "heads",           "kv_heads", "head_dim",   "d_model",      "d_ff",
+    "vocab", "max_seq_len", "tied_embeddings", "norm_eps", "rope_theta", "rope_scaling",
 };
 
 // One section each: `map` is the opened `model:`, `data:` or `optimizer:` mapping.

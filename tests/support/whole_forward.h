@@ -27,13 +27,10 @@ inline absl::StatusOr<std::vector<float>> WholeForwardLogits(const model::ModelP
   const model::ModelConfig& c = params.config();
   RETURN_IF_ERROR(c.CheckTokens(tokens, B, T));
   const int N = B * T, C = static_cast<int>(c.d_model), V = static_cast<int>(c.vocab);
-  const model::BlockDims dims{B,
-                              T,
-                              C,
-                              static_cast<int>(c.heads),
-                              static_cast<int>(c.head_size()),
-                              static_cast<int>(c.ff()),
-                              static_cast<float>(c.norm_eps)};
+  model::BlockDims dims = model::BlockDims::Of(c, B, T, static_cast<int>(c.heads),
+                                               static_cast<int>(c.kv()), static_cast<int>(c.ff()));
+  const std::vector<float> inv_freq = model::RotaryFrequencies(c);
+  if (!inv_freq.empty()) dims.rope_inv_freq = inv_freq.data();
   const model::OuterParams outer = params.Outer();
   std::vector<float> x(static_cast<size_t>(N) * C), y(x.size());
   RETURN_IF_ERROR(model::EmbeddingForward(
@@ -54,6 +51,7 @@ inline absl::StatusOr<std::vector<float>> WholeForwardLogits(const model::ModelP
       backend,
       {.norm_w = outer.lnf_w,
        .norm_b = outer.lnf_b,
+       .norm = c.norm,
        .head = outer.lm_head,
        .vocab_begin = 0,
        .vocab_end = V,

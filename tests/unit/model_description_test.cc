@@ -79,22 +79,26 @@ TEST(ModelConfigTest, ValidateNamesTheField) {
   EXPECT_THAT(Message(c.Validate()), HasSubstr("max_seq_len 1099511627776 is too large"));
 }
 
-TEST(ModelConfigTest, EngineRefusesWhatItCannotRunNamingTheKey) {
-  EXPECT_THAT(Message(Llama7B().EngineSupports()),
-              HasSubstr("norm rmsnorm: the engine runs layernorm only"));
-  const auto refused = [](auto edit) {
-    ModelConfig c = Gpt2Small();
+TEST(ModelConfigTest, EngineRunsBothFamiliesAndRefusesWhatItCannotNamingTheKey) {
+  // Every norm, MLP and position choice runs: Llama's and GPT-2's, and grouped-query attention.
+  EXPECT_TRUE(Llama7B().EngineSupports().ok()) << Llama7B().EngineSupports();
+  ModelConfig gqa = Llama7B();
+  gqa.kv_heads = 8;
+  EXPECT_TRUE(gqa.EngineSupports().ok());
+  const auto refused = [](ModelConfig c, auto edit) {
     edit(c);
     EXPECT_TRUE(c.Validate().ok()) << c.DebugString();
     return Message(c.EngineSupports());
   };
-  EXPECT_THAT(refused([](ModelConfig& c) { c.mlp = MlpKind::kSwiGlu; }),
-              HasSubstr("mlp swiglu: the engine runs gelu only"));
-  EXPECT_THAT(refused([](ModelConfig& c) { c.positions = PositionKind::kRotary; }),
-              HasSubstr("positions rotary: the engine runs learned positions only"));
-  EXPECT_THAT(refused([](ModelConfig& c) { c.bias = false; }), HasSubstr("bias false"));
-  EXPECT_THAT(refused([](ModelConfig& c) { c.kv_heads = 4; }),
-              HasSubstr("kv_heads 4: the engine runs one key/value head per head (heads 12)"));
+  // What the tensor table has no rows for is refused rather than dropped.
+  EXPECT_THAT(refused(Gpt2Small(), [](ModelConfig& c) { c.kv_heads = 4; }),
+              HasSubstr("bias true with kv_heads 4 < heads 12"));
+  EXPECT_THAT(refused(Gpt2Small(), [](ModelConfig& c) { c.mlp = MlpKind::kSwiGlu; }),
+              HasSubstr("bias true with mlp swiglu"));
+  EXPECT_THAT(refused(Gpt2Small(), [](ModelConfig& c) { c.bias = false; }),
+              HasSubstr("bias false with norm layernorm"));
+  EXPECT_THAT(refused(Llama7B(), [](ModelConfig& c) { c.head_dim = 1024; }),
+              HasSubstr("head size 1024: the rotary kernels take heads of at most 512"));
   // Any positive epsilon runs: the norms take it.
   ModelConfig eps = Gpt2Small();
   eps.norm_eps = 1e-6;

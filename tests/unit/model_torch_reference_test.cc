@@ -1,16 +1,19 @@
-// The engine against PyTorch: same weights, same tokens → same logits (the training forward's
-// layers, tests/support/whole_forward.h), loss and gradients of every parameter tensor (a step of
-// the engine on one rank, OneRankGpt, which tests/unit/model_sharded_test.cc compares every
-// sharded plan with). The test writes the model to a temp dir, runs
-// tests/unit/model_torch_reference.py with /usr/bin/python3 (Debian's python3-torch), and compares
-// with what it writes back. The reference runs in float64, so the differences are our f32 error.
+// The engine against PyTorch: same weights, same tokens → same logits and greedy tokens (the
+// training forward's layers, tests/support/whole_forward.h), loss and gradients of every parameter
+// tensor (a step of the engine on one rank, OneRankGpt, which tests/unit/model_sharded_test.cc
+// compares every sharded plan with), for GPT-2 and for Llama (grouped-query and multi-head
+// attention, tied and untied, Llama 3's rope scaling, a head_dim other than d_model / heads)
+// against a Llama the script writes in Hugging Face's layout. The test writes the model to a temp
+// dir, runs tests/unit/model_torch_reference.py with /usr/bin/python3 (Debian's python3-torch), and
+// compares with what it writes back. The reference runs in float64, so the differences are our f32
+// error.
 //
 // Tolerances (measured worst in brackets, on the configs below):
 //   logits: |ours − torch| <= 1e-4                                          [7e-7]
 //   loss:   |ours − torch| <= 1e-5·|torch|                                  [4e-8 relative]
 //   grads:  |ours − torch| <= 1e-3·max|torch| over that tensor, per element [6e-7 relative]
 // A real modelling difference is far above them: GELU without the tanh approximation fails all
-// three.
+// three, and so does rotary in the interleaved (GPT-J) layout instead of rotate_half.
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -19,6 +22,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -88,13 +92,12 @@ bool TorchAvailable(std::string* why) {
   return true;
 }
 
-class TorchReferenceTest : public ::testing::TestWithParam<bool> {};
+struct Case {
+  std::string name;
+  ModelConfig config;
+};
 
-TEST_P(TorchReferenceTest, LogitsLossAndGradientsMatch) {
-  std::string why;
-  if (!TorchAvailable(&why)) GTEST_SKIP() << why;
-
-  const bool tied = GetParam();
+ModelConfig Sizes(bool tied) {
   ModelConfig config;
   config.layers = 2;
   config.heads = 4;
@@ -103,6 +106,43 @@ TEST_P(TorchReferenceTest, LogitsLossAndGradientsMatch) {
   config.vocab = 64;
   config.max_seq_len = 20;
   config.tied_embeddings = tied;
+  return config;
+}
+
+ModelConfig Llama(int kv_heads, bool tied) {
+  ModelConfig config = ModelConfig::Llama(Sizes(false));
+  config.kv_heads = kv_heads;
+  config.tied_embeddings = tied;
+  config.rope_theta = 500000.0;
+  config.norm_eps = 1e-6;
+  return config;
+}
+
+std::vector<Case> Cases() {
+  std::vector<Case> cases{{"Gpt2Tied", Sizes(true)}, {"Gpt2Untied", Sizes(false)}};
+  cases.push_back({"LlamaGqaUntied", Llama(2, false)});
+  cases.push_back({"LlamaMhaTied", Llama(4, true)});
+  ModelConfig scaled = Llama(1, false);
+  // Llama 3.1's rescaling, its original context short enough that the test's positions reach the
+  // blended and the divided frequencies.
+  scaled.rope_scaling = {
+      .factor = 8.0, .low_freq_factor = 1.0, .high_freq_factor = 4.0, .original_max_positions = 16};
+  scaled.rope_theta = 10000.0;
+  cases.push_back({"LlamaMqaRopeScaling", scaled});
+  ModelConfig wide_heads = Llama(2, false);
+  wide_heads.head_dim = 12;  // 4 heads of 12: q is 48 wide on a residual of 32
+  cases.push_back({"LlamaHeadDim", wide_heads});
+  return cases;
+}
+
+class TorchReferenceTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(TorchReferenceTest, LogitsLossAndGradientsMatch) {
+  std::string why;
+  if (!TorchAvailable(&why)) GTEST_SKIP() << why;
+
+  const ModelConfig config = GetParam().config;
+  ASSERT_TRUE(config.Validate().ok()) << config.Validate();
   constexpr int B = 3, T = 16;
 
   ModelParams model = ModelParams::Gpt2Init(config, 21).value();
@@ -138,10 +178,25 @@ TEST_P(TorchReferenceTest, LogitsLossAndGradientsMatch) {
   const std::string dir = MakeTempDir();
   ASSERT_FALSE(dir.empty()) << "mkdtemp under " << ::testing::TempDir();
   nlohmann::json spec;
-  spec["config"] = {{"layers", config.layers}, {"heads", config.heads},
-                    {"d_model", config.d_model}, {"d_ff", config.ff()},
-                    {"vocab", config.vocab},     {"max_seq_len", config.max_seq_len},
-                    {"tied_embeddings", config.tied_embeddings}};
+  spec["config"] = {{"arch", config.FamilyName()},
+                    {"layers", config.layers},
+                    {"heads", config.heads},
+                    {"kv_heads", config.kv()},
+                    {"head_dim", config.head_size()},
+                    {"d_model", config.d_model},
+                    {"d_ff", config.ff()},
+                    {"vocab", config.vocab},
+                    {"max_seq_len", config.max_seq_len},
+                    {"tied_embeddings", config.tied_embeddings},
+                    {"norm_eps", config.norm_eps},
+                    {"rope_theta", config.rope_theta}};
+  if (config.rope_scaling.enabled()) {
+    spec["config"]["rope_scaling"] = {
+        {"factor", config.rope_scaling.factor},
+        {"low_freq_factor", config.rope_scaling.low_freq_factor},
+        {"high_freq_factor", config.rope_scaling.high_freq_factor},
+        {"original_max_position_embeddings", config.rope_scaling.original_max_positions}};
+  }
   spec["batch"] = B;
   spec["seq_len"] = T;
   for (const ParamTensorInfo& t : model.layout().tensors()) {
@@ -176,6 +231,22 @@ TEST_P(TorchReferenceTest, LogitsLossAndGradientsMatch) {
   }
   EXPECT_LE(worst_logit, kLogitAtol);
   RecordProperty("logits_abs_error", Sci(worst_logit));
+  // Greedy tokens: the same argmax at every position where torch's best two are not within the
+  // logits' tolerance of each other.
+  const int V = static_cast<int>(config.vocab);
+  int compared = 0;
+  for (int row = 0; row < B * T; ++row) {
+    const auto ours = logits.begin() + int64_t{row} * V;
+    const auto theirs = torch_logits.begin() + int64_t{row} * V;
+    std::vector<float> sorted(theirs, theirs + V);
+    std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
+    if (sorted[0] - sorted[1] <= 4 * kLogitAtol) continue;
+    ++compared;
+    EXPECT_EQ(std::max_element(ours, ours + V) - ours,
+              std::max_element(theirs, theirs + V) - theirs)
+        << "greedy token at row " << row;
+  }
+  EXPECT_GT(compared, B * T / 2);
 
   // Gradients of every tensor, each against its own scale.
   const std::vector<float> torch_grads = ReadFloats(dir + "/grads.bin", grads.size());
@@ -196,9 +267,9 @@ TEST_P(TorchReferenceTest, LogitsLossAndGradientsMatch) {
   RecordProperty("grads_rel_error", Sci(worst_grad));
 }
 
-INSTANTIATE_TEST_SUITE_P(Embeddings, TorchReferenceTest, ::testing::Bool(),
-                         [](const ::testing::TestParamInfo<bool>& info) {
-                           return info.param ? std::string("Tied") : std::string("Untied");
+INSTANTIATE_TEST_SUITE_P(Families, TorchReferenceTest, ::testing::ValuesIn(Cases()),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return info.param.name;
                          });
 
 }  // namespace

@@ -113,19 +113,37 @@ TEST(ModelYamlTest, Errors) {
               HasSubstr("unknown key 'steps'"));
 }
 
-TEST(ModelYamlTest, TrainerRefusesLlama) {
+TEST(ModelYamlTest, TrainerTakesLlamaWithItsKeys) {
   absl::StatusOr<TrainSpec> spec = ParseTrainSpec(
-      "name: t\nmodel: {arch: llama, layers: 2, heads: 4, d_model: 64, max_seq_len: 8}\n"
+      "name: t\nmodel: {arch: llama, layers: 2, heads: 4, kv_heads: 2, head_dim: 24, d_model: 64,\n"
+      "  max_seq_len: 8, rope_theta: 500000, norm_eps: 1e-6, tied_embeddings: true,\n"
+      "  rope_scaling: {rope_type: llama3, factor: 8, low_freq_factor: 1, high_freq_factor: 4,\n"
+      "                 original_max_position_embeddings: 8192}}\n"
       "steps: 1\nbatch: 2\n",
       "t.yaml");
-  EXPECT_THAT(Message(spec.status()),
-              HasSubstr("model.arch: norm rmsnorm: the engine runs layernorm only (llama models "
-                        "can be planned with `shardline plan`, not run)"));
-  absl::StatusOr<TrainSpec> gpt = ParseTrainSpec(
-      "name: t\nmodel: {arch: gpt, layers: 2, heads: 4, d_model: 64, max_seq_len: 8}\n"
-      "steps: 1\nbatch: 2\n",
-      "t.yaml");
-  EXPECT_TRUE(gpt.ok()) << gpt.status();
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->model.FamilyName(), "llama");
+  EXPECT_EQ(spec->model.kv(), 2);
+  EXPECT_EQ(spec->model.head_size(), 24);
+  EXPECT_EQ(spec->model.rope_theta, 500000.0);
+  EXPECT_EQ(spec->model.rope_scaling.factor, 8.0);
+  EXPECT_EQ(spec->model.rope_scaling.original_max_positions, 8192);
+  EXPECT_TRUE(spec->model.tied_embeddings);
+  const auto error = [](const std::string& model) {
+    return Message(
+        ParseTrainSpec("name: t\nmodel: " + model + "\nsteps: 1\nbatch: 2\n", "t.yaml").status());
+  };
+  EXPECT_THAT(error("{arch: llama, layers: 2, heads: 4, d_model: 64, max_seq_len: 8, "
+                    "rope_scaling: {rope_type: yarn, factor: 4}}"),
+              HasSubstr("rope_type 'yarn' is not supported (llama3 is)"));
+  EXPECT_THAT(error("{arch: llama, layers: 2, heads: 4, d_model: 64, max_seq_len: 8, "
+                    "rope_scaling: {factor: 4, low_freq_factor: 4, high_freq_factor: 1}}"),
+              HasSubstr("high_freq_factor 1 must exceed low_freq_factor 4"));
+  EXPECT_THAT(error("{arch: gpt, layers: 2, heads: 4, d_model: 64, max_seq_len: 8, "
+                    "rope_scaling: {factor: 4}}"),
+              HasSubstr("rope_scaling needs arch: llama"));
+  EXPECT_THAT(error("{arch: llama, layers: 2, heads: 3, d_model: 64, max_seq_len: 8}"),
+              HasSubstr("give head_dim to size the heads otherwise"));
 }
 
 // ---- model derivations ----

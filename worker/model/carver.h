@@ -31,14 +31,14 @@ inline void CarveBlockActivations(Carver& c, const BlockDims& d, BlockActivation
   b.ln1 = c.Take(N * d.C);
   b.ln1_mean = c.Take(N);
   b.ln1_rstd = c.Take(N);
-  b.qkv = c.Take(N * 3 * d.Attn());
+  b.qkv = c.Take(N * d.QkvWidth());
   b.atty = c.Take(N * d.Attn());
   b.att_lse = c.Take(N * d.NH);
   b.resid_mid = c.Take(N * d.C);
   b.ln2 = c.Take(N * d.C);
   b.ln2_mean = c.Take(N);
   b.ln2_rstd = c.Take(N);
-  b.fch = c.Take(N * d.F);
+  b.fch = c.Take(N * d.MlpWidth());
   b.fch_gelu = c.Take(N * d.F);
 }
 
@@ -47,7 +47,7 @@ inline void CarveBlockActivations(Carver& c, const BlockDims& d, BlockActivation
 // (CarveRecomputeScratch) that every block of the stage shares and RecomputeBlock refills just
 // before each backward. kNone keeps everything (CarveBlockActivations); kSelective keeps what the
 // matrix multiplies produced (q/k/v, the residual after attention, the MLP's pre-activation) and
-// the LayerNorms' statistics and attention's log-sum-exp (a few floats per row); kFull keeps
+// the norms' statistics and attention's log-sum-exp (a few floats per row); kFull keeps
 // nothing here: the block's input is the slot's residual, from which RecomputeBlock reruns it.
 inline void CarveKeptBlockActivations(Carver& c, const BlockDims& d, placement::RecomputeMode mode,
                                       const BlockActivations& recomputed, BlockActivations& b) {
@@ -60,17 +60,17 @@ inline void CarveKeptBlockActivations(Carver& c, const BlockDims& d, placement::
   const int64_t N = d.N();
   b.ln1_mean = c.Take(N);
   b.ln1_rstd = c.Take(N);
-  b.qkv = c.Take(N * 3 * d.Attn());
+  b.qkv = c.Take(N * d.QkvWidth());
   b.att_lse = c.Take(N * d.NH);
   b.resid_mid = c.Take(N * d.C);
   b.ln2_mean = c.Take(N);
   b.ln2_rstd = c.Take(N);
-  b.fch = c.Take(N * d.F);
+  b.fch = c.Take(N * d.MlpWidth());
 }
 
 // The one block's buffers that CarveKeptBlockActivations points the unkept activations at:
-// nothing for kNone, the LayerNorms' outputs, the attention output and the GELU for kSelective, a
-// whole block for kFull.
+// nothing for kNone, the norms' outputs, the attention output and the MLP activation for
+// kSelective, a whole block for kFull.
 inline void CarveRecomputeScratch(Carver& c, const BlockDims& d, placement::RecomputeMode mode,
                                   BlockActivations& r) {
   r = BlockActivations{};
@@ -86,15 +86,18 @@ inline void CarveRecomputeScratch(Carver& c, const BlockDims& d, placement::Reco
   r.fch_gelu = c.Take(N * d.F);
 }
 
-// The scratch one block's backward uses, shared by every block.
-inline void CarveBlockGradScratch(Carver& c, const BlockDims& d, BlockGradScratch& s) {
+// The scratch one block's backward uses, shared by every block; `replicated_kv`: the rank's
+// key/value heads are replicated over tensor-parallel ranks (BlockGradScratch::dqkv_weight).
+inline void CarveBlockGradScratch(Carver& c, const BlockDims& d, BlockGradScratch& s,
+                                  bool replicated_kv = false) {
   const int64_t N = d.N();
   s.dresid_mid = c.Take(N * d.C);
   s.dln = c.Take(N * d.C);
   s.dfch_gelu = c.Take(N * d.F);
-  s.dfch = c.Take(N * d.F);
+  s.dfch = c.Take(N * d.MlpWidth());
   s.datty = c.Take(N * d.Attn());
-  s.dqkv = c.Take(N * 3 * d.Attn());
+  s.dqkv = c.Take(N * d.QkvWidth());
+  s.dqkv_weight = replicated_kv ? c.Take(int64_t{d.QkvWidth()} * d.C) : nullptr;
 }
 
 }  // namespace shardline::model

@@ -11,6 +11,7 @@ absl::Status EmbeddingForward(kernels::Backend& be, const EmbeddingWeights& w,
   if (all_reduce) {
     RETURN_IF_ERROR(Annotate(all_reduce(x, int64_t{N} * C), "all-reduce of the embedding"));
   }
+  if (w.wpe == nullptr) return absl::OkStatus();  // rotary positions act inside the blocks
   return be.PositionEmbedding(x, w.wpe, positions, N, T, C);
 }
 
@@ -26,7 +27,8 @@ absl::Status EmbeddingBackward(kernels::Backend& be, const EmbeddingWeights& w, 
 
 absl::Status HeadForward(kernels::Backend& be, const HeadWeights& w, const float* x, int N, int C,
                          const HeadActivations& a) {
-  RETURN_IF_ERROR(be.LayerNorm(a.norm, a.mean, a.rstd, x, w.norm_w, w.norm_b, N, C, w.eps));
+  RETURN_IF_ERROR(
+      NormForward(be, w.norm, a.norm, a.mean, a.rstd, x, w.norm_w, w.norm_b, N, C, w.eps));
   return be.Linear(a.logits, a.norm, w.head, w.packed, nullptr, N, C, w.vocab_shard());
 }
 
@@ -66,7 +68,7 @@ absl::Status FinalNormBackward(kernels::Backend& be, const HeadWeights& w, float
         Annotate(all_reduce(dnorm, int64_t{N} * C), "all-reduce of the head's input gradient"));
   }
   RETURN_IF_ERROR(be.Fill(dx, int64_t{N} * C, 0.0f));
-  return be.LayerNormBackward(dx, dnorm_w, dnorm_b, dnorm, x, w.norm_w, a.mean, a.rstd, N, C);
+  return NormBackward(be, w.norm, dx, dnorm_w, dnorm_b, dnorm, x, w.norm_w, a.mean, a.rstd, N, C);
 }
 
 }  // namespace shardline::model

@@ -19,12 +19,12 @@ namespace shardline::model {
 
 struct EmbeddingWeights {
   const float* wte = nullptr;  // (vocab_end - vocab_begin, C)
-  const float* wpe = nullptr;  // (max_seq_len, C)
+  const float* wpe = nullptr;  // (max_seq_len, C); null without learned positions
   int vocab_begin = 0, vocab_end = 0;
 };
 
-// x (N,C) = wte[tokens] summed over the group by `all_reduce` (empty: one rank) + wpe[positions];
-// positions null means N / T sequences of T tokens at positions 0..T-1.
+// x (N,C) = wte[tokens] summed over the group by `all_reduce` (empty: one rank) + wpe[positions]
+// (when the model has wpe); positions null means N / T sequences of T tokens at positions 0..T-1.
 absl::Status EmbeddingForward(kernels::Backend& backend, const EmbeddingWeights& weights,
                               const int32_t* tokens, const int32_t* positions, int N, int T, int C,
                               float* x, const AllReduceFn& all_reduce);
@@ -36,7 +36,8 @@ absl::Status EmbeddingBackward(kernels::Backend& backend, const EmbeddingWeights
 
 struct HeadWeights {
   const float* norm_w = nullptr;  // (C): the final norm
-  const float* norm_b = nullptr;  // (C)
+  const float* norm_b = nullptr;  // (C); null for RMSNorm
+  NormKind norm = NormKind::kLayerNorm;
   const float* head = nullptr;    // (vocab_end - vocab_begin, C): wte's rows when tied
   const kernels::cpu::PackedWeight* packed = nullptr;  // Backend::PackWeight's copy, or null
   int vocab_begin = 0, vocab_end = 0;
@@ -47,7 +48,7 @@ struct HeadWeights {
 // What the head's forward keeps for its backward, for N rows.
 struct HeadActivations {
   float* norm = nullptr;    // (N,C)
-  float* mean = nullptr;    // (N)
+  float* mean = nullptr;    // (N): LayerNorm only
   float* rstd = nullptr;    // (N)
   float* logits = nullptr;  // (N, vocab shard)
 };

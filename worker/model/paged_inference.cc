@@ -16,6 +16,7 @@ InferenceWeights InferenceWeights::Of(const ModelParams& model) {
   InferenceWeights w;
   w.config = c;
   w.heads = c.heads;
+  w.kv_heads = c.kv();
   w.ff = c.ff();
   w.vocab_end = c.vocab;
   w.last_layer = c.layers;
@@ -73,6 +74,7 @@ absl::StatusOr<std::unique_ptr<ShardWeights>> ShardWeights::Load(const ModelConf
   w.config = config;
   w.tp_size = tp_size;
   w.heads = l.heads();
+  w.kv_heads = l.kv_heads();
   w.ff = l.ff();
   w.vocab_begin = l.vocab_begin();
   w.vocab_end = l.vocab_end();
@@ -85,11 +87,11 @@ absl::StatusOr<std::unique_ptr<ShardWeights>> ShardWeights::Load(const ModelConf
   }
   if (w.first_stage()) {
     w.wte = unit(l.wte_unit());
-    w.wpe = unit(l.wpe_unit());
+    w.wpe = l.wpe_unit() >= 0 ? unit(l.wpe_unit()) : nullptr;
   }
   if (w.last_stage()) {
     w.lnf_w = unit(l.lnf_unit());
-    w.lnf_b = w.lnf_w + config.d_model;
+    w.lnf_b = config.norm == NormKind::kLayerNorm ? w.lnf_w + config.d_model : nullptr;
     // Tied on one stage the head reads wte; tied on several, the last stage's copy of its rows.
     w.lm_head = l.head_unit() >= 0 ? unit(l.head_unit()) : w.wte;
   }
@@ -146,7 +148,8 @@ BoxReader ModelBoxReader(const ModelParams& model) {
 int64_t PagedGptForward::BytesPerBlock(const ModelConfig& config, int block_size, int tp_size,
                                        int pp_size) {
   const auto [first, last] = InferenceStageLayers(config.layers, pp_size, 0);  // the most layers
-  return 2 * int64_t{last - first} * block_size * (config.d_model / tp_size) *
+  const int64_t kv_heads = std::max<int64_t>(config.kv() / tp_size, 1);  // ShardLayout::kv_heads
+  return 2 * int64_t{last - first} * block_size * kv_heads * config.head_size() *
          static_cast<int64_t>(sizeof(float));
 }
 
@@ -181,14 +184,17 @@ absl::StatusOr<std::unique_ptr<PagedGptForward>> PagedGptForward::Create(
   RETURN_IF_ERROR(positive("max_seqs_per_step", options.max_seqs_per_step));
   std::unique_ptr<PagedGptForward> f(new PagedGptForward(weights, options, backend, tp));
   const int64_t A = int64_t{weights.heads} * c.head_size();  // attention width held here
+  const int64_t KA = int64_t{weights.kv_heads} * c.head_size();  // a cache slot's width
   const int64_t layers = weights.last_layer - weights.first_layer;
-  const int64_t cache = 2 * layers * options.num_blocks * options.block_size * A;
+  const int64_t cache = 2 * layers * options.num_blocks * options.block_size * KA;
   ASSIGN_OR_RETURN(f->cache_, kernels::Tensor::Zeros({cache}, DType::kFloat32, allocator));
 
   const int64_t N = options.max_tokens_per_step, R = options.max_seqs_per_step;
   const int64_t C = c.d_model, F = weights.ff, V = weights.vocab_end - weights.vocab_begin;
+  const int64_t QKV = A + 2 * KA;                              // a row of q/k/v
+  const int64_t MLP = c.mlp == MlpKind::kSwiGlu ? 2 * F : F;   // a row of fch
   const int64_t total = N * (2 * C                             // the two residuals
-                             + 3 * C + 4 + 3 * A + A + 2 * F)  // ln1, resid_mid, ln2, stats, ...
+                             + 3 * C + 4 + QKV + A + MLP + F)  // ln1, resid_mid, ln2, stats, ...
                         + R * (2 * C + 2 + V);
   ASSIGN_OR_RETURN(f->buffer_, kernels::Tensor::Zeros({total}, DType::kFloat32, allocator));
   float* p = f->buffer_.data<float>();
@@ -203,13 +209,13 @@ absl::StatusOr<std::unique_ptr<PagedGptForward>> PagedGptForward::Create(
   a.ln1 = take(N * C);
   a.ln1_mean = take(N);
   a.ln1_rstd = take(N);
-  a.qkv = take(N * 3 * A);
+  a.qkv = take(N * QKV);
   a.atty = take(N * A);
   a.resid_mid = take(N * C);
   a.ln2 = take(N * C);
   a.ln2_mean = take(N);
   a.ln2_rstd = take(N);
-  a.fch = take(N * F);
+  a.fch = take(N * MLP);
   a.fch_gelu = take(N * F);
   f->head_in_ = take(R * C);
   f->lnf_ = take(R * C);
@@ -223,6 +229,13 @@ absl::StatusOr<std::unique_ptr<PagedGptForward>> PagedGptForward::Create(
   f->token_seq_ = f->positions_ + N;
   f->block_tables_ = f->token_seq_ + N;
   if (on_device) f->host_in_.resize(static_cast<size_t>(N * C));
+  if (const std::vector<float> inv_freq = RotaryFrequencies(c); !inv_freq.empty()) {
+    ASSIGN_OR_RETURN(f->rope_inv_freq_,
+                     kernels::Tensor::Zeros({static_cast<int64_t>(inv_freq.size())},
+                                            DType::kFloat32, allocator));
+    RETURN_IF_ERROR(backend.ToDevice(f->rope_inv_freq_.data<float>(), inv_freq.data(),
+                                     sizeof(float) * inv_freq.size()));
+  }
 
   // MKL-packed copies for the products of few rows (none with OpenBLAS: Pack gives null).
   const int rows = std::min(options.max_tokens_per_step, kPackedRows);
@@ -234,8 +247,13 @@ absl::StatusOr<std::unique_ptr<PagedGptForward>> PagedGptForward::Create(
   };
   f->blocks_ = weights.blocks;
   for (BlockParams& b : f->blocks_) {
-    ASSIGN_OR_RETURN(b.packed(kQkv), pack(b[kQkv], C, 3 * A));
+    // q/k/v as one matrix: the fused qkv.w, or q.w, k.w and v.w back to back (gpt_block.cc).
+    const TensorRole qkv = b[kQkv] != nullptr ? kQkv : kQuery;
+    ASSIGN_OR_RETURN(b.packed(qkv), pack(b[qkv], C, QKV));
     ASSIGN_OR_RETURN(b.packed(kAttnOut), pack(b[kAttnOut], A, C));
+    if (b[kMlpGate] != nullptr) {
+      ASSIGN_OR_RETURN(b.packed(kMlpGate), pack(b[kMlpGate], C, F));
+    }
     ASSIGN_OR_RETURN(b.packed(kMlpUp), pack(b[kMlpUp], C, F));
     ASSIGN_OR_RETURN(b.packed(kMlpDown), pack(b[kMlpDown], F, C));
   }
@@ -260,13 +278,13 @@ absl::StatusOr<std::span<const float>> PagedGptForward::OnHost(const float* data
 }
 
 float* PagedGptForward::KeyCache(int layer) {
-  const int64_t A = int64_t{weights_.heads} * weights_.config.head_size();
+  const int64_t A = int64_t{weights_.kv_heads} * weights_.config.head_size();
   const int64_t per = int64_t{options_.num_blocks} * options_.block_size * A;
   return cache_.data<float>() + 2 * int64_t{layer} * per;
 }
 
 float* PagedGptForward::ValueCache(int layer) {
-  const int64_t A = int64_t{weights_.heads} * weights_.config.head_size();
+  const int64_t A = int64_t{weights_.kv_heads} * weights_.config.head_size();
   return KeyCache(layer) + int64_t{options_.num_blocks} * options_.block_size * A;
 }
 
@@ -352,8 +370,10 @@ absl::StatusOr<std::span<const float>> PagedGptForward::Forward(const PagedStep&
   const InferenceWeights& w = weights_;
   const int N = static_cast<int>(s.tokens.size());
   const int C = c.d_model;
-  const BlockDims dims{
-      1, N, C, w.heads, static_cast<int>(c.head_size()), w.ff, static_cast<float>(c.norm_eps)};
+  // One "sequence" of N rows, each at its own position (the rotary turn reads positions_).
+  BlockDims dims = BlockDims::Of(c, 1, N, w.heads, w.kv_heads, w.ff);
+  if (rope_inv_freq_.defined()) dims.rope_inv_freq = rope_inv_freq_.data<float>();
+  dims.rope_positions = positions_;
 
   AllReduceFn all_reduce;
   if (tp_ != nullptr) {
@@ -415,6 +435,7 @@ absl::StatusOr<std::span<const float>> PagedGptForward::Forward(const PagedStep&
   const int Vs = w.vocab_end - w.vocab_begin;
   const HeadWeights head{.norm_w = w.lnf_w,
                          .norm_b = w.lnf_b,
+                         .norm = c.norm,
                          .head = w.lm_head,
                          .packed = head_packed_,
                          .vocab_begin = w.vocab_begin,

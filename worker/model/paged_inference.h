@@ -53,13 +53,15 @@ namespace shardline::model {
 struct InferenceWeights {
   ModelConfig config;
   int tp_size = 1;
-  int heads = 0;                        // held here
+  int heads = 0;                        // query heads held here
+  int kv_heads = 0;                     // key/value heads held here (ShardLayout::kv_heads)
   int ff = 0;                           // MLP columns held here
   int vocab_begin = 0, vocab_end = 0;   // rows of wte and of the head held here
   int pp_size = 1, stage = 0;           // this rank's pipeline stage
   int first_layer = 0, last_layer = 0;  // the stage's layers [first_layer, last_layer)
   std::vector<BlockParams> blocks;      // the stage's layers, from first_layer
-  // The first stage's embeddings, the last stage's final LayerNorm and head (null elsewhere).
+  // The first stage's embeddings, the last stage's final norm and head (null elsewhere, and for
+  // tensors the model has not: wpe under rotary positions, lnf_b for RMSNorm).
   const float* wte = nullptr;      // (vocab_end - vocab_begin, C)
   const float* wpe = nullptr;      // (max_seq_len, C)
   const float* lnf_w = nullptr;    // (C)
@@ -140,7 +142,7 @@ class PagedGptForward {
                                                                  kernels::Backend& backend,
                                                                  comm::Communicator* tp = nullptr);
   // The cache bytes one block takes on each rank of a tp × pp cut: keys and values of the most
-  // layers a stage holds, for the rank's heads.
+  // layers a stage holds, for the rank's key/value heads.
   static int64_t BytesPerBlock(const ModelConfig& config, int block_size, int tp_size = 1,
                                int pp_size = 1);
 
@@ -186,7 +188,8 @@ class PagedGptForward {
   std::vector<std::unique_ptr<kernels::cpu::PackedWeight>> packed_;
   const kernels::cpu::PackedWeight* head_packed_ = nullptr;
   comm::Communicator* const tp_;
-  kernels::Tensor cache_;   // per layer: keys (num_blocks, block_size, NH, HS), then values
+  kernels::Tensor cache_;          // per layer: keys (num_blocks, block_size, KVH, HS), then values
+  kernels::Tensor rope_inv_freq_;  // rotary positions: RotaryFrequencies in backend memory
   kernels::Tensor buffer_;  // the step's activations, carved in Create
   float* residual_[2] = {nullptr, nullptr};  // (N, C) in and out of a block, alternating
   BlockActivations acts_;                    // one block's, reused by every layer

@@ -46,7 +46,9 @@ absl::StatusOr<ShardLayout> ShardLayout::Create(const ModelConfig& config,
     t.global_shape = row.sharded_shape;
     t.box_offsets = box.offsets;
     t.box_shape = box.shape;
-    t.tp_replica = row.cut == TpCut::kReplicated;
+    const int64_t sharing = config.kv() < tp ? tp / config.kv() : 1;
+    t.tp_replica = (row.cut == TpCut::kReplicated && r != 0) ||
+                   (row.cut == TpCut::kKeyValueHeads && r % sharing != 0);
     t.decay = row.decay;
     t.init = row.init;
     t.tied_copy = tied_copy;

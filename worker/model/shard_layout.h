@@ -20,6 +20,7 @@
 // The tied copy is its own unit so that its ZeRO partition lines up with the first stage's "wte".
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -49,7 +50,10 @@ struct ShardTensor {
   int unit = 0;        // index into units()
   int64_t offset = 0;  // in floats from the start of its unit
   int64_t numel = 0;
-  bool tp_replica = false;  // every tensor-parallel rank holds the same values
+  // A lower tensor-parallel rank holds the same box (norms, row-parallel biases, wpe on every
+  // rank but 0; a key/value head on all but the first of the ranks sharing it): that rank saves it
+  // and counts it in the gradient norm.
+  bool tp_replica = false;
   bool tied_copy = false;   // the last stage's copy of wte rows
   bool decay = false;       // AdamW's weight decay applies (matrices, not biases or gains)
   TensorRole role = TensorRole::kCount;
@@ -74,7 +78,15 @@ class ShardLayout {
   const std::vector<ShardUnit>& units() const { return units_; }
   int64_t total() const { return total_; }
 
-  int heads() const { return config_.heads / place_.tp_size; }  // heads held here
+  int heads() const { return config_.heads / place_.tp_size; }  // query heads held here
+  // Key/value heads held here: kv_heads / tp, or one shared by tp / kv_heads ranks (vLLM's rule).
+  int kv_heads() const {
+    return static_cast<int>(std::max<int64_t>(config_.kv() / place_.tp_size, 1));
+  }
+  // How many tensor-parallel ranks hold each of this rank's key/value heads (1: none shared).
+  int kv_replicas() const {
+    return static_cast<int>(std::max<int64_t>(place_.tp_size / config_.kv(), 1));
+  }
   int ff() const { return config_.ff() / place_.tp_size; }      // MLP columns held here
   int vocab_begin() const { return vocab_begin_; }              // vocabulary rows [begin, end)
   int vocab_end() const { return vocab_end_; }

@@ -149,6 +149,11 @@ absl::StatusOr<std::unique_ptr<ShardedGpt>> ShardedGpt::Create(const ShardedOpti
     model->tp_all_reduce_max_ = [self](float* data, int64_t n) {
       return self->TpAllReduce(data, n, comm::ReduceOp::kMax);
     };
+    if (model->layout_.kv_replicas() > 1) {
+      model->kv_grad_sum_ = [self](float* data, int64_t n) {
+        return self->SumSharedKeyValueGrads(data, n);
+      };
+    }
   }
   RETURN_IF_ERROR(model->Allocate());
   return model;
@@ -202,6 +207,18 @@ absl::Status ShardedGpt::Allocate() {
   };
   RETURN_IF_ERROR(allocate(recompute_buffer_,
                            [&](Carver& c) { CarveRecomputeScratch(c, dims, mode, recomputed_); }));
+  if (const std::vector<float> inv_freq = RotaryFrequencies(options_.config); !inv_freq.empty()) {
+    ASSIGN_OR_RETURN(rope_inv_freq_, kernels::Tensor::Zeros({static_cast<int64_t>(inv_freq.size())},
+                                                            DType::kFloat32, allocator_));
+    RETURN_IF_ERROR(backend_.ToDevice(rope_inv_freq_.data<float>(), inv_freq.data(),
+                                      sizeof(float) * inv_freq.size()));
+  }
+  if (kv_grad_sum_) {
+    // A slot per key/value head of the model for one head's k and v weight gradients.
+    const int64_t per_head = 2 * options_.config.head_size() * C;
+    ASSIGN_OR_RETURN(kv_sum_buffer_, kernels::Tensor::Zeros({options_.config.kv() * per_head},
+                                                            DType::kFloat32, allocator_));
+  }
   // Two pools: the chunks without the head share one (they have the same layers under either
   // schedule), sized by the most of their micro-batches in flight at once; the head's chunk has its
   // own, whose slots also hold the logits and the loss's statistics. A slot's input (residual[0])
@@ -256,7 +273,7 @@ absl::Status ShardedGpt::Allocate() {
   RETURN_IF_ERROR(allocate(backward_buffer_, [&](Carver& c) {
     dresidual_.assign(most_layers + 1, nullptr);
     for (float*& r : dresidual_) r = c.Take(N * C);
-    CarveBlockGradScratch(c, dims, scratch_);
+    CarveBlockGradScratch(c, dims, scratch_, /*replicated_kv=*/static_cast<bool>(kv_grad_sum_));
     if (!last) return;
     dlnf_ = c.Take(N * C);
     dlogits_ = c.Take(N * Vs);
@@ -346,13 +363,10 @@ int64_t ShardedGpt::shared_bytes() const {
 }
 
 BlockDims ShardedGpt::MicroBatchDims() const {
-  return BlockDims{static_cast<int>(micro_batch_),
-                   options_.seq_len,
-                   static_cast<int>(options_.config.d_model),
-                   layout_.heads(),
-                   static_cast<int>(options_.config.head_size()),
-                   layout_.ff(),
-                   static_cast<float>(options_.config.norm_eps)};
+  BlockDims dims = BlockDims::Of(options_.config, static_cast<int>(micro_batch_), options_.seq_len,
+                                 layout_.heads(), layout_.kv_heads(), layout_.ff());
+  if (rope_inv_freq_.defined()) dims.rope_inv_freq = rope_inv_freq_.data<float>();
+  return dims;
 }
 
 int ShardedGpt::HeadUnit() const {
@@ -364,8 +378,10 @@ EmbeddingWeights ShardedGpt::EmbeddingWeightsOf(const float* wte, const float* w
 }
 
 HeadWeights ShardedGpt::HeadWeightsOf(const float* lnf, const float* head) const {
+  const bool has_bias = options_.config.norm == NormKind::kLayerNorm;
   return HeadWeights{.norm_w = lnf,
-                     .norm_b = lnf + options_.config.d_model,
+                     .norm_b = has_bias ? lnf + options_.config.d_model : nullptr,
+                     .norm = options_.config.norm,
                      .head = head,
                      .vocab_begin = layout_.vocab_begin(),
                      .vocab_end = layout_.vocab_end(),
@@ -390,7 +406,7 @@ absl::Status ShardedGpt::InitGpt2(uint64_t seed) {
 template <typename Fn>
 void ShardedGpt::ForEachOwnedRange(bool saved_only, Fn&& fn) const {
   for (const ShardTensor& t : layout_.tensors()) {
-    if (saved_only && (t.tied_copy || (t.tp_replica && options_.coords.tp != 0))) continue;
+    if (saved_only && (t.tied_copy || t.tp_replica)) continue;
     const int64_t ob = data_parallel_->OwnedBegin(t.unit), oe = data_parallel_->OwnedEnd(t.unit);
     const int64_t begin = std::max(ob, t.offset), end = std::min(oe, t.offset + t.numel);
     if (begin < end) fn(t, begin - t.offset, end - t.offset);
@@ -521,6 +537,21 @@ absl::StatusOr<std::vector<std::vector<float>>> ShardedGpt::TensorValues() {
   return values;
 }
 
+absl::Status ShardedGpt::SumSharedKeyValueGrads(float* data, int64_t n) {
+  // Each rank writes its heads' slot, zeros elsewhere, so that the group's sum adds exactly the
+  // ranks that share a head (vLLM's rule puts tp / kv_heads consecutive ranks on one head).
+  const int64_t slot = options_.coords.tp / layout_.kv_replicas();
+  float* all = kv_sum_buffer_.data<float>();
+  if (n * options_.config.kv() != kv_sum_buffer_.numel()) {
+    return absl::InternalError(absl::StrCat("key/value gradient of ", n, " floats for a buffer of ",
+                                            kv_sum_buffer_.numel()));
+  }
+  RETURN_IF_ERROR(backend_.Fill(all, kv_sum_buffer_.numel(), 0.0f));
+  RETURN_IF_ERROR(backend_.Copy(all + slot * n, data, n));
+  RETURN_IF_ERROR(TpAllReduce(all, kv_sum_buffer_.numel()));
+  return backend_.Copy(data, all + slot * n, n);
+}
+
 absl::Status ShardedGpt::TpAllReduce(float* data, int64_t n, comm::ReduceOp op) {
   if (groups_.tp == nullptr) return absl::OkStatus();
   RETURN_IF_ERROR(backend_.Synchronize());  // the communicator reads what the backend queued
@@ -550,10 +581,13 @@ absl::Status ShardedGpt::Forward(Slot& slot, const std::vector<int32_t>& tokens,
   const int L = range.size();
   if (HoldsEmbedding(slot.chunk)) {
     ASSIGN_OR_RETURN(float* wte, data_parallel_->UnitParams(layout_.wte_unit()));
-    ASSIGN_OR_RETURN(float* wpe, data_parallel_->UnitParams(layout_.wpe_unit()));
+    float* wpe = nullptr;  // none with rotary positions
+    if (layout_.wpe_unit() >= 0) {
+      ASSIGN_OR_RETURN(wpe, data_parallel_->UnitParams(layout_.wpe_unit()));
+    }
     RETURN_IF_ERROR(EmbeddingForward(backend_, EmbeddingWeightsOf(wte, wpe), slot.tokens, nullptr,
                                      N, T, C, slot.residual[0], tp_all_reduce_));
-    data_parallel_->ReleaseParams(layout_.wpe_unit());
+    if (layout_.wpe_unit() >= 0) data_parallel_->ReleaseParams(layout_.wpe_unit());
     data_parallel_->ReleaseParams(layout_.wte_unit());
   }
   for (int l = range.first; l < range.last; ++l) {
@@ -612,7 +646,8 @@ absl::Status ShardedGpt::Backward(Slot& slot, const float* dy, bool last_micro_b
     if (layout_.head_unit() >= 0)
       RETURN_IF_ERROR(data_parallel_->GradsReady(head, last_micro_batch));
     ASSIGN_OR_RETURN(float* lnf_g, data_parallel_->UnitGrads(layout_.lnf_unit()));
-    RETURN_IF_ERROR(FinalNormBackward(backend_, weights, lnf_g, lnf_g + C, dlnf_, slot.residual[L],
+    float* lnf_bias_g = weights.norm_b != nullptr ? lnf_g + C : nullptr;
+    RETURN_IF_ERROR(FinalNormBackward(backend_, weights, lnf_g, lnf_bias_g, dlnf_, slot.residual[L],
                                       dresidual_[L], N, C, slot.head, tp_all_reduce_));
     data_parallel_->ReleaseParams(layout_.lnf_unit());
     RETURN_IF_ERROR(data_parallel_->GradsReady(layout_.lnf_unit(), last_micro_batch));
@@ -631,10 +666,11 @@ absl::Status ShardedGpt::Backward(Slot& slot, const float* dy, bool last_micro_b
                        slot.residual[i], slot.residual[i + 1], slot.blocks[i], tp_all_reduce_),
         absl::StrCat("layer ", l, " recomputation")));
     RETURN_IF_ERROR(backend_.Fill(dresidual_[i], NC, 0.0f));
-    RETURN_IF_ERROR(Annotate(BlockBackward(backend_, MicroBatchDims(), params, layout_.Block(g),
-                                           slot.residual[i], i + 1 == L ? dy : dresidual_[i + 1],
-                                           dresidual_[i], slot.blocks[i], scratch_, tp_all_reduce_),
-                             absl::StrCat("layer ", l, " backward")));
+    RETURN_IF_ERROR(
+        Annotate(BlockBackward(backend_, MicroBatchDims(), params, layout_.Block(g),
+                               slot.residual[i], i + 1 == L ? dy : dresidual_[i + 1], dresidual_[i],
+                               slot.blocks[i], scratch_, tp_all_reduce_, kv_grad_sum_),
+                 absl::StrCat("layer ", l, " backward")));
     data_parallel_->ReleaseParams(u);
     RETURN_IF_ERROR(data_parallel_->GradsReady(u, last_micro_batch));
   }
@@ -645,10 +681,12 @@ absl::Status ShardedGpt::Backward(Slot& slot, const float* dy, bool last_micro_b
     RETURN_IF_ERROR(
         EmbeddingBackward(backend_, weights, wte_g, nullptr, dresidual_[0], slot.tokens, N, T, C));
     RETURN_IF_ERROR(data_parallel_->GradsReady(layout_.wte_unit(), last_micro_batch));
-    ASSIGN_OR_RETURN(float* wpe_g, data_parallel_->UnitGrads(layout_.wpe_unit()));
-    RETURN_IF_ERROR(
-        EmbeddingBackward(backend_, weights, nullptr, wpe_g, dresidual_[0], slot.tokens, N, T, C));
-    RETURN_IF_ERROR(data_parallel_->GradsReady(layout_.wpe_unit(), last_micro_batch));
+    if (layout_.wpe_unit() >= 0) {
+      ASSIGN_OR_RETURN(float* wpe_g, data_parallel_->UnitGrads(layout_.wpe_unit()));
+      RETURN_IF_ERROR(EmbeddingBackward(backend_, weights, nullptr, wpe_g, dresidual_[0],
+                                        slot.tokens, N, T, C));
+      RETURN_IF_ERROR(data_parallel_->GradsReady(layout_.wpe_unit(), last_micro_batch));
+    }
   }
   return absl::OkStatus();
 }
@@ -684,7 +722,7 @@ absl::StatusOr<double> ShardedGpt::OwnedSumOfSquares() const {
   for (const ShardTensor& t : layout_.tensors()) {
     // Each element of the model counted once in the world: one tensor-parallel rank speaks for
     // replicas, the first stage for the tied copy, and each data-parallel rank for what it owns.
-    if ((t.tp_replica && options_.coords.tp != 0) || t.tied_copy) continue;
+    if (t.tp_replica || t.tied_copy) continue;
     const int u = t.unit;
     const int64_t ob = data_parallel_->OwnedBegin(u), oe = data_parallel_->OwnedEnd(u);
     const int64_t begin = std::max(ob, t.offset), end = std::min(oe, t.offset + t.numel);

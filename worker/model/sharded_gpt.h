@@ -204,6 +204,9 @@ class ShardedGpt {
   absl::StatusOr<double> OwnedSumOfSquares() const;
 
   absl::Status TpAllReduce(float* data, int64_t n, comm::ReduceOp op = comm::ReduceOp::kSum);
+  // Sums `n` floats (a gradient of this rank's key/value heads' weights) over the tensor-parallel
+  // ranks that hold the same heads, when tp exceeds kv_heads (BlockBackward's kv_grad_sum).
+  absl::Status SumSharedKeyValueGrads(float* data, int64_t n);
 
   ShardedOptions options_;
   ShardedGroups groups_;
@@ -249,6 +252,9 @@ class ShardedGpt {
   // The tensor-parallel all-reduces (sum: the blocks' and the ends'; max: the loss's); empty
   // without tp.
   AllReduceFn tp_all_reduce_, tp_all_reduce_max_;
+  AllReduceFn kv_grad_sum_;        // set when key/value heads are shared by ranks
+  kernels::Tensor kv_sum_buffer_;  // every key/value head's slot, for kv_grad_sum_
+  kernels::Tensor rope_inv_freq_;  // rotary positions: RotaryFrequencies, in backend memory
   // tp collectives; pipeline transfers; waiting for data-parallel ones and the norm's all-reduce.
   double tp_seconds_ = 0, pp_seconds_ = 0, dp_wait_seconds_ = 0;
   std::vector<float> losses_;  // a micro-batch's losses, read back to the host
