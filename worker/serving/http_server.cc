@@ -325,6 +325,10 @@ void HttpServer::Impl::HandleCompletion(const httplib::Request& req, httplib::Re
                                                     options_.model_name, "'"),
                                        "invalid_request_error", "model", "model_not_found"));
   }
+  // GPT-2 has no chat template of its own: the plain form.
+  if (endpoint == Endpoint::kChatCompletions) {
+    if (auto e = ApplyPlainChatForm(p)) return SendError(res, *e);
+  }
   if (!engine_.Ready() || stopping_) {
     return SendError(res, ErrorFromStatus(absl::UnavailableError("the engine is not ready")));
   }
