@@ -17,7 +17,7 @@ shardline_test(serving_sharded_test
   LIBS shardline_serving_rank shardline_forked_world LABELS unit TIMEOUT 300)
 shardline_test(serving_cli_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/serving_cli_test.cc
-  LIBS shardline_checkpoint shardline_common PkgConfig::HTTPLIB nlohmann_json::nlohmann_json
+  LIBS shardline_checkpoint shardline_data shardline_common PkgConfig::HTTPLIB nlohmann_json::nlohmann_json
   LABELS unit TIMEOUT 180)
 add_dependencies(serving_cli_test shardline)
 # OpenAI's official Python client against `shardline serve` (serving_openai_client.py, run with
