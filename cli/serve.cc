@@ -27,6 +27,7 @@
 #include "worker/model/data/tokenizer.h"
 #include "worker/model/shard_layout.h"
 #include "worker/serving/batching_engine.h"
+#include "worker/serving/chat_format.h"
 #include "worker/serving/http_server.h"
 #include "worker/serving/serving_rank.h"
 #include "worker/training/model_checkpoint.h"
@@ -191,11 +192,19 @@ int Serve(const ServeOptions& options) {
     std::cerr << "error: --checkpoint: " << path.status().message() << "\n";
     return 2;
   }
-  auto tokenizer = data::LoadTokenizer(training::TokenizerSpecFor(options.tokenizer, *path));
+  const std::string tokenizer_spec = training::TokenizerSpecFor(options.tokenizer, *path);
+  auto tokenizer = data::LoadTokenizer(tokenizer_spec);
   if (!tokenizer.ok()) {
     std::cerr << "error: --tokenizer: " << tokenizer.status().message() << "\n";
     return 2;
   }
+  // The model's chat template lives with its tokenizer (tokenizer_config.json).
+  auto chat = serving::ChatFormatFor(tokenizer_spec);
+  if (!chat.ok()) {
+    std::cerr << "error: chat template: " << chat.status().message() << "\n";
+    return 1;
+  }
+  http.chat = *chat;
   auto source = training::CheckpointSource::Open(*path, options.hf_heads);
   if (!source.ok()) {
     std::cerr << "error: " << source.status().message() << "\n";
@@ -274,6 +283,7 @@ int Serve(const ServeOptions& options) {
             << options.max_tokens_per_step << " tokens per step, KV cache of " << batching.kv_blocks
             << " blocks of " << options.block_size << " positions"
             << (grid.world() > 1 ? " on each rank" : "") << ")" << std::endl;
+  std::cout << "chat completions: " << http.chat.Describe() << std::endl;
   const absl::Status served = ServeUntilStopped(**engine, group.get());
   std::cout << "stopping" << std::endl;
   (*server)->Stop();

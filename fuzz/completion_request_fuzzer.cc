@@ -1,6 +1,7 @@
 // The serving API's request parser (worker/serving/openai_api.h) on arbitrary HTTP bodies, for
 // both /v1/completions and /v1/chat/completions: ParseCompletionRequest must answer a 400 whose
-// JSON is well-formed, or parameters inside the ranges it documents. What an accepted request
+// JSON is well-formed, or parameters inside the ranges it documents (a chat's prompt made by the
+// plain chat form). What an accepted request
 // then drives without a model runs too: ResolveMaxTokens, and the stop strings over the prompt's
 // own bytes (StopTextAssembler must release exactly the text before the first stop string it
 // sees whole, however the bytes are cut).
@@ -95,7 +96,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       continue;
     }
     FUZZ_CHECK(parsed.params.endpoint == endpoint, "the parsed request names another endpoint");
-    CheckAccepted(parsed.params);
+    CompletionParams params = parsed.params;
+    if (endpoint == Endpoint::kChatCompletions) {
+      // The plain chat form (a model without a template of its own) makes the prompt.
+      FUZZ_CHECK(params.prompt.empty() && !params.messages.empty(),
+                 "a parsed chat request without messages, or with a prompt already");
+      if (const auto error = shardline::serving::ApplyPlainChatForm(params)) {
+        FUZZ_CHECK(error->http_status == 400 && error->param == "messages",
+                   "the plain chat form answered " + std::to_string(error->http_status));
+        continue;
+      }
+    }
+    CheckAccepted(params);
   }
   return 0;
 }

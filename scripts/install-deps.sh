@@ -29,6 +29,9 @@ packages=(
   libpcre2-dev
   # the OpenAI-compatible HTTP server of serving (worker/serving/http_server.cc)
   libcpp-httplib-dev
+  # models' chat templates (worker/serving/chat_template.h): Python's jinja2, the engine
+  # transformers renders them with, embedded through libpython3.11
+  python3-jinja2 libpython3-dev
   # PyTorch reference checks and peer benchmarks (run with /usr/bin/python3)
   python3 python3-torch python3-numpy
   # process and network tools the fault tests use

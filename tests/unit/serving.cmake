@@ -17,7 +17,7 @@ shardline_test(serving_sharded_test
   LIBS shardline_serving_rank shardline_forked_world LABELS unit TIMEOUT 300)
 shardline_test(serving_cli_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/serving_cli_test.cc
-  LIBS shardline_checkpoint shardline_common PkgConfig::HTTPLIB nlohmann_json::nlohmann_json
+  LIBS shardline_checkpoint shardline_data shardline_common PkgConfig::HTTPLIB nlohmann_json::nlohmann_json
   LABELS unit TIMEOUT 180)
 add_dependencies(serving_cli_test shardline)
 # OpenAI's official Python client against `shardline serve` (serving_openai_client.py, run with
@@ -38,3 +38,9 @@ shardline_test(serving_openai_client_test
 target_compile_definitions(serving_openai_client_test PRIVATE
   SHARDLINE_OPENAI_CLIENT_DIR="${SHARDLINE_OPENAI_CLIENT_DIR}")
 add_dependencies(serving_openai_client_test shardline)
+# Models' chat templates (worker/serving/chat_template.h): real templates (chat_templates/) against
+# their expected prompts and against transformers' way of rendering them
+# (serving_chat_template_reference.py, run with /usr/bin/python3 and Debian's python3-jinja2).
+shardline_test(serving_chat_template_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/serving_chat_template_test.cc
+  LIBS shardline_serving_chat shardline_common nlohmann_json::nlohmann_json LABELS unit TIMEOUT 120)

@@ -1,7 +1,8 @@
 // `shardline serve` as the process a user runs, on a small checkpoint made here: its greedy
 // completion says what `shardline generate` prints for the same prompt, on one rank, on two
 // tensor-parallel processes (`--tp 2`), two pipeline stages (`--pp 2`) and both (`--tp 2 --pp 2`),
-// and it stops cleanly on SIGTERM, leaving no rank and no store directory behind.
+// and it stops cleanly on SIGTERM, leaving no rank and no store directory behind; a tokenizer
+// folder with a chat template makes the chat's prompt.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -25,6 +26,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/support/cli_process.h"
 #include "tests/support/tiny_ascii_gpt.h"
+#include "worker/model/data/gpt2_tokenizer.h"
 
 namespace shardline {
 namespace {
@@ -201,6 +203,77 @@ TEST_F(ServingCliTest, GreedyCompletionSaysWhatGeneratePrints) {
   ASSERT_TRUE(exit.ok() && exit->has_value()) << "serve did not stop on SIGTERM";
   pid_ = -1;
   EXPECT_TRUE((*exit)->success()) << (*exit)->Describe() << ": " << ReadAll(log_);
+}
+
+// The byte tokenizer's 257 ids as a Hugging Face tokenizer.json: byte b is token b (no merges),
+// and <|endoftext|> is 256.
+std::string TokenizerJsonOfBytes() {
+  json vocab = json::object();
+  for (int b = 0; b < 256; ++b) {
+    vocab[std::string(data::Gpt2ByteChar(static_cast<unsigned char>(b)))] = b;
+  }
+  return json{
+      {"version", "1.0"},
+      {"added_tokens", json::array({{{"id", 256},
+                                     {"content", "<|endoftext|>"},
+                                     {"special", true},
+                                     {"normalized", false}}})},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array()}}}}
+      .dump();
+}
+
+// A tokenizer folder whose tokenizer_config.json has a chat template: the chat's prompt is the
+// rendered template, with its special token as that token's id, so a greedy chat says what a
+// greedy completion of the rendered text says.
+TEST_F(ServingCliTest, ChatsThroughTheTokenizersTemplate) {
+  const std::string dir = TempDir();
+  const std::string model = test_support::ExportTinyAsciiGpt(dir + "/tiny");
+  const std::string tokenizer = dir + "/tokenizer";
+  std::filesystem::create_directories(tokenizer);
+  std::ofstream(tokenizer + "/tokenizer.json") << TokenizerJsonOfBytes();
+  std::ofstream(tokenizer + "/tokenizer_config.json") << json{
+      {"chat_template",
+       "{{ bos_token }}{% for message in messages %}{{ message['role'] }}: "
+       "{{ message['content'] | trim }}\n{% endfor %}{% if add_generation_prompt %}bot:"
+       "{% endif %}"},
+      {"bos_token", "<|endoftext|>"},
+      {"eos_token", "<|endoftext|>"}}.dump();
+  const int port = StartServe({"--checkpoint", model, "--tokenizer", tokenizer, "--listen",
+                               "127.0.0.1:0", "--model-name", "tiny"});
+  ASSERT_GT(port, 0);
+  httplib::Client client("127.0.0.1", port);
+  client.set_connection_timeout(5);
+  client.set_read_timeout(60);
+  const int tokens = 8;
+  auto chat = client.Post(
+      "/v1/chat/completions",
+      json{{"model", "tiny"},
+           {"messages", json::array({{{"role", "user"}, {"content", " hello there "}}})},
+           {"max_tokens", tokens},
+           {"temperature", 0}}
+          .dump(),
+      "application/json");
+  ASSERT_TRUE(chat) << httplib::to_string(chat.error());
+  ASSERT_EQ(chat->status, 200) << chat->body;
+  const std::string rendered = "<|endoftext|>user: hello there\nbot:";
+  auto completion = client.Post(
+      "/v1/completions",
+      json{{"model", "tiny"}, {"prompt", rendered}, {"max_tokens", tokens}, {"temperature", 0}}
+          .dump(),
+      "application/json");
+  ASSERT_TRUE(completion);
+  ASSERT_EQ(completion->status, 200) << completion->body;
+  const json c = json::parse(chat->body);
+  const json t = json::parse(completion->body);
+  EXPECT_EQ(c["choices"][0]["message"]["content"], t["choices"][0]["text"]);
+  EXPECT_EQ(c["choices"][0]["message"]["content"].get<std::string>().size(),
+            static_cast<size_t>(tokens));
+  // "<|endoftext|>" is one token, and the rest one byte a token.
+  EXPECT_EQ(c["usage"]["prompt_tokens"], 1 + rendered.size() - std::string("<|endoftext|>").size());
+  EXPECT_EQ(t["usage"]["prompt_tokens"], c["usage"]["prompt_tokens"]);
+  EXPECT_THAT(ReadAll(log_), ::testing::HasSubstr("chat completions: the chat template of " +
+                                                  tokenizer + "/tokenizer_config.json"));
 }
 
 // `serve` with `flags` (--tp/--pp) on `ranks` processes: the followers are `serve-rank` children

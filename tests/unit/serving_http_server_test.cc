@@ -11,19 +11,24 @@
 
 #include <atomic>
 #include <chrono>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <set>
 #include <thread>
 
 #include "nlohmann/json.hpp"
+#include "tests/support/cli_process.h"
+#include "worker/model/data/gpt2_tokenizer.h"
 #include "worker/model/data/tokenizer.h"
+#include "worker/serving/chat_format.h"
 #include "worker/serving/http_server.h"
 
 namespace shardline::serving {
 namespace {
 
 using ::nlohmann::json;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using Clock = std::chrono::steady_clock;
 
@@ -111,6 +116,7 @@ class ServingHttpServerTest : public ::testing::Test {
     options.model_name = "tiny";
     options.api_key = std::move(api_key);
     options.request_timeout = std::chrono::seconds(20);
+    options.chat = chat_;
     auto server = HttpServer::Start(options, engine_, *tokenizer_);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
@@ -154,10 +160,56 @@ class ServingHttpServerTest : public ::testing::Test {
     return j["error"];
   }
 
+  // Serves the model folder `dir` as `shardline serve` does: its tokenizer and chat format.
+  void StartServerFor(const std::string& dir) {
+    auto tokenizer = data::LoadTokenizer(dir);
+    ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+    tokenizer_ = std::move(*tokenizer);
+    auto chat = ChatFormatFor(dir);
+    ASSERT_TRUE(chat.ok()) << chat.status();
+    chat_ = *chat;
+    StartServer();
+  }
+
   ScriptedEngine engine_;
   std::unique_ptr<data::Tokenizer> tokenizer_;
+  ChatFormat chat_ = ChatFormat::PlainText();
   std::unique_ptr<HttpServer> server_;
 };
+
+// A Hugging Face model folder: a byte-level tokenizer.json (byte b is token b, no merges) whose
+// added tokens are Llama 2's <s> (256) and </s> (257), and tokenizer_config.json `config`.
+std::string ModelFolder(const json& config) {
+  const std::string dir = test_support::MakeTestDir("serving_chat");
+  json vocab = json::object();
+  for (int b = 0; b < 256; ++b)
+    vocab[std::string(data::Gpt2ByteChar(static_cast<unsigned char>(b)))] = b;
+  json added = json::array();
+  for (const auto& [content, id] : {std::pair<std::string, int>{"<s>", 256}, {"</s>", 257}}) {
+    added.push_back({{"id", id},
+                     {"content", content},
+                     {"special", true},
+                     {"lstrip", false},
+                     {"rstrip", false},
+                     {"single_word", false},
+                     {"normalized", false}});
+  }
+  const json tokenizer = {
+      {"version", "1.0"},
+      {"added_tokens", added},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array()}}}};
+  std::ofstream(dir + "/tokenizer.json") << tokenizer.dump();
+  std::ofstream(dir + "/tokenizer_config.json") << config.dump();
+  return dir;
+}
+
+// Llama 2's tokenizer_config.json (tests/unit/chat_templates/llama2).
+json Llama2Config() {
+  std::ifstream in(std::string(SHARDLINE_SOURCE_PATH) +
+                   "/tests/unit/chat_templates/llama2/tokenizer_config.json");
+  return json::parse(in);
+}
 
 TEST_F(ServingHttpServerTest, CompletesWhole) {
   StartServer();
@@ -220,6 +272,64 @@ TEST_F(ServingHttpServerTest, ChatCompletesWithTheAssistantsMessage) {
   EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
   const std::string prompt = "User: Hello\nAssistant:";
   EXPECT_EQ(engine_.last_request().prompt.size(), prompt.size());
+}
+
+TEST_F(ServingHttpServerTest, ChatRendersTheModelsOwnTemplate) {
+  engine_.script = "Hi there\nUser: and me";
+  engine_.finish = FinishReason::kStop;
+  StartServerFor(ModelFolder(Llama2Config()));
+  auto res = Post("/v1/chat/completions",
+                  {{"model", "tiny"},
+                   {"messages", json::array({{{"role", "system"}, {"content", "Be brief."}},
+                                             {{"role", "user"}, {"content", "Hello"}}})},
+                   {"max_tokens", 14}});
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  const json j = json::parse(res->body);
+  EXPECT_EQ(j["choices"][0]["message"]["content"], "Hi there\nUser: and me")
+      << "no User: stop with the model's own template";
+  // The template's "<s>" is the BOS token's id, once: Encode matched it, and added none.
+  const std::string text = "[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHello [/INST]";
+  std::vector<int32_t> expected = {256};
+  for (unsigned char c : text) expected.push_back(c);
+  EXPECT_EQ(engine_.last_request().prompt, expected);
+  EXPECT_EQ(j["usage"]["prompt_tokens"], expected.size());
+}
+
+TEST_F(ServingHttpServerTest, ATemplatesRefusalIsA400WithItsMessage) {
+  StartServerFor(ModelFolder(Llama2Config()));
+  for (const bool stream : {false, true}) {
+    auto res = Post("/v1/chat/completions",
+                    {{"model", "tiny"},
+                     {"messages", json::array({{{"role", "user"}, {"content", "a"}},
+                                               {{"role", "user"}, {"content", "b"}}})},
+                     {"stream", stream}});
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 400) << res->body;
+    const json error = ErrorBody(res);
+    EXPECT_THAT(error["message"].get<std::string>(),
+                HasSubstr("refused the messages: Conversation roles must alternate "
+                          "user/assistant/user/assistant/..."));
+    EXPECT_EQ(error["param"], "messages");
+  }
+  EXPECT_TRUE(engine_.last_request().prompt.empty()) << "nothing reached the engine";
+}
+
+TEST_F(ServingHttpServerTest, AModelWithoutATemplateAnswersChatWith400) {
+  const std::string dir = ModelFolder(json{{"model_max_length", 64}, {"eos_token", "</s>"}});
+  StartServerFor(dir);
+  auto chat = Post(
+      "/v1/chat/completions",
+      {{"model", "tiny"}, {"messages", json::array({{{"role", "user"}, {"content", "Hello"}}})}});
+  ASSERT_TRUE(chat);
+  EXPECT_EQ(chat->status, 400) << chat->body;
+  EXPECT_THAT(ErrorBody(chat)["message"].get<std::string>(),
+              AllOf(HasSubstr("this model has no chat template"),
+                    HasSubstr(dir + "/tokenizer_config.json has no \"chat_template\"")));
+  auto completion = Post("/v1/completions", {{"model", "tiny"}, {"prompt", "<s>x"}});
+  ASSERT_TRUE(completion);
+  EXPECT_EQ(completion->status, 200) << "completions still serve: " << completion->body;
+  EXPECT_EQ(engine_.last_request().prompt, (std::vector<int32_t>{256, 'x'}));
 }
 
 TEST_F(ServingHttpServerTest, StreamsChunksEndingWithDone) {

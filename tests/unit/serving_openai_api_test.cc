@@ -48,16 +48,23 @@ TEST(ServingOpenAiApiTest, ParsesACompletionRequest) {
   EXPECT_FALSE(defaults.params.stream);
 }
 
-TEST(ServingOpenAiApiTest, RendersChatMessagesByThePlainTemplate) {
+TEST(ServingOpenAiApiTest, ParsesChatMessagesAndRendersThemByThePlainForm) {
   ParsedRequest r = ParseCompletionRequest(
       R"({"model":"m","messages":[{"role":"system","content":"Be brief."},
           {"role":"user","content":"Hi"},{"role":"assistant","content":"Hello."},
           {"role":"user","content":"Again"}],"max_completion_tokens":3})",
       Endpoint::kChatCompletions);
   ASSERT_FALSE(r.error) << r.error->message;
+  ASSERT_EQ(r.params.messages.size(), 4u);
+  EXPECT_EQ(r.params.messages[1].role, "user");
+  EXPECT_EQ(r.params.messages[1].content, "Hi");
+  EXPECT_EQ(r.params.prompt, "") << "the model's chat format makes the prompt";
+  EXPECT_EQ(r.params.max_tokens, 3);
+  EXPECT_TRUE(r.params.stop.empty());
+
+  ASSERT_FALSE(ApplyPlainChatForm(r.params));
   EXPECT_EQ(r.params.prompt,
             "System: Be brief.\nUser: Hi\nAssistant: Hello.\nUser: Again\nAssistant:");
-  EXPECT_EQ(r.params.max_tokens, 3);
   EXPECT_EQ(r.params.stop, std::vector<std::string>{std::string(kChatUserStop)});
 }
 
@@ -120,12 +127,25 @@ TEST(ServingOpenAiApiTest, BadChatMessagesNameTheMessage) {
   auto chat = [](const std::string& body) { return ErrorOf(body, Endpoint::kChatCompletions); };
   EXPECT_THAT(chat(R"({"model":"m"})").message, HasSubstr("'messages' is required"));
   EXPECT_THAT(chat(R"({"model":"m","messages":[]})").message, HasSubstr("non-empty list"));
-  EXPECT_THAT(chat(R"({"model":"m","messages":[{"role":"tool","content":"x"}]})").message,
-              HasSubstr("messages[0].role 'tool' is not one of"));
+  EXPECT_THAT(chat(R"({"model":"m","messages":[{"role":3,"content":"x"}]})").message,
+              HasSubstr("messages[0].role must be a string"));
   EXPECT_THAT(
       chat(R"({"model":"m","messages":[{"role":"user","content":"a"},{"role":"user"}]})").message,
       HasSubstr("messages[1].content must be a string"));
   EXPECT_EQ(chat(R"({"model":"m","messages":[3]})").param, "messages");
+}
+
+TEST(ServingOpenAiApiTest, ThePlainChatFormNamesARoleItLacks) {
+  // Any role parses (a model's own template decides what it takes); the plain form has three.
+  ParsedRequest r = ParseCompletionRequest(
+      R"({"model":"m","messages":[{"role":"user","content":"a"},{"role":"tool","content":"x"}]})",
+      Endpoint::kChatCompletions);
+  ASSERT_FALSE(r.error) << r.error->message;
+  const std::optional<ApiError> e = ApplyPlainChatForm(r.params);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->http_status, 400);
+  EXPECT_EQ(e->param, "messages");
+  EXPECT_THAT(e->message, HasSubstr("messages[1].role 'tool' is not one of system, user"));
 }
 
 TEST(ServingOpenAiApiTest, MaxTokensMustFitTheContext) {

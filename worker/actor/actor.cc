@@ -28,6 +28,7 @@
 #include "worker/comm/cpu_communicator.h"
 #include "worker/model/data/tokenizer.h"
 #include "worker/serving/batching_engine.h"
+#include "worker/serving/chat_format.h"
 #include "worker/serving/http_server.h"
 #include "worker/serving/serving_rank.h"
 #include "worker/training/sharded_trainer.h"
@@ -536,7 +537,8 @@ absl::Status Actor::LeadServing(const training::CheckpointSource& source,
                                 kernels::Backend& backend, const serving::ServingGroups& groups) {
   const placement::ServeSpec& serve = spec_.serve;
   // The leader alone tokenizes (the other ranks see token ids only).
-  auto tokenizer = data::LoadTokenizer(training::TokenizerSpecFor(serve.tokenizer, source.path()));
+  const std::string tokenizer_spec = training::TokenizerSpecFor(serve.tokenizer, source.path());
+  auto tokenizer = data::LoadTokenizer(tokenizer_spec);
   if (!tokenizer.ok()) return Annotate(tokenizer.status(), "the serve spec's tokenizer");
   if (source.config().vocab < (*tokenizer)->vocab_size()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -553,6 +555,10 @@ absl::Status Actor::LeadServing(const training::CheckpointSource& source,
   }
   http.model_name =
       serve.model_name.empty() ? serving::DefaultModelName(serve.checkpoint) : serve.model_name;
+  // The model's chat template lives with its tokenizer (tokenizer_config.json).
+  auto chat = serving::ChatFormatFor(tokenizer_spec);
+  if (!chat.ok()) return Annotate(chat.status(), "the served model's chat template");
+  http.chat = *chat;
   ASSIGN_OR_RETURN(auto engine,
                    serving::BatchingEngine::Create(weights, engine_options, backend, groups));
   auto server = serving::HttpServer::Start(http, *engine, **tokenizer);

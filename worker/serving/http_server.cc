@@ -325,10 +325,15 @@ void HttpServer::Impl::HandleCompletion(const httplib::Request& req, httplib::Re
                                                     options_.model_name, "'"),
                                        "invalid_request_error", "model", "model_not_found"));
   }
+  if (endpoint == Endpoint::kChatCompletions) {
+    if (auto e = options_.chat.Apply(p)) return SendError(res, *e);
+  }
   if (!engine_.Ready() || stopping_) {
     return SendError(res, ErrorFromStatus(absl::UnavailableError("the engine is not ready")));
   }
   GenerationRequest request;
+  // Special tokens written as text (a chat template's "<|begin_of_text|>") become their ids, and
+  // Encode adds none of its own: the prompt has the one BOS the template wrote.
   request.prompt = tokenizer_.Encode(p.prompt);
   if (auto e =
           ResolveMaxTokens(p, static_cast<int64_t>(request.prompt.size()), engine_.max_context())) {

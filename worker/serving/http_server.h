@@ -2,9 +2,11 @@
 //   POST /v1/completions, POST /v1/chat/completions (streamed as server-sent events or not),
 //   GET /v1/models, GET /health (200 when the engine is ready, else 503), GET /metrics
 //   (Prometheus text).
-// Requests are parsed by openai_api.h; the prompt is encoded and the tokens decoded here, with
-// `tokenizer`, and stop strings are matched here on the decoded text. A streaming client that
-// goes away cancels its request in the engine. Every wait is bounded by request_timeout.
+// Requests are parsed by openai_api.h; a chat request's messages become its prompt by the model's
+// ChatFormat (chat_format.h: its own template, or the plain form); the prompt is encoded and the
+// tokens decoded here, with `tokenizer`, and stop strings are matched here on the decoded text. A
+// streaming client that goes away cancels its request in the engine. Every wait is bounded by
+// request_timeout.
 #pragma once
 
 #include <chrono>
@@ -14,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "worker/model/data/tokenizer.h"
+#include "worker/serving/chat_format.h"
 #include "worker/serving/engine.h"
 
 namespace shardline::serving {
@@ -26,6 +29,8 @@ struct HttpServerOptions {
   std::chrono::seconds request_timeout{600};  // a request still running then fails (504)
   int threads = 8;                        // connections served at once (each stream holds one)
   size_t max_body_bytes = size_t{1} << 20;  // larger bodies get 413
+  // How chat messages become the prompt (ChatFormatFor decides it for a model's folder).
+  ChatFormat chat = ChatFormat::PlainText();
 };
 
 class HttpServer {

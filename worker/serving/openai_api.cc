@@ -114,7 +114,7 @@ std::optional<ApiError> RefuseUnsupported(const json& body) {
   return std::nullopt;
 }
 
-std::optional<ApiError> ReadChatPrompt(const json& body, std::string* prompt) {
+std::optional<ApiError> ReadChatMessages(const json& body, std::vector<ChatMessage>* messages) {
   auto it = body.find("messages");
   if (it == body.end()) return BadField("messages", "'messages' is required");
   if (!it->is_array() || it->empty()) {
@@ -134,18 +134,8 @@ std::optional<ApiError> ReadChatPrompt(const json& body, std::string* prompt) {
                                       ".content must be a string (lists of parts are not "
                                       "supported)");
     }
-    const std::string r = role->get<std::string>();
-    const char* label = r == "system"      ? "System"
-                        : r == "user"      ? "User"
-                        : r == "assistant" ? "Assistant"
-                                           : nullptr;
-    if (label == nullptr) {
-      return BadField("messages",
-                      absl::StrCat(where, ".role '", r, "' is not one of system, user, assistant"));
-    }
-    absl::StrAppend(prompt, label, ": ", content->get<std::string>(), "\n");
+    messages->push_back({role->get<std::string>(), content->get<std::string>()});
   }
-  absl::StrAppend(prompt, "Assistant:");
   return std::nullopt;
 }
 
@@ -270,7 +260,7 @@ ParsedRequest ParseCompletionRequest(std::string_view body, Endpoint endpoint) {
     }
     p.prompt = prompt->get<std::string>();
     if (p.prompt.empty()) return Fail(BadField("prompt", "'prompt' is empty"));
-  } else if (auto e = ReadChatPrompt(j, &p.prompt)) {
+  } else if (auto e = ReadChatMessages(j, &p.messages)) {
     return Fail(*e);
   }
   if (auto e = RefuseUnsupported(j)) return Fail(*e);
@@ -339,8 +329,27 @@ ParsedRequest ParseCompletionRequest(std::string_view body, Endpoint endpoint) {
       return Fail(*e);
     }
   }
-  if (endpoint == Endpoint::kChatCompletions) p.stop.push_back(std::string(kChatUserStop));
   return out;
+}
+
+std::optional<ApiError> ApplyPlainChatForm(CompletionParams& params) {
+  std::string prompt;
+  for (size_t i = 0; i < params.messages.size(); ++i) {
+    const ChatMessage& m = params.messages[i];
+    const char* label = m.role == "system"      ? "System"
+                        : m.role == "user"      ? "User"
+                        : m.role == "assistant" ? "Assistant"
+                                                : nullptr;
+    if (label == nullptr) {
+      return BadField("messages", absl::StrCat("messages[", i, "].role '", m.role,
+                                               "' is not one of system, user, assistant"));
+    }
+    absl::StrAppend(&prompt, label, ": ", m.content, "\n");
+  }
+  absl::StrAppend(&prompt, "Assistant:");
+  params.prompt = std::move(prompt);
+  params.stop.push_back(std::string(kChatUserStop));
+  return std::nullopt;
 }
 
 std::optional<ApiError> ResolveMaxTokens(CompletionParams& params, int64_t prompt_tokens,

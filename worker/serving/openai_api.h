@@ -1,5 +1,6 @@
-// The OpenAI-compatible API without HTTP: request parsing and validation, the chat template,
-// stop strings over streamed text, and the response, chunk and error JSON in OpenAI's shapes.
+// The OpenAI-compatible API without HTTP: request parsing and validation, the plain chat form of
+// models without a chat template (a model's own template is chat_template.h's), stop strings over
+// streamed text, and the response, chunk and error JSON in OpenAI's shapes.
 // Pure functions of their inputs (no clock, no sockets), so they can be unit-tested and fuzzed;
 // http_server.cc wires them to the routes.
 #pragma once
@@ -35,12 +36,20 @@ ApiError ErrorFromStatus(const absl::Status& status);
 
 enum class Endpoint { kCompletions, kChatCompletions };
 
+// One message of a chat request, as the client sent it.
+struct ChatMessage {
+  std::string role;
+  std::string content;
+};
+
 // The fields of a /v1/completions or /v1/chat/completions body that Shardline acts on.
 struct CompletionParams {
   Endpoint endpoint = Endpoint::kCompletions;
   std::string model;
-  // The text to encode: the completion's prompt, or the chat messages through the template.
+  // The text to encode: the completion's prompt, or (once chat_format.h's ChatFormat has made it
+  // of `messages`) the chat's.
   std::string prompt;
+  std::vector<ChatMessage> messages;  // chat: not empty; completions: empty
   std::optional<int32_t> max_tokens;  // unset: 16 for completions, the rest of the context for chat
   float temperature = 1.0f;
   float top_p = 1.0f;
@@ -51,16 +60,21 @@ struct CompletionParams {
   bool include_usage = false;  // stream_options.include_usage: a last chunk with the usage
 };
 
-// Chat messages become plain text, since GPT-2 has no chat template of its own:
+// The plain chat form, for Shardline's own GPT-2 checkpoints, which have no chat template: the
+// messages become
 //   "System: {content}\n" / "User: {content}\n" / "Assistant: {content}\n" for each message, then
-//   "Assistant:" for the model to continue.
+//   "Assistant:" for the model to continue,
 // and the chat request stops at "\nUser:" (besides its own stop strings), where the model would
-// start writing the user's next turn.
+// start writing the user's next turn. Sets params.prompt and adds the stop string; the 400 (naming
+// the message) for a role other than system, user and assistant.
 inline constexpr std::string_view kChatUserStop = "\nUser:";
+std::optional<ApiError> ApplyPlainChatForm(CompletionParams& params);
 
 // Parses and validates `body`. Errors (all 400) say where: the byte position of a JSON syntax
 // error, the name of a field of the wrong type or with a value out of range or unsupported
-// (n != 1, echo, logprobs, a non-string prompt, penalties).
+// (n != 1, echo, logprobs, a non-string prompt, penalties, a message whose role or content is not a
+// string). A chat request's prompt is left empty: its messages become one by the served model's
+// ChatFormat (chat_format.h).
 struct ParsedRequest {
   CompletionParams params;
   std::optional<ApiError> error;
