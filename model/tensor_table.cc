@@ -194,8 +194,10 @@ double BlockForwardFlopsPerToken(const ModelConfig& config, int64_t seq_len) {
   for (const TensorRow& row : BlockRows(config)) {
     if (row.shape.size() >= 2) matrix_params += row.numel();
   }
+  // QKᵀ and AV run over the query heads' width (d_model unless head_dim says otherwise).
+  const double attention_width = static_cast<double>(config.heads * config.head_size());
   return 2.0 * static_cast<double>(matrix_params) +
-         4.0 * static_cast<double>(seq_len) * static_cast<double>(config.d_model);
+         4.0 * static_cast<double>(seq_len) * attention_width;
 }
 
 }  // namespace shardline::model

@@ -66,6 +66,11 @@ struct Dims {
   int64_t NH = 0;   // heads held here
   bool swiglu = false;  // three MLP matrices (gate, up, down) instead of two
   bool rms = false;     // RMSNorm keeps one statistic per token, LayerNorm two
+  // Key/value heads shared by tensor-parallel ranks (tp > kv_heads): the backward's q/k/v weight
+  // gradient scratch ((Cs + 2·KVs)·C) and the sum buffer of every key/value head's k and v rows
+  // (2·kv_heads·head_size·C), both fixed per rank.
+  int64_t shared_kv_scratch = 0;
+  int64_t shared_kv_sum = 0;
   // From the model's tensor table, on this rank: one block's parameters, of which those in weight
   // matrices (what the FLOPs count), the position table (none with rotary positions) and the final
   // norm's gain and bias.
@@ -78,9 +83,13 @@ struct Dims {
 Dims WalkDims(const model::ModelConfig& m, int tp) {
   Dims d;
   d.C = m.d_model;
-  const int64_t head_size = m.d_model / m.heads;
+  const int64_t head_size = m.head_size();
   d.Cs = m.heads / tp * head_size;
   d.KVs = std::max<int64_t>(1, m.kv() / tp) * head_size;
+  if (tp > m.kv()) {
+    d.shared_kv_scratch = (d.Cs + 2 * d.KVs) * m.d_model;
+    d.shared_kv_sum = 2 * m.kv() * head_size * m.d_model;
+  }
   d.Fs = m.ff() / tp;
   d.NH = m.heads / tp;
   d.swiglu = m.mlp == model::MlpKind::kSwiGlu;
@@ -437,6 +446,7 @@ StageMemoryTerms StageMemory(const model::ModelConfig& model, const TrainSetup& 
   // The norm's and the loss's sums (two doubles) for the world's all-reduce, in device memory:
   // one per rank, whatever the slots (the planner scales the activations with them).
   t.fixed.backward += 2 * 8;
+  t.fixed.backward += e * d.shared_kv_scratch + kFp32Bytes * d.shared_kv_sum;
 
   // Transient buffers of the data-parallel reduction (TransientPeak).
   TransientUnits units;

@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "model/tensor_table.h"
 #include "placement/byte_size.h"
 
 namespace shardline::placement {
@@ -34,27 +35,42 @@ absl::StatusOr<ServeMemory> EstimateServeMemory(const model::ModelConfig& model,
     return absl::InvalidArgumentError(absl::StrCat("tp ", tp, " must divide the ", heads,
                                                    " heads and the MLP width of ", ff));
   }
+  if (const absl::Status cut = model::CheckTensorParallel(model, tp); !cut.ok()) return cut;
   if (pp < 1 || pp > model.layers) {
     return absl::InvalidArgumentError(absl::StrCat("pp ", pp, ": a model of ", model.layers,
                                                    " layers has 1 to ", model.layers,
                                                    " pipeline stages"));
   }
-  // One layer's share on a rank: LayerNorms and the row-parallel biases whole, the rest 1/tp;
-  // the matrices twice (the packed copies the small-batch products use).
-  const int64_t matrices = (3 * d * d + d * d + 2 * d * ff) / tp;
-  const int64_t vectors = 4 * d + 3 * d / tp + d + ff / tp + d;
-  const int64_t layer_bytes = kFloat * (2 * matrices + vectors);
+  // One layer's share on a rank, from the tensor table (model/tensor_table.h) as ShardWeights
+  // loads it: every row's box on tensor-parallel rank 0, the matrices twice (the packed copies the
+  // small-batch products use). GPT-2's and Llama's rows alike.
+  int64_t layer_elements = 0;
+  for (const model::TensorRow& row : model::BlockRows(model)) {
+    const int64_t n = model::TpBox(row, model, tp, 0).numel();
+    layer_elements += row.shape.size() >= 2 ? 2 * n : n;
+  }
+  const int64_t layer_bytes = kFloat * layer_elements;
+  int64_t position_table = 0, final_norm = 0;
+  for (const model::TensorRow& row : model::EmbeddingRows(model)) {
+    if (row.role == model::TensorRole::kPositionEmbedding) position_table = row.numel();
+  }
+  for (const model::TensorRow& row : model::HeadRows(model)) {
+    if (row.role != model::TensorRole::kLmHead) final_norm += row.numel();
+  }
   const int64_t vocab_rows = CeilDiv(model.vocab, tp);
   const int64_t max_layers = StageLayers(model.layers, pp, 0);  // the first stage has the most
-  const int64_t block_bytes = 2 * max_layers * limits.block_size * (d / tp) * kFloat;
+  // The cache holds the rank's key/value heads only (grouped-query attention's smaller cache): one
+  // at least, shared by tp / kv_heads ranks past kv_heads.
+  const int64_t kv_width = std::max<int64_t>(model.kv() / tp, 1) * model.head_size();
+  const int64_t block_bytes = 2 * max_layers * limits.block_size * kv_width * kFloat;
   const int64_t blocks_per_context = CeilDiv(model.max_seq_len, limits.block_size);
 
   ServeMemory fullest;
   for (int stage = 0; stage < pp; ++stage) {
     int64_t weights = StageLayers(model.layers, pp, stage) * layer_bytes;
-    if (stage == 0) weights += kFloat * (vocab_rows * d + model.max_seq_len * d);
+    if (stage == 0) weights += kFloat * (vocab_rows * d + position_table);
     if (stage == pp - 1) {
-      weights += kFloat * 2 * d;  // the final LayerNorm
+      weights += kFloat * final_norm;
       // A tied head is the embedding's rows: the first stage's when that is this one.
       if (!model.tied_embeddings || pp > 1) weights += kFloat * vocab_rows * d;
     }
@@ -77,8 +93,13 @@ absl::StatusOr<ServeMemory> EstimateServeMemory(const model::ModelConfig& model,
   }
   // A step's rows through the widest layer, and the sampled rows' logits.
   const int64_t rows = limits.max_tokens_per_step;
+  // As PagedGptForward::Create carves it: the residuals, norms' outputs and statistics, q/k/v,
+  // the attention output, the MLP's pre-activations and activation; the head's rows and logits.
+  const int64_t attention = heads / tp * model.head_size();
+  const int64_t mlp = (model.mlp == model::MlpKind::kSwiGlu ? 3 : 2) * (ff / tp);
   fullest.workspace_bytes =
-      kFloat * (rows * (6 * d + 3 * d / tp + ff / tp) + int64_t{limits.max_running} * vocab_rows);
+      kFloat * (rows * (5 * d + 4 + (attention + 2 * kv_width) + attention + mlp) +
+                int64_t{limits.max_running} * (2 * d + 2 + vocab_rows));
   return fullest;
 }
 

@@ -29,19 +29,27 @@ struct Layout {
   int tp, pp, dp, zero;
   int virtual_stages = 1;  // > 1: the interleaved schedule
   placement::RecomputeMode recompute = placement::RecomputeMode::kNone;
+  int llama_kv_heads = 0;  // > 0: a Llama with this many key/value heads
   std::string Name() const {
     return "tp" + std::to_string(tp) + "_pp" + std::to_string(pp) + "_dp" + std::to_string(dp) +
            "_zero" + std::to_string(zero) +
            (virtual_stages > 1 ? "_interleaved" + std::to_string(virtual_stages) : "") +
            (recompute != placement::RecomputeMode::kNone
                 ? "_recompute_" + std::string(placement::RecomputeModeName(recompute))
-                : "");
+                : "") +
+           (llama_kv_heads > 0 ? "_llama_kv" + std::to_string(llama_kv_heads) : "");
   }
 };
 
+Layout Llama(int tp, int pp, int dp, int zero, int kv_heads) {
+  Layout l{tp, pp, dp, zero};
+  l.llama_kv_heads = kv_heads;
+  return l;
+}
+
 void PrintTo(const Layout& l, std::ostream* os) { *os << l.Name(); }
 
-model::ModelConfig Model() {
+model::ModelConfig Model(const Layout& layout = {1, 1, 1, 0}) {
   model::ModelConfig m;
   m.layers = 4;
   m.heads = 4;
@@ -49,6 +57,11 @@ model::ModelConfig Model() {
   m.d_ff = 256;
   m.vocab = 257;
   m.max_seq_len = kSeqLen;
+  if (layout.llama_kv_heads > 0) {
+    m = model::ModelConfig::Llama(m);
+    m.kv_heads = layout.llama_kv_heads;
+    m.d_ff = 176;  // SwiGLU's two thirds of 4·d_model, three matrices
+  }
   return m;
 }
 
@@ -70,14 +83,8 @@ placement::ParallelSpec Parallel(const Layout& l) {
 // In a rank: bytes in use after Create, and the peak over two steps.
 int MeasureRank(const std::string& dir, const Layout& layout, int rank,
                 const placement::RankCoords& coords, const model::ShardedGroups& groups) {
-  const model::ModelConfig spec = Model();
   model::ShardedOptions options;
-  options.config.layers = static_cast<int>(spec.layers);
-  options.config.heads = static_cast<int>(spec.heads);
-  options.config.d_model = static_cast<int>(spec.d_model);
-  options.config.d_ff = static_cast<int>(spec.d_ff);
-  options.config.vocab = static_cast<int>(spec.vocab);
-  options.config.max_seq_len = static_cast<int>(spec.max_seq_len);
+  options.config = Model(layout);
   options.parallel = Parallel(layout);
   options.coords = coords;
   options.global_batch = kGlobalBatch;
@@ -159,7 +166,7 @@ TEST_P(MemoryValidationTest, PredictedBytesPerRankAreWithinTenPercentOfTheAlloca
   auto grid = placement::RankGrid::Create(layout.tp, layout.pp, layout.dp);
   ASSERT_TRUE(grid.ok());
 
-  auto predicted = placement::PredictMemoryPerRank(Model(), TrainSetup(), Parallel(layout));
+  auto predicted = placement::PredictMemoryPerRank(Model(layout), TrainSetup(), Parallel(layout));
   ASSERT_TRUE(predicted.ok()) << predicted.status();
   ASSERT_EQ(predicted->size(), size_t(grid->world()));
   for (int rank = 0; rank < grid->world(); ++rank) {
@@ -222,7 +229,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{1, 2, 2, 1, 2, placement::RecomputeMode::kSelective},
                       Layout{1, 1, 1, 0, 1, placement::RecomputeMode::kSelective},
                       Layout{2, 2, 1, 0, 1, placement::RecomputeMode::kFull},
-                      Layout{1, 2, 2, 3, 1, placement::RecomputeMode::kFull}),
+                      Layout{1, 2, 2, 3, 1, placement::RecomputeMode::kFull},
+                      // Llama: SwiGLU's three matrices, RMSNorm's one statistic, no wpe, an
+                      // untied head, grouped-query attention cut and (kv 1) replicated.
+                      Llama(1, 1, 1, 0, 2), Llama(2, 2, 1, 0, 2), Llama(2, 1, 2, 3, 1),
+                      Llama(1, 2, 2, 1, 1)),
     [](const auto& info) { return info.param.Name(); });
 
 }  // namespace

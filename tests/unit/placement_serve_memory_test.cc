@@ -42,7 +42,9 @@ TEST(ServeMemoryTest, OneRankHoldsTheWholeModelItsPackedMatricesACacheAndAStep) 
   // A block: keys and values of 2 layers, 8 positions, 16 wide; 8 blocks a context, 4 contexts.
   EXPECT_EQ(memory->min_kv_cache_bytes, 8 * 2048);
   EXPECT_EQ(memory->kv_cache_bytes, 4 * 8 * 2048);
-  EXPECT_EQ(memory->workspace_bytes, 4 * (64 * (6 * 16 + 48 + 32) + 4 * 257));
+  // 64 rows through a layer (residuals, norms, q/k/v, attention, MLP) and 4 sampled rows' logits.
+  EXPECT_EQ(memory->workspace_bytes,
+            4 * (64 * (5 * 16 + 4 + 48 + 16 + 2 * 32) + 4 * (2 * 16 + 2 + 257)));
   EXPECT_EQ(memory->total(),
             memory->weights_bytes + memory->kv_cache_bytes + memory->workspace_bytes);
   EXPECT_THAT(memory->Describe(), HasSubstr("weights "));
@@ -67,6 +69,26 @@ TEST(ServeMemoryTest, PipelineStagesHoldTheirLayersTheFirstTheEmbeddingsTheLastT
   // head's rows, which it holds itself).
   EXPECT_EQ(stages->weights_bytes, layer + 4 * (257 * 16 + 64 * 16));
   EXPECT_EQ(stages->min_kv_cache_bytes, 8 * 1024);  // one layer per stage
+}
+
+TEST(ServeMemoryTest, LlamaPricesItsOwnRowsAndGroupedQueryAttentionsSmallerCache) {
+  model::ModelConfig llama = model::ModelConfig::Llama(Tiny());
+  llama.heads = 4;
+  llama.kv_heads = 1;  // heads of 4 channels; one key/value head
+  const absl::StatusOr<ServeMemory> memory = EstimateServeMemory(llama, 1, 1, Limits());
+  ASSERT_TRUE(memory.ok()) << memory.status();
+  // A layer: q (16,16), k and v (4,16), o (16,16), gate, up (32,16) and down (16,32) — 2,176
+  // matrix entries, twice with their packed copies — and two RMSNorm gains; wte and the untied
+  // head 257·16 each, lnf 16, no wpe.
+  EXPECT_EQ(memory->weights_bytes, 4 * (2 * (2 * 2176 + 32) + 2 * 257 * 16 + 16));
+  // A block caches one key/value head of 4 channels: a quarter of the multi-head cache.
+  EXPECT_EQ(memory->min_kv_cache_bytes, 8 * 2 * 2 * 8 * 4 * 4);
+  const ServeMemory mha = *EstimateServeMemory(Tiny(), 1, 1, Limits());
+  EXPECT_EQ(memory->min_kv_cache_bytes * 4, mha.min_kv_cache_bytes);
+  // At tp 2 each rank still holds (a replica of) the one head: the cache does not halve.
+  const absl::StatusOr<ServeMemory> two = EstimateServeMemory(llama, 2, 1, Limits());
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(two->min_kv_cache_bytes, memory->min_kv_cache_bytes);
 }
 
 TEST(ServeMemoryTest, BadLayoutsAndCachesAreRefusedWithTheNumbers) {

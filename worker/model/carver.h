@@ -28,15 +28,16 @@ class Carver {
 // One block's forward activations for `dims` (the heads and MLP columns held here).
 inline void CarveBlockActivations(Carver& c, const BlockDims& d, BlockActivations& b) {
   const int64_t N = d.N();
+  const bool mean = d.norm == NormKind::kLayerNorm;  // RMSNorm keeps its rstd only
   b.ln1 = c.Take(N * d.C);
-  b.ln1_mean = c.Take(N);
+  b.ln1_mean = mean ? c.Take(N) : nullptr;
   b.ln1_rstd = c.Take(N);
   b.qkv = c.Take(N * d.QkvWidth());
   b.atty = c.Take(N * d.Attn());
   b.att_lse = c.Take(N * d.NH);
   b.resid_mid = c.Take(N * d.C);
   b.ln2 = c.Take(N * d.C);
-  b.ln2_mean = c.Take(N);
+  b.ln2_mean = mean ? c.Take(N) : nullptr;
   b.ln2_rstd = c.Take(N);
   b.fch = c.Take(N * d.MlpWidth());
   b.fch_gelu = c.Take(N * d.F);
@@ -58,12 +59,13 @@ inline void CarveKeptBlockActivations(Carver& c, const BlockDims& d, placement::
   b = recomputed;
   if (mode == placement::RecomputeMode::kFull) return;
   const int64_t N = d.N();
-  b.ln1_mean = c.Take(N);
+  const bool mean = d.norm == NormKind::kLayerNorm;
+  b.ln1_mean = mean ? c.Take(N) : nullptr;
   b.ln1_rstd = c.Take(N);
   b.qkv = c.Take(N * d.QkvWidth());
   b.att_lse = c.Take(N * d.NH);
   b.resid_mid = c.Take(N * d.C);
-  b.ln2_mean = c.Take(N);
+  b.ln2_mean = mean ? c.Take(N) : nullptr;
   b.ln2_rstd = c.Take(N);
   b.fch = c.Take(N * d.MlpWidth());
 }

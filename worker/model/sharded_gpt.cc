@@ -239,7 +239,7 @@ absl::Status ShardedGpt::Allocate() {
           CarveKeptBlockActivations(c, dims, mode, recomputed_, b);
         if (!head) return;
         s.head.norm = c.Take(N * C);
-        s.head.mean = c.Take(N);
+        s.head.mean = options_.config.norm == NormKind::kLayerNorm ? c.Take(N) : nullptr;
         s.head.rstd = c.Take(N);
         s.head.logits = c.Take(N * Vs);
         s.loss.losses = c.Take(N);
