@@ -20,7 +20,7 @@
 #include "model/tensor_table.h"
 #include "nlohmann/json.hpp"
 #include "tests/support/cli_process.h"
-#include "worker/model/data/gpt2_tokenizer.h"
+#include "worker/model/data/bpe_tokenizer.h"
 
 namespace shardline {
 namespace {
