@@ -329,7 +329,9 @@ void HttpServer::Impl::HandleCompletion(const httplib::Request& req, httplib::Re
     return SendError(res, ErrorFromStatus(absl::UnavailableError("the engine is not ready")));
   }
   GenerationRequest request;
-  request.prompt = tokenizer_.Encode(p.prompt);
+  // With the special tokens the tokenizer puts before a text (Llama's BOS), as vLLM encodes a
+  // completion's prompt.
+  request.prompt = tokenizer_.EncodeWithSpecials(p.prompt);
   if (auto e =
           ResolveMaxTokens(p, static_cast<int64_t>(request.prompt.size()), engine_.max_context())) {
     return SendError(res, *e);
@@ -339,7 +341,7 @@ void HttpServer::Impl::HandleCompletion(const httplib::Request& req, httplib::Re
   request.top_p = p.top_p;
   request.top_k = p.top_k;
   request.seed = p.seed.has_value() ? *p.seed : std::random_device{}();
-  if (std::optional<int32_t> eot = tokenizer_.eot()) request.stop_token_ids.push_back(*eot);
+  request.stop_token_ids = tokenizer_.stop_tokens();
 
   auto channel = std::make_shared<RequestChannel>();
   // Timing state for the histograms, touched only on the engine's thread.
@@ -423,7 +425,8 @@ Drained Drain(RequestChannel& channel, const data::Tokenizer& tokenizer,
     if (assembler.stopped()) break;
     ++d.tokens;
     const std::vector<int32_t> one = {token};
-    absl::StatusOr<std::string> bytes = tokenizer.Decode(one);
+    // A continuation of the prompt: Llama 2's decoder would drop a first word's space.
+    absl::StatusOr<std::string> bytes = tokenizer.DecodeContinuation(one);
     if (!bytes.ok()) {
       d.finished = true;
       d.status = absl::InternalError(

@@ -185,8 +185,6 @@ class BpeTokenizer final : public Tokenizer {
   std::optional<Token> eot() const override { return eot_; }
   std::vector<Token> stop_tokens() const override;
   std::string Describe() const override;
-  // The tokens EncodeWithSpecials puts before a sequence (Llama's BOS); empty for GPT-2.
-  const std::vector<Token>& prefix() const { return pipeline_.prefix; }
 
   ~BpeTokenizer() override;
 
