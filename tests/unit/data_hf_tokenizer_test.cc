@@ -243,6 +243,24 @@ TEST(HfByteLevelTokenizerTest, IgnoreMergesTakesAWholeVocabularyToken) {
   EXPECT_EQ(tokenizer->Encode("xyz"), Ids("xyz"));
 }
 
+// GPT-2's own pre-tokenizer with add_prefix_space, as RoBERTa-style files have it: a space before
+// each piece between added tokens that does not start with one.
+TEST(HfByteLevelTokenizerTest, ByteLevelWithItsRegexAndAPrefixSpace) {
+  json j = ByteLevelTokenizer();
+  j["pre_tokenizer"] = {{"type", "ByteLevel"},
+                        {"add_prefix_space", true},
+                        {"trim_offsets", true},
+                        {"use_regex", true}};
+  const auto tokenizer = Load(WriteFolder(j));
+  ASSERT_NE(tokenizer, nullptr);
+  EXPECT_EQ(tokenizer->Encode("ab"), (std::vector<Token>{258}));
+  EXPECT_EQ(tokenizer->Encode(" ab"), (std::vector<Token>{258}));
+  EXPECT_EQ(tokenizer->Encode("abc ab"), (std::vector<Token>{' ', 257, 258}));
+  EXPECT_EQ(tokenizer->Encode("<|eot_id|>ab"), (std::vector<Token>{265, 258}));
+  // GPT-2's \p{N}+ keeps a digit run whole.
+  EXPECT_EQ(tokenizer->Encode("12345"), (std::vector<Token>{' ', 260, '4', '5'}));
+}
+
 TEST(HfByteLevelTokenizerTest, SpecialTokensAndBos) {
   const std::string dir = WriteFolder(
       ByteLevelTokenizer(),
