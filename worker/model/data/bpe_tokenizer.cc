@@ -291,22 +291,18 @@ struct BpeTokenizer::Regex {
 
   // The pattern's matches in `text` (valid UTF-8), left to right, appended as slices from
   // `base` on; an empty match is a slice of its own, and the search goes on a character later
-  // (as Oniguruma's find_iter). Returns false when PCRE2 gave up (a resource limit: the pattern
-  // has nested repeats), leaving the rest unmatched.
-  bool AppendMatches(std::string_view text, size_t base, std::vector<Slice>& out) const {
+  // (as Oniguruma's find_iter). Should PCRE2 give up (a resource limit: a pattern with nested
+  // repeats), the rest is one unmatched slice: still encoded, only cut less finely.
+  void AppendMatches(std::string_view text, size_t base, std::vector<Slice>& out) const {
     std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> match(
         pcre2_match_data_create_from_pattern(code, nullptr), &pcre2_match_data_free);
     const auto subject = reinterpret_cast<PCRE2_SPTR>(text.data());
     size_t prev = 0;
     size_t pos = 0;
-    bool ok = true;
     while (pos <= text.size()) {
       const int rc =
           pcre2_match(code, subject, text.size(), pos, PCRE2_NO_UTF_CHECK, match.get(), nullptr);
-      if (rc < 0) {
-        ok = rc == PCRE2_ERROR_NOMATCH;
-        break;
-      }
+      if (rc < 0) break;  // no match, or PCRE2 gave up
       const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(match.get());
       const size_t begin = ovector[0];
       const size_t end = ovector[1];
@@ -322,7 +318,6 @@ struct BpeTokenizer::Regex {
       }
     }
     if (prev < text.size()) out.push_back({base + prev, base + text.size(), false});
-    return ok;
   }
 
   // Slices of `text`, which may hold bytes that are not UTF-8: the pattern runs on each valid run
@@ -343,14 +338,6 @@ struct BpeTokenizer::Regex {
       run = ++i;
     }
     return slices;
-  }
-
-  // Whether the pattern matches at the very start of `text` (valid UTF-8).
-  bool MatchesAtStart(std::string_view text) const {
-    std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> match(
-        pcre2_match_data_create_from_pattern(code, nullptr), &pcre2_match_data_free);
-    return pcre2_match(code, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), 0,
-                       PCRE2_NO_UTF_CHECK | PCRE2_ANCHORED, match.get(), nullptr) >= 0;
   }
 };
 

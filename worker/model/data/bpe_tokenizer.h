@@ -27,9 +27,9 @@
 //     Metaspace pre-tokenizer that prepends "▁" (" x" and "x" encode alike), a Prepend normalizer
 //     (it prepends to each piece between added tokens: "</s> x" comes back as "</s>  x"), a
 //     Replace normalizer, an added token's lstrip or rstrip, characters that become unk_token;
-//   - an added token's single_word test uses \w as Oniguruma's Unicode word characters (letters,
-//     marks, numbers, connector punctuation), where `tokenizers` uses Rust's regex crate's (the
-//     same but for Join_Control and numbers that are not decimal digits).
+//   - an added token's single_word test is Rust's regex crate's \w, as in `tokenizers`
+//     (Alphabetic, marks, decimal digits, connector punctuation, Join_Control), with PCRE2's
+//     Unicode 14 tables.
 #pragma once
 
 #include <array>
