@@ -87,6 +87,7 @@ struct GenerateCommandOptions {
   uint64_t seed = 0;
   int hf_heads = 12;       // heads of a Hugging Face GPT-2 file (its tensors do not say)
   bool no_kv_cache = false;
+  bool ignore_eos = false;     // go on past the tokenizer's end-of-sequence tokens
   std::string device = "cpu";  // cpu, cuda or cuda:N (placement::SetTrainDevice's names)
   // "bytes" or a path (data::LoadTokenizer); empty: the tokenizer files of a Hugging Face
   // checkpoint's folder when it has them, else bytes.

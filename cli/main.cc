@@ -246,10 +246,12 @@ int Main(int argc, char** argv) {
                            "Heads of a Hugging Face GPT-2 checkpoint")
       ->check(CLI::PositiveNumber)->capture_default_str();
   generate_cmd->add_option("--tokenizer", generate_options.tokenizer,
-                           "bytes, or a folder with vocab.json + merges.txt (or tokenizer.json), "
+                           "bytes, or a folder with tokenizer.json (or vocab.json + merges.txt), "
                            "or one of those files; default: the checkpoint folder's, else bytes");
   generate_cmd->add_flag("--no-kv-cache", generate_options.no_kv_cache,
                          "Recompute the whole sequence for every token (reference path)");
+  generate_cmd->add_flag("--ignore-eos", generate_options.ignore_eos,
+                         "Go on generating past an end-of-sequence token (printing it)");
   generate_cmd
       ->add_option("--device", generate_options.device, "cpu, cuda or cuda:N (fp32 on either)")
       ->capture_default_str();

@@ -211,10 +211,8 @@ int Serve(const ServeOptions& options) {
     return 1;
   }
   const model::ModelConfig& config = source->config();
-  if (config.vocab < (*tokenizer)->vocab_size()) {
-    std::cerr << "error: " << *path << " has a vocabulary of " << config.vocab
-              << " tokens, fewer than the " << (*tokenizer)->vocab_size() << " of "
-              << (*tokenizer)->Describe() << " (--tokenizer names another)\n";
+  if (absl::Status fits = data::CheckTokenizerFitsModel(**tokenizer, config.vocab); !fits.ok()) {
+    std::cerr << "error: " << *path << ": " << fits.message() << " (--tokenizer names another)\n";
     return 1;
   }
   const serving::BatchingEngineOptions engine_options =

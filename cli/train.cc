@@ -1,8 +1,10 @@
 // `shardline train SPEC.yaml` and `shardline generate`: one device, no cluster needed.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
 #include <mutex>
+#include <vector>
 
 #include "checkpoint/layout.h"
 #include "cli/commands.h"
@@ -169,25 +171,37 @@ int Generate(const GenerateCommandOptions& options) {
     return 1;
   }
   const model::ModelConfig& config = (*weights)->weights().config;
-  if (config.vocab < (*tokenizer)->vocab_size()) {
-    std::cerr << "error: " << *path << " has a vocabulary of " << config.vocab
-              << " tokens, fewer than the " << (*tokenizer)->vocab_size() << " of "
-              << (*tokenizer)->Describe() << " (--tokenizer names another)\n";
+  if (absl::Status fits = data::CheckTokenizerFitsModel(**tokenizer, config.vocab); !fits.ok()) {
+    std::cerr << "error: " << *path << ": " << fits.message() << " (--tokenizer names another)\n";
     return 1;
   }
-  const std::vector<data::Token> prompt = (*tokenizer)->Encode(options.prompt);
+  // With the special tokens the tokenizer puts before a text (Llama's BOS), as transformers'
+  // generate is given a prompt.
+  const std::vector<data::Token> prompt = (*tokenizer)->EncodeWithSpecials(options.prompt);
   model::GenerateOptions generate;
   generate.max_new_tokens = options.max_new_tokens;
   generate.sampling.temperature = static_cast<float>(options.temperature);
   generate.sampling.top_k = options.top_k;
   generate.sampling.seed = options.seed;
   generate.use_kv_cache = !options.no_kv_cache;
-  auto tokens = model::Generate((*weights)->weights(), **backend, prompt, generate);
-  if (!tokens.ok()) {
-    std::cerr << "error: " << tokens.status().message() << "\n";
+  // Generation ends at an end-of-sequence token (any of them: Llama 3 instruct has several),
+  // which is not printed, as `serve` does; --ignore-eos goes on to max_new_tokens.
+  const std::vector<data::Token> stops =
+      options.ignore_eos ? std::vector<data::Token>{} : (*tokenizer)->stop_tokens();
+  std::vector<data::Token> tokens;
+  auto generated = model::GenerateStreaming(
+      (*weights)->weights(), **backend, prompt, generate, [&](int32_t token) {
+        if (std::find(stops.begin(), stops.end(), token) != stops.end()) return false;
+        tokens.push_back(token);
+        return true;
+      });
+  if (!generated.ok()) {
+    std::cerr << "error: " << generated.status().message() << "\n";
     return 1;
   }
-  auto text = (*tokenizer)->Decode(*tokens);
+  // A continuation of the prompt: a decoder that drops the space before a text's first word
+  // (Llama 2's) must not drop it here.
+  auto text = (*tokenizer)->DecodeContinuation(tokens);
   if (!text.ok()) {
     std::cerr << "error: " << text.status().message() << "\n";
     return 1;

@@ -1,4 +1,4 @@
-// The GPT-2 BPE tokenizer's encoder and decoder (worker/model/data/gpt2_tokenizer.h) on arbitrary
+// The GPT-2 BPE tokenizer's encoder and decoder (worker/model/data/bpe_tokenizer.h) on arbitrary
 // text, with one small real vocabulary loaded once: every byte string encodes to ids inside the
 // vocabulary that decode back to it (with special tokens parsed and as text), and any sequence of
 // ids (the input read as int32s, as a client may send) decodes or is refused with
@@ -13,12 +13,12 @@
 #include <vector>
 
 #include "fuzz/fuzz_support.h"
-#include "worker/model/data/gpt2_tokenizer.h"
+#include "worker/model/data/bpe_tokenizer.h"
 
 namespace {
 
+using shardline::data::BpeTokenizer;
 using shardline::data::Gpt2ByteChar;
-using shardline::data::Gpt2Tokenizer;
 using shardline::data::Token;
 
 // The byte-level spelling of `text`, as vocabulary and merges files have it (" the" is "Ġthe").
@@ -31,7 +31,7 @@ std::string Spell(std::string_view text) {
 // The 256 byte tokens, English merges enough to build multi-level words (" the", "ing", " and"),
 // some that reach across GPT-2's pre-token classes (digits, punctuation, spaces), and
 // <|endoftext|>, so that special-token matching runs too.
-std::unique_ptr<Gpt2Tokenizer> LoadTokenizer() {
+std::unique_ptr<BpeTokenizer> LoadTokenizer() {
   const std::vector<std::pair<std::string, std::string>> merges = {
       {"\xC3", "\xA9"}, {"\xE2", "\x82"}, {"\xE2\x82", "\xAC"},  // "é", "€"
       {" ", "t"},  {"h", "e"},  {" t", "he"}, {"i", "n"},  {"in", "g"}, {" ", "a"},   {"n", "d"},
@@ -56,28 +56,28 @@ std::unique_ptr<Gpt2Tokenizer> LoadTokenizer() {
     add(Spell(a + b));
     merges_text += Spell(a) + " " + Spell(b) + "\n";
   }
-  add(std::string(Gpt2Tokenizer::kEndOfText));
+  add(std::string(BpeTokenizer::kEndOfText));
   vocab += "}";
   const shardline::fuzz::MemoryFile vocab_file(vocab);
   const shardline::fuzz::MemoryFile merges_file(merges_text);
-  absl::StatusOr<std::unique_ptr<Gpt2Tokenizer>> tokenizer =
-      Gpt2Tokenizer::FromFiles(vocab_file.path(), merges_file.path());
+  absl::StatusOr<std::unique_ptr<BpeTokenizer>> tokenizer =
+      BpeTokenizer::FromGpt2Files(vocab_file.path(), merges_file.path());
   FUZZ_CHECK(tokenizer.ok(), "the harness's own vocabulary: " + tokenizer.status().ToString());
   return *std::move(tokenizer);
 }
 
-const Gpt2Tokenizer& Tokenizer() {
-  static const std::unique_ptr<Gpt2Tokenizer> tokenizer = LoadTokenizer();
+const BpeTokenizer& Tokenizer() {
+  static const std::unique_ptr<BpeTokenizer> tokenizer = LoadTokenizer();
   return *tokenizer;
 }
 
-void CheckRoundTrip(std::string_view text, Gpt2Tokenizer::Specials specials) {
-  const Gpt2Tokenizer& tokenizer = Tokenizer();
+void CheckRoundTrip(std::string_view text, BpeTokenizer::Specials specials) {
+  const BpeTokenizer& tokenizer = Tokenizer();
   const std::vector<Token> ids = tokenizer.Encode(text, specials);
   for (const Token id : ids) {
     FUZZ_CHECK(id >= 0 && id < tokenizer.vocab_size(),
                "id " + std::to_string(id) + " outside the vocabulary");
-    if (specials == Gpt2Tokenizer::Specials::kAsText) {
+    if (specials == BpeTokenizer::Specials::kAsText) {
       FUZZ_CHECK(id != *tokenizer.eot(), "an end-of-text token with specials read as text");
     }
   }
@@ -95,8 +95,8 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);
-  CheckRoundTrip(text, Gpt2Tokenizer::Specials::kParse);
-  CheckRoundTrip(text, Gpt2Tokenizer::Specials::kAsText);
+  CheckRoundTrip(text, BpeTokenizer::Specials::kParse);
+  CheckRoundTrip(text, BpeTokenizer::Specials::kAsText);
 
   std::vector<Token> ids(size / sizeof(Token));
   if (!ids.empty()) std::memcpy(ids.data(), data, ids.size() * sizeof(Token));

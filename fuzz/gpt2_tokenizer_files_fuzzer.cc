@@ -1,9 +1,9 @@
-// The GPT-2 BPE tokenizer's loaders (worker/model/data/gpt2_tokenizer.h) on arbitrary files, then
-// its encoder with what they built. The input is "VOCAB\0MERGES\0TEXT" for FromFiles (vocab.json,
-// merges.txt, text to encode; JSON has no raw NUL, so the split is unambiguous), or, without a
-// NUL, a tokenizer.json for FromTokenizerJson. A loader must refuse bad files with
-// InvalidArgument; a tokenizer it builds must give ids below its vocab_size that decode back to
-// the text, as Tokenizer promises.
+// The BPE tokenizer's loaders (worker/model/data/bpe_tokenizer.h, tokenizer_json.h) on arbitrary
+// files, then its encoder with what they built. The input is "VOCAB\0MERGES\0TEXT" for
+// FromGpt2Files (vocab.json, merges.txt, text to encode; JSON has no raw NUL, so the split is
+// unambiguous), or, without a NUL, a tokenizer.json for LoadTokenizerJson. A loader must refuse bad
+// files with InvalidArgument; a tokenizer it builds must give ids below its vocab_size that decode
+// back to the text, as Tokenizer promises.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -12,15 +12,17 @@
 #include <vector>
 
 #include "fuzz/fuzz_support.h"
-#include "worker/model/data/gpt2_tokenizer.h"
+#include "worker/model/data/bpe_tokenizer.h"
+#include "worker/model/data/tokenizer_json.h"
 
 namespace {
 
-using shardline::data::Gpt2Tokenizer;
+using shardline::data::BpeTokenizer;
+using shardline::data::LoadTokenizerJson;
 using shardline::data::Token;
 
-void CheckRoundTrip(const Gpt2Tokenizer& tokenizer, std::string_view text,
-                    Gpt2Tokenizer::Specials specials) {
+void CheckRoundTrip(const BpeTokenizer& tokenizer, std::string_view text,
+                    BpeTokenizer::Specials specials) {
   const std::vector<Token> ids = tokenizer.Encode(text, specials);
   for (const Token id : ids) {
     FUZZ_CHECK(id >= 0 && id < tokenizer.vocab_size(),
@@ -36,18 +38,18 @@ void CheckRoundTrip(const Gpt2Tokenizer& tokenizer, std::string_view text,
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view input(reinterpret_cast<const char*>(data), size);
   const size_t vocab_end = input.find('\0');
-  absl::StatusOr<std::unique_ptr<Gpt2Tokenizer>> tokenizer;
+  absl::StatusOr<std::unique_ptr<BpeTokenizer>> tokenizer;
   std::string_view text;
   if (vocab_end == std::string_view::npos) {
     const shardline::fuzz::MemoryFile json(input);
-    tokenizer = Gpt2Tokenizer::FromTokenizerJson(json.path());
+    tokenizer = LoadTokenizerJson(json.path());
   } else {
     size_t merges_end = input.find('\0', vocab_end + 1);
     if (merges_end == std::string_view::npos) merges_end = input.size();
     const shardline::fuzz::MemoryFile vocab(input.substr(0, vocab_end));
     const shardline::fuzz::MemoryFile merges(
         input.substr(vocab_end + 1, merges_end - vocab_end - 1));
-    tokenizer = Gpt2Tokenizer::FromFiles(vocab.path(), merges.path());
+    tokenizer = BpeTokenizer::FromGpt2Files(vocab.path(), merges.path());
     if (merges_end < input.size()) text = input.substr(merges_end + 1);
   }
   if (!tokenizer.ok()) {
@@ -55,7 +57,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                "not InvalidArgument: " + tokenizer.status().ToString());
     return 0;
   }
-  CheckRoundTrip(**tokenizer, text, Gpt2Tokenizer::Specials::kParse);
-  CheckRoundTrip(**tokenizer, text, Gpt2Tokenizer::Specials::kAsText);
+  CheckRoundTrip(**tokenizer, text, BpeTokenizer::Specials::kParse);
+  CheckRoundTrip(**tokenizer, text, BpeTokenizer::Specials::kAsText);
   return 0;
 }

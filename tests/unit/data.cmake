@@ -1,4 +1,4 @@
-# Unit tests for worker/model/data: tokenizer, datasets, synthetic corpus, sampler.
+# Unit tests for worker/model/data: tokenizers (bytes, GPT-2's files, tokenizer.json), datasets, synthetic corpus, sampler.
 shardline_test(data_tokenizer_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/data_tokenizer_test.cc
   LIBS shardline_data LABELS unit TIMEOUT 60)
@@ -10,6 +10,9 @@ shardline_test(data_sampler_test
   LIBS shardline_data LABELS unit TIMEOUT 60)
 shardline_test(data_gpt2_tokenizer_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/data_gpt2_tokenizer_test.cc
+  LIBS shardline_data nlohmann_json::nlohmann_json LABELS unit TIMEOUT 60)
+shardline_test(data_hf_tokenizer_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/data_hf_tokenizer_test.cc
   LIBS shardline_data nlohmann_json::nlohmann_json LABELS unit TIMEOUT 60)
 # GPT-2's real files against Hugging Face's `tokenizers` (data_gpt2_tokenizer_reference.py, run
 # with /usr/bin/python3): both from scripts/install-deps.sh, in SHARDLINE_GPT2_TOKENIZER_DIR.
@@ -26,4 +29,13 @@ shardline_test(data_gpt2_tokenizer_reference_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/data_gpt2_tokenizer_reference_test.cc
   LIBS shardline_data nlohmann_json::nlohmann_json LABELS unit TIMEOUT 180)
 target_compile_definitions(data_gpt2_tokenizer_reference_test PRIVATE
+  SHARDLINE_GPT2_TOKENIZER_DIR="${SHARDLINE_GPT2_TOKENIZER_DIR}")
+# Tokenizer.json files of both kinds (Llama 3's byte-level BPE, TinyLlama's SentencePiece-style
+# BPE) that Hugging Face's `tokenizers` trains and runs (data_hf_tokenizer_reference.py, with
+# /usr/bin/python3 and the `tokenizers` of SHARDLINE_GPT2_TOKENIZER_DIR): the same ids and text.
+# Without `tokenizers` the test fails, saying so.
+shardline_test(data_hf_tokenizer_reference_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/data_hf_tokenizer_reference_test.cc
+  LIBS shardline_data nlohmann_json::nlohmann_json LABELS unit TIMEOUT 180)
+target_compile_definitions(data_hf_tokenizer_reference_test PRIVATE
   SHARDLINE_GPT2_TOKENIZER_DIR="${SHARDLINE_GPT2_TOKENIZER_DIR}")

@@ -1,7 +1,7 @@
-// Gpt2Tokenizer on tiny hand-written vocabularies: the byte alphabet, merge order, where the
-// pre-tokenizer cuts, the special token, bytes that are not UTF-8, and every malformed-file error
-// (each naming the file and the line). LoadTokenizer's choice of files. The real GPT-2 files are
-// data_gpt2_tokenizer_reference_test's.
+// BpeTokenizer with GPT-2's files on tiny hand-written vocabularies: the byte alphabet, merge
+// order, where the pre-tokenizer cuts, the special token, bytes that are not UTF-8, and every
+// malformed-file error (each naming the file and the line). LoadTokenizer's choice of files. The
+// real GPT-2 files are data_gpt2_tokenizer_reference_test's.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -13,13 +13,15 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
+#include "worker/model/data/bpe_tokenizer.h"
 #include "worker/model/data/byte_tokenizer.h"
-#include "worker/model/data/gpt2_tokenizer.h"
 #include "worker/model/data/tokenizer.h"
+#include "worker/model/data/tokenizer_json.h"
 
 namespace shardline::data {
 namespace {
@@ -68,8 +70,8 @@ std::string WriteTokenizer(const std::vector<std::string>& extra,
   return dir;
 }
 
-std::unique_ptr<Gpt2Tokenizer> Load(const std::string& dir) {
-  auto tokenizer = Gpt2Tokenizer::FromFiles(dir + "/vocab.json", dir + "/merges.txt");
+std::unique_ptr<BpeTokenizer> Load(const std::string& dir) {
+  auto tokenizer = BpeTokenizer::FromGpt2Files(dir + "/vocab.json", dir + "/merges.txt");
   EXPECT_TRUE(tokenizer.ok()) << tokenizer.status();
   return tokenizer.ok() ? std::move(*tokenizer) : nullptr;
 }
@@ -80,12 +82,12 @@ std::vector<Token> Bytes(std::string_view text) {
   return ids;
 }
 
-// The error FromFiles gives for these file contents.
+// The error FromGpt2Files gives for these file contents.
 absl::Status LoadError(const std::string& vocab, const std::string& merges, std::string* dir) {
   *dir = TempDir();
   WriteFile(*dir + "/vocab.json", vocab);
   WriteFile(*dir + "/merges.txt", merges);
-  auto tokenizer = Gpt2Tokenizer::FromFiles(*dir + "/vocab.json", *dir + "/merges.txt");
+  auto tokenizer = BpeTokenizer::FromGpt2Files(*dir + "/vocab.json", *dir + "/merges.txt");
   return tokenizer.ok() ? absl::OkStatus() : tokenizer.status();
 }
 
@@ -173,7 +175,7 @@ TEST(Gpt2TokenizerTest, EndOfTextIsTheSpecialTokenOrText) {
   expected.push_back('b');
   EXPECT_EQ(tokenizer->Encode("a<|endoftext|>b"), expected);
   EXPECT_EQ(tokenizer->Encode("<|endoftext|><|endoftext|>"), (std::vector<Token>{256, 256}));
-  EXPECT_EQ(tokenizer->Encode("a<|endoftext|>b", Gpt2Tokenizer::Specials::kAsText),
+  EXPECT_EQ(tokenizer->Encode("a<|endoftext|>b", BpeTokenizer::Specials::kAsText),
             Bytes("a<|endoftext|>b"));
   EXPECT_EQ(tokenizer->Encode("<|endoftext|"), Bytes("<|endoftext|"));
   const std::vector<Token> eot = {256};
@@ -242,15 +244,15 @@ TEST(Gpt2TokenizerTest, ConcurrentEncodesAgree) {
 
 TEST(Gpt2TokenizerErrorsTest, MissingFilesAreNotFoundNamingThePath) {
   const std::string dir = WriteTokenizer({}, {});
-  auto tokenizer = Gpt2Tokenizer::FromFiles(dir + "/nope.json", dir + "/merges.txt");
+  auto tokenizer = BpeTokenizer::FromGpt2Files(dir + "/nope.json", dir + "/merges.txt");
   ASSERT_FALSE(tokenizer.ok());
   EXPECT_EQ(tokenizer.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(Message(tokenizer.status()), HasSubstr(dir + "/nope.json"));
-  tokenizer = Gpt2Tokenizer::FromFiles(dir + "/vocab.json", dir + "/nope.txt");
+  tokenizer = BpeTokenizer::FromGpt2Files(dir + "/vocab.json", dir + "/nope.txt");
   ASSERT_FALSE(tokenizer.ok());
   EXPECT_EQ(tokenizer.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(Message(tokenizer.status()), HasSubstr(dir + "/nope.txt"));
-  auto json_file = Gpt2Tokenizer::FromTokenizerJson(dir + "/tokenizer.json");
+  auto json_file = LoadTokenizerJson(dir + "/tokenizer.json");
   ASSERT_FALSE(json_file.ok());
   EXPECT_EQ(json_file.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(Message(json_file.status()), HasSubstr(dir + "/tokenizer.json"));
@@ -341,7 +343,7 @@ TEST(Gpt2TokenizerErrorsTest, MergeOutsideTheVocabularyNamesFileAndLine) {
 json TokenizerJson() {
   return json{
       {"version", "1.0"},
-      {"added_tokens", json::array({{{"id", 300},
+      {"added_tokens", json::array({{{"id", 258},
                                      {"content", "<|endoftext|>"},
                                      {"special", true},
                                      {"lstrip", false},
@@ -352,6 +354,11 @@ json TokenizerJson() {
       {"pre_tokenizer",
        {{"type", "ByteLevel"},
         {"add_prefix_space", false},
+        {"trim_offsets", true},
+        {"use_regex", true}}},
+      {"decoder",
+       {{"type", "ByteLevel"},
+        {"add_prefix_space", true},
         {"trim_offsets", true},
         {"use_regex", true}}},
       {"model",
@@ -368,21 +375,20 @@ json TokenizerJson() {
   };
 }
 
-absl::StatusOr<std::unique_ptr<Gpt2Tokenizer>> LoadJson(const std::string& text,
-                                                        std::string* path) {
+absl::StatusOr<std::unique_ptr<BpeTokenizer>> LoadJson(const std::string& text, std::string* path) {
   *path = TempDir() + "/tokenizer.json";
   WriteFile(*path, text);
-  return Gpt2Tokenizer::FromTokenizerJson(*path);
+  return LoadTokenizerJson(*path);
 }
 
 TEST(Gpt2TokenizerJsonTest, ReadsVocabMergesOfBothFormsAndAddedTokens) {
   std::string path;
   auto tokenizer = LoadJson(TokenizerJson().dump(2), &path);
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
-  EXPECT_EQ((*tokenizer)->vocab_size(), 301);  // the added token is not in model.vocab
-  EXPECT_EQ((*tokenizer)->eot(), 300);
-  EXPECT_EQ((*tokenizer)->Encode("abc<|endoftext|>ab"), (std::vector<Token>{257, 300, 256}));
-  const std::vector<Token> ids = {257, 300};
+  EXPECT_EQ((*tokenizer)->vocab_size(), 259);  // the added token is not in model.vocab
+  EXPECT_EQ((*tokenizer)->eot(), 258);
+  EXPECT_EQ((*tokenizer)->Encode("abc<|endoftext|>ab"), (std::vector<Token>{257, 258, 256}));
+  const std::vector<Token> ids = {257, 258};
   EXPECT_EQ(*(*tokenizer)->Decode(ids), "abc<|endoftext|>");
 }
 
@@ -407,21 +413,22 @@ TEST(Gpt2TokenizerJsonTest, ErrorsNameTheFileAndWhere) {
   tokenizer = LoadJson(j.dump(), &path);
   EXPECT_THAT(Message(tokenizer.status()), HasSubstr(path + ": model.merges[0]"));
 
-  // Tokenizers of another kind are refused rather than computed wrong.
-  for (const auto& [pointer, value] :
-       std::vector<std::pair<std::string, json>>{{"/model/type", "WordPiece"},
-                                                 {"/model/dropout", 0.1},
-                                                 {"/model/ignore_merges", true},
-                                                 {"/normalizer", {{"type", "NFC"}}},
-                                                 {"/pre_tokenizer/add_prefix_space", true},
-                                                 {"/pre_tokenizer", nullptr},
-                                                 {"/added_tokens/0/lstrip", true}}) {
+  // Tokenizers of another kind are refused rather than computed wrong, naming the field.
+  for (const auto& [pointer, value, field] :
+       std::vector<std::tuple<std::string, json, std::string>>{
+           {"/model/type", "WordPiece", "model.type 'WordPiece' is not supported"},
+           {"/model/dropout", 0.1, "model.dropout is 0.1"},
+           {"/normalizer", {{"type", "NFC"}}, "normalizer.type 'NFC' is not supported"},
+           {"/decoder", {{"type", "WordPiece"}}, "decoder.type 'WordPiece' is not supported"},
+           {"/pre_tokenizer",
+            {{"type", "Whitespace"}},
+            "pre_tokenizer.type 'Whitespace' is not supported"}}) {
     j = TokenizerJson();
     j[json::json_pointer(pointer)] = value;
     tokenizer = LoadJson(j.dump(), &path);
     ASSERT_FALSE(tokenizer.ok()) << pointer;
     EXPECT_EQ(tokenizer.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(Message(tokenizer.status()), HasSubstr(path)) << pointer;
+    EXPECT_THAT(Message(tokenizer.status()), HasSubstr(path + ": " + field)) << pointer;
   }
 }
 
@@ -463,7 +470,7 @@ TEST(LoadTokenizerTest, FindsTheFilesOfAFolderOrTheirPartner) {
   for (const std::string& spec : {hf, hf + "/tokenizer.json"}) {
     absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(spec);
     ASSERT_TRUE(tokenizer.ok()) << spec << ": " << tokenizer.status();
-    EXPECT_EQ((*tokenizer)->eot(), 300) << spec;
+    EXPECT_EQ((*tokenizer)->eot(), 258) << spec;
   }
 }
 

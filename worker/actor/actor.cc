@@ -540,11 +540,10 @@ absl::Status Actor::LeadServing(const training::CheckpointSource& source,
   const std::string tokenizer_spec = training::TokenizerSpecFor(serve.tokenizer, source.path());
   auto tokenizer = data::LoadTokenizer(tokenizer_spec);
   if (!tokenizer.ok()) return Annotate(tokenizer.status(), "the serve spec's tokenizer");
-  if (source.config().vocab < (*tokenizer)->vocab_size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        source.path(), " has a vocabulary of ", source.config().vocab, " tokens, fewer than the ",
-        (*tokenizer)->vocab_size(), " of ", (*tokenizer)->Describe(),
-        " (the serve spec's tokenizer names another)"));
+  if (absl::Status fits = data::CheckTokenizerFitsModel(**tokenizer, source.config().vocab);
+      !fits.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(source.path(), ": ", fits.message(),
+                                                   " (the serve spec's tokenizer names another)"));
   }
   serving::HttpServerOptions http;
   const std::string listen = serve_listen_.empty() ? serve.listen : serve_listen_;

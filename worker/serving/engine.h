@@ -27,7 +27,7 @@ struct GenerationRequest {
   int32_t top_k = 0;            // 0: all tokens
   uint64_t seed = 0;
   // Sampling one of these ends the request with kStop; the token itself is not delivered (the
-  // end-of-text token of the tokenizer goes here).
+  // end-of-sequence tokens of the tokenizer go here).
   std::vector<int32_t> stop_token_ids;
 };
 

@@ -332,9 +332,14 @@ void HttpServer::Impl::HandleCompletion(const httplib::Request& req, httplib::Re
     return SendError(res, ErrorFromStatus(absl::UnavailableError("the engine is not ready")));
   }
   GenerationRequest request;
-  // Special tokens written as text (a chat template's "<|begin_of_text|>") become their ids, and
-  // Encode adds none of its own: the prompt has the one BOS the template wrote.
-  request.prompt = tokenizer_.Encode(p.prompt);
+  // A chat template writes the model's special tokens as text ("<|begin_of_text|>"), which Encode
+  // turns into their ids without adding any of its own: the prompt has the one BOS the template
+  // wrote. Anything else gets the special tokens the tokenizer puts before a text (Llama's BOS),
+  // as vLLM encodes a completion's prompt.
+  const bool templated =
+      endpoint == Endpoint::kChatCompletions && options_.chat.chat_template() != nullptr;
+  request.prompt =
+      templated ? tokenizer_.Encode(p.prompt) : tokenizer_.EncodeWithSpecials(p.prompt);
   if (auto e =
           ResolveMaxTokens(p, static_cast<int64_t>(request.prompt.size()), engine_.max_context())) {
     return SendError(res, *e);
@@ -344,7 +349,7 @@ void HttpServer::Impl::HandleCompletion(const httplib::Request& req, httplib::Re
   request.top_p = p.top_p;
   request.top_k = p.top_k;
   request.seed = p.seed.has_value() ? *p.seed : std::random_device{}();
-  if (std::optional<int32_t> eot = tokenizer_.eot()) request.stop_token_ids.push_back(*eot);
+  request.stop_token_ids = tokenizer_.stop_tokens();
 
   auto channel = std::make_shared<RequestChannel>();
   // Timing state for the histograms, touched only on the engine's thread.
@@ -428,7 +433,8 @@ Drained Drain(RequestChannel& channel, const data::Tokenizer& tokenizer,
     if (assembler.stopped()) break;
     ++d.tokens;
     const std::vector<int32_t> one = {token};
-    absl::StatusOr<std::string> bytes = tokenizer.Decode(one);
+    // A continuation of the prompt: Llama 2's decoder would drop a first word's space.
+    absl::StatusOr<std::string> bytes = tokenizer.DecodeContinuation(one);
     if (!bytes.ok()) {
       d.finished = true;
       d.status = absl::InternalError(
