@@ -26,7 +26,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/support/cli_process.h"
 #include "tests/support/tiny_ascii_gpt.h"
-#include "worker/model/data/gpt2_tokenizer.h"
+#include "worker/model/data/bpe_tokenizer.h"
 
 namespace shardline {
 namespace {

@@ -19,7 +19,7 @@
 
 #include "nlohmann/json.hpp"
 #include "tests/support/cli_process.h"
-#include "worker/model/data/gpt2_tokenizer.h"
+#include "worker/model/data/bpe_tokenizer.h"
 #include "worker/model/data/tokenizer.h"
 #include "worker/serving/chat_format.h"
 #include "worker/serving/http_server.h"
