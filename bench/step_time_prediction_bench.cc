@@ -66,7 +66,9 @@ int DevicesOf(const Layout& layout) {
 // resumed from a finished one would train no step).
 std::string JobYaml(const Layout& layout, const std::string& checkpoints) {
   if (layout.parallel != nullptr) return StepTimeJob(layout.name, layout.parallel);
-  std::string yaml = cli::DefaultJobYaml(DevicesOf(layout));
+  const absl::StatusOr<std::string> text = cli::DefaultTrainingTextPath();
+  std::string yaml =
+      cli::DefaultJobYaml(DevicesOf(layout), text.ok() ? *text : cli::kDefaultTrainingText);
   const std::string dir = "dir: checkpoints/shardline-up";
   const size_t at = yaml.find(dir);
   if (at != std::string::npos) yaml.replace(at, dir.size(), "dir: " + checkpoints);

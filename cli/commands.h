@@ -185,7 +185,13 @@ struct PlanOptions {
 // coordinator cannot be reached, 2 for bad input.
 int Plan(const ClientOptions& client, const PlanOptions& options);
 
-// The embedded default job of `shardline up` for `actors` CPU actors.
-std::string DefaultJobYaml(int actors);
+// The text the default job trains on, a public-domain book in the source tree's examples/data/:
+// found next to the binary (in the folders above it, as in a build tree) or under the current
+// directory; NotFound naming where it looked.
+inline constexpr char kDefaultTrainingText[] = "examples/data/jargon-file.txt";
+absl::StatusOr<std::string> DefaultTrainingTextPath();
+
+// The embedded default job of `shardline up` for `actors` CPU actors, training on `text`.
+std::string DefaultJobYaml(int actors, const std::string& text);
 
 }  // namespace shardline::cli

@@ -216,36 +216,70 @@ placement::ParallelSpec DefaultLayout(int actors) {
 
 }  // namespace
 
-std::string DefaultJobYaml(int actors) {
+absl::StatusOr<std::string> DefaultTrainingTextPath() {
+  std::vector<fs::path> tried;
+  std::error_code error;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", error);
+  if (!error) {
+    for (fs::path dir = exe.parent_path(); !dir.empty(); dir = dir.parent_path()) {
+      tried.push_back(dir / kDefaultTrainingText);
+      if (fs::exists(tried.back())) return tried.back().string();
+      if (dir == dir.root_path() || tried.size() >= 4) break;
+    }
+  }
+  tried.push_back(fs::current_path() / kDefaultTrainingText);
+  if (fs::exists(tried.back())) return tried.back().string();
+  std::string looked;
+  for (const fs::path& path : tried) looked += "\n  " + path.string();
+  return absl::NotFoundError(absl::StrCat("the default job trains on ", kDefaultTrainingText,
+                                          " of the source tree, found in none of:", looked,
+                                          "\n(run from the source tree, or give --job)"));
+}
+
+std::string DefaultJobYaml(int actors, const std::string& text) {
   const placement::ParallelSpec layout = DefaultLayout(actors);
-  // 8 sequences per data-parallel rank, in micro-batches of 2: 4 micro-batches fill the pipeline.
-  const int batch = 8 * layout.dp;
-  return "# The default job of `shardline up`: a small GPT trained on the built-in synthetic corpus,\n"
-         "# sharded over every local CPU device.\n"
+  // 16 sequences of 128 bytes per data-parallel rank, in micro-batches of 4: 4 micro-batches fill
+  // the pipeline.
+  const int batch = 16 * layout.dp;
+  return "# The default job of `shardline up`: a small Llama (RMSNorm, SwiGLU, rotary positions,\n"
+         "# grouped-query attention) trained on a public-domain book, sharded over every local "
+         "CPU\n"
+         "# device.\n"
          "name: shardline-up\n"
          "kind: train\n"
          "devices: cpu\n"
-         "parallel: {tp: " + std::to_string(layout.tp) + ", pp: " + std::to_string(layout.pp) +
-         ", dp: " + std::to_string(layout.dp) + ", zero: 0}\n"
+         "parallel: {tp: " +
+         std::to_string(layout.tp) + ", pp: " + std::to_string(layout.pp) +
+         ", dp: " + std::to_string(layout.dp) +
+         ", zero: 0}\n"
          "model:\n"
+         "  arch: llama\n"
          "  layers: 4\n"
          "  heads: 4\n"
-         "  d_model: 64\n"
-         "  max_seq_len: 64\n"
+         "  kv_heads: 2\n"
+         "  d_model: 128\n"
+         "  max_seq_len: 128\n"
          "data:\n"
-         "  synthetic: {seed: 1, bytes: 1MiB}\n"
+         "  path: " +
+         text +
+         "\n"
          "optimizer:\n"
-         "  lr: 3.0e-3\n"
-         "  warmup_steps: 20\n"
-         "steps: 200\n"
-         "batch: " + std::to_string(batch) + "\n"
-         "micro_batch: 2\n"
-         "seq_len: 64\n"
+         "  lr: 2.0e-3\n"
+         "  warmup_steps: 30\n"
+         "  weight_decay: 0.0\n"
+         "steps: 600\n"
+         "batch: " +
+         std::to_string(batch) +
+         "\n"
+         "micro_batch: 4\n"
+         "seq_len: 128\n"
          "seed: 1\n"
          "checkpoint:\n"
-         "  dir: " + std::string(kDefaultCheckpointDir) + "\n"
-         "  interval: 100\n"
-         "log_interval: 20\n";
+         "  dir: " +
+         std::string(kDefaultCheckpointDir) +
+         "\n"
+         "  interval: 200\n"
+         "log_interval: 50\n";
 }
 
 int DefaultUpDevices(int cores) { return cores >= 4 ? 4 : 2; }
@@ -257,7 +291,15 @@ int Up(const UpOptions& given) {
     std::cerr << "error: --devices must be in 2..256, got " << options.devices << "\n";
     return 2;
   }
-  std::string yaml = DefaultJobYaml(options.devices);
+  std::string yaml;
+  if (options.job_path.empty()) {
+    const absl::StatusOr<std::string> text = DefaultTrainingTextPath();
+    if (!text.ok()) {
+      std::cerr << "error: " << text.status().message() << "\n";
+      return 2;
+    }
+    yaml = DefaultJobYaml(options.devices, *text);
+  }
   std::string source = "the default job";
   // The default job's relative paths resolve against the current directory, like a spec file's
   // in it.
@@ -389,11 +431,14 @@ int Up(const UpOptions& given) {
       // A sample from the checkpoint the job committed, greedy, as `shardline generate` would.
       GenerateCommandOptions sample;
       sample.checkpoint = spec->train.checkpoint.dir;
-      sample.prompt = "the cat ";
-      sample.max_new_tokens = 48;
+      // Sampled (temperature 0.7, a fixed seed): a small model's greedy text repeats itself.
+      sample.prompt = "The hacker ";
+      sample.max_new_tokens = 100;
+      sample.temperature = 0.7;
+      sample.seed = 1;
       std::cout << "\nA sample from the trained model (shardline generate --checkpoint "
-                << spec->train.checkpoint.dir << " --prompt \"" << sample.prompt << "\"):\n  "
-                << std::flush;
+                << spec->train.checkpoint.dir << " --prompt \"" << sample.prompt
+                << "\" --temperature 0.7 --seed 1):\n  " << std::flush;
       if (Generate(sample) != 0) exit_code = 1;
     }
     if (!options.keep && options.work_dir.empty()) fs::remove_all(dir);
