@@ -23,15 +23,23 @@ struct StepShape {
   int vocab = 50304;
   int steps = 3;   // timed
   int warmup = 1;  // untimed, first
+  int llama = 0;   // 1: the Llama family (RMSNorm, SwiGLU, rotary, no biases)
+  int kv_heads = 0;  // Llama's key/value heads; 0: heads
+  int d_ff = 0;      // 0: 4·d_model
 
-  // A GPT-2-style config of this shape (tied embeddings, d_ff 4·d_model, max_seq_len = seq).
+  // A config of this shape, tied embeddings, max_seq_len = seq: GPT-2's choices, or Llama's.
   model::ModelConfig Config() const {
     model::ModelConfig config;
     config.layers = layers;
     config.heads = heads;
     config.d_model = d_model;
+    config.d_ff = d_ff;
     config.vocab = vocab;
     config.max_seq_len = seq;
+    if (llama != 0) {
+      config = model::ModelConfig::Llama(config);
+      config.kv_heads = kv_heads;
+    }
     config.tied_embeddings = true;
     return config;
   }
@@ -63,7 +71,7 @@ inline void ParseStepFlags(int argc, char** argv, const char* program, const cha
   auto usage = [&](const std::string& why) {
     std::fprintf(stderr,
                  "%s: %s\nusage: %s [--layers N] [--d-model N] [--heads N] [--seq N] [--batch N] "
-                 "[--vocab N] [--steps N] [--warmup N] %s\n",
+                 "[--vocab N] [--steps N] [--warmup N] [--llama 1 --kv-heads N] [--d-ff N] %s\n",
                  program, why.c_str(), program, extra_usage);
     std::exit(2);
   };
@@ -71,7 +79,9 @@ inline void ParseStepFlags(int argc, char** argv, const char* program, const cha
       {"--layers", IntFlag(&shape.layers)}, {"--d-model", IntFlag(&shape.d_model)},
       {"--heads", IntFlag(&shape.heads)},   {"--seq", IntFlag(&shape.seq)},
       {"--batch", IntFlag(&shape.batch)},   {"--vocab", IntFlag(&shape.vocab)},
-      {"--steps", IntFlag(&shape.steps)},   {"--warmup", IntFlag(&shape.warmup)}};
+      {"--steps", IntFlag(&shape.steps)},   {"--warmup", IntFlag(&shape.warmup)},
+      {"--llama", IntFlag(&shape.llama)},   {"--kv-heads", IntFlag(&shape.kv_heads)},
+      {"--d-ff", IntFlag(&shape.d_ff)}};
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") usage("help");

@@ -13,6 +13,10 @@ Debian's python3-torch (bench/torch_peer.py); the run prints which. On the CPU b
 from the same state: the peer loads the initial parameters and batch Shardline wrote
 (train_step_bench --init-out, train_step_torch.py --init-from).
 
+--shape smollm: a Llama of SmolLM-135M's shape (30 layers, d_model 576, 9 heads over 3 key/value
+heads, d_ff 1536, vocab 49152, tied; --quick: 4 layers, d_model 256) against a PyTorch Llama
+(RMSNorm, rotary, SDPA with enable_gqa, SwiGLU).
+
 Default: GPT-2 small (12 layers, d_model 768, 12 heads, seq 256, batch 4, vocab 50304), 2 threads,
 warmup 1, steps 3 (several minutes). --quick: 4 layers, d_model 256, 4 heads, seq 128, batch 4
 (about a minute).
@@ -43,8 +47,10 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("build_dir")
     p.add_argument("--quick", action="store_true", help="a small model, about a minute")
-    p.add_argument("--shape", choices=["small", "medium"], default="small",
-                   help="GPT-2 small (12 layers, d_model 768) or medium (24, 1024)")
+    p.add_argument("--shape", choices=["small", "medium", "smollm"], default="small",
+                   help="GPT-2 small (12 layers, d_model 768) or medium (24, 1024), or a Llama "
+                        "of SmolLM-135M's shape (30 layers, d_model 576, 9 heads over 3 "
+                        "key/value heads, d_ff 1536, vocab 49152, tied)")
     p.add_argument("--rounds", type=int, default=2, help="runs of each side, alternating")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--steps", type=int, default=None, help="timed steps (default 3)")
@@ -101,6 +107,13 @@ def main():
         shape = dict(layers=12, d_model=768, heads=12, seq=256, batch=4)
     if a.shape == "medium" and not a.quick:
         shape.update(layers=24, d_model=1024, heads=16)
+    llama = a.shape == "smollm"
+    if llama:
+        shape.update(layers=30, d_model=576, heads=9, kv_heads=3, d_ff=1536)
+        if a.quick:
+            shape.update(layers=4, d_model=256, heads=4, kv_heads=2, d_ff=688)
+        if a.vocab == 50304:
+            a.vocab = 49152
     if a.batch is not None:
         shape["batch"] = a.batch
     steps = a.steps if a.steps is not None else (10 if cuda else 3)
@@ -115,6 +128,8 @@ def main():
     common = ["--layers", shape["layers"], "--d-model", shape["d_model"], "--heads", shape["heads"],
               "--seq", shape["seq"], "--batch", shape["batch"], "--vocab", a.vocab,
               "--steps", steps, "--warmup", warmup]
+    if llama:
+        common += ["--llama", 1, "--kv-heads", shape["kv_heads"], "--d-ff", shape["d_ff"]]
     common = [str(x) for x in common]
     if cuda:
         ours_cmd = [bench] + common + ["--precision", a.precision,
@@ -140,8 +155,9 @@ def main():
     env["OMP_NUM_THREADS"] = str(a.threads)
     env["OPENBLAS_NUM_THREADS"] = str(a.threads)
 
-    config = (f"L{shape['layers']} C{shape['d_model']} H{shape['heads']} T{shape['seq']} "
-              f"B{shape['batch']} V{a.vocab}")
+    config = (f"{'Llama ' if llama else ''}L{shape['layers']} C{shape['d_model']} "
+              f"H{shape['heads']}{'/KV' + str(shape['kv_heads']) if llama else ''} "
+              f"T{shape['seq']} B{shape['batch']} V{a.vocab}")
     where = f"cuda, {a.precision}" if cuda else f"threads {a.threads}"
     print(f"# {config}, {where}, warmup {warmup}, steps {steps}, "
           f"{a.rounds} rounds each, alternating; load average before: "

@@ -46,6 +46,10 @@ def parse_args():
     p.add_argument("--vocab", type=int, default=50304)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--llama", type=int, default=0,
+                   help="1: a Llama (RMSNorm, SwiGLU, rotary positions, grouped-query attention)")
+    p.add_argument("--kv-heads", type=int, default=0, help="Llama's key/value heads (0: heads)")
+    p.add_argument("--d-ff", type=int, default=0, help="the MLP width (0: 4·d_model)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--precision", choices=["fp32", "bf16"], default=None,
@@ -147,6 +151,98 @@ class GPT(nn.Module):
         return self.lm_head(self.lnf(x))
 
 
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class LlamaBlock(nn.Module):
+    """Hugging Face's LlamaDecoderLayer, its modules named after Shardline's tensors (ln1, q, k, v
+    or the fused qkv when kv_heads == heads, attn_proj, ln2, gate, up, down) so that --init-from
+    maps one to one."""
+
+    def __init__(self, C, H, KV, F_):
+        super().__init__()
+        self.H, self.KV, self.hs = H, KV, C // H
+        self.ln1 = nn.RMSNorm(C, eps=1e-5)
+        if KV == H:
+            self.qkv = nn.Linear(C, 3 * C, bias=False)
+        else:
+            self.q = nn.Linear(C, C, bias=False)
+            self.k = nn.Linear(C, KV * self.hs, bias=False)
+            self.v = nn.Linear(C, KV * self.hs, bias=False)
+        self.attn_proj = nn.Linear(C, C, bias=False)
+        self.ln2 = nn.RMSNorm(C, eps=1e-5)
+        self.gate = nn.Linear(C, F_, bias=False)
+        self.up = nn.Linear(C, F_, bias=False)
+        self.down = nn.Linear(F_, C, bias=False)
+
+    def attention(self, x, cos, sin):
+        B, T, C = x.shape
+        hs = self.hs
+        if self.KV == self.H:
+            q, k, v = self.qkv(x).split(C, dim=2)
+        else:
+            q, k, v = self.q(x), self.k(x), self.v(x)
+        q = q.view(B, T, self.H, hs).transpose(1, 2)
+        k = k.view(B, T, self.KV, hs).transpose(1, 2)
+        v = v.view(B, T, self.KV, hs).transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        if self.KV != self.H:
+            try:  # PyTorch 2.5+: the kernel reads each key/value head for its group
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            except TypeError:
+                y = F.scaled_dot_product_attention(
+                    q, k.repeat_interleave(self.H // self.KV, dim=1),
+                    v.repeat_interleave(self.H // self.KV, dim=1), is_causal=True)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.attn_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+    def forward(self, x, rope):
+        cos, sin = rope
+        x = x + self.attention(self.ln1(x), cos, sin)
+        h = self.ln2(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+class Llama(nn.Module):
+    def __init__(self, layers, C, H, KV, F_, V, T, theta=10000.0):
+        super().__init__()
+        self.wte = nn.Embedding(V, C)
+        self.h = nn.ModuleList([LlamaBlock(C, H, KV, F_) for _ in range(layers)])
+        self.lnf = nn.RMSNorm(C, eps=1e-5)
+        self.lm_head = nn.Linear(C, V, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied, as SmolLM
+        hs = C // H
+        inv_freq = 1.0 / (theta ** (torch.arange(0, hs, 2, dtype=torch.float32) / hs))
+        freqs = torch.outer(torch.arange(T, dtype=torch.float32), inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos", emb.cos())
+        self.register_buffer("sin", emb.sin())
+        for name, p in self.named_parameters():
+            if p.dim() == 1:
+                nn.init.ones_(p)
+            else:
+                std = 0.02 / math.sqrt(2 * layers) if name.endswith(("attn_proj.weight",
+                                                                        "down.weight")) else 0.02
+                nn.init.normal_(p, 0.0, std)
+
+    def embed(self, idx):
+        return self.wte(idx)
+
+    def blocks(self, x):
+        T = x.shape[1]
+        rope = (self.cos[:T], self.sin[:T])
+        for block in self.h:
+            x = block(x, rope)
+        return x
+
+    def head(self, x):
+        return self.lm_head(self.lnf(x))
+
+
 def load_initial_state(model, folder, B, T):
     """Copies train_step_bench --init-out's parameters into `model`; returns its tokens (B, T)."""
     def read(name, dtype):
@@ -188,7 +284,12 @@ def main():
     if cuda and not torch.cuda.is_available():
         sys.exit("train_step_torch: --device cuda but torch.cuda.is_available() is False")
     device = torch.device(args.device)
-    model = GPT(args.layers, args.d_model, args.heads, V, T).to(device)
+    F_ = args.d_ff or 4 * args.d_model
+    if args.llama:
+        model = Llama(args.layers, args.d_model, args.heads, args.kv_heads or args.heads, F_, V,
+                      T).to(device)
+    else:
+        model = GPT(args.layers, args.d_model, args.heads, V, T).to(device)
     model.train()
     n_params = sum(p.numel() for p in model.parameters())  # wte counted once (tied)
     decay = [p for p in model.parameters() if p.dim() >= 2]
@@ -209,8 +310,8 @@ def main():
         if cuda else contextlib.nullcontext()
     sync = torch.cuda.synchronize if cuda else (lambda: None)
 
-    print(f"config: layers={args.layers} heads={args.heads} d_model={args.d_model} "
-          f"d_ff={4 * args.d_model} vocab={V} max_seq_len={T} tied B={B} T={T} params={n_params} "
+    print(f"config: {'llama' if args.llama else 'gpt'} layers={args.layers} heads={args.heads} "
+          f"kv_heads={args.kv_heads or args.heads} d_model={args.d_model} d_ff={F_} vocab={V} max_seq_len={T} tied B={B} T={T} params={n_params} "
           f"threads={torch.get_num_threads()} torch={torch.__version__} "
           f"attention={'sdpa' if HAVE_SDPA else 'manual_softmax'} adamw={impl} "
           f"device={args.device} precision={args.precision}",
