@@ -53,11 +53,12 @@ struct Plan {
   std::vector<int> stages;  // empty: even
   bool interleaved = false;  // the interleaved schedule, 2 chunks per stage
   std::string recompute = "none";
+  bool llama = false;  // the Llama of TrainSections instead of the GPT
   bool single() const { return tp * pp * dp == 1 && stages.empty(); }
   int world() const { return tp * pp * dp; }
   std::string Name() const {
-    if (single()) return "single";
-    std::string name;
+    std::string name = llama ? "llama_" : "";
+    if (single()) return name + "single";
     if (tp > 1) name += "tp" + std::to_string(tp);
     if (pp > 1) name += "pp" + std::to_string(pp);
     if (dp > 1) name += "dp" + std::to_string(dp) + "zero" + std::to_string(zero);
@@ -69,16 +70,23 @@ struct Plan {
 };
 
 // The model, data, optimizer and schedule every run shares: vocab 257 is prime, so tensor
-// parallelism splits the vocabulary unevenly.
-std::string TrainSections(int steps, const std::string& dir) {
-  return "model: {layers: 4, heads: 4, d_model: 32, max_seq_len: 16}\n"
+// parallelism splits the vocabulary unevenly. The Llama has 4 query heads over 2 key/value heads:
+// tp 2 cuts them, tp 4 shares each over 2 ranks.
+std::string TrainSections(int steps, const std::string& dir, bool llama) {
+  return std::string(llama ? "model: {arch: llama, layers: 4, heads: 4, kv_heads: 2, d_model: 32, "
+                             "d_ff: 64, max_seq_len: 16}\n"
+                           : "model: {layers: 4, heads: 4, d_model: 32, max_seq_len: 16}\n") +
          "data: {synthetic: {seed: 3, bytes: 64KiB}}\n"
          "optimizer: {lr: 1.0e-3, weight_decay: 0.1, grad_clip: 1.0}\n"
-         "steps: " + std::to_string(steps) + "\n"
+         "steps: " +
+         std::to_string(steps) +
+         "\n"
          "batch: 12\n"
          "seq_len: 16\n"
          "seed: 7\n"
-         "checkpoint: {dir: " + dir + ", interval: " + std::to_string(kFirst) + "}\n"
+         "checkpoint: {dir: " +
+         dir + ", interval: " + std::to_string(kFirst) +
+         "}\n"
          "log_interval: 1\n";
 }
 
@@ -91,7 +99,7 @@ placement::JobSpec JobOf(const Plan& plan, int steps, const std::string& dir) {
       ", dp: " + std::to_string(plan.dp) + ", zero: " + std::to_string(plan.zero) +
       (stages.empty() ? "" : ", stages: [" + stages + "]") +
       (plan.interleaved ? ", schedule: interleaved, virtual_stages: 2" : "") +
-      ", recompute: " + plan.recompute + "}\n" + TrainSections(steps, dir);
+      ", recompute: " + plan.recompute + "}\n" + TrainSections(steps, dir, plan.llama);
   absl::StatusOr<placement::JobSpec> spec = placement::ParseJobSpec(yaml, plan.Name() + ".yaml");
   EXPECT_TRUE(spec.ok()) << spec.status();
   return *spec;
@@ -243,17 +251,22 @@ struct Reference {
   std::map<std::string, std::vector<float>> state;
 };
 
-// The uninterrupted single-device run of every step, made once per process.
-const Reference& Uninterrupted() {
-  static const Reference reference = [] {
+// The uninterrupted single-device run of every step, made once per process for each model.
+const Reference& Uninterrupted(bool llama = false) {
+  const auto run = [](bool llama) {
     const std::string dir = testing::MakeTempDir("shardline_resume_reference");
     Reference r;
-    r.losses = RunPlan(Plan{}, kSteps, dir, "");
+    Plan single;
+    single.llama = llama;
+    r.losses = RunPlan(single, kSteps, dir, "");
     r.state = StateOf(dir);
     fs::remove_all(dir);
     return r;
-  }();
-  return reference;
+  };
+  static const Reference gpt = run(false);
+  if (!llama) return gpt;
+  static const Reference llama_reference = run(true);
+  return llama_reference;
 }
 
 struct Pair {
@@ -266,7 +279,7 @@ class ResumeOnAnyPlanTest : public ::testing::TestWithParam<Pair> {};
 
 TEST_P(ResumeOnAnyPlanTest, ResumedRunEqualsTheUninterruptedOne) {
   const Pair& pair = GetParam();
-  const Reference& reference = Uninterrupted();
+  const Reference& reference = Uninterrupted(pair.a.llama);
   ASSERT_EQ(reference.losses.size(), static_cast<size_t>(kSteps));
   const std::string root = testing::MakeTempDir("shardline_resume");
   const std::vector<float> first = RunPlan(pair.a, kFirst, root + "/a", "");
@@ -375,6 +388,10 @@ TEST(InitFromTest, ParametersOfAnyCheckpointStartAFreshRunOnAnyPlan) {
 }
 
 Plan Single() { return Plan{}; }
+Plan Llama(Plan plan) {
+  plan.llama = true;
+  return plan;
+}
 Plan Make(int tp, int pp, int dp, int zero, int micro_batch = 2, std::vector<int> stages = {}) {
   return Plan{tp, pp, dp, zero, micro_batch, std::move(stages)};
 }
@@ -388,19 +405,25 @@ Plan Interleaved(int tp, int dp, int zero, std::string recompute) {
 
 INSTANTIATE_TEST_SUITE_P(
     Pairs, ResumeOnAnyPlanTest,
-    ::testing::Values(Pair{Single(), Make(2, 2, 1, 0)},        // single → tp2·pp2
-                      Pair{Make(2, 2, 1, 0), Make(1, 1, 2, 3)},  // tp2·pp2 → dp2 zero3
-                      Pair{Make(1, 1, 2, 3), Make(2, 1, 1, 0)},  // dp2 zero3 → tp2
-                      Pair{Make(1, 2, 2, 1), Single()},          // pp2·dp2 zero1 → single
-                      Pair{Make(1, 1, 2, 2), Make(1, 1, 4, 1, 3)},  // dp2 zero2 → dp4 zero1
-                      // Uneven: stages 3|1 and a vocabulary of 257 over tp 2, then stages 1|3 and
-                      // ZeRO 2 over dp 3, whose partitions of a layer (12704 values) differ in size.
-                      Pair{Make(2, 2, 1, 0, 2, {3, 1}), Make(1, 2, 3, 2, 2, {1, 3})},
-                      // The schedule and the recomputation are not in the checkpoint's tensors:
-                      // 1F1B → interleaved with selective recomputation, and interleaved with
-                      // full recomputation and ZeRO 1 over dp 3 → single.
-                      Pair{Make(2, 2, 1, 0), Interleaved(1, 1, 0, "selective")},
-                      Pair{Interleaved(1, 3, 1, "full"), Single()}),
+    ::testing::Values(
+        Pair{Single(), Make(2, 2, 1, 0)},             // single → tp2·pp2
+        Pair{Make(2, 2, 1, 0), Make(1, 1, 2, 3)},     // tp2·pp2 → dp2 zero3
+        Pair{Make(1, 1, 2, 3), Make(2, 1, 1, 0)},     // dp2 zero3 → tp2
+        Pair{Make(1, 2, 2, 1), Single()},             // pp2·dp2 zero1 → single
+        Pair{Make(1, 1, 2, 2), Make(1, 1, 4, 1, 3)},  // dp2 zero2 → dp4 zero1
+        // Uneven: stages 3|1 and a vocabulary of 257 over tp 2, then stages 1|3 and
+        // ZeRO 2 over dp 3, whose partitions of a layer (12704 values) differ in size.
+        Pair{Make(2, 2, 1, 0, 2, {3, 1}), Make(1, 2, 3, 2, 2, {1, 3})},
+        // The schedule and the recomputation are not in the checkpoint's tensors:
+        // 1F1B → interleaved with selective recomputation, and interleaved with
+        // full recomputation and ZeRO 1 over dp 3 → single.
+        Pair{Make(2, 2, 1, 0), Interleaved(1, 1, 0, "selective")},
+        Pair{Interleaved(1, 3, 1, "full"), Single()},
+        // Llama: one rank → key/value heads cut over tp 2 with pp 2 → shared by
+        // two ranks each at tp 4 → ZeRO 3 over dp 2.
+        Pair{Llama(Single()), Llama(Make(2, 2, 1, 0))},
+        Pair{Llama(Make(2, 2, 1, 0)), Llama(Make(4, 1, 1, 0))},
+        Pair{Llama(Make(4, 1, 1, 0)), Llama(Make(1, 1, 2, 3))}),
     [](const ::testing::TestParamInfo<Pair>& info) {
       return info.param.a.Name() + "_to_" + info.param.b.Name();
     });
