@@ -48,15 +48,22 @@ namespace {
     }                                                                                     \
   } while (0)
 
-model::ModelConfig Config() {
-  // 3 heads and d_ff 48 so that tp 3 divides them; a vocabulary 3 does not divide.
-  return model::ModelConfig{
+// GPT-2's choices, or (llama_kv_heads > 0) Llama's with that many key/value heads.
+model::ModelConfig Config(int llama_kv_heads = 0) {
+  // 6 heads and d_ff 48 so that tp 3 divides them; a vocabulary 3 does not divide.
+  model::ModelConfig config{
       .layers = 2, .heads = 6, .d_model = 24, .d_ff = 48, .vocab = 41, .max_seq_len = 32};
+  if (llama_kv_heads > 0) {
+    config = model::ModelConfig::Llama(config);
+    config.kv_heads = llama_kv_heads;
+  }
+  return config;
 }
 
-std::unique_ptr<model::ModelParams> Model() {
+std::unique_ptr<model::ModelParams> Model(int llama_kv_heads = 0) {
   // A hotter init than GPT-2's, so logits and attention vary enough to show a wrong shard.
-  return std::make_unique<model::ModelParams>(testing::NoisyGpt2Init(Config(), 21, 5, 0.3f));
+  return std::make_unique<model::ModelParams>(
+      testing::NoisyGpt2Init(Config(llama_kv_heads), 21, 5, 0.3f));
 }
 
 void RunWorld(int tp, int pp, const testing::RankBody& body, std::chrono::seconds deadline) {
@@ -80,14 +87,17 @@ absl::StatusOr<std::unique_ptr<model::ShardWeights>> Shard(const model::ModelPar
                                                            int pp,
                                                            const placement::RankCoords& coords,
                                                            kernels::Backend& backend) {
-  return model::ShardWeights::Load(Config(), tp, coords.tp, model::ModelBoxReader(gpt), backend, pp,
-                                   coords.pp);
+  return model::ShardWeights::Load(gpt.config(), tp, coords.tp, model::ModelBoxReader(gpt), backend,
+                                   pp, coords.pp);
 }
 
 struct Cut {
   int tp = 1, pp = 1;
+  int llama_kv_heads = 0;  // > 0: a Llama with this many key/value heads (6 query heads)
 };
-void PrintTo(const Cut& cut, std::ostream* os) { *os << "tp " << cut.tp << " pp " << cut.pp; }
+void PrintTo(const Cut& cut, std::ostream* os) {
+  *os << "tp " << cut.tp << " pp " << cut.pp << " llama kv " << cut.llama_kv_heads;
+}
 
 class ServingSamplingTest : public ::testing::TestWithParam<int> {};
 class ServingShardedTest : public ::testing::TestWithParam<Cut> {};
@@ -147,13 +157,13 @@ TEST_P(ServingSamplingTest, VocabParallelSamplingGivesSampleTokensTokens) {
 
 TEST_P(ServingShardedTest, ShardLogitsAreTheWholeModels) {
   // Not a structured binding: clang 14 (the sanitizer builds) cannot capture one in a lambda.
-  const int tp = GetParam().tp, pp = GetParam().pp;
+  const int tp = GetParam().tp, pp = GetParam().pp, kv_heads = GetParam().llama_kv_heads;
   RunWorld(
       tp, pp,
       [&](int, const placement::RankCoords& coords, const model::ShardedGroups& groups) {
         kernels::CpuAllocator allocator;
         kernels::cpu::CpuBackend backend(allocator);
-        auto gpt = Model();
+        auto gpt = Model(kv_heads);
         CHILD_CHECK(gpt != nullptr, 2);
         auto shard = Shard(*gpt, tp, pp, coords, backend);
         CHILD_CHECK(shard.ok(), 3);
@@ -252,13 +262,13 @@ struct Outcome {
 
 TEST_P(ServingShardedTest, AnEngineOverTheGroupGivesTheSingleDeviceTokens) {
   // Not a structured binding: clang 14 (the sanitizer builds) cannot capture one in a lambda.
-  const int tp = GetParam().tp, pp = GetParam().pp;
+  const int tp = GetParam().tp, pp = GetParam().pp, kv_heads = GetParam().llama_kv_heads;
   RunWorld(
       tp, pp,
       [&](int, const placement::RankCoords& coords, const model::ShardedGroups& groups) {
         kernels::CpuAllocator allocator;
         kernels::cpu::CpuBackend backend(allocator);
-        auto gpt = Model();
+        auto gpt = Model(kv_heads);
         CHILD_CHECK(gpt != nullptr, 2);
         auto shard = Shard(*gpt, tp, pp, coords, backend);
         CHILD_CHECK(shard.ok(), 3);
@@ -546,10 +556,15 @@ TEST(StepMessageTest, RoundTripsAndRefusesWhatDoesNotAddUp) {
 INSTANTIATE_TEST_SUITE_P(Tp, ServingSamplingTest, ::testing::Values(2, 3),
                          [](const auto& info) { return "tp" + std::to_string(info.param); });
 INSTANTIATE_TEST_SUITE_P(Cuts, ServingShardedTest,
-                         ::testing::Values(Cut{2, 1}, Cut{3, 1}, Cut{1, 2}, Cut{2, 2}),
+                         // Llama: 2 key/value heads cut over tp 2, and one shared by 3 ranks.
+                         ::testing::Values(Cut{2, 1}, Cut{3, 1}, Cut{1, 2}, Cut{2, 2}, Cut{2, 1, 2},
+                                           Cut{2, 2, 2}, Cut{3, 1, 1}),
                          [](const auto& info) {
                            return "tp" + std::to_string(info.param.tp) + "pp" +
-                                  std::to_string(info.param.pp);
+                                  std::to_string(info.param.pp) +
+                                  (info.param.llama_kv_heads > 0
+                                       ? "_llama_kv" + std::to_string(info.param.llama_kv_heads)
+                                       : "");
                          });
 
 }  // namespace
