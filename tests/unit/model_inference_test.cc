@@ -35,6 +35,22 @@ ModelConfig SmallConfig() {
   return c;
 }
 
+// The same sizes as a Llama: 4 query heads over 2 key/value heads (the cache holds 2), rotary
+// positions with Llama 3's rescaling (its original context shorter than the test's positions).
+ModelConfig SmallLlama() {
+  ModelConfig c = ModelConfig::Llama(SmallConfig());
+  c.kv_heads = 2;
+  c.rope_theta = 500000.0;
+  c.rope_scaling = {.factor = 8.0, .original_max_positions = 8};
+  return c;
+}
+
+// The cached forward's tests, for either family.
+class FamilyTest : public ::testing::TestWithParam<bool> {
+ protected:
+  ModelConfig Config() const { return GetParam() ? SmallLlama() : SmallConfig(); }
+};
+
 // A hotter init than GPT-2's (tests/support/test_models.h says why).
 ModelParams HotModel(const ModelConfig& config, uint32_t seed) {
   return testing::NoisyGpt2Init(config, seed, seed, 0.2f);
@@ -53,9 +69,9 @@ void ExpectRowClose(std::span<const float> got, const float* want, int V, const 
   }
 }
 
-TEST(InferenceTest, GreedyGenerationWithAndWithoutCacheAgree) {
+TEST_P(FamilyTest, GreedyGenerationWithAndWithoutCacheAgree) {
   kernels::CpuAllocator allocator;
-  const ModelConfig c = SmallConfig();
+  const ModelConfig c = Config();
   const ModelParams model = HotModel(c, 8);
   kernels::cpu::CpuBackend backend(allocator);
   const std::vector<int32_t> prompt = RandomTokens(5, c.vocab, 9);
@@ -185,9 +201,9 @@ TEST(InferenceTest, TopPKeepsTheNucleus) {
 // Three sequences fed over four steps in chunks of different sizes (a chunked prefill, decodes,
 // a sequence joining late), with their cache blocks scattered through the pool: every row's
 // logits are the full forward's at that position of its sequence.
-TEST(PagedInferenceTest, StepsOfInterleavedChunksGiveTheFullForwardsLogits) {
+TEST_P(FamilyTest, PagedStepsOfInterleavedChunksGiveTheFullForwardsLogits) {
   kernels::CpuAllocator allocator;
-  const ModelConfig c = SmallConfig();
+  const ModelConfig c = Config();
   const ModelParams model = HotModel(c, 8);
   kernels::cpu::CpuBackend backend(allocator);
   const std::vector<int> lengths = {24, 11, 5};
@@ -252,6 +268,11 @@ TEST(PagedInferenceTest, StepsOfInterleavedChunksGiveTheFullForwardsLogits) {
   }
   EXPECT_EQ(done, lengths);
 }
+
+INSTANTIATE_TEST_SUITE_P(Families, FamilyTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? std::string("Llama") : std::string("Gpt2");
+                         });
 
 TEST(PagedInferenceTest, RefusesABadStepNamingWhatIsWrong) {
   kernels::CpuAllocator allocator;
