@@ -71,6 +71,11 @@ MODEL_NAME = "bench"
 THREADS = 2
 FULL = {"layers": 12, "d_model": 768, "heads": 12}
 QUICK = {"layers": 4, "d_model": 256, "heads": 4}
+# --model smollm: a Llama of SmolLM-135M's shape (its vocabulary is GPT-2's 50257, not 49152: the
+# tokenizer both sides load is GPT-2's, which llama.cpp's converter recognises), tied embeddings.
+SMOLLM = {"layers": 30, "d_model": 576, "heads": 9, "kv_heads": 3, "d_ff": 1536, "llama": True}
+SMOLLM_QUICK = {"layers": 4, "d_model": 576, "heads": 9, "kv_heads": 3, "d_ff": 1536,
+                "llama": True}
 VOCAB, MAX_SEQ_LEN, SEED = 50257, 1024, 0
 PROMPTS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -142,6 +147,8 @@ def ensure_model(python, shape, model_dir):
                "--layers", shape["layers"], "--d-model", shape["d_model"],
                "--heads", shape["heads"], "--vocab", VOCAB, "--max-seq-len", MAX_SEQ_LEN,
                "--seed", SEED, "--tokenizer-dir", TOKENIZER_DIR]
+    if shape.get("llama"):
+        command += ["--llama", "--kv-heads", shape["kv_heads"], "--d-ff", shape["d_ff"]]
     done = subprocess.run([str(c) for c in command], capture_output=True, text=True,
                           stdin=subprocess.DEVNULL, timeout=600)
     if done.returncode != 0:
@@ -431,7 +438,8 @@ def ensure_gguf(python, model_dir, prefix):
                 os.symlink(os.path.join(model_dir, name), os.path.join(view, name))
         with open(os.path.join(model_dir, "config.json")) as f:
             config = json.load(f)
-        config.setdefault("n_ctx", config["n_positions"])
+        if "n_positions" in config:  # GPT-2's; a Llama's config has what the converter reads
+            config.setdefault("n_ctx", config["n_positions"])
         with open(os.path.join(view, "config.json"), "w") as f:
             json.dump(config, f)
         command = [python, os.path.join(prefix, "convert_hf_to_gguf.py"), view, "--outtype",
@@ -536,6 +544,9 @@ def main():
     p.add_argument("--requests", type=int, default=None, help="per concurrency (default 16)")
     p.add_argument("--max-tokens", type=int, default=None, help="default 64; --quick 16")
     p.add_argument("--quick", action="store_true", help="4 layers, d_model 256: about a minute")
+    p.add_argument("--model", choices=["gpt2", "smollm"], default="gpt2",
+                   help="GPT-2 small's shape, or a Llama of SmolLM-135M's (30 layers, d_model "
+                        "576, 9 heads over 3 key/value heads, d_ff 1536; --quick: 4 layers)")
     p.add_argument("--python", default=None,
                    help=f"a Python with torch and transformers (default {VENV_PYTHON})")
     p.add_argument("--model-dir", default=None,
@@ -555,7 +566,10 @@ def main():
                    help="instead of the peer: the per-token cost of --tp 2 against --tp 1 (2 "
                         "threads in all either way), continuous batching")
     a = p.parse_args()
-    shape = QUICK if a.quick else FULL
+    if a.model == "smollm":
+        shape = SMOLLM_QUICK if a.quick else SMOLLM
+    else:
+        shape = QUICK if a.quick else FULL
     requests = a.requests or 16
     max_tokens = a.max_tokens or (16 if a.quick else 64)
     levels = a.concurrency
@@ -585,10 +599,12 @@ def main():
         llama_version_text = llama_version(llama_server)
     model_dir = a.model_dir or os.path.join(
         "/tmp/shardline-serve-compare",
-        f"gpt2-{shape['layers']}x{shape['d_model']}-seed{SEED}")
+        f"{a.model}-{shape['layers']}x{shape['d_model']}-seed{SEED}")
     print(f"# peer: Hugging Face transformers {transformers_version} generate on PyTorch "
           f"{torch_version}, {python} ({origin})", flush=True)
-    print(f"# GPT-2 layers={shape['layers']} d_model={shape['d_model']} heads={shape['heads']} "
+    family = (f"Llama (SmolLM-135M's shape) kv_heads={shape['kv_heads']} d_ff={shape['d_ff']}"
+              if shape.get("llama") else "GPT-2")
+    print(f"# {family} layers={shape['layers']} d_model={shape['d_model']} heads={shape['heads']} "
           f"vocab={VOCAB} positions={MAX_SEQ_LEN}, random init seed {SEED}; {requests} requests "
           f"of {max_tokens} tokens (greedy) per concurrency {','.join(map(str, levels))}; "
           f"{THREADS} threads each side; {os.cpu_count()} cores, load average before: "

@@ -3,13 +3,15 @@
 Python of bench/setup-torch2.sh's venv): Hugging Face transformers on PyTorch 2.
 
   serve_hf_peer.py make-model OUT --layers L --d-model D --heads H [--vocab 50257]
-      [--max-seq-len 1024] [--seed 0] --tokenizer-dir DIR
+      [--max-seq-len 1024] [--seed 0] [--llama --kv-heads K --d-ff F] --tokenizer-dir DIR
   serve_hf_peer.py generate MODEL --prompts FILE --batches 1,2,4,8 --requests N --max-tokens T
       [--threads 2]
 
 make-model: a GPT2LMHeadModel with GPT-2's random initialisation (seeded), saved as a Hugging Face
 folder (config.json, model.safetensors) with GPT-2's tokenizer files beside it (DIR's encoder.json
-and vocab.bpe as vocab.json and merges.txt): the folder both sides load.
+and vocab.bpe as vocab.json and merges.txt): the folder both sides load. --llama: a
+LlamaForCausalLM instead (K key/value heads, SwiGLU width F, tied embeddings as SmolLM's,
+transformers' own initialisation), with the same tokenizer files.
 
 generate: for each batch size B, the N requests (request i has prompt i mod len(prompts)) in
 batches of B prompts padded on the left, each a greedy `generate` of exactly T new tokens
@@ -31,16 +33,27 @@ import time
 
 def make_model(a):
     import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
     torch.manual_seed(a.seed)
-    config = GPT2Config(n_layer=a.layers, n_embd=a.d_model, n_head=a.heads, vocab_size=a.vocab,
-                        n_positions=a.max_seq_len)
-    model = GPT2LMHeadModel(config)
+    if a.llama:
+        from transformers import LlamaConfig, LlamaForCausalLM
+        config = LlamaConfig(num_hidden_layers=a.layers, hidden_size=a.d_model,
+                             num_attention_heads=a.heads, num_key_value_heads=a.kv_heads,
+                             intermediate_size=a.d_ff, vocab_size=a.vocab,
+                             max_position_embeddings=a.max_seq_len, tie_word_embeddings=True,
+                             rms_norm_eps=1e-5, rope_theta=10000.0, bos_token_id=50256,
+                             eos_token_id=50256)
+        model = LlamaForCausalLM(config)
+    else:
+        from transformers import GPT2Config, GPT2LMHeadModel
+        config = GPT2Config(n_layer=a.layers, n_embd=a.d_model, n_head=a.heads,
+                            vocab_size=a.vocab, n_positions=a.max_seq_len)
+        model = GPT2LMHeadModel(config)
     model.save_pretrained(a.out)
     shutil.copy(os.path.join(a.tokenizer_dir, "encoder.json"), os.path.join(a.out, "vocab.json"))
     shutil.copy(os.path.join(a.tokenizer_dir, "vocab.bpe"), os.path.join(a.out, "merges.txt"))
     params = sum(p.numel() for p in model.parameters())
-    print(f"made {a.out}: GPT2LMHeadModel, {params} parameters, seed {a.seed}", flush=True)
+    print(f"made {a.out}: {type(model).__name__}, {params} parameters, seed {a.seed}",
+          flush=True)
 
 
 class StepClock:
@@ -59,7 +72,7 @@ class StepClock:
 def generate(a):
     import torch
     import transformers
-    from transformers import GPT2LMHeadModel, GPT2Tokenizer
+    from transformers import AutoModelForCausalLM, GPT2Tokenizer
     torch.set_num_threads(a.threads)
     transformers.logging.set_verbosity_error()
     with open(a.prompts) as f:
@@ -67,7 +80,7 @@ def generate(a):
     tokenizer = GPT2Tokenizer.from_pretrained(a.model)
     tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
-    model = GPT2LMHeadModel.from_pretrained(a.model).eval()
+    model = AutoModelForCausalLM.from_pretrained(a.model).eval()  # GPT-2 or Llama, as saved
 
     def run_batch(batch_prompts, max_tokens):
         enc = tokenizer(batch_prompts, return_tensors="pt", padding=True)
@@ -114,6 +127,9 @@ def main():
     m.add_argument("--max-seq-len", type=int, default=1024)
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--tokenizer-dir", required=True)
+    m.add_argument("--llama", action="store_true")
+    m.add_argument("--kv-heads", type=int, default=0)
+    m.add_argument("--d-ff", type=int, default=0)
     g = sub.add_parser("generate")
     g.add_argument("model")
     g.add_argument("--prompts", required=True, help="a JSON list of strings")
