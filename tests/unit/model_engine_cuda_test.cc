@@ -62,13 +62,18 @@ using ::testing::HasSubstr;
 
 constexpr int kBatch = 4, kSeqLen = 32, kSteps = 10;
 
-ShardedOptions Options(bool tied) {
+// GPT-2's choices, or (llama) a Llama of the same sizes with 2 key/value heads.
+ShardedOptions Options(bool tied, bool llama = false) {
   ShardedOptions o;
   o.config.layers = 2;
   o.config.heads = 4;
   o.config.d_model = 64;
   o.config.vocab = 257;
   o.config.max_seq_len = kSeqLen;
+  if (llama) {
+    o.config = ModelConfig::Llama(o.config);
+    o.config.kv_heads = 2;
+  }
   o.config.tied_embeddings = tied;
   o.parallel.micro_batch = kBatch;
   o.global_batch = kBatch;
@@ -155,13 +160,14 @@ class EngineOnCudaTest : public ::testing::TestWithParam<bool> {};
 TEST_P(EngineOnCudaTest, TenStepsMatchTheCpuEngine) {
   SKIP_WITHOUT_GPU();
   const bool bf16 = GetParam();
-  for (const bool tied : {true, false}) {
-    SCOPED_TRACE(tied ? "tied" : "untied");
+  for (const auto& [tied, llama] :
+       {std::pair{true, false}, std::pair{false, false}, std::pair{false, true}}) {
+    SCOPED_TRACE(std::string(llama ? "llama " : "gpt ") + (tied ? "tied" : "untied"));
     auto cpu_backend = Backend(kernels::Device::kCpu, false);
     auto cuda_backend = Backend(kernels::Device::kCuda, bf16);
     ASSERT_TRUE(cpu_backend && cuda_backend);
-    const Trajectory cpu = Train(*cpu_backend, Options(tied));
-    const Trajectory cuda = Train(*cuda_backend, Options(tied));
+    const Trajectory cpu = Train(*cpu_backend, Options(tied, llama));
+    const Trajectory cuda = Train(*cuda_backend, Options(tied, llama));
     ASSERT_EQ(cpu.losses.size(), static_cast<size_t>(kSteps));
     ASSERT_EQ(cuda.losses.size(), cpu.losses.size());
     const double rel = bf16 ? 2e-2 : 1e-4;
@@ -293,7 +299,10 @@ TEST(EngineOnCudaStateTest, ShardlineTrainOnCudaLearnsAndItsCheckpointLoadsOnThe
 // blocks, the step's integers in device memory) gives the CPU's logits within fp32 tolerance, and
 // `generate`'s greedy tokens, cached and uncached, are the CPU's. A hotter init than GPT-2's, so
 // that the logits part and a near-tie cannot flip a greedy token.
-TEST(InferenceOnCudaTest, PagedLogitsAndGreedyTokensMatchTheCpu) {
+class InferenceOnCudaTest : public ::testing::TestWithParam<bool> {};
+
+// GPT-2, and a Llama of 2 key/value heads (GQA's cache, rotary positions of each token).
+TEST_P(InferenceOnCudaTest, PagedLogitsAndGreedyTokensMatchTheCpu) {
   SKIP_WITHOUT_GPU();
   ModelConfig config;
   config.layers = 2;
@@ -301,6 +310,10 @@ TEST(InferenceOnCudaTest, PagedLogitsAndGreedyTokensMatchTheCpu) {
   config.d_model = 64;
   config.vocab = 257;
   config.max_seq_len = 64;
+  if (GetParam()) {
+    config = ModelConfig::Llama(config);
+    config.kv_heads = 2;
+  }
   const ModelParams params = testing::NoisyGpt2Init(config, 13, 13, 0.2f);
 
   auto cpu = Backend(kernels::Device::kCpu, false);
@@ -348,6 +361,9 @@ TEST(InferenceOnCudaTest, PagedLogitsAndGreedyTokensMatchTheCpu) {
   ASSERT_TRUE(uncached.ok()) << uncached.status();
   EXPECT_EQ(*uncached, *want);
 }
+
+INSTANTIATE_TEST_SUITE_P(Families, InferenceOnCudaTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Llama" : "Gpt2"; });
 
 }  // namespace
 }  // namespace shardline::model
