@@ -1,5 +1,6 @@
-// ShardedGpt: one rank's part of a GPT trained with tensor, pipeline and data parallelism and
-// ZeRO — the one engine every training path runs (a cluster actor, `shardline train` and
+// ShardedGpt: one rank's part of a decoder transformer — GPT-2's or Llama's family, as its
+// ModelConfig's rows say (model/model_config.h) — trained with tensor, pipeline and data
+// parallelism and ZeRO: the one engine every training path runs (a cluster actor, `shardline train` and
 // OneRankGpt at tp = pp = dp = 1). On any plan its results equal the one-rank run's (same initial
 // values, same global batch, same loss, same update) up to the order of floating-point sums; the
 // one-rank run is checked against PyTorch (tests/unit/model_torch_reference_test.cc).
@@ -18,7 +19,8 @@
 //     vocab-parallel embedding, two per block forward (after the row-parallel attention output and
 //     MLP down-projection) and two per block backward (the column-parallel inputs' gradients), the
 //     three per-row all-reduces of the vocab-parallel cross-entropy, and one for the head's input
-//     gradient. No rank ever holds the full logits;
+//     gradient. No rank ever holds the full logits. Past kv_heads, the ranks that share a
+//     key/value head sum its weight gradient (one more all-reduce per block backward);
 //   * data parallelism is a strategy object chosen once (data_parallel.h: ZeRO 0-3): the passes
 //     ask it for a unit's parameters (a unit is a layer, or an embedding table: see
 //     shard_layout.h) and hand it each unit's gradient as soon as it is ready; it reduces them on
