@@ -10,12 +10,10 @@
 
 #include "absl/status/statusor.h"
 #include "checkpoint/gpt2_checkpoint.h"
+#include "checkpoint/layout.h"
 #include "checkpoint/safetensors_reader.h"
 
 namespace shardline::checkpoint {
-
-// The file beside model.safetensors that holds a Hugging Face model's config.
-inline constexpr std::string_view kHfConfigFileName = "config.json";
 
 // Reads `path`, accepting names with or without the "transformer." prefix. HF's Conv1D weights
 // are stored (in, out); they are transposed into our (out, in). The attention-mask buffers

@@ -115,7 +115,17 @@ absl::Status SetLatest(FileSystem& fs, const std::string& dir, int64_t step) {
 absl::StatusOr<std::string> ResolveCheckpoint(const std::string& path) {
   const stdfs::path p(path);
   std::error_code ec;
-  if (stdfs::is_regular_file(p, ec)) return path;
+  if (stdfs::is_regular_file(p, ec)) {
+    if (p.filename().string() != kHfConfigFileName) return path;
+    // A Hugging Face folder named by its config: the weights beside it.
+    for (const std::string_view name : {kModelFileName, kHfIndexFileName}) {
+      const stdfs::path weights = p.parent_path() / name;
+      if (stdfs::is_regular_file(weights, ec)) return weights.string();
+    }
+    return absl::NotFoundError(
+        absl::StrCat("no checkpoint at ", path, ": its folder holds neither ",
+                     std::string(kModelFileName), " nor ", std::string(kHfIndexFileName)));
+  }
   if (!stdfs::is_directory(p, ec)) return absl::NotFoundError("no checkpoint at " + path);
   if (stdfs::is_regular_file(p / kManifestFileName, ec)) return (p / kManifestFileName).string();
   absl::StatusOr<std::optional<int64_t>> latest = ReadLatest(path);
@@ -127,10 +137,18 @@ absl::StatusOr<std::string> ResolveCheckpoint(const std::string& path) {
                                             ", which holds no manifest.json"));
   }
   if (stdfs::is_regular_file(p / kModelFileName, ec)) return (p / kModelFileName).string();
-  return absl::NotFoundError(path +
-                             " holds neither a 'latest' file, manifest.json nor model.safetensors");
+  if (stdfs::is_regular_file(p / kHfIndexFileName, ec)) return (p / kHfIndexFileName).string();
+  return absl::NotFoundError(absl::StrCat(path, " holds neither a 'latest' file, manifest.json, ",
+                                          std::string(kModelFileName), " nor ",
+                                          std::string(kHfIndexFileName)));
 }
 
-bool IsManifestPath(const std::string& path) { return stdfs::path(path).extension() == ".json"; }
+bool IsManifestPath(const std::string& path) {
+  return stdfs::path(path).extension() == ".json" && !IsHfIndexPath(path);
+}
+
+bool IsHfIndexPath(const std::string& path) {
+  return stdfs::path(path).filename().string().ends_with(".safetensors.index.json");
+}
 
 }  // namespace shardline::checkpoint

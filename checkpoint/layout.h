@@ -24,6 +24,10 @@ inline constexpr std::string_view kManifestFileName = "manifest.json";
 inline constexpr std::string_view kLatestFileName = "latest";
 // A single-file model (ours or Hugging Face's): what `export` writes and loaders accept.
 inline constexpr std::string_view kModelFileName = "model.safetensors";
+// A Hugging Face model folder's files: its config, and the index of a model saved in several
+// safetensors files ({"weight_map": {tensor: file}}), which stands in for model.safetensors.
+inline constexpr std::string_view kHfConfigFileName = "config.json";
+inline constexpr std::string_view kHfIndexFileName = "model.safetensors.index.json";
 
 // "step-00000042".
 std::string StepDirName(int64_t step);
@@ -60,13 +64,21 @@ absl::StatusOr<std::optional<int64_t>> ReadLatest(const std::string& dir);
 absl::Status SetLatest(FileSystem& fs, const std::string& dir, int64_t step);
 
 // The checkpoint file that `path` names:
-//   - a file: itself (a ".json" file is a step's manifest, anything else a safetensors model);
+//   - a Hugging Face folder's config.json: the folder's model.safetensors, else its
+//     model.safetensors.index.json;
+//   - any other file: itself (a ".json" file is a step's manifest, or a Hugging Face index when
+//     named like one; anything else a safetensors model);
 //   - a step folder (it holds manifest.json): its manifest;
 //   - a run's checkpoint dir: the manifest of the step its `latest` names;
-//   - a folder holding model.safetensors (an export, a Hugging Face model): that file.
+//   - a folder holding model.safetensors (an export, a Hugging Face model): that file;
+//   - a folder holding model.safetensors.index.json (a Hugging Face model in several files): that
+//     index.
 // NotFound saying what was looked for.
 absl::StatusOr<std::string> ResolveCheckpoint(const std::string& path);
-// Whether a path ResolveCheckpoint returned is a step's manifest (not a single model file).
+// Whether a path ResolveCheckpoint returned is a step's manifest (not a single model file, nor a
+// Hugging Face index).
 bool IsManifestPath(const std::string& path);
+// Whether a path names a Hugging Face index of safetensors files ("*.safetensors.index.json").
+bool IsHfIndexPath(const std::string& path);
 
 }  // namespace shardline::checkpoint

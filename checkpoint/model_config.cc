@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "checkpoint/gpt2_hf_import.h"
+#include "checkpoint/hf_llama.h"
 #include "checkpoint/layout.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/safetensors_reader.h"
@@ -147,6 +148,14 @@ std::string ChoiceName(const Choice<E> (&choices)[N], E value) {
   return "unknown";
 }
 
+// A Hugging Face Llama folder's config, once the whole folder is checked (every tensor present
+// with its shape: HfLlamaFolder::Open reads only headers), so that whoever sizes a job from it
+// refuses a bad folder before any rank starts.
+absl::StatusOr<model::ModelConfig> ReadHfLlamaFolderConfig(const std::string& file) {
+  ASSIGN_OR_RETURN(const HfLlamaFolder folder, HfLlamaFolder::Open(file));
+  return folder.config();
+}
+
 }  // namespace
 
 std::map<std::string, std::string> ModelMetadata(const model::ModelConfig& config) {
@@ -236,8 +245,10 @@ absl::StatusOr<model::ModelConfig> ReadCheckpointConfig(const std::string& path,
     ASSIGN_OR_RETURN(const Manifest manifest, ReadManifest(file));
     return ModelConfigFromMetadata(manifest.metadata, absl::StrCat("sharded checkpoint ", file));
   }
+  if (IsHfIndexPath(file)) return ReadHfLlamaFolderConfig(file);
   ASSIGN_OR_RETURN(const SafetensorsReader reader, SafetensorsReader::Open(file));
   if (IsHuggingFaceGpt2File(reader)) return ReadHfGpt2Config(file, hf_n_head);
+  if (IsHfLlamaFile(reader)) return ReadHfLlamaFolderConfig(file);
   return ModelConfigFromMetadata(reader.metadata(), absl::StrCat("checkpoint ", file));
 }
 

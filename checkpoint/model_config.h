@@ -26,9 +26,12 @@ absl::StatusOr<model::ModelConfig> ModelConfigFromMetadata(
     const std::map<std::string, std::string>& metadata, const std::string& where);
 
 // The config of what ResolveCheckpoint(path) names: a checkpoint step's manifest, a single
-// file's safetensors metadata, or a Hugging Face file's tensor shapes and the config.json beside
-// it (ReadHfGpt2Config; `hf_n_head` when it gives no head count). Errors name the file: NotFound
-// for a path that holds no checkpoint, InvalidArgument for a header or config that is malformed.
+// file's safetensors metadata, a Hugging Face GPT-2 file's tensor shapes and the config.json
+// beside it (ReadHfGpt2Config; `hf_n_head` when it gives no head count), or a Hugging Face Llama
+// folder's config.json, once every tensor of the folder has been checked against it from the
+// headers (HfLlamaFolder::Open). Errors name the file: NotFound for a path that holds no
+// checkpoint or a missing tensor, InvalidArgument for a header or config that is malformed or a
+// tensor of the wrong shape.
 absl::StatusOr<model::ModelConfig> ReadCheckpointConfig(const std::string& path,
                                                         int64_t hf_n_head = 12);
 

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/gpt2_hf_export.h"
+#include "checkpoint/hf_llama_export.h"
 #include "checkpoint/layout.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/model_config.h"
@@ -413,7 +414,7 @@ int CheckpointExport(const CheckpointExportOptions& options) {
   if (options.format != "hf") {
     return Fail(kBadInput, absl::StrCat("--format '", options.format,
                                         "' is not supported: the one export format is hf (a "
-                                        "Hugging Face GPT-2 folder: model.safetensors + "
+                                        "Hugging Face GPT-2 or Llama folder: model.safetensors + "
                                         "config.json)"));
   }
   std::error_code ec;
@@ -458,16 +459,29 @@ int CheckpointExport(const CheckpointExportOptions& options) {
     if (!values.ok()) return Fail(kFailed, values.status().message());
     weights.tensors[spec.name] = checkpoint::HostTensor{spec.shape, std::move(*values)};
   }
-  if (const absl::Status written = checkpoint::ExportHfGpt2(weights, options.out); !written.ok()) {
+  // The family decides the Hugging Face class: GPT-2's choices are a GPT2LMHeadModel, Llama's a
+  // LlamaForCausalLM; a mix of them is neither.
+  const std::string_view family = weights.config.FamilyName();
+  if (family != "gpt" && family != "llama") {
+    return Fail(kFailed, absl::StrCat(source->path(), ": its model (", weights.config.DebugString(),
+                                      ") has neither GPT-2's nor Llama's choices, so no Hugging "
+                                      "Face class computes it"));
+  }
+  const bool llama = family == "llama";
+  if (const absl::Status written = llama ? checkpoint::ExportHfLlama(weights, options.out)
+                                         : checkpoint::ExportHfGpt2(weights, options.out);
+      !written.ok()) {
     return Fail(kFailed, written.message());
   }
   std::cout << "Exported " << (source->step() ? absl::StrCat("step ", *source->step(), " (") : "")
             << source->path() << (source->step() ? ")" : "") << " to " << options.out << ": "
             << checkpoint::kModelFileName << " and config.json, " << weights.config.layers
-            << " layers, n_embd " << weights.config.d_model << ", " << weights.config.heads
-            << " heads, " << (weights.config.tied_embeddings ? "tied" : "untied") << " head\n"
-            << "Load it with transformers.GPT2LMHeadModel.from_pretrained(\"" << options.out
-            << "\")\n";
+            << " layers, " << (llama ? "hidden_size " : "n_embd ") << weights.config.d_model << ", "
+            << weights.config.heads << " heads"
+            << (llama ? absl::StrCat(" (", weights.config.kv(), " key/value)") : "") << ", "
+            << (weights.config.tied_embeddings ? "tied" : "untied") << " head\n"
+            << "Load it with transformers." << (llama ? "LlamaForCausalLM" : "GPT2LMHeadModel")
+            << ".from_pretrained(\"" << options.out << "\")\n";
   return kOk;
 }
 

@@ -231,8 +231,10 @@ int Main(int argc, char** argv) {
 
   GenerateCommandOptions generate_options;
   auto* generate_cmd = app.add_subcommand("generate", "Generate text from a checkpoint");
-  generate_cmd->add_option("--checkpoint", generate_options.checkpoint,
-                           "A checkpoint file or a training run's checkpoint folder")
+  generate_cmd
+      ->add_option("--checkpoint", generate_options.checkpoint,
+                   "A checkpoint file, a training run's checkpoint folder or a Hugging "
+                   "Face model folder")
       ->required();
   generate_cmd->add_option("--prompt", generate_options.prompt)->required();
   generate_cmd->add_option("--max-new-tokens", generate_options.max_new_tokens)
@@ -262,8 +264,10 @@ int Main(int argc, char** argv) {
       "serve",
       "Serve a checkpoint over an OpenAI-compatible HTTP API (continuous batching; --tp N: N "
       "processes)");
-  serve_cmd->add_option("--checkpoint", serve_options.checkpoint,
-                        "A checkpoint file or a training run's checkpoint folder")
+  serve_cmd
+      ->add_option("--checkpoint", serve_options.checkpoint,
+                   "A checkpoint file, a training run's checkpoint folder or a Hugging Face "
+                   "model folder")
       ->required();
   serve_cmd->add_option("--tokenizer", serve_options.tokenizer,
                         "bytes, or a tokenizer folder or file (as `generate`); default: the "
@@ -364,7 +368,7 @@ int Main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   export_cmd
       ->add_option("--format", export_options.format,
-                   "hf: a Hugging Face GPT-2 folder (model.safetensors + config.json)")
+                   "hf: a Hugging Face GPT-2 or Llama folder (model.safetensors + config.json)")
       ->required();
   export_cmd->add_option("--out", export_options.out, "A new or empty folder")->required();
   export_cmd->add_option("--log-level", log_level);

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "common/status_macros.h"
+#include "model/tensor_table.h"
 #include "placement/byte_size.h"
 #include "placement/plan_request.h"
 #include "placement/planner.h"
@@ -299,6 +300,9 @@ absl::Status Scheduler::CheckServeFits(const Job& job) const {
   auto need = placement::EstimateServeMemory(job.serve_model, layout.tp, layout.pp,
                                              job.spec.serve.limits);
   if (!need.ok()) return need.status();
+  // Beyond the heads and the MLP the estimate checks, the key/value heads must cut tp ways too
+  // (or tp ways share them), or no rank could load its part.
+  RETURN_IF_ERROR(Annotate(model::CheckTensorParallel(job.serve_model, layout.tp), "parallel.tp"));
   const DeviceMemory memory = AliveDeviceMemory(membership_, DeviceKindOf(job.spec));
   if (memory.devices > 0 && memory.largest < need->total()) {
     return absl::FailedPreconditionError(TooSmall(job.spec, *need, memory.largest));

@@ -20,6 +20,16 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// Whether a resolved checkpoint file (not a manifest) is a Hugging Face Llama folder's: an index,
+// or a safetensors file that is neither ours nor GPT-2's. A file that cannot be opened is not:
+// its error comes from the reader that opens it next.
+bool IsHfLlama(const std::string& file) {
+  if (checkpoint::IsHfIndexPath(file)) return true;
+  absl::StatusOr<checkpoint::SafetensorsReader> reader = checkpoint::SafetensorsReader::Open(file);
+  return reader.ok() && !checkpoint::IsHuggingFaceGpt2File(*reader) &&
+         checkpoint::IsHfLlamaFile(*reader);
+}
+
 }  // namespace
 
 absl::Status SaveModel(const model::ModelParams& model, const std::string& path) {
@@ -48,7 +58,7 @@ absl::Status SaveModel(const model::ModelConfig& config, std::span<const float> 
 
 absl::StatusOr<model::ModelParams> LoadModel(const std::string& path, int hf_heads) {
   ASSIGN_OR_RETURN(const std::string file, checkpoint::ResolveCheckpoint(path));
-  if (checkpoint::IsManifestPath(file)) {
+  if (checkpoint::IsManifestPath(file) || IsHfLlama(file)) {
     // Gathered box by box through the same reader a sharded trainer uses, so that a model loaded
     // here and one assembled from the ranks' boxes cannot disagree.
     ASSIGN_OR_RETURN(const CheckpointSource source, CheckpointSource::Open(file));
@@ -109,6 +119,11 @@ absl::StatusOr<CheckpointSource> CheckpointSource::Open(const std::string& path,
     ASSIGN_OR_RETURN(source.sharded_, checkpoint::ShardedReader::Open(file));
     const checkpoint::Manifest& manifest = source.sharded_->manifest();
     ASSIGN_OR_RETURN(config, checkpoint::ModelConfigFromMetadata(manifest.metadata, where));
+  } else if (checkpoint::IsHfIndexPath(file)) {
+    source.kind_ = CheckpointKind::kHuggingFaceLlama;
+    where = absl::StrCat("Hugging Face folder ", fs::path(file).parent_path().string());
+    ASSIGN_OR_RETURN(source.hf_llama_, checkpoint::HfLlamaFolder::Open(file));
+    config = source.hf_llama_->config();
   } else {
     where = absl::StrCat("checkpoint ", file);
     ASSIGN_OR_RETURN(checkpoint::SafetensorsReader reader,
@@ -117,6 +132,12 @@ absl::StatusOr<CheckpointSource> CheckpointSource::Open(const std::string& path,
       source.kind_ = CheckpointKind::kHuggingFace;
       ASSIGN_OR_RETURN(source.imported_, checkpoint::ImportHfGpt2(file, hf_heads));
       config = source.imported_->config;
+    } else if (checkpoint::IsHfLlamaFile(reader)) {
+      // Its folder's reader maps the files again; this one only told what the file is.
+      source.kind_ = CheckpointKind::kHuggingFaceLlama;
+      where = absl::StrCat("Hugging Face folder ", fs::path(file).parent_path().string());
+      ASSIGN_OR_RETURN(source.hf_llama_, checkpoint::HfLlamaFolder::Open(file));
+      config = source.hf_llama_->config();
     } else {
       source.kind_ = CheckpointKind::kSingleFile;
       ASSIGN_OR_RETURN(config, checkpoint::ModelConfigFromMetadata(reader.metadata(), where));
@@ -155,6 +176,10 @@ absl::StatusOr<std::vector<int64_t>> CheckpointSource::BoxShape(const std::strin
   } else if (file_) {
     if (const checkpoint::TensorInfo* info = file_->Find(name)) return info->shape;
   }
+  if (hf_llama_) {
+    return absl::NotFoundError(absl::StrCat("Hugging Face folder ", hf_llama_->dir(), ": tensor '",
+                                            name, "' is not part of the model"));
+  }
   return absl::NotFoundError(absl::StrCat(kind_ == CheckpointKind::kSharded ? "sharded " : "",
                                           "checkpoint ", path_, ": tensor '", name,
                                           "' is missing"));
@@ -166,6 +191,7 @@ absl::StatusOr<std::vector<float>> ReadCheckpointBox(const CheckpointSource& sou
                                                      std::span<const int64_t> shape) {
   ASSIGN_OR_RETURN(const std::vector<int64_t> global, source.BoxShape(global_name));
   if (source.sharded_) return source.sharded_->ReadBox(global_name, offsets, shape);
+  if (source.hf_llama_) return source.hf_llama_->ReadBox(global_name, offsets, shape);
 
   // One stored tensor: the whole of it is the one piece, seen in the box view (for qkv the same
   // bytes as the stored (3C, C)).

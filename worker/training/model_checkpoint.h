@@ -1,5 +1,5 @@
 // Saving and loading a whole model's parameters (ModelParams) as a safetensors checkpoint (our
-// format, Hugging Face GPT-2 files, and the sharded checkpoints of a sharded job,
+// format, Hugging Face GPT-2 files and Llama folders, and the sharded checkpoints of a sharded job,
 // docs/checkpoint-format.md), finding the newest checkpoint in a training run's folder, and reading
 // any box of a tensor from any of them (what a sharded trainer loads its own shard with, whatever
 // plan wrote the checkpoint).
@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "checkpoint/gpt2_checkpoint.h"
+#include "checkpoint/hf_llama.h"
 #include "checkpoint/safetensors_reader.h"
 #include "checkpoint/sharded_reader.h"
 #include "kernels/allocator.h"
@@ -33,6 +34,8 @@ absl::Status SaveModel(const model::ModelConfig& config, std::span<const float> 
 //   - a checkpoint written by SaveModel;
 //   - a Hugging Face GPT-2 safetensors file (recognised by its tensor names; its head count is
 //     not stored, so `hf_heads` gives it);
+//   - a Hugging Face Llama folder (checkpoint/hf_llama.h): the folder, or its config.json,
+//     model.safetensors or model.safetensors.index.json;
 //   - a sharded checkpoint: its manifest.json, or the step folder holding one (every tensor is
 //     gathered from the rank files; the result is the model a single file would give);
 //   - a training run's folder (through checkpoint::ResolveCheckpoint).
@@ -43,24 +46,28 @@ absl::Status SaveModel(const model::ModelConfig& config, std::span<const float> 
 absl::StatusOr<model::ModelParams> LoadModel(const std::string& path, int hf_heads = 12);
 
 enum class CheckpointKind {
-  kSingleFile,   // our format, one safetensors file
-  kHuggingFace,  // a Hugging Face GPT-2 safetensors file
-  kSharded,      // manifest.json + one safetensors file per rank
+  kSingleFile,        // our format, one safetensors file
+  kHuggingFace,       // a Hugging Face GPT-2 safetensors file
+  kSharded,           // manifest.json + one safetensors file per rank
+  kHuggingFaceLlama,  // a Hugging Face Llama folder: config.json + one or several safetensors
 };
 
 // An open checkpoint of any kind, to read boxes of its tensors from (ReadCheckpointBox). Our
-// single files and sharded checkpoints are memory-mapped, so a rank that reads its box touches
-// only those bytes (a sharded one opens only the rank files its boxes overlap); a Hugging Face
-// file is imported (transposed) into memory whole. Movable; reads may run concurrently.
+// single files, sharded checkpoints and Hugging Face Llama folders are memory-mapped, so a rank
+// that reads its box touches only those bytes (a sharded one opens only the rank files its boxes
+// overlap); a Hugging Face GPT-2 file is imported (transposed) into memory whole. Movable; reads
+// may run concurrently.
 class CheckpointSource {
  public:
   // Opens what checkpoint::ResolveCheckpoint(path) names and reads its config (from the file's or
-  // the manifest's metadata); a sharded one must hold the whole model (checkpoint::
-  // CheckModelTensors). Errors name the file.
+  // the manifest's metadata, or a Hugging Face folder's config.json), and checks from the headers
+  // that it holds every tensor of the model with the model's shape (checkpoint::
+  // CheckModelTensors, HfLlamaFolder::Open), so that a bad checkpoint fails before any rank reads
+  // a box. Errors name the file, and the tensor or the key at fault.
   static absl::StatusOr<CheckpointSource> Open(const std::string& path, int hf_heads = 12);
 
   CheckpointKind kind() const { return kind_; }
-  // The resolved file: the safetensors file, or the manifest.
+  // The resolved file: the safetensors file, the manifest, or a Hugging Face index.
   const std::string& path() const { return path_; }
   const model::ModelConfig& config() const { return config_; }
   // The training step of a checkpoint step (its manifest's); nullopt for a single model file.
@@ -71,6 +78,8 @@ class CheckpointSource {
   const checkpoint::Manifest* manifest() const {
     return sharded_ ? &sharded_->manifest() : nullptr;
   }
+  // The Hugging Face Llama folder of a kHuggingFaceLlama checkpoint; nullptr for other kinds.
+  const checkpoint::HfLlamaFolder* hf_llama() const { return hf_llama_ ? &*hf_llama_ : nullptr; }
   // Whether it holds the AdamW moments of every parameter (a step a run can resume from).
   bool has_optimizer_state() const {
     return sharded_ && checkpoint::HasOptimizerState(sharded_->manifest());
@@ -95,6 +104,7 @@ class CheckpointSource {
   std::optional<checkpoint::SafetensorsReader> file_;        // kSingleFile
   std::optional<checkpoint::Gpt2Weights> imported_;          // kHuggingFace
   std::optional<checkpoint::ShardedReader> sharded_;         // kSharded
+  std::optional<checkpoint::HfLlamaFolder> hf_llama_;        // kHuggingFaceLlama
 };
 
 // The box [offsets, offsets + shape) of tensor `global_name` (in the shape BoxShape gives) as f32,
