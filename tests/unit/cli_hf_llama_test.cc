@@ -24,6 +24,7 @@
 #include "common/process.h"
 #include "nlohmann/json.hpp"
 #include "tests/support/cli_process.h"
+#include "worker/model/data/bpe_tokenizer.h"
 #include "worker/training/model_checkpoint.h"
 
 namespace shardline {
@@ -241,6 +242,113 @@ TEST_F(CliHfLlamaTest, ServeOnOneAndOnTwoTensorParallelProcessesSaysItToo) {
     EXPECT_EQ(Complete(port), folder_->completion);
     StopServe();
   }
+}
+
+// The folder as a Hugging Face user has it: a tokenizer.json (byte-level BPE whose 256 byte tokens
+// are the byte ids, no merges, and <|endoftext|> as 256: the byte tokenizer's ids) and a
+// tokenizer_config.json with a ChatML chat template. `serve --tp 2` takes both from the folder: a
+// chat completion renders the template and answers what a completion of the rendered text says,
+// which is what single-device `generate` says for it.
+TEST_F(CliHfLlamaTest, ServeAtTpTwoRendersTheFoldersChatTemplateAsGenerateSaysIt) {
+  const std::string dir = TempDir() + "/with-tokenizer";
+  std::filesystem::create_directories(dir);
+  for (const auto& entry : std::filesystem::directory_iterator(folder_->dir)) {
+    std::filesystem::create_symlink(entry.path(), dir + "/" + entry.path().filename().string());
+  }
+  json vocab = json::object();
+  for (int b = 0; b < 256; ++b) {
+    vocab[std::string(data::Gpt2ByteChar(static_cast<unsigned char>(b)))] = b;
+  }
+  vocab["<|endoftext|>"] = 256;
+  const json tokenizer = {{"version", "1.0"},
+                          {"added_tokens",
+                           {{{"id", 256},
+                             {"content", "<|endoftext|>"},
+                             {"single_word", false},
+                             {"lstrip", false},
+                             {"rstrip", false},
+                             {"normalized", false},
+                             {"special", true}}}},
+                          {"normalizer", nullptr},
+                          {"pre_tokenizer",
+                           {{"type", "ByteLevel"},
+                            {"add_prefix_space", false},
+                            {"trim_offsets", true},
+                            {"use_regex", true}}},
+                          {"post_processor", nullptr},
+                          {"decoder",
+                           {{"type", "ByteLevel"},
+                            {"add_prefix_space", true},
+                            {"trim_offsets", true},
+                            {"use_regex", true}}},
+                          {"model",
+                           {{"type", "BPE"},
+                            {"dropout", nullptr},
+                            {"unk_token", nullptr},
+                            {"continuing_subword_prefix", ""},
+                            {"end_of_word_suffix", ""},
+                            {"fuse_unk", false},
+                            {"byte_fallback", false},
+                            {"ignore_merges", false},
+                            {"vocab", vocab},
+                            {"merges", json::array()}}}};
+  std::ofstream(dir + "/tokenizer.json") << tokenizer.dump();
+  const std::string chat_template =
+      "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+      "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+  const json config = {{"chat_template", chat_template},
+                       {"eos_token", "<|endoftext|>"},
+                       {"bos_token", "<|endoftext|>"},
+                       {"add_bos_token", false}};
+  std::ofstream(dir + "/tokenizer_config.json") << config.dump();
+  const std::string rendered = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n";
+
+  // Single-device generate of the rendered text, with the folder's tokenizer.
+  const CommandResult generated =
+      Shardline({"generate", "--checkpoint", dir, "--prompt", rendered, "--max-new-tokens",
+                 std::to_string(kTokens), "--ignore-eos"});
+  ASSERT_EQ(generated.exit_code, 0) << generated.out;
+  ASSERT_EQ(generated.out.substr(0, rendered.size()), rendered) << generated.out;
+  const std::string want =
+      generated.out.substr(rendered.size(), generated.out.size() - rendered.size() - 1);
+
+  log_ = TempDir() + "/serve-chat.log";
+  SpawnOptions spawn;
+  spawn.argv = {Binary(), "serve",        "--listen", "127.0.0.1:0", "--model-name",
+                "llama",  "--checkpoint", dir,        "--tp",        "2"};
+  spawn.log_path = log_;
+  absl::StatusOr<pid_t> pid = Spawn(spawn);
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  pid_ = *pid;
+  int port = 0;
+  const std::regex url("at http://127\\.0\\.0\\.1:([0-9]+)/v1");
+  for (const auto deadline = Clock::now() + std::chrono::seconds(60);
+       port == 0 && Clock::now() < deadline;) {
+    std::smatch m;
+    const std::string out = ReadAll(log_);
+    if (std::regex_search(out, m, url)) port = std::stoi(m[1]);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_GT(port, 0) << ReadAll(log_);
+  EXPECT_THAT(ReadAll(log_), ::testing::HasSubstr("tokenizer_config.json"));
+  httplib::Client client("127.0.0.1", port);
+  client.set_read_timeout(60);
+  const json chat = {{"model", "llama"},
+                     {"messages", {{{"role", "user"}, {"content", "hi"}}}},
+                     {"max_tokens", kTokens},
+                     {"temperature", 0}};
+  auto res = client.Post("/v1/chat/completions", chat.dump(), "application/json");
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  ASSERT_EQ(res->status, 200) << res->body;
+  const json answer = json::parse(res->body);
+  const std::string text = answer["choices"][0]["message"]["content"].get<std::string>();
+  // The reply stops early only at the end-of-text token, which generate --ignore-eos runs past.
+  EXPECT_GE(text.size(), 4u) << answer.dump();
+  EXPECT_EQ(text, want.substr(0, text.size()));
+  if (answer["choices"][0]["finish_reason"] == "length") EXPECT_EQ(text, want);
+  // The template's prompt, encoded: every byte of it, no BOS added.
+  EXPECT_EQ(answer["usage"]["prompt_tokens"].get<int>(), static_cast<int>(rendered.size()));
+  StopServe();
 }
 
 // tp must divide the query heads (4): refused before any rank starts, naming both.
