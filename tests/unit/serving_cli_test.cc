@@ -219,6 +219,8 @@ std::string TokenizerJsonOfBytes() {
                                      {"special", true},
                                      {"normalized", false}}})},
       {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+      // Without a decoder Hugging Face joins the tokens with spaces; a byte-level file has its own.
+      {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
       {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array()}}}}
       .dump();
 }

@@ -198,6 +198,8 @@ std::string ModelFolder(const json& config) {
       {"version", "1.0"},
       {"added_tokens", added},
       {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+      // Without a decoder Hugging Face joins the tokens with spaces; a byte-level file has its own.
+      {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
       {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array()}}}};
   std::ofstream(dir + "/tokenizer.json") << tokenizer.dump();
   std::ofstream(dir + "/tokenizer_config.json") << config.dump();
