@@ -433,7 +433,9 @@ int Up(const UpOptions& given) {
       sample.checkpoint = spec->train.checkpoint.dir;
       // Sampled (temperature 0.7, a fixed seed): a small model's greedy text repeats itself.
       sample.prompt = "The hacker ";
-      sample.max_new_tokens = 100;
+      // As much as the context holds after the prompt (bytes: the most tokens it can be).
+      sample.max_new_tokens = static_cast<int>(std::min<int64_t>(
+          100, spec->train.model.max_seq_len - static_cast<int64_t>(sample.prompt.size())));
       sample.temperature = 0.7;
       sample.seed = 1;
       std::cout << "\nA sample from the trained model (shardline generate --checkpoint "
