@@ -2,6 +2,7 @@
 // processes on loopback), the default job run on it with live progress, then a clean shutdown.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
