@@ -43,6 +43,8 @@ cp "$work/build/bin/llama-server" "$PREFIX/bin/"
 # The converter with the modules it imports from its own tree (its gguf-py too, which it puts
 # on its path), and what those import that the venv may not have.
 cp -r "$src/convert_hf_to_gguf.py" "$src/conversion" "$src/gguf-py" "$PREFIX/"
-"$VENV/bin/pip" install -q pyyaml tqdm
+# sentencepiece: its Llama's vocabulary step tries a SentencePiece model first and falls back to
+# a tokenizer.json or GPT-2's files only on FileNotFoundError, not on the module's absence.
+"$VENV/bin/pip" install -q pyyaml tqdm sentencepiece
 echo "$VERSION" >"$PREFIX/VERSION"
 echo "setup-llama-cpp: $PREFIX holds $("$PREFIX/bin/llama-server" --version 2>&1 | head -1)"
