@@ -51,6 +51,15 @@ def make_model(a):
     model.save_pretrained(a.out)
     shutil.copy(os.path.join(a.tokenizer_dir, "encoder.json"), os.path.join(a.out, "vocab.json"))
     shutil.copy(os.path.join(a.tokenizer_dir, "vocab.bpe"), os.path.join(a.out, "merges.txt"))
+    if a.llama:
+        # A LlamaForCausalLM folder names its tokenizer: without tokenizer_config.json's class
+        # AutoTokenizer (llama.cpp's converter uses it) takes Llama's SentencePiece one. Only the
+        # class, beside GPT-2's files: a tokenizer.json saved by transformers 5 tokenizes the
+        # converter's check text otherwise than GPT-2's, which it then does not recognise.
+        with open(os.path.join(a.out, "tokenizer_config.json"), "w") as f:
+            json.dump({"tokenizer_class": "GPT2Tokenizer", "bos_token": "<|endoftext|>",
+                       "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>",
+                       "add_prefix_space": False}, f)
     params = sum(p.numel() for p in model.parameters())
     print(f"made {a.out}: {type(model).__name__}, {params} parameters, seed {a.seed}",
           flush=True)
