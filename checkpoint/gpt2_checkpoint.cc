@@ -1,5 +1,7 @@
 #include "checkpoint/gpt2_checkpoint.h"
 
+#include <set>
+
 #include "absl/strings/str_cat.h"
 #include "checkpoint/model_config.h"
 #include "checkpoint/safetensors_reader.h"
@@ -8,6 +10,32 @@
 #include "model/tensor_table.h"
 
 namespace shardline::checkpoint {
+
+absl::Status CheckHoldsExactlyItsTensors(const Gpt2Weights& weights, const std::string& where,
+                                         const std::string& family) {
+  std::set<std::string> expected;
+  for (const model::TensorRow& row : model::ModelRows(weights.config)) {
+    expected.insert(row.name);
+    const auto it = weights.tensors.find(row.name);
+    if (it == weights.tensors.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": tensor '", row.name, "' is missing"));
+    }
+    if (it->second.shape != row.shape || it->second.values.size() != *NumElements(row.shape)) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": tensor '", row.name, "' has shape ",
+                                                     ShapeString(it->second.shape), ", expected ",
+                                                     ShapeString(row.shape)));
+    }
+  }
+  for (const auto& [name, tensor] : weights.tensors) {
+    if (!expected.contains(name)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": tensor '", name, "' is not part of a ", family,
+                       " of this config (", weights.config.DebugString(), ")"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::Status WriteGpt2Checkpoint(const std::string& path, const Gpt2Weights& weights) {
   RETURN_IF_ERROR(Annotate(weights.config.Validate(), absl::StrCat("writing checkpoint ", path)));

@@ -22,6 +22,12 @@ struct Gpt2Weights {
   std::map<std::string, HostTensor> tensors;
 };
 
+// OK when `weights` holds exactly its config's tensors (model::ModelRows) with their shapes;
+// else InvalidArgument, prefixed by `where`, naming the tensor missing, of the wrong shape, or not
+// part of a `family` ("GPT-2", "Llama") of this config. The exporters' check of what they write.
+absl::Status CheckHoldsExactlyItsTensors(const Gpt2Weights& weights, const std::string& where,
+                                         const std::string& family);
+
 // Writes `weights` as one F32 safetensors file with the config in its metadata. InvalidArgument
 // naming the tensor when one is missing or has the wrong shape.
 absl::Status WriteGpt2Checkpoint(const std::string& path, const Gpt2Weights& weights);

@@ -77,28 +77,7 @@ std::vector<float> Transposed(const HostTensor& linear) {
 absl::Status ExportHfGpt2(const Gpt2Weights& weights, const std::string& out_dir, FileSystem& fs) {
   const std::string where = absl::StrCat("exporting Hugging Face GPT-2 to ", out_dir);
   RETURN_IF_ERROR(Annotate(ValidateHfGpt2Config(weights.config), where));
-  const std::vector<model::TensorRow> specs = model::ModelRows(weights.config);
-  std::set<std::string> expected;
-  for (const model::TensorRow& spec : specs) {
-    expected.insert(spec.name);
-    const auto it = weights.tensors.find(spec.name);
-    if (it == weights.tensors.end()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": tensor '", spec.name, "' is missing"));
-    }
-    if (it->second.shape != spec.shape || it->second.values.size() != *NumElements(spec.shape)) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": tensor '", spec.name, "' has shape ",
-                                                     ShapeString(it->second.shape), ", expected ",
-                                                     ShapeString(spec.shape)));
-    }
-  }
-  for (const auto& [name, tensor] : weights.tensors) {
-    if (!expected.contains(name)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": tensor '", name, "' is not part of a GPT-2 of this config (",
-                       weights.config.tied_embeddings ? "tied" : "untied", " head)"));
-    }
-  }
+  RETURN_IF_ERROR(CheckHoldsExactlyItsTensors(weights, where, "GPT-2"));
 
   // (our name, the Hugging Face name without the prefix): copied as they are, and transposed.
   std::vector<std::pair<std::string, std::string>> plain = {{"wte", "wte.weight"},

@@ -74,27 +74,7 @@ absl::Status ExportHfLlama(const Gpt2Weights& weights, const std::string& out_di
   const model::ModelConfig& config = weights.config;
   RETURN_IF_ERROR(Annotate(config.Validate(), where));
   RETURN_IF_ERROR(Annotate(CheckLlamaChoices(config), where));
-  std::set<std::string> expected;
-  for (const model::TensorRow& row : model::ModelRows(config)) {
-    expected.insert(row.name);
-    const auto it = weights.tensors.find(row.name);
-    if (it == weights.tensors.end()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": tensor '", row.name, "' is missing"));
-    }
-    if (it->second.shape != row.shape || it->second.values.size() != *NumElements(row.shape)) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": tensor '", row.name, "' has shape ",
-                                                     ShapeString(it->second.shape), ", expected ",
-                                                     ShapeString(row.shape)));
-    }
-  }
-  for (const auto& [name, tensor] : weights.tensors) {
-    if (!expected.contains(name)) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": tensor '", name,
-                                                     "' is not part of a Llama of this config (",
-                                                     config.DebugString(), ")"));
-    }
-  }
+  RETURN_IF_ERROR(CheckHoldsExactlyItsTensors(weights, where, "Llama"));
 
   RETURN_IF_ERROR(fs.CreateDirectories(out_dir));
   SafetensorsWriter writer((stdfs::path(out_dir) / kModelFileName).string());

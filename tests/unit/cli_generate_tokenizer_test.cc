@@ -34,36 +34,13 @@ using ::testing::Not;
 constexpr int64_t kModelVocab = 258;  // 256 bytes, "ab", "<|endoftext|>"
 constexpr int64_t kAb = 256;          // the token the model always says
 
-std::string Binary() { return test_support::ShardlineBinary(); }
 std::string TempDir() { return test_support::MakeTestDir("cli_generate"); }
 std::string ReadAll(const std::string& path) { return test_support::ReadWholeFile(path); }
 
-struct CommandResult {
-  int exit_code = -1;
-  std::string out;  // stdout and stderr together
-};
+using test_support::CommandResult;
 
 CommandResult Shardline(const std::vector<std::string>& args) {
-  const std::string log = TempDir() + "/out.log";
-  SpawnOptions spawn;
-  spawn.argv = {Binary()};
-  spawn.argv.insert(spawn.argv.end(), args.begin(), args.end());
-  spawn.log_path = log;
-  CommandResult run;
-  absl::StatusOr<pid_t> pid = Spawn(spawn);
-  if (!pid.ok()) {
-    run.out = std::string(pid.status().message());
-    return run;
-  }
-  absl::StatusOr<std::optional<ExitStatus>> exit = WaitFor(*pid, std::chrono::seconds(60));
-  if (!exit.ok() || !exit->has_value()) {
-    Terminate(*pid, std::chrono::seconds(1));
-    run.out = "did not finish within 60 s: " + ReadAll(log);
-    return run;
-  }
-  run.exit_code = (*exit)->signaled ? -1 : (*exit)->code;
-  run.out = ReadAll(log);
-  return run;
+  return test_support::RunShardline(args, TempDir() + "/out.log");
 }
 
 // A Hugging Face folder (model.safetensors + config.json) of the model that always says kAb.

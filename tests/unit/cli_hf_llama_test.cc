@@ -51,32 +51,10 @@ std::string SourceDir() {
   return SHARDLINE_SOURCE_PATH;
 }
 
-struct CommandResult {
-  int exit_code = -1;
-  std::string out;  // stdout and stderr together
-};
+using test_support::CommandResult;
 
 CommandResult Shardline(const std::vector<std::string>& args) {
-  const std::string log = TempDir() + "/out.log";
-  SpawnOptions spawn;
-  spawn.argv = {Binary()};
-  spawn.argv.insert(spawn.argv.end(), args.begin(), args.end());
-  spawn.log_path = log;
-  CommandResult run;
-  absl::StatusOr<pid_t> pid = Spawn(spawn);
-  if (!pid.ok()) {
-    run.out = std::string(pid.status().message());
-    return run;
-  }
-  absl::StatusOr<std::optional<ExitStatus>> exit = WaitFor(*pid, std::chrono::seconds(60));
-  if (!exit.ok() || !exit->has_value()) {
-    Terminate(*pid, std::chrono::seconds(1));
-    run.out = "did not finish within 60 s: " + ReadAll(log);
-    return run;
-  }
-  run.exit_code = (*exit)->signaled ? -1 : (*exit)->code;
-  run.out = ReadAll(log);
-  return run;
+  return test_support::RunShardline(args, TempDir() + "/out.log");
 }
 
 // The folder every test reads: 2 layers, 4 heads on 2 key/value heads, vocab 257 (the byte
@@ -157,12 +135,16 @@ class CliHfLlamaTest : public ::testing::Test {
     return Shardline(args);
   }
 
-  // Starts `shardline serve` on any free port; returns the port it printed (0 on failure).
-  int StartServe(const std::vector<std::string>& args) {
+  // Starts `shardline serve` on any free port, with the byte tokenizer unless `folder_tokenizer`
+  // (then the checkpoint folder's own); returns the port it printed (0 on failure).
+  int StartServe(const std::vector<std::string>& args, bool folder_tokenizer = false) {
     log_ = TempDir() + "/serve.log";
     SpawnOptions spawn;
-    spawn.argv = {Binary(),      "serve", "--listen",     "127.0.0.1:0",
-                  "--tokenizer", "bytes", "--model-name", "llama"};
+    spawn.argv = {Binary(), "serve", "--listen", "127.0.0.1:0", "--model-name", "llama"};
+    if (!folder_tokenizer) {
+      spawn.argv.push_back("--tokenizer");
+      spawn.argv.push_back("bytes");
+    }
     spawn.log_path = log_;
     spawn.argv.insert(spawn.argv.end(), args.begin(), args.end());
     absl::StatusOr<pid_t> pid = Spawn(spawn);
@@ -312,23 +294,7 @@ TEST_F(CliHfLlamaTest, ServeAtTpTwoRendersTheFoldersChatTemplateAsGenerateSaysIt
   const std::string want =
       generated.out.substr(rendered.size(), generated.out.size() - rendered.size() - 1);
 
-  log_ = TempDir() + "/serve-chat.log";
-  SpawnOptions spawn;
-  spawn.argv = {Binary(), "serve",        "--listen", "127.0.0.1:0", "--model-name",
-                "llama",  "--checkpoint", dir,        "--tp",        "2"};
-  spawn.log_path = log_;
-  absl::StatusOr<pid_t> pid = Spawn(spawn);
-  ASSERT_TRUE(pid.ok()) << pid.status();
-  pid_ = *pid;
-  int port = 0;
-  const std::regex url("at http://127\\.0\\.0\\.1:([0-9]+)/v1");
-  for (const auto deadline = Clock::now() + std::chrono::seconds(60);
-       port == 0 && Clock::now() < deadline;) {
-    std::smatch m;
-    const std::string out = ReadAll(log_);
-    if (std::regex_search(out, m, url)) port = std::stoi(m[1]);
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  const int port = StartServe({"--checkpoint", dir, "--tp", "2"}, /*folder_tokenizer=*/true);
   ASSERT_GT(port, 0) << ReadAll(log_);
   EXPECT_THAT(ReadAll(log_), ::testing::HasSubstr("tokenizer_config.json"));
   httplib::Client client("127.0.0.1", port);
