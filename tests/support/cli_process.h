@@ -1,6 +1,7 @@
 // For tests that run the built `shardline` binary as a process: where it is, a fresh temporary
 // folder (removed when the test process exits), a file's whole text (a run's log), and a run of
-// the binary to its end (RunShardline: the test links shardline_common).
+// the binary to its end and `shardline serve` up to its URL (RunShardline, StartServe: the test
+// links shardline_common).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -12,8 +13,10 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <regex>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/process.h"
@@ -64,6 +67,40 @@ inline std::string ReadWholeFile(const std::string& path) {
   std::ostringstream out;
   out << in.rdbuf();
   return out.str();
+}
+
+// Starts `shardline serve ARGS` (give it --listen 127.0.0.1:0), its output through `log`, and
+// waits at most 60 s for the URL it prints; returns that port, with the process in `pid`. 0 (a
+// test failure added, saying why: the spawn's error, the exit and the log, or the deadline) when
+// there is none; `pid` is -1 then unless it is still running.
+inline int StartServe(const std::vector<std::string>& args, const std::string& log, pid_t& pid) {
+  SpawnOptions spawn;
+  spawn.argv = {ShardlineBinary(), "serve"};
+  spawn.argv.insert(spawn.argv.end(), args.begin(), args.end());
+  spawn.log_path = log;
+  pid = -1;
+  absl::StatusOr<pid_t> started = Spawn(spawn);
+  if (!started.ok()) {
+    ADD_FAILURE() << started.status();
+    return 0;
+  }
+  pid = *started;
+  const std::regex url("at http://127\\.0\\.0\\.1:([0-9]+)/v1");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::smatch m;
+    const std::string out = ReadWholeFile(log);
+    if (std::regex_search(out, m, url)) return std::stoi(m[1]);
+    auto exit = TryReap(pid);
+    if (exit.ok() && exit->has_value()) {
+      pid = -1;
+      ADD_FAILURE() << "serve exited (" << (*exit)->Describe() << "): " << out;
+      return 0;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ADD_FAILURE() << "serve printed no URL within 60 s: " << ReadWholeFile(log);
+  return 0;
 }
 
 // What a run of the binary printed and how it ended.

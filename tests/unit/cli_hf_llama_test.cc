@@ -40,7 +40,6 @@ constexpr char kPython[] = "/usr/bin/python3";
 const std::string kPrompt = "hello";
 constexpr int kTokens = 12;
 
-std::string Binary() { return test_support::ShardlineBinary(); }
 std::string TempDir() { return test_support::MakeTestDir("cli_hf_llama"); }
 std::string ReadAll(const std::string& path) { return test_support::ReadWholeFile(path); }
 
@@ -139,36 +138,10 @@ class CliHfLlamaTest : public ::testing::Test {
   // (then the checkpoint folder's own); returns the port it printed (0 on failure).
   int StartServe(const std::vector<std::string>& args, bool folder_tokenizer = false) {
     log_ = TempDir() + "/serve.log";
-    SpawnOptions spawn;
-    spawn.argv = {Binary(), "serve", "--listen", "127.0.0.1:0", "--model-name", "llama"};
-    if (!folder_tokenizer) {
-      spawn.argv.push_back("--tokenizer");
-      spawn.argv.push_back("bytes");
-    }
-    spawn.log_path = log_;
-    spawn.argv.insert(spawn.argv.end(), args.begin(), args.end());
-    absl::StatusOr<pid_t> pid = Spawn(spawn);
-    if (!pid.ok()) {
-      ADD_FAILURE() << pid.status();
-      return 0;
-    }
-    pid_ = *pid;
-    const std::regex url("at http://127\\.0\\.0\\.1:([0-9]+)/v1");
-    const auto deadline = Clock::now() + std::chrono::seconds(60);
-    while (Clock::now() < deadline) {
-      std::smatch m;
-      const std::string out = ReadAll(log_);
-      if (std::regex_search(out, m, url)) return std::stoi(m[1]);
-      auto exit = TryReap(pid_);
-      if (exit.ok() && exit->has_value()) {
-        pid_ = -1;
-        ADD_FAILURE() << "serve exited (" << (*exit)->Describe() << "): " << out;
-        return 0;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    ADD_FAILURE() << "serve printed no URL within 60 s: " << ReadAll(log_);
-    return 0;
+    std::vector<std::string> argv = {"--listen", "127.0.0.1:0", "--model-name", "llama"};
+    if (!folder_tokenizer) argv.insert(argv.end(), {"--tokenizer", "bytes"});
+    argv.insert(argv.end(), args.begin(), args.end());
+    return test_support::StartServe(argv, log_, pid_);
   }
 
   // The greedy completion of kPrompt that the server at `port` gives.
@@ -311,7 +284,9 @@ TEST_F(CliHfLlamaTest, ServeAtTpTwoRendersTheFoldersChatTemplateAsGenerateSaysIt
   // The reply stops early only at the end-of-text token, which generate --ignore-eos runs past.
   EXPECT_GE(text.size(), 4u) << answer.dump();
   EXPECT_EQ(text, want.substr(0, text.size()));
-  if (answer["choices"][0]["finish_reason"] == "length") EXPECT_EQ(text, want);
+  if (answer["choices"][0]["finish_reason"] == "length") {
+    EXPECT_EQ(text, want);
+  }
   // The template's prompt, encoded: every byte of it, no BOS added.
   EXPECT_EQ(answer["usage"]["prompt_tokens"].get<int>(), static_cast<int>(rendered.size()));
   StopServe();

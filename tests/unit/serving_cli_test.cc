@@ -108,32 +108,7 @@ class ServingCliTest : public ::testing::Test {
   // Starts `shardline serve` on any free port; returns the port it printed (0 on failure).
   int StartServe(const std::vector<std::string>& args) {
     log_ = TempDir() + "/serve.log";
-    SpawnOptions spawn;
-    spawn.argv = {Binary(), "serve"};
-    spawn.log_path = log_;
-    spawn.argv.insert(spawn.argv.end(), args.begin(), args.end());
-    absl::StatusOr<pid_t> pid = Spawn(spawn);
-    if (!pid.ok()) {
-      ADD_FAILURE() << pid.status();
-      return 0;
-    }
-    pid_ = *pid;
-    const std::regex url("at http://127\\.0\\.0\\.1:([0-9]+)/v1");
-    const auto deadline = Clock::now() + std::chrono::seconds(60);
-    while (Clock::now() < deadline) {
-      std::smatch m;
-      const std::string out = ReadAll(log_);
-      if (std::regex_search(out, m, url)) return std::stoi(m[1]);
-      auto exit = TryReap(pid_);
-      if (exit.ok() && exit->has_value()) {
-        pid_ = -1;
-        ADD_FAILURE() << "serve exited (" << (*exit)->Describe() << "): " << out;
-        return 0;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    ADD_FAILURE() << "serve printed no URL within 60 s: " << ReadAll(log_);
-    return 0;
+    return test_support::StartServe(args, log_, pid_);
   }
 
   // The sharded serve tests' body (defined below).
