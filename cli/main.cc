@@ -7,6 +7,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "coordinator/coordinator.h"
+#include "protocol/address_rule.h"
 #include "spdlog/spdlog.h"
 #include "worker/actor/actor.h"
 #include "worker/actor/actor_flags.h"
@@ -20,6 +21,39 @@ constexpr const char* kDefaultCoordinator = "tcp://127.0.0.1:5555";
 std::string DefaultCoordinator() {
   const char* env = std::getenv("SHARDLINE_COORDINATOR");
   return env ? env : kDefaultCoordinator;
+}
+
+// Every option of a daemon may come from the environment as well, SHARDLINE_ and its long name
+// in upper case with '_' for '-' (--state-dir: $SHARDLINE_STATE_DIR), as a container or a
+// launcher sets it (deploy/kubernetes/). A flag on the command line wins.
+void TakeOptionsFromEnvironment(CLI::App* command) {
+  for (CLI::Option* option : command->get_options()) {
+    std::string name = option->get_single_name();
+    if (name.empty() || name == "help") continue;
+    std::string env = "SHARDLINE_";
+    for (char c : name) env += c == '-' ? '_' : static_cast<char>(std::toupper(c));
+    option->envname(env);
+  }
+}
+
+// The endpoint the coordinator publishes (--endpoint-file, `shardline slurm`): its bound one, with
+// a wildcard host replaced by the advertised address (protocol/address_rule.h).
+absl::StatusOr<std::string> PublishedEndpoint(const std::string& bound,
+                                              const std::string& advertise_address,
+                                              const std::string& interface) {
+  if (!protocol::HasWildcardHost(bound) && advertise_address.empty() && interface.empty()) {
+    return bound;
+  }
+  // Listening everywhere, it is reached at the address of the interface that routes outwards,
+  // unless told: a coordinator has no coordinator of its own to route to.
+  ASSIGN_OR_RETURN(
+      const protocol::AdvertisedAddress advertised,
+      protocol::ChooseAdvertisedAddress(advertise_address, interface, "tcp://192.0.2.1:9"));
+  spdlog::info("the coordinator advertises {} ({})", advertised.address,
+               advertise_address.empty() && interface.empty()
+                   ? "the address of " + advertised.interface + ", the default route's interface"
+                   : advertised.how);
+  return protocol::WithHost(bound, advertised.address);
 }
 
 // --keys, --key and --insecure: where a daemon or client finds its CURVE keys.
@@ -38,18 +72,29 @@ void AddCurveFlags(CLI::App* command, protocol::CurveSetup& curve, bool identity
                     "coordinator's port can run programs on every agent's host");
 }
 
-int RunCoordinator(coordinator::CoordinatorOptions options, const std::string& endpoint_file) {
+struct CoordinatorCommand {
+  std::string endpoint_file;
+  std::string advertise_address, interface;
+};
+
+int RunCoordinator(coordinator::CoordinatorOptions options, const CoordinatorCommand& command) {
   auto coordinator = coordinator::Coordinator::Create(std::move(options), SteadyClock::Get());
   if (!coordinator.ok()) {
     spdlog::error("{}", ToString(coordinator.status().message()));
     std::cerr << "error: " << coordinator.status().message() << "\n";
     return 1;
   }
-  if (!endpoint_file.empty()) {
+  if (!command.endpoint_file.empty()) {
+    auto published =
+        PublishedEndpoint((*coordinator)->endpoint(), command.advertise_address, command.interface);
+    if (!published.ok()) {
+      std::cerr << "error: " << published.status().message() << "\n";
+      return 1;
+    }
     // Written whole then renamed: whoever waits for the file never reads half an endpoint.
-    const std::string tmp = endpoint_file + ".tmp";
-    std::ofstream(tmp) << (*coordinator)->endpoint();
-    std::rename(tmp.c_str(), endpoint_file.c_str());
+    const std::string tmp = command.endpoint_file + ".tmp";
+    std::ofstream(tmp) << *published;
+    std::rename(tmp.c_str(), command.endpoint_file.c_str());
   }
   InstallStopHandlers();
   InstallReloadHandler();
@@ -88,7 +133,7 @@ int Main(int argc, char** argv) {
 
   // ---- daemons ----
   coordinator::CoordinatorOptions coordinator_options;
-  std::string endpoint_file;
+  CoordinatorCommand coordinator_command;
   int64_t heartbeat_interval_ms = 300, heartbeat_timeout_ms = 1500;
   auto* coordinator_cmd = app.add_subcommand("coordinator", "Run the coordinator daemon");
   coordinator_cmd->add_option("--listen", coordinator_options.listen, "ZeroMQ endpoint to bind (port 0: any)")
@@ -103,10 +148,18 @@ int Main(int argc, char** argv) {
       ->check(CLI::Range(10, 600000))->capture_default_str();
   coordinator_cmd->add_option("--heartbeat-timeout-ms", heartbeat_timeout_ms)
       ->check(CLI::Range(20, 3600000))->capture_default_str();
-  coordinator_cmd->add_option("--endpoint-file", endpoint_file,
-                              "Write the bound endpoint here once listening");
+  coordinator_cmd->add_option("--endpoint-file", coordinator_command.endpoint_file,
+                              "Write the endpoint to reach it here once listening (a wildcard "
+                              "--listen host replaced by the advertised address)");
+  coordinator_cmd->add_option(
+      "--advertise-address", coordinator_command.advertise_address,
+      "The IPv4 address others reach it at (default, when listening on "
+      "every interface: the address of the interface that routes outwards)");
+  coordinator_cmd->add_option("--interface", coordinator_command.interface,
+                              "Advertise this interface's address");
   coordinator_cmd->add_option("--log-level", log_level);
   AddCurveFlags(coordinator_cmd, coordinator_options.curve, false);
+  TakeOptionsFromEnvironment(coordinator_cmd);
 
   agent::AgentOptions agent_options;
   double connect_timeout_s = 30;
@@ -114,6 +167,11 @@ int Main(int argc, char** argv) {
   agent_cmd->add_option("--coordinator", agent_options.coordinator)->default_val(DefaultCoordinator());
   agent_cmd->add_option("--devices", agent_options.devices, "cpu:N, cuda or auto")->capture_default_str();
   agent_cmd->add_option("--node-id", agent_options.node_id, "Default: the host name");
+  agent_cmd->add_option("--advertise-address", agent_options.advertise_address,
+                        "The IPv4 address this node's peers reach it and its actors at "
+                        "(default: the address of the interface that routes to the coordinator)");
+  agent_cmd->add_option("--interface", agent_options.interface,
+                        "Advertise this interface's address (for ZeroMQ, Gloo and NCCL alike)");
   agent_cmd->add_option("--metrics", agent_options.metrics_address,
                         "HOST:PORT of the agent's Prometheus endpoint (loopback by default)")
       ->capture_default_str();
@@ -131,6 +189,7 @@ int Main(int argc, char** argv) {
       ->check(CLI::Range(0.1, 86400.0))->capture_default_str();
   agent_cmd->add_option("--log-level", log_level);
   AddCurveFlags(agent_cmd, agent_options.curve, true);
+  TakeOptionsFromEnvironment(agent_cmd);
 
   actor::ActorOptions actor_options;
   auto* actor_cmd = app.add_subcommand("actor", "Run one actor (spawned by an agent)");
@@ -385,7 +444,7 @@ int Main(int argc, char** argv) {
   if (*coordinator_cmd) {
     coordinator_options.heartbeat_interval = std::chrono::milliseconds(heartbeat_interval_ms);
     coordinator_options.heartbeat_timeout = std::chrono::milliseconds(heartbeat_timeout_ms);
-    return RunCoordinator(std::move(coordinator_options), endpoint_file);
+    return RunCoordinator(std::move(coordinator_options), coordinator_command);
   }
   if (*agent_cmd) {
     agent_options.connect_timeout =

@@ -251,39 +251,4 @@ absl::StatusOr<std::optional<Frame>> Channel::Receive(std::chrono::milliseconds 
   }
 }
 
-absl::StatusOr<std::string> LocalAddressFor(const std::string& endpoint) {
-  // endpoint: tcp://HOST:PORT
-  std::string rest = endpoint;
-  const auto scheme = rest.find("://");
-  if (scheme != std::string::npos) rest = rest.substr(scheme + 3);
-  const auto colon = rest.rfind(':');
-  if (colon == std::string::npos) {
-    return absl::InvalidArgumentError("endpoint '" + endpoint + "' has no port");
-  }
-  std::string host = rest.substr(0, colon);
-  if (host == "*" || host.empty()) return std::string("127.0.0.1");
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_DGRAM;
-  addrinfo* result = nullptr;
-  if (int rc = getaddrinfo(host.c_str(), "9", &hints, &result); rc != 0) {
-    return absl::InvalidArgumentError("cannot resolve '" + host + "': " + gai_strerror(rc));
-  }
-  const int fd = socket(AF_INET, SOCK_DGRAM, 0);
-  std::string address;
-  if (fd >= 0 && connect(fd, result->ai_addr, result->ai_addrlen) == 0) {
-    sockaddr_in local{};
-    socklen_t len = sizeof(local);
-    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
-      char buf[INET_ADDRSTRLEN];
-      inet_ntop(AF_INET, &local.sin_addr, buf, sizeof(buf));
-      address = buf;
-    }
-  }
-  if (fd >= 0) close(fd);
-  freeaddrinfo(result);
-  if (address.empty()) return absl::UnavailableError("no route to " + host);
-  return address;
-}
-
 }  // namespace shardline::protocol

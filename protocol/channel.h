@@ -82,8 +82,4 @@ class Channel {
 // The process-wide ZeroMQ context (one I/O thread).
 zmq::context_t& ZmqContext();
 
-// The local address this host uses to reach `endpoint`'s host (by asking the kernel's routing
-// table with an unconnected UDP socket): what a node advertises to its peers.
-absl::StatusOr<std::string> LocalAddressFor(const std::string& endpoint);
-
 }  // namespace shardline::protocol

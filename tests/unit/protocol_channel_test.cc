@@ -8,6 +8,7 @@
 
 #include <thread>
 
+#include "protocol/address_rule.h"
 #include "protocol/channel.h"
 #include "protocol/rpc_client.h"
 

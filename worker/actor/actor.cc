@@ -17,6 +17,7 @@
 #include "monitoring/metrics.h"
 #include "monitoring/metrics_server.h"
 #include "placement/job_spec.h"
+#include "protocol/address_rule.h"
 #include "protocol/rpc_client.h"
 #include "spdlog/spdlog.h"
 #include "worker/actor/calibration.h"
@@ -158,7 +159,10 @@ class Actor {
 };
 
 absl::Status Actor::Connect() {
-  ASSIGN_OR_RETURN(address_, protocol::LocalAddressFor(options_.coordinator));
+  ASSIGN_OR_RETURN(
+      const protocol::AdvertisedAddress advertised,
+      protocol::ChooseAdvertisedAddress(options_.advertise_address, "", options_.coordinator));
+  address_ = advertised.address;
   // Loopback unless its agent was told otherwise (--actor-metrics-host): a metrics endpoint
   // tells whoever reaches it what the job is doing.
   const std::string metrics_address =

@@ -20,6 +20,8 @@ struct ActorOptions {
   std::string node_id;
   std::string device = "cpu:0";  // cpu:N | cuda:N
   std::string metrics_address;   // empty: loopback, any port
+  // Its agent's advertised address (protocol/address_rule.h); empty: the route to the coordinator.
+  std::string advertise_address;
   protocol::CurveSetup curve;    // its agent's: the node key, or --insecure
 };
 

@@ -15,6 +15,7 @@
 #include "absl/strings/escaping.h"
 #include "common/process.h"
 #include "common/status_macros.h"
+#include "protocol/address_rule.h"
 #include "spdlog/spdlog.h"
 #include "worker/actor/actor.h"
 #include "worker/wire_observer.h"
@@ -103,7 +104,14 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(AgentOptions options) {
   ASSIGN_OR_RETURN(auto metrics_server, monitoring::MetricsServer::Start(options.metrics_address));
   auto agent = std::unique_ptr<Agent>(
       new Agent(std::move(options), std::move(devices), std::move(metrics_server)));
-  ASSIGN_OR_RETURN(agent->address_, protocol::LocalAddressFor(agent->options_.coordinator));
+  ASSIGN_OR_RETURN(
+      const protocol::AdvertisedAddress advertised,
+      protocol::ChooseAdvertisedAddress(agent->options_.advertise_address,
+                                        agent->options_.interface, agent->options_.coordinator));
+  agent->address_ = advertised.address;
+  agent->interface_ = advertised.interface;
+  spdlog::info("node {} advertises {} ({})", agent->options_.node_id, advertised.address,
+               advertised.how);
   ASSIGN_OR_RETURN(const auto curve,
                    protocol::ResolveClientCurve(agent->options_.curve, protocol::PeerRole::kNode));
   if (!curve) {
@@ -319,15 +327,26 @@ void Agent::SpawnActors(wire::SpawnActors::Reader request) {
     SpawnOptions spawn;
     spawn.argv = {options_.actor_binary,
                   "actor",
-                  "--coordinator", options_.coordinator,
-                  "--cluster-id", options_.cluster_id,
-                  "--job", job_id,
-                  "--generation", std::to_string(generation),
-                  "--rank", std::to_string(actor.getRank()),
-                  "--node-id", options_.node_id,
-                  "--device", DeviceArg(actor.getDevice()),
-                  "--log-level", options_.log_level,
-                  "--metrics", options_.actor_metrics_host + ":0"};
+                  "--coordinator",
+                  options_.coordinator,
+                  "--cluster-id",
+                  options_.cluster_id,
+                  "--job",
+                  job_id,
+                  "--generation",
+                  std::to_string(generation),
+                  "--rank",
+                  std::to_string(actor.getRank()),
+                  "--node-id",
+                  options_.node_id,
+                  "--device",
+                  DeviceArg(actor.getDevice()),
+                  "--log-level",
+                  options_.log_level,
+                  "--metrics",
+                  options_.actor_metrics_host + ":0",
+                  "--advertise-address",
+                  address_};
     for (std::string& flag : options_.curve.Flags()) spawn.argv.push_back(std::move(flag));
     // The node's cores are shared by its CPU actors: each gets its share of threads for OpenMP
     // and OpenBLAS, as torchrun sets OMP_NUM_THREADS. Unshared, four actors on two cores run
@@ -340,6 +359,12 @@ void Agent::SpawnActors(wire::SpawnActors::Reader request) {
     const std::string threads = std::to_string(ThreadsPerActor());
     for (const char* name : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"}) {
       if (std::getenv(name) == nullptr) spawn.extra_env.emplace_back(name, threads);
+    }
+    // NCCL's bootstrap and data sockets on the node's advertised interface ('=': exactly that
+    // name, not a prefix), so that nobody sets NCCL_SOCKET_IFNAME by hand; a value the agent was
+    // started with wins.
+    if (!interface_.empty() && std::getenv("NCCL_SOCKET_IFNAME") == nullptr) {
+      spawn.extra_env.emplace_back("NCCL_SOCKET_IFNAME", "=" + interface_);
     }
     if (!options_.log_dir.empty()) {
       spawn.log_path = (std::filesystem::path(options_.log_dir) /

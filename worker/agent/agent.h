@@ -28,6 +28,11 @@ struct AgentOptions {
   std::string cluster_id = "shardline";
   std::string node_id;        // default: the host name
   std::string devices = "auto";
+  // What this node advertises to its peers (protocol/address_rule.h): an explicit address, else
+  // the interface's, else the address that routes to the coordinator. Its actors' ZeroMQ, Gloo
+  // and NCCL sockets use the same.
+  std::string advertise_address;
+  std::string interface;
   std::string metrics_address = "127.0.0.1:0";
   // Where its actors' metrics endpoints listen (any port): loopback unless a Prometheus on
   // another host is to scrape them (then this node's address, or 0.0.0.0).
@@ -80,7 +85,8 @@ class Agent {
   AgentOptions options_;
   std::vector<LocalDevice> devices_;
   std::string instance_id_;
-  std::string address_;
+  std::string address_;    // advertised (protocol/address_rule.h)
+  std::string interface_;  // the interface holding it; "" when none does
   std::unique_ptr<monitoring::MetricsServer> metrics_server_;
   monitoring::WireMetrics wire_metrics_;
   monitoring::AgentMetrics metrics_;
