@@ -51,6 +51,19 @@ int Status(const ClientOptions& client, const StatusOptions& options);
 
 int Cancel(const ClientOptions& client, const std::string& job_id);
 
+// `shardline slurm SPEC` (cli/slurm.cc): a cluster inside a SLURM allocation, one task per node.
+struct SlurmOptions {
+  std::string spec_path;
+  std::string rendezvous_dir;  // empty: ~/.shardline/slurm/JOB.STEP (a file system nodes share)
+  std::string devices;         // empty: the node's allocated GPUs, else its allocated CPUs
+  std::string advertise_address, interface;  // protocol/address_rule.h
+  std::chrono::seconds start_timeout{120};   // for the first node to publish the coordinator
+  std::chrono::seconds wait_timeout{7 * 24 * 3600};  // the job (SLURM's time limit comes first)
+  std::string log_level = "info";
+};
+// `argc`/`argv`: the command line, run again under srun from a batch script.
+int Slurm(const SlurmOptions& options, int argc, char** argv);
+
 struct UpOptions {
   int devices = 0;  // 0: DefaultUpDevices() of the cores this process may run on
   std::string job_path;  // empty: the embedded default job

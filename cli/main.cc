@@ -256,6 +256,34 @@ int Main(int argc, char** argv) {
   up_cmd->add_flag("--insecure", up_options.insecure,
                    "No CURVE keys (by default `up` makes throwaway ones in WORK_DIR/keys)");
 
+  SlurmOptions slurm_options;
+  int64_t slurm_start_timeout_s = slurm_options.start_timeout.count();
+  int64_t slurm_wait_timeout_s = slurm_options.wait_timeout.count();
+  auto* slurm_cmd = app.add_subcommand(
+      "slurm", "Run a job on a cluster of this SLURM allocation's nodes (in an sbatch script)");
+  slurm_cmd->add_option("spec", slurm_options.spec_path, "Job spec file")->required();
+  slurm_cmd->add_option("--rendezvous-dir", slurm_options.rendezvous_dir,
+                        "Where the first node publishes the coordinator's endpoint and the "
+                        "allocation's keys, on a file system every node shares (default "
+                        "~/.shardline/slurm/JOB.STEP; mode 0700, removed at the end)");
+  slurm_cmd->add_option("--devices", slurm_options.devices,
+                        "Each node's devices (default: its allocated GPUs, else cpu:N for its "
+                        "N allocated CPUs)");
+  slurm_cmd->add_option("--advertise-address", slurm_options.advertise_address,
+                        "The address each node advertises (default: the interface that routes "
+                        "to the coordinator; the coordinator's routes to the other nodes)");
+  slurm_cmd->add_option("--interface", slurm_options.interface,
+                        "Advertise this interface's address on every node");
+  slurm_cmd
+      ->add_option("--start-timeout-s", slurm_start_timeout_s,
+                   "How long the other nodes wait for the first one's coordinator")
+      ->check(CLI::Range(1, 86400))
+      ->capture_default_str();
+  slurm_cmd->add_option("--wait-timeout-s", slurm_wait_timeout_s, "How long to follow the job")
+      ->check(CLI::Range(1, 100 * 86400))
+      ->capture_default_str();
+  slurm_cmd->add_option("--log-level", log_level);
+
   KeygenOptions keygen_options;
   auto* keygen_cmd = app.add_subcommand(
       "keygen", "Make the cluster's CURVE keys (coordinator, node, client) and allowlist");
@@ -482,6 +510,12 @@ int Main(int argc, char** argv) {
     return *inspect_cmd ? CheckpointInspect(inspect_options) : CheckpointExport(export_options);
   }
   if (*keygen_cmd) return Keygen(keygen_options);
+  if (*slurm_cmd) {
+    slurm_options.log_level = log_level;
+    slurm_options.start_timeout = std::chrono::seconds(slurm_start_timeout_s);
+    slurm_options.wait_timeout = std::chrono::seconds(slurm_wait_timeout_s);
+    return Slurm(slurm_options, argc, argv);
+  }
   if (*up_cmd) {
     up_options.log_level = log_level;
     return Up(up_options);

@@ -55,7 +55,14 @@ absl::StatusOr<pid_t> Spawn(const SpawnOptions& options) {
   for (const auto& a : options.argv) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
   std::vector<std::string> env_strings;
-  for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
+  // extra_env replaces a variable of the same name (getenv would find the first of two).
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string_view entry(*e);
+    const std::string_view name = entry.substr(0, entry.find('='));
+    bool replaced = false;
+    for (const auto& [k, v] : options.extra_env) replaced = replaced || k == name;
+    if (!replaced) env_strings.emplace_back(entry);
+  }
   for (const auto& [k, v] : options.extra_env) env_strings.push_back(k + "=" + v);
   std::vector<char*> envp;
   for (auto& e : env_strings) envp.push_back(e.data());

@@ -15,7 +15,7 @@ namespace shardline {
 
 struct SpawnOptions {
   std::vector<std::string> argv;  // argv[0] is the program's path
-  std::vector<std::pair<std::string, std::string>> extra_env;
+  std::vector<std::pair<std::string, std::string>> extra_env;  // added to, or replacing, ours
   // The child gets SIGKILL when the spawning thread's process dies, so a killed parent leaves
   // no orphans behind (Linux PR_SET_PDEATHSIG).
   bool die_with_parent = true;

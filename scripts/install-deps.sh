@@ -36,6 +36,9 @@ packages=(
   python3 python3-torch python3-numpy
   # process and network tools the fault tests use
   procps iproute2 psmisc
+  # SLURM for real in tests/integration/slurm_cluster_test.sh (slurmctld, slurmd, srun, sbatch;
+  # munge authenticates them); `shardline slurm` needs only the client commands on a cluster
+  slurm-wlm munge
 )
 
 sudo_cmd=()

@@ -111,9 +111,12 @@ struct CommandResult {
 
 // Runs `shardline ARGS` to its end, at most `deadline` (then it is stopped and the result says
 // so), its output through `log` (a file it overwrites).
-inline CommandResult RunShardline(const std::vector<std::string>& args, const std::string& log,
-                                  std::chrono::seconds deadline = std::chrono::seconds(60)) {
+inline CommandResult RunShardline(
+    const std::vector<std::string>& args, const std::string& log,
+    std::chrono::seconds deadline = std::chrono::seconds(60),
+    const std::vector<std::pair<std::string, std::string>>& env = {}) {
   SpawnOptions spawn;
+  spawn.extra_env = env;
   spawn.argv = {ShardlineBinary()};
   spawn.argv.insert(spawn.argv.end(), args.begin(), args.end());
   spawn.log_path = log;
