@@ -348,6 +348,7 @@ nlohmann::json StatusToJson(wire::ClusterStatus::Reader status) {
     nlohmann::json n = {{"node_id", Str(node.getNodeId())},
                         {"hostname", Str(node.getHostname())},
                         {"address", Str(node.getAddress())},
+                        {"address_chosen_by", Str(node.getAddressChosenBy())},
                         {"state", Str(node.getState())},
                         {"last_heartbeat_ago_ms", node.getLastHeartbeatAgoMs()},
                         {"metrics_address", Str(node.getMetricsAddress())},
@@ -405,7 +406,8 @@ nlohmann::json StatusToJson(wire::ClusterStatus::Reader status) {
                              {"pid", a.getPid()},
                              {"state", Str(a.getState())},
                              {"detail", Str(a.getDetail())},
-                             {"metrics_address", Str(a.getMetricsAddress())}});
+                             {"metrics_address", Str(a.getMetricsAddress())},
+                             {"address", Str(a.getAddress())}});
     }
     j["results"] = nlohmann::json::array();
     for (auto r : job.getResults()) {

@@ -493,6 +493,7 @@ absl::Status Coordinator::OnRegisterNode(const std::string& peer, uint64_t reque
   node.instance_id = Str(request.getInstanceId());
   node.hostname = Str(request.getHostname());
   node.address = Str(request.getAddress());
+  node.address_chosen_by = Str(request.getAddressChosenBy());
   node.metrics_address = Str(request.getMetricsAddress());
   node.pid = request.getPid();
   node.peer = peer;
@@ -1059,9 +1060,23 @@ absl::Status Coordinator::OnCommFailed(const std::string& peer, uint64_t request
   ReplyAck(peer, request_id);
   Job& job = jobs_[job_id];
   OnFault(job, MakeFault(job, FaultKind::kCommError, actor->rank, actor->node_id,
-                         "could not join group " + Str(report.getGroupId()) + ": " +
-                             actor->detail));
+                         "could not join group " + Str(report.getGroupId()) + ": " + actor->detail +
+                             "; " + DescribeAdvertisedAddresses(job)));
   return absl::OkStatus();
+}
+
+std::string Coordinator::DescribeAdvertisedAddresses(const Job& job) {
+  // What each node of the generation advertised and why, so that an address its peers cannot
+  // reach is named with how it was chosen (protocol/address_rule.h).
+  std::string out = "the nodes advertised";
+  std::set<std::string> seen;
+  for (const ActorRecord& actor : job.actors) {
+    if (!seen.insert(actor.node_id).second) continue;
+    const NodeInfo* node = membership_.Find(actor.node_id);
+    out += (seen.size() > 1 ? ", " : " ") + actor.node_id + " " +
+           (node ? node->address + " (" + node->address_chosen_by + ")" : "?");
+  }
+  return out;
 }
 
 absl::Status Coordinator::OnStepReport(const std::string& peer, uint64_t request_id,
@@ -1450,9 +1465,12 @@ void Coordinator::Supervise() {
         OnFault(job, supervisor_.HangFault(job, stopped, now));
         break;
       }
-      case GenerationSupervisor::Due::kBootstrapTimeout:
-        OnFault(job, supervisor_.BootstrapFault(job, now));
+      case GenerationSupervisor::Due::kBootstrapTimeout: {
+        Fault fault = supervisor_.BootstrapFault(job, now);
+        fault.detail += "; " + DescribeAdvertisedAddresses(job);
+        OnFault(job, std::move(fault));
         break;
+      }
       case GenerationSupervisor::Due::kRunTimeout:
         EndJob(job, JobState::kFailed,
                "run timeout of " + FormatSeconds(Seconds(job.spec.run_timeout)) + " reached");

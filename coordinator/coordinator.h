@@ -129,6 +129,9 @@ class Coordinator {
                           wire::CommJoin::Reader report);
   absl::Status OnCommReady(const std::string& peer, uint64_t request_id,
                            wire::CommReady::Reader report);
+  // "the nodes advertised host-1 10.0.0.2 (the interface eth0 routes to ...), ...": for errors
+  // of a generation's bootstrap.
+  std::string DescribeAdvertisedAddresses(const Job& job);
   absl::Status OnCommFailed(const std::string& peer, uint64_t request_id,
                             wire::CommFailed::Reader report);
   absl::Status OnStepReport(const std::string& peer, uint64_t request_id,

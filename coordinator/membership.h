@@ -35,6 +35,7 @@ struct NodeInfo {
   std::string instance_id;  // distinguishes a restarted agent from a second agent
   std::string hostname;
   std::string address;
+  std::string address_chosen_by;  // why that address, as the agent chose it
   std::string metrics_address;
   std::string peer;  // ROUTER routing id of the agent's connection
   uint32_t pid = 0;

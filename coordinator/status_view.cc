@@ -49,6 +49,7 @@ void FillStatus(wire::ClusterStatus::Builder status, const StatusSource& source,
     out.setNodeId(CapText(node.node_id));
     out.setHostname(CapText(node.hostname));
     out.setAddress(CapText(node.address));
+    out.setAddressChosenBy(CapText(node.address_chosen_by));
     out.setState(node.alive ? "alive" : "dead");
     out.setMetricsAddress(CapText(node.metrics_address));
     out.setLastHeartbeatAgoMs(static_cast<uint64_t>(
@@ -116,6 +117,7 @@ void FillStatus(wire::ClusterStatus::Builder status, const StatusSource& source,
       actors[a].setState(CapText(std::string(ActorStateName(actor.state))));
       actors[a].setDetail(CapText(actor.detail));
       actors[a].setMetricsAddress(CapText(actor.metrics_address));
+      actors[a].setAddress(CapText(actor.address));
     }
     auto results = out.initResults(static_cast<unsigned>(job.results.size()));
     for (size_t r = 0; r < job.results.size(); ++r) {

@@ -79,6 +79,7 @@ struct RegisterNode {
   devices @4 :List(Device);
   metricsAddress @5 :Text;
   pid @6 :UInt32;
+  addressChosenBy @7 :Text;  # why this address (protocol/address_rule.h): "--interface eth1", ...
 }
 
 struct RegisterNodeReply {
@@ -146,6 +147,7 @@ struct NodeStatus {
   metricsAddress @6 :Text;
   actors @7 :UInt32;
   calibration @8 :NodeCalibration;  # what the node's actors last measured
+  addressChosenBy @9 :Text;
 }
 
 # What the planner knows of one node from its actors' start-up measurements (Calibration); a
@@ -288,6 +290,7 @@ struct ActorStatus {
   state @4 :Text;           # spawning | registered | bootstrapping | ready | running | succeeded | failed | lost
   detail @5 :Text;
   metricsAddress @6 :Text;
+  address @7 :Text;         # where its communicators listen (its node's advertised address)
 }
 
 # One (operation, size) of a comm-check, as rank 0 measured it; `ok` is every rank's verdict.

@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <map>
 #include <set>
 #include <string>
 
@@ -97,6 +98,86 @@ TEST(ClusterMultiHostTest, ACutLinkLosesTheNodeTheJobGoesOnAndGrowsBackWhenItRet
                 {"cancel", *id, "--coordinator", cluster.endpoint(), "--keys", cluster.key_dir()})
                 .exit_code,
             0);
+}
+
+// The address rule (protocol/address_rule.h): each host has a second interface that does not
+// route to the coordinator, and no GLOO_SOCKET_IFNAME or NCCL_SOCKET_IFNAME is set; every node
+// advertises, and its actors' Gloo pairs use, the address of the interface that does.
+TEST(ClusterMultiHostTest, EachHostAdvertisesTheInterfaceThatRoutesToTheCoordinator) {
+  absl::StatusOr<NetNamespaces> hosts = NetNamespaces::Create(2);
+  if (!hosts.ok()) GTEST_SKIP() << "cannot make network namespaces: " << hosts.status();
+  ASSERT_TRUE(hosts->AddDecoyInterface(1).ok());
+  ASSERT_TRUE(hosts->AddDecoyInterface(2).ok());
+  unsetenv("GLOO_SOCKET_IFNAME");
+  unsetenv("NCCL_SOCKET_IFNAME");
+  LocalCluster::Options options;
+  options.coordinator_host = hosts->address(0);
+  LocalCluster cluster(options);
+  ASSERT_TRUE(cluster.StartCoordinator().ok());
+  ASSERT_TRUE(cluster.StartAgentIn(hosts->netns(1), "host-1", "cpu:1").ok());
+  ASSERT_TRUE(cluster.StartAgentIn(hosts->netns(2), "host-2", "cpu:1").ok());
+  ASSERT_TRUE(cluster.WaitForAliveNodes(2, 20s).ok()) << cluster.Log("coordinator");
+  auto status = cluster.Status();
+  ASSERT_TRUE(status.ok());
+  std::map<std::string, std::string> addresses;
+  for (const auto& node : (*status)["nodes"]) {
+    addresses[node["node_id"].get<std::string>()] = node["address"].get<std::string>();
+  }
+  EXPECT_EQ(addresses, (std::map<std::string, std::string>{{"host-1", hosts->address(1)},
+                                                           {"host-2", hosts->address(2)}}));
+  EXPECT_THAT(cluster.Log("agent-host-2"), HasSubstr("node host-2 advertises " + hosts->address(2) +
+                                                     " (the interface eth0 routes to"));
+
+  auto id = cluster.Submit(
+      "name: routed\nkind: comm-check\nactors: 2\ndevices: cpu\nbackend: gloo\n"
+      "bootstrap_timeout_s: 20\ncomm_check: {max_bytes: 64KiB}\n");
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto done = cluster.WaitForJobEnd(*id, 90s);
+  ASSERT_TRUE(done.ok()) << done.status() << cluster.Log("coordinator");
+  EXPECT_EQ((*done)["state"], "succeeded") << done->dump(2);
+  EXPECT_THAT(cluster.Log("coordinator"),
+              ContainsRegex("group world ready in [0-9.]+ s over gloo"));
+  // Each actor registered the address its Gloo pairs listen on: its host's routed one.
+  std::set<std::string> actor_addresses;
+  for (const auto& actor : (*done)["actors"]) {
+    actor_addresses.insert(actor["address"].get<std::string>());
+  }
+  EXPECT_EQ(actor_addresses, (std::set<std::string>{hosts->address(1), hosts->address(2)}));
+}
+
+// Advertised addresses the others cannot reach (each host told to advertise its decoy; of a
+// pair Gloo dials one side only, so both are wrong here): the job fails within its bootstrap
+// deadline, naming each node, its address and how it was chosen.
+TEST(ClusterMultiHostTest, AnUnreachableAdvertisedAddressIsNamedWithinTheBootstrapDeadline) {
+  absl::StatusOr<NetNamespaces> hosts = NetNamespaces::Create(2);
+  if (!hosts.ok()) GTEST_SKIP() << "cannot make network namespaces: " << hosts.status();
+  LocalCluster::Options options;
+  options.coordinator_host = hosts->address(0);
+  LocalCluster cluster(options);
+  ASSERT_TRUE(cluster.StartCoordinator().ok());
+  for (int host : {1, 2}) {
+    ASSERT_TRUE(hosts->AddDecoyInterface(host).ok());
+    ASSERT_TRUE(cluster
+                    .StartAgentIn(hosts->netns(host), "host-" + std::to_string(host), "cpu:1",
+                                  {"--advertise-address", hosts->decoy_address(host)})
+                    .ok());
+  }
+  ASSERT_TRUE(cluster.WaitForAliveNodes(2, 20s).ok()) << cluster.Log("coordinator");
+  const auto started = std::chrono::steady_clock::now();
+  auto id = cluster.Submit(
+      "name: unreachable\nkind: comm-check\nactors: 2\ndevices: cpu\nbackend: gloo\n"
+      "bootstrap_timeout_s: 8\n");
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto done = cluster.WaitForJobEnd(*id, 60s);
+  ASSERT_TRUE(done.ok()) << done.status() << cluster.Log("coordinator");
+  EXPECT_EQ((*done)["state"], "failed") << done->dump(2);
+  const std::string error = (*done)["error"];
+  for (int host : {1, 2}) {
+    EXPECT_THAT(error, HasSubstr("host-" + std::to_string(host) + " " + hosts->decoy_address(host) +
+                                 " (--advertise-address)"))
+        << error;
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 40s) << error;
 }
 
 }  // namespace

@@ -208,9 +208,10 @@ absl::StatusOr<pid_t> LocalCluster::StartAgent(
 
 absl::StatusOr<pid_t> LocalCluster::StartAgentIn(const std::string& netns,
                                                  const std::string& node_id,
-                                                 const std::string& devices) {
+                                                 const std::string& devices,
+                                                 const std::vector<std::string>& extra_args) {
   // `ip netns exec` enters the namespace and execs the agent: the pid is the agent's.
-  return SpawnAgent({IpCommand(), "netns", "exec", netns}, node_id, devices, {}, {});
+  return SpawnAgent({IpCommand(), "netns", "exec", netns}, node_id, devices, {}, extra_args);
 }
 
 absl::StatusOr<pid_t> LocalCluster::SpawnAgent(

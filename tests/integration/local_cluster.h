@@ -88,7 +88,8 @@ class LocalCluster {
   // The same inside network namespace `netns` (`ip netns exec NETNS shardline agent ...`): a host
   // of its own, whose actors talk to the others by its address there.
   absl::StatusOr<pid_t> StartAgentIn(const std::string& netns, const std::string& node_id,
-                                     const std::string& devices);
+                                     const std::string& devices,
+                                     const std::vector<std::string>& extra_args = {});
   // Waits until `count` nodes are alive.
   absl::Status WaitForAliveNodes(int count, std::chrono::milliseconds timeout);
 

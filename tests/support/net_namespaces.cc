@@ -91,6 +91,26 @@ std::string NetNamespaces::address(int host) const {
   return subnet_ + "." + std::to_string(host + 1);
 }
 
+absl::Status NetNamespaces::AddDecoyInterface(int host) {
+  const std::string& ns = netns(host);
+  for (const std::string& command :
+       // A veth pair with both ends inside (the VMs here have no `dummy` module).
+       {"ip -n " + ns + " link add decoy0 type veth peer name decoy1",
+        "ip -n " + ns + " addr add " + decoy_address(host) + "/24 dev decoy0",
+        "ip -n " + ns + " link set decoy1 up", "ip -n " + ns + " link set decoy0 up"}) {
+    if (absl::Status status = Run(command); !status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
+
+std::string NetNamespaces::decoy_address(int host) const {
+  // The same third octet one above the bridge's: another /24, the bridge's never.
+  const size_t dot = subnet_.rfind('.');
+  const int octet = std::stoi(subnet_.substr(dot + 1));
+  return subnet_.substr(0, dot) + "." + std::to_string((octet + 1) % 256) + "." +
+         std::to_string(host + 1);
+}
+
 absl::Status NetNamespaces::SetLink(int host, bool up) {
   return Run("ip link set " + links_.at(static_cast<size_t>(host)) + (up ? " up" : " down"));
 }

@@ -26,6 +26,11 @@ class NetNamespaces {
   std::string address(int host) const;
   // Takes host `host`'s link down or up (its veth end on the bridge).
   absl::Status SetLink(int host, bool up);
+  // Gives host `host` a second interface, `decoy0`, with decoy_address(host) on a subnet of its
+  // own that routes nowhere: the address a careless choice (the first interface, the host name)
+  // would advertise, that no other host can reach.
+  absl::Status AddDecoyInterface(int host);
+  std::string decoy_address(int host) const;
 
  private:
   NetNamespaces() = default;

@@ -110,6 +110,7 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(AgentOptions options) {
                                         agent->options_.interface, agent->options_.coordinator));
   agent->address_ = advertised.address;
   agent->interface_ = advertised.interface;
+  agent->address_chosen_by_ = advertised.how;
   spdlog::info("node {} advertises {} ({})", agent->options_.node_id, advertised.address,
                advertised.how);
   ASSIGN_OR_RETURN(const auto curve,
@@ -149,6 +150,7 @@ absl::Status Agent::SendRegistration() {
   request.setAddress(address_);
   request.setMetricsAddress(metrics_server_->address());
   request.setPid(static_cast<uint32_t>(getpid()));
+  request.setAddressChosenBy(address_chosen_by_);
   auto list = request.initDevices(static_cast<unsigned>(devices_.size()));
   for (size_t i = 0; i < devices_.size(); ++i) {
     list[i].setKind(devices_[i].kind);

@@ -87,6 +87,7 @@ class Agent {
   std::string instance_id_;
   std::string address_;    // advertised (protocol/address_rule.h)
   std::string interface_;  // the interface holding it; "" when none does
+  std::string address_chosen_by_;
   std::unique_ptr<monitoring::MetricsServer> metrics_server_;
   monitoring::WireMetrics wire_metrics_;
   monitoring::AgentMetrics metrics_;
