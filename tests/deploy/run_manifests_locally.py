@@ -444,9 +444,15 @@ def run(source, binary, tmp):
     coordinator, agent, submit = pods
     # The job spec's checkpoint folder, relative to the submit Job's working directory, is on a
     # claim the agents mount at the same path (the actors write where submit resolved it).
-    spec_mount = [m for m in submit.container["volumeMounts"] if "job" in m["mountPath"]]
-    spec_path = submit.argv[2]
-    spec = yaml.safe_load(open(spec_path))
+    spec_in_pod = [a for a in submit.container["command"][2:] if not a.startswith("-")][0]
+    spec_mount = [m for m in submit.container["volumeMounts"]
+                  if spec_in_pod.startswith(m["mountPath"] + "/")]
+    spec_volume = [v for v in submit.spec["volumes"] if spec_mount and
+                   v["name"] == spec_mount[0]["name"] and "configMap" in v]
+    if not spec_volume:
+        raise Failure("the submit Job's spec %s is not on a ConfigMap volume" % spec_in_pod)
+    with open(submit.remap(spec_in_pod)) as f:
+        spec = yaml.safe_load(f)
     work_dir = submit.container["workingDir"]
     checkpoint_in_pod = os.path.join(work_dir, spec["checkpoint"]["dir"])
     shared = [p for p in agent.mounts if agent.mounts[p] and
@@ -454,10 +460,10 @@ def run(source, binary, tmp):
     if not shared or agent.mounts[shared[0]] != submit.mounts.get(shared[0]):
         raise Failure("the checkpoint folder %s is not on a claim the agent mounts at the same "
                       "path" % checkpoint_in_pod)
-    log("job spec %s (from the ConfigMap, mounted by %s): checkpoints in %s, on the claim "
-        "mounted at %s in the agent and the submit Job"
-        % (spec["name"], spec_mount[0]["name"] if spec_mount else "?", checkpoint_in_pod,
-           shared[0]))
+    log("job spec %s (%s, from the ConfigMap %s): checkpoints in %s, on the claim mounted at %s "
+        "in the agent and the submit Job" % (spec["name"], spec_in_pod,
+                                             spec_volume[0]["configMap"]["name"],
+                                             checkpoint_in_pod, shared[0]))
 
     try:
         start(coordinator)
