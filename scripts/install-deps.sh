@@ -180,3 +180,37 @@ else
   echo "install-deps: openai client ($openai_client_version) installed in $openai_client_prefix"
 fi
 # ---- end of OpenAI client ----------------------------------------------------------------------
+
+# ---- Kubernetes schemas: kubernetes-validate from PyPI, into its own prefix --------------------
+# For tests/deploy/ (deploy_kubernetes.cmake): the manifests of deploy/kubernetes/ validated offline
+# against the Kubernetes API's JSON schemas, which the `kubernetes-validate` wheel ships for every
+# Kubernetes minor release it supports (about 100 MB). Installed like the OpenAI client above into
+# PREFIX (default /opt/shardline/deps/kubernetes-validate, the build's
+# SHARDLINE_KUBERNETES_VALIDATE_DIR), for /usr/bin/python3 with PREFIX/lib/python3.*/*-packages on
+# PYTHONPATH. Pinned, with every dependency pinned too (--no-deps): the closure pip resolved for it
+# on Debian's python3.11 (PyYAML and rpds-py are compiled wheels for CPython 3.11).
+k8s_validate_version=1.37.0
+k8s_validate_requirements="kubernetes-validate==$k8s_validate_version PyYAML==6.0.4 jsonschema==4.26.0
+jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1 attrs==26.1.0
+typing_extensions==4.16.0 importlib_resources==7.1.0 packaging==26.4"
+k8s_validate_requirements=${k8s_validate_requirements//$'\n'/ }
+k8s_validate_prefix=${SHARDLINE_KUBERNETES_VALIDATE_DIR:-/opt/shardline/deps/kubernetes-validate}
+if compgen -G "$k8s_validate_prefix/lib/python3*/*-packages/kubernetes_validate/__init__.py" >/dev/null &&
+   [[ "$(cat "$k8s_validate_prefix/VERSION" 2>/dev/null)" == "$k8s_validate_requirements" ]]; then
+  echo "install-deps: kubernetes-validate present in $k8s_validate_prefix"
+else
+  # shellcheck disable=SC2086  # the pinned requirements
+  pip_into_staging "$k8s_validate_prefix" $k8s_validate_requirements
+  site=$(compgen -G "$root/lib/python3*/*-packages" | head -n 1 || true)
+  if [[ -z "$site" ]] || ! PYTHONPATH="$site" /usr/bin/python3 -c '
+import sys, yaml, kubernetes_validate.utils as utils, kubernetes_validate.version as v
+sys.exit(v.__version__ != sys.argv[1] or not utils.__file__.startswith(sys.argv[2])
+         or not utils.all_versions())' "$k8s_validate_version" "$site"; then
+    echo "install-deps: /usr/bin/python3 cannot import kubernetes-validate $k8s_validate_version" \
+      "and its schemas from $root/lib/python3*/*-packages" >&2
+    exit 1
+  fi
+  move_into_place "$k8s_validate_prefix" "$k8s_validate_requirements"
+  echo "install-deps: kubernetes-validate ($k8s_validate_requirements) installed in $k8s_validate_prefix"
+fi
+# ---- end of Kubernetes schemas -----------------------------------------------------------------
