@@ -30,6 +30,7 @@ constexpr std::string_view kCommCheck = "comm_check";
 constexpr std::string_view kMinBytes = "min_bytes";
 constexpr std::string_view kMaxBytes = "max_bytes";
 constexpr std::string_view kIterations = "iterations";
+constexpr std::string_view kWarmupIterations = "warmup_iterations";
 constexpr std::string_view kOps = "ops";
 constexpr std::string_view kUnevenSizes = "uneven_sizes";
 
@@ -176,9 +177,9 @@ absl::Status CheckWholeElements(const YamlMap& map, std::string_view key, int64_
 }
 
 absl::StatusOr<CommCheckSpec> ParseCommCheck(const YamlMap& parent) {
-  ASSIGN_OR_RETURN(
-      const YamlMap map,
-      parent.OptionalMap(kCommCheck, {kMinBytes, kMaxBytes, kIterations, kOps, kUnevenSizes}));
+  ASSIGN_OR_RETURN(const YamlMap map,
+                   parent.OptionalMap(kCommCheck, {kMinBytes, kMaxBytes, kIterations,
+                                                   kWarmupIterations, kOps, kUnevenSizes}));
   CommCheckSpec spec;
   const IntRange size_range{.min = kCommCheckElementBytes, .max = kCommCheckMaxBytes};
   ASSIGN_OR_RETURN(spec.min_bytes, map.OptionalBytes(kMinBytes, spec.min_bytes, size_range));
@@ -199,6 +200,10 @@ absl::StatusOr<CommCheckSpec> ParseCommCheck(const YamlMap& parent) {
   ASSIGN_OR_RETURN(const int64_t iterations,
                    map.OptionalInt64(kIterations, spec.iterations, {.min = 1, .max = 1000}));
   spec.iterations = static_cast<int>(iterations);
+  ASSIGN_OR_RETURN(
+      const int64_t warmups,
+      map.OptionalInt64(kWarmupIterations, spec.warmup_iterations, {.min = 0, .max = 1000}));
+  spec.warmup_iterations = static_cast<int>(warmups);
   ASSIGN_OR_RETURN(spec.ops, map.OptionalStringList(kOps, kCommCheckOps));
   for (size_t i = 0; i < spec.ops.size(); ++i) {
     for (size_t j = 0; j < i; ++j) {

@@ -45,7 +45,12 @@ inline constexpr int kMaxActors = 65536;
 struct CommCheckSpec {
   int64_t min_bytes = 4;         // smallest message (1 f32 element)
   int64_t max_bytes = 64 << 20;  // largest message
-  int iterations = 3;            // timed iterations per (op, size), after 1 warm-up
+  // As nccl-tests (-w, -n): per (op, size), untimed warm-up runs, then `iterations` back to back,
+  // timed from a barrier, then one run whose output is checked. The warm-ups are as many as the
+  // shared-memory all-reduce takes to try each of its algorithms (comm/all_reduce_tuner.h):
+  // fewer, and the table times the tuner trying slow ones.
+  int warmup_iterations = 10;
+  int iterations = 20;
   // Empty means all of kCommCheckOps; otherwise a subset, each op at most once.
   std::vector<std::string> ops;
   // Also test a few element counts that are not powers of two (see CommCheckSizesBytes).

@@ -89,6 +89,7 @@ TEST(JobSpecTest, FullSpecIsRead) {
                                        "  min_bytes: 1KiB\n"
                                        "  max_bytes: 1GB\n"
                                        "  iterations: 10\n"
+                                       "  warmup_iterations: 0\n"
                                        "  ops: [broadcast, barrier]\n"
                                        "  uneven_sizes: false\n");
   ASSERT_TRUE(spec.ok()) << spec.status();
@@ -99,6 +100,7 @@ TEST(JobSpecTest, FullSpecIsRead) {
   EXPECT_EQ(spec->comm_check.min_bytes, 1024);
   EXPECT_EQ(spec->comm_check.max_bytes, 1'000'000'000);
   EXPECT_EQ(spec->comm_check.iterations, 10);
+  EXPECT_EQ(spec->comm_check.warmup_iterations, 0);
   EXPECT_THAT(spec->comm_check.ops, ElementsAre("broadcast", "barrier"));
   EXPECT_FALSE(spec->comm_check.uneven_sizes);
 }
@@ -188,6 +190,8 @@ TEST(JobSpecTest, ImpossibleCommCheckValues) {
               HasSubstr("comm_check.max_bytes: must be between 4B and 1GiB, got 2GiB"));
   EXPECT_THAT(ErrorOf(prefix + "  iterations: 0\n"),
               HasSubstr("comm_check.iterations: must be between 1 and 1000, got 0"));
+  EXPECT_THAT(ErrorOf(prefix + "  warmup_iterations: -1\n"),
+              HasSubstr("comm_check.warmup_iterations: must be between 0 and 1000, got -1"));
   EXPECT_TRUE(Parse(prefix + "  max_bytes: 1GiB\n").ok());
 }
 

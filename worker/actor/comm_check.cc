@@ -41,8 +41,8 @@ double BusFactor(const std::string& op, int n) {
   return 1.0;
 }
 
-// One (op, size): `setup` refills the buffers (untimed), `run` is the timed collective,
-// `verify` checks the last run's output.
+// One (op, size): `setup` fills the buffers (untimed), `run` is the collective, `verify` checks
+// the output of a run after a setup.
 struct Case {
   std::function<void()> setup;
   std::function<absl::Status()> run;
@@ -175,17 +175,26 @@ absl::StatusOr<std::vector<CommCheckResult>> RunCommCheck(
     for (size_t s = 0; s < op_sizes.size(); ++s) {
       const size_t elements = static_cast<size_t>(op_sizes[s]) / sizeof(float);
       Case c = MakeCase(op, comm, elements, static_cast<int>(s), a, b, want);
-      double total = 0;
-      for (int it = 0; it < spec.iterations + 1; ++it) {  // the first is a warm-up
-        c.setup();
-        const auto start = Clock::now();
-        absl::Status status = c.run();
-        const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-        if (!status.ok()) {
-          return Annotate(status, op + " of " + std::to_string(c.bytes) + " bytes");
-        }
-        if (it > 0) total += seconds;
+      const auto failed = [&](const absl::Status& status) {
+        return Annotate(status, op + " of " + std::to_string(c.bytes) + " bytes");
+      };
+      // nccl-tests' habits: untimed warm-ups (the backend's first runs at a size fault its pages
+      // in and tune it), then the timed runs back to back from a barrier, so that no rank's
+      // time holds another's late start or its own set-up; in-place operations go on reducing
+      // their own output meanwhile, which costs the same. Then a run from fresh inputs whose
+      // output is checked.
+      c.setup();
+      for (int it = 0; it < spec.warmup_iterations; ++it) {
+        if (absl::Status status = c.run(); !status.ok()) return failed(status);
       }
+      if (absl::Status status = comm.Barrier(); !status.ok()) return failed(status);
+      const auto start = Clock::now();
+      for (int it = 0; it < spec.iterations; ++it) {
+        if (absl::Status status = c.run(); !status.ok()) return failed(status);
+      }
+      const double total = std::chrono::duration<double>(Clock::now() - start).count();
+      c.setup();
+      if (absl::Status status = c.run(); !status.ok()) return failed(status);
       Mismatch mismatch;
       c.verify(&mismatch);
       if (mismatch.found) {
