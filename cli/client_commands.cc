@@ -157,6 +157,7 @@ int Submit(const ClientOptions& client_options, const SubmitOptions& options) {
   uint64_t last_step = 0;
   bool start_shown = false;
   size_t generations_ended = 0;  // of a train job, already shown
+  std::string serving_shown;     // a serve job's URL and readiness, as last shown
   while (!StopRequested().load()) {
     auto status = FetchStatus(**client, job_id, client_options.timeout);
     if (!status.ok()) return Fail(status.status());
@@ -174,6 +175,10 @@ int Submit(const ClientOptions& client_options, const SubmitOptions& options) {
     }
     for (const std::string& line : NewlyEndedGenerations(job, &generations_ended)) {
       std::cout << "  " << line << std::endl;
+    }
+    if (job.hasServing() && FormatServingNote(job.getServing()) != serving_shown) {
+      serving_shown = FormatServingNote(job.getServing());
+      std::cout << "  serving: " << serving_shown << std::endl;
     }
     if (job.hasTrain() && job.getTrain().getLoggedStep() != last_step) {
       last_step = job.getTrain().getLoggedStep();

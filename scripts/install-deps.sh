@@ -38,7 +38,7 @@ packages=(
   procps iproute2 psmisc
   # SLURM for real in tests/integration/slurm_cluster_test.sh (slurmctld, slurmd, srun, sbatch;
   # munge authenticates them); `shardline slurm` needs only the client commands on a cluster
-  slurm-wlm munge
+  slurm-wlm munge curl
 )
 
 sudo_cmd=()

@@ -5,7 +5,8 @@
 #   1. the job trains to the loss `shardline up` reaches on the same spec on this machine;
 #   2. an elastic job goes on when one node's agent is killed mid-training (an elastic fault like
 #      any other), and the step still succeeds;
-#   3. scancel mid-job leaves no process and no file (the rendezvous directory, its keys) behind.
+#   3. serve.sbatch serves run 1's checkpoint behind the OpenAI-compatible API on a node's address;
+#   4. scancel mid-job leaves no process and no file (the rendezvous directory, its keys) behind.
 # Everything it starts is stopped and everything it makes is removed on every way out.
 # Usage: slurm_cluster_test.sh SHARDLINE_BINARY SOURCE_DIR. Exit 77 (skipped) with the reason
 # when SLURM, root or network namespaces are not available.
@@ -17,7 +18,7 @@ skip() { echo "SKIPPED: $*"; exit 77; }
 fail() { echo "FAILED: $*"; exit 1; }
 
 [[ $(id -u) -eq 0 ]] || skip "needs root (network namespaces, slurmd)"
-for tool in munged slurmctld slurmd sbatch scontrol scancel sinfo squeue ip nsenter unshare; do
+for tool in munged slurmctld slurmd sbatch scontrol scancel sinfo squeue ip nsenter unshare curl; do
   command -v "$tool" >/dev/null || skip "$tool not installed (scripts/install-deps.sh brings slurm-wlm and munge)"
 done
 
@@ -145,11 +146,11 @@ SPEC
   if [[ ${4:-} == elastic ]]; then echo "elastic: {min_actors: 2, max_actors: 4}" >> "$1"; fi
 }
 final_loss() { grep -oE 'step [0-9]+/[0-9]+ +loss [0-9.]+' "$1" | tail -n 1 | awk '{print $NF}'; }
-sbatch_run() {  # sbatch_run DIR [sbatch options...]: submits train.sbatch from DIR
-  local dir=$1; shift
+sbatch_run() {  # sbatch_run DIR [SCRIPT]: submits examples/slurm/SCRIPT (train.sbatch) from DIR
+  local dir=$1
   (cd "$dir" && sbatch --parsable --output="$dir/job.out" \
-     --export="ALL,SHARDLINE=$binary,SHARDLINE_SPEC=$dir/spec.yaml" "$@" \
-     "$source_dir/examples/slurm/train.sbatch")
+     --export="ALL,SHARDLINE=$binary,SHARDLINE_SPEC=$dir/spec.yaml" \
+     "$source_dir/examples/slurm/${2:-train.sbatch}")
 }
 wait_job_end() {  # wait_job_end JOB SECONDS
   local deadline=$((SECONDS + $2))
@@ -213,7 +214,37 @@ generations_after=$(grep -oE 'generation [0-9]+' "$work/run2/job.out" | sort -u 
 grep -q 'committed checkpoint step 60' "$work/run2/job.out" || fail "the elastic job did not finish its 60 steps"
 echo "elastic: node2's agent killed at step 20+, job $job succeeded in a later generation"
 
-# ---- 3. scancel mid-job leaves nothing behind --------------------------------------------------
+# ---- 3. serve.sbatch serves the trained checkpoint ---------------------------------------------
+mkdir -p "$work/serve"
+cat > "$work/serve/spec.yaml" <<SPEC
+name: slurm-serve
+kind: serve
+checkpoint: $work/run1/checkpoints
+tokenizer: bytes
+model_name: slurm-llama
+parallel: {tp: 2, pp: 1}
+listen: 0.0.0.0:0
+SPEC
+job=$(sbatch_run "$work/serve" serve.sbatch)
+deadline=$((SECONDS + 120))
+# `shardline slurm` follows the job: "serving: URL (not ready)", then "serving: URL" once ready.
+until url=$(grep -oE '^  serving: http://[0-9.]+:[0-9]+$' "$work/serve/job.out" 2>/dev/null |
+            tail -n 1) && [[ -n $url ]]; do
+  ((SECONDS < deadline)) || fail "serve.sbatch printed no ready URL in 120 s"
+  sleep 0.3
+done
+port=${url##*:}
+# The one node of serve.sbatch is node1: its address, from the root namespace over the bridge.
+reply=$(curl -sS --max-time 30 "http://$subnet.2:$port/v1/completions" \
+  -H 'Content-Type: application/json' \
+  -d '{"model": "slurm-llama", "prompt": "The ", "max_tokens": 8, "temperature": 0}') ||
+  fail "no completion from the served model at $subnet.2:$port"
+grep -q '"text"' <<<"$reply" || fail "the completion has no text: $reply"
+scancel "$job"
+wait_job_end "$job" 60
+echo "serve: a completion from $subnet.2:$port, then scancel"
+
+# ---- 4. scancel mid-job leaves nothing behind --------------------------------------------------
 mkdir -p "$work/run3"
 write_spec "$work/run3/spec.yaml" slurm-cancel 100000
 job=$(sbatch_run "$work/run3")
