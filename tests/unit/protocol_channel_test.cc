@@ -138,5 +138,53 @@ TEST(LocalAddressTest, LoopbackReachesLoopback) {
   EXPECT_FALSE(LocalAddressFor("tcp://nohost").ok());
 }
 
+// The address rule (protocol/address_rule.h), in its order: an explicit address, an interface's,
+// the route to the coordinator. Across hosts: tests/integration/cluster_multihost_test.cc.
+TEST(AddressRuleTest, ExplicitAddressThenInterfaceThenRoute) {
+  auto given = ChooseAdvertisedAddress("127.0.0.1", "lo", "tcp://127.0.0.1:5555");
+  ASSERT_TRUE(given.ok()) << given.status();
+  EXPECT_EQ(given->address, "127.0.0.1");
+  EXPECT_EQ(given->interface, "lo");
+  EXPECT_EQ(given->how, "--advertise-address");
+
+  auto by_interface = ChooseAdvertisedAddress("", "lo", "tcp://192.0.2.1:5555");
+  ASSERT_TRUE(by_interface.ok()) << by_interface.status();
+  EXPECT_EQ(by_interface->address, "127.0.0.1");
+  EXPECT_EQ(by_interface->how, "--interface lo");
+
+  auto routed = ChooseAdvertisedAddress("", "", "tcp://127.0.0.1:5555");
+  ASSERT_TRUE(routed.ok()) << routed.status();
+  EXPECT_EQ(routed->address, "127.0.0.1");
+  EXPECT_EQ(routed->interface, "lo");
+  EXPECT_EQ(routed->how, "the interface lo routes to tcp://127.0.0.1:5555");
+}
+
+TEST(AddressRuleTest, ErrorsSayWhatWasGivenAndTried) {
+  auto host_name = ChooseAdvertisedAddress("node7.cluster", "", "tcp://127.0.0.1:5555");
+  ASSERT_FALSE(host_name.ok());
+  EXPECT_NE(host_name.status().message().find("'node7.cluster' is not an IPv4 address"),
+            std::string::npos)
+      << host_name.status();
+
+  auto no_interface = ChooseAdvertisedAddress("", "nosuch0", "tcp://127.0.0.1:5555");
+  ASSERT_FALSE(no_interface.ok());
+  const std::string message(no_interface.status().message());
+  EXPECT_NE(message.find("interface 'nosuch0'"), std::string::npos) << message;
+  EXPECT_NE(message.find("lo 127.0.0.1"), std::string::npos) << "lists what there is: " << message;
+
+  auto unresolvable = ChooseAdvertisedAddress("", "", "tcp://nohost.invalid:5555");
+  ASSERT_FALSE(unresolvable.ok());
+  EXPECT_NE(unresolvable.status().message().find("give --advertise-address or --interface"),
+            std::string::npos)
+      << unresolvable.status();
+}
+
+TEST(AddressRuleTest, EndpointHosts) {
+  EXPECT_TRUE(HasWildcardHost("tcp://0.0.0.0:5555"));
+  EXPECT_TRUE(HasWildcardHost("tcp://*:5555"));
+  EXPECT_FALSE(HasWildcardHost("tcp://10.0.0.1:5555"));
+  EXPECT_EQ(WithHost("tcp://0.0.0.0:5555", "10.0.0.1"), "tcp://10.0.0.1:5555");
+}
+
 }  // namespace
 }  // namespace shardline::protocol
