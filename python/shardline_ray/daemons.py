@@ -108,6 +108,12 @@ class CoordinatorDaemon:
         return self.daemon.stop()
 
 
+def holder_name(run_id: str, bundle: int) -> str:
+    """The DeviceHolder of a bundle is found by name: an actor handle among an agent's
+    constructor arguments would keep them in the object store, which a restart depends on."""
+    return f"shardline-holder-{run_id}-{bundle}"
+
+
 class DeviceHolder:
     """Holds one GPU bundle of a node whose agent sits in another: says which GPU Ray gave it."""
 
@@ -125,8 +131,7 @@ class AgentDaemon:
     after its node was lost, it counts again the owned bundles that Ray placed beside it."""
 
     def __init__(self, binary: str, endpoint: str, keys: Mapping[str, bytes], pg: PlacementGroup,
-                 anchor: int, owned: Sequence[int], holders: Mapping[int, "ray.actor.ActorHandle"],
-                 device_kind: str, cpus_per_device: int, run_id: str, log_level: str,
+                 anchor: int, owned: Sequence[int], device_kind: str, cpus_per_device: int, run_id: str, log_level: str,
                  connect_timeout_s: float):
         context = ray.get_runtime_context()
         ray_node = context.get_node_id()
@@ -141,8 +146,9 @@ class AgentDaemon:
         if device_kind == "cuda":
             gpus = [str(g) for g in context.get_accelerator_ids()["GPU"]]
             for bundle in here:
-                if bundle != anchor and bundle in holders:
-                    node, ids = ray.get(holders[bundle].where.remote(), timeout=120)
+                if bundle != anchor:
+                    holder = ray.get_actor(holder_name(run_id, bundle))
+                    node, ids = ray.get(holder.where.remote(), timeout=120)
                     if node == ray_node:
                         gpus += ids
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)

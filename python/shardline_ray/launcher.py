@@ -214,19 +214,18 @@ class Launch:
                       "num_gpus": 1 if self.shape.device_kind == "cuda" else 0}
         for bundles in placement.bundles_by_node(self.pg).values():
             anchor = bundles[0]
-            holders = {}
             if self.shape.device_kind == "cuda":
                 for bundle in bundles[1:]:
-                    holders[bundle] = ray.remote(daemons.DeviceHolder).options(
+                    self.holders.append(ray.remote(daemons.DeviceHolder).options(
                         **per_device, max_restarts=-1,
+                        name=daemons.holder_name(self.run_id, bundle),
                         scheduling_strategy=PlacementGroupSchedulingStrategy(
-                            self.pg, placement_group_bundle_index=bundle)).remote()
-                self.holders += holders.values()
+                            self.pg, placement_group_bundle_index=bundle)).remote())
             agent = ray.remote(daemons.AgentDaemon).options(
                 **per_device, max_restarts=args.agent_max_restarts, max_task_retries=0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     self.pg, placement_group_bundle_index=anchor)).remote(
-                self.binary, self.endpoint, agent_keys, self.pg, anchor, bundles, holders,
+                self.binary, self.endpoint, agent_keys, self.pg, anchor, bundles,
                 self.shape.device_kind, args.cpus_per_device, self.run_id, args.log_level,
                 args.connect_timeout_s)
             self.agents.append(agent)
