@@ -3,8 +3,9 @@ ray.cluster_utils.Cluster, every node on 127.0.0.1) loses a node mid-training an
 
   - the fault-free run of the same spec first, through the same launcher;
   - then the elastic run: after its first committed checkpoint one worker node is removed
-    (cluster.remove_node kills its raylet and workers: the agent's actor, and with it the agent
-    and its actor, by PR_SET_PDEATHSIG); the job goes on with dp 2 on the two nodes left;
+    (cluster.remove_node SIGKILLs its raylet, whose workers then end: the agent's actor, and
+    with it the agent and its actor, by PR_SET_PDEATHSIG); the job goes on with dp 2 on the two
+    nodes left;
   - a node is added: Ray re-places the lost bundle there and restarts the agent's actor, whose
     agent registers and the job grows back to dp 3 at its next commit;
   - the job succeeds with the fault-free run's loss and final state (the tolerances of
@@ -21,12 +22,12 @@ import time
 import ray_support as rs
 from ray_support import log
 
-STEPS = 600
+STEPS = 800
 
 
 def spec(name: str) -> str:
     # 4 layers of d_model 128 on 3 ranks of one thread: ~0.03-0.05 s a step on 2 cores, so the
-    # job outlasts a node's removal and return (~20 s) with room. A small lr keeps the fp32
+    # job outlasts a node's removal and return (5-15 s) with room. A small lr keeps the fp32
     # rounding of the plans it switches between (dp 3, 2, 3) inside the equivalence tolerance:
     # at lr 3e-3 (or 1e-3) the run is chaotic and 80 steps on dp 2 before dp 3 ended 600 steps
     # at loss 0.61 where dp 3 throughout ended at 0.68 (measured without Ray, `shardline up`).
@@ -113,7 +114,7 @@ def body(scratch: rs.Scratch) -> None:
         assert len(doomed) == 2, f"want the agent and its actor of {victim_id}: {doomed}"
         log(f"removing Ray node {victim.node_id[:8]} (agent {victim_id}) at step "
             f"{running['train']['step']}")
-        cluster.remove_node(victim)
+        cluster.remove_node(victim, allow_graceful=False)  # SIGKILL, as a crash
         rs.wait_for(f"{victim_id}'s agent and actor to die with the node",
                     lambda: not scratch.shardline_processes(victim_id), 15)
 
@@ -131,7 +132,9 @@ def body(scratch: rs.Scratch) -> None:
         larger = rs.wait_for(
             "the job to grow back to dp 3",
             lambda: (lambda j: j if j.get("world_size") == 3 and j.get("generation", 0) >= 3
-                     else None)(job()), 120)
+                     or j.get("state") not in (None, "pending", "running") else None)(job()),
+            120, lambda: elastic.output()[-3000:])
+        assert larger["state"] == "running", f"the job ended before it grew back: {larger}"
         log(f"grew back: generation {larger['generation']} at step {larger['train']['step']}")
         assert elastic.find("Ray restarted this actor"), elastic.output()
 
@@ -149,15 +152,22 @@ def body(scratch: rs.Scratch) -> None:
         assert "dp 2" in generations[1]["plan"] and generations[1]["ending"] == "grow", generations
         assert "dp 3" in generations[-1]["plan"], generations
         # The same loss as the fault-free run: the same global batch and sample order whatever
-        # the plan; only the order of the gradients' fp32 sums differed while on dp 2.
+        # the plan; only the order of the gradients' fp32 sums differed while on dp 2, which
+        # moved it by 6e-8 to 3.5e-5 (relative) in runs here.
         got_loss, want_loss = got["train"]["loss"], want["train"]["loss"]
         log(f"final loss {got_loss!r}, fault-free {want_loss!r} (difference "
             f"{abs(got_loss - want_loss):.3g})")
         assert abs(got_loss - want_loss) <= 1e-4 * abs(want_loss), (got_loss, want_loss)
-        problems = rs.compare_checkpoints(
+        # And its parameters. Not its Adam moments: they average the gradients, whose rounding
+        # on dp 2 they keep within checkpoint_state.h's 1e-4 only for a short stretch
+        # (cluster_chaos_test.cc tunes its run for that); here how many steps run on dp 2
+        # depends on how fast Ray brings a node back (420 of 800 once: 1e-3).
+        problems, moments = rs.compare_checkpoints(
             os.path.join(scratch.dir, "checkpoints/ray-elastic", f"step-{STEPS:08d}"),
-            os.path.join(scratch.dir, "checkpoints/ray-reference", f"step-{STEPS:08d}"))
+            os.path.join(scratch.dir, "checkpoints/ray-reference", f"step-{STEPS:08d}"),
+            moments=False)
         assert not problems, "\n".join(problems)
+        log(f"parameters within 1e-5 of the fault-free run's; Adam moments within {moments:.2g}")
         # `shardline status` listed the generations as they ended.
         assert "generation 1 " in elastic.output() and "generation 2 " in elastic.output()
     finally:

@@ -99,7 +99,7 @@ def body(scratch: rs.Scratch) -> None:
         here = os.path.join(scratch.dir, "checkpoints", "gpt-sharded", "step-00000200")
         assert os.path.exists(os.path.join(here, "manifest.json")), os.listdir(scratch.dir)
         assert last_step_line(output) == last_step_line(up.stdout)
-        problems = rs.compare_checkpoints(
+        problems, _ = rs.compare_checkpoints(
             here, os.path.join(up_dir, "checkpoints", "gpt-sharded", "step-00000200"))
         assert not problems, "\n".join(problems)
         assert not scratch.shardline_processes(), scratch.shardline_processes()

@@ -209,19 +209,22 @@ def _shard_values(step_dir: str, shard: dict) -> list[float]:
     return list(struct.unpack(f"<{len(data) // 4}f", data))
 
 
-def compare_checkpoints(got_step_dir: str, want_step_dir: str) -> list[str]:
+def compare_checkpoints(got_step_dir: str, want_step_dir: str,
+                        moments: bool = True) -> tuple[list[str], float]:
     """The differences past tests/support/checkpoint_state.h's tolerances between two steps of
     the same plan: parameters 1e-5 absolute, optimizer moments 1e-4 of their tensor's largest
-    value, the key third of qkv biases left out (it has no gradient, only rounding). Empty: the
-    same state."""
+    value (unless `moments` is False), the key third of qkv biases left out (it has no gradient,
+    only rounding). Returns them (empty: the same state) and the moments' largest relative
+    difference."""
     def manifest(d: str) -> dict:
         with open(os.path.join(d, "manifest.json"), encoding="utf-8") as f:
             return json.load(f)
 
     got, want = manifest(got_step_dir), manifest(want_step_dir)
     problems = []
+    worst_moment = 0.0
     if set(got["tensors"]) != set(want["tensors"]):
-        return [f"other tensors: {sorted(set(got['tensors']) ^ set(want['tensors']))}"]
+        return [f"other tensors: {sorted(set(got['tensors']) ^ set(want['tensors']))}"], 0.0
     for name, tensor in want["tensors"].items():
         def values(d: str, t: dict) -> list[float]:
             out: list[float] = []
@@ -242,10 +245,14 @@ def compare_checkpoints(got_step_dir: str, want_step_dir: str) -> list[str]:
             diff = max(diff, abs(a - b))
         moment = name.startswith("optim.")
         measure = diff / max(largest, 1e-30) if moment else diff
+        if moment:
+            worst_moment = max(worst_moment, measure)
+            if not moments:
+                continue
         if measure > (1e-4 if moment else 1e-5):
             kind = "relative" if moment else "absolute"
             problems.append(f"{name}: differs by {measure:.3g} ({kind})")
-    return problems
+    return problems, worst_moment
 
 
 def run_test(body: Callable[[Scratch], None]) -> None:
