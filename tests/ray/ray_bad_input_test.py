@@ -2,7 +2,8 @@
 runs on 2 to 4 CPU devices; a one-node cluster of 1 CPU holds fewer. The launcher reserves what
 the job needs at least, says what it waits for while Ray cannot give it, and at its deadline gives
 up with that message (exit 1), leaving no placement group and no process behind. A spec it cannot
-read fails before anything reaches Ray (exit 2).
+read fails before anything reaches Ray (exit 2); one that only Shardline's parser refuses fails
+with its message (exit 1).
 """
 
 from __future__ import annotations
@@ -51,6 +52,22 @@ def body(scratch: rs.Scratch) -> None:
         assert f"shardline-ray: {waiting} (up to" in out, out
         assert f"error: {waiting}; gave up after 6 s (--placement-timeout-s)" in out, out
         assert "coordinator" not in out, out  # nothing was started
+
+        # A spec that only Shardline's own parser refuses (heads must divide d_model): the
+        # daemons start on the one device it asks for, `shardline submit` says what is wrong,
+        # the launcher exits 1 and stops what it started.
+        bad = os.path.join(scratch.dir, "bad.yaml")
+        with open(bad, "w") as f:
+            f.write("name: bad\nkind: train\nmodel: {layers: 1, heads: 3, d_model: 64, max_seq_len: 16}\n"
+                    "steps: 1\nbatch: 1\n")
+        refused = rs.Launcher([bad, "--address", cluster.address, "--work-dir", scratch.dir],
+                              os.path.join(scratch.dir, "bad.log"), cwd=scratch.dir)
+        code = refused.wait(120)
+        out = refused.output()
+        log(f"a spec Shardline refuses:\n{out}")
+        assert code == 1, (code, out)
+        assert "error: " in out and "heads" in out, out
+        assert not scratch.shardline_processes(), scratch.shardline_processes()
         # Nothing is left reserved.
         ray.init(address=cluster.address, logging_level="WARNING")
         groups = ray.util.placement_group_table()
