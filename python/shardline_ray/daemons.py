@@ -97,9 +97,6 @@ class CoordinatorDaemon:
         self._endpoint = processes.wait_for_file(endpoint_file, self.daemon.process, 30,
                                                  "the coordinator", log)
 
-    def endpoint(self) -> str:
-        return self._endpoint
-
     def info(self) -> dict:
         return {"endpoint": self._endpoint, "pid": self.daemon.process.pid,
                 "log": self.daemon.log_path, "node_id": ray.get_runtime_context().get_node_id()}
@@ -131,8 +128,8 @@ class AgentDaemon:
     after its node was lost, it counts again the owned bundles that Ray placed beside it."""
 
     def __init__(self, binary: str, endpoint: str, keys: Mapping[str, bytes], pg: PlacementGroup,
-                 anchor: int, owned: Sequence[int], device_kind: str, cpus_per_device: int, run_id: str, log_level: str,
-                 connect_timeout_s: float):
+                 anchor: int, owned: Sequence[int], device_kind: str, cpus_per_device: int,
+                 run_id: str, log_level: str, connect_timeout_s: float):
         context = ray.get_runtime_context()
         ray_node = context.get_node_id()
         placed = placement_group_table(pg)["bundles_to_node_id"]

@@ -58,7 +58,8 @@ def body(scratch: rs.Scratch) -> None:
         # the launcher exits 1 and stops what it started.
         bad = os.path.join(scratch.dir, "bad.yaml")
         with open(bad, "w") as f:
-            f.write("name: bad\nkind: train\nmodel: {layers: 1, heads: 3, d_model: 64, max_seq_len: 16}\n"
+            f.write("name: bad\nkind: train\n"
+                    "model: {layers: 1, heads: 3, d_model: 64, max_seq_len: 16}\n"
                     "steps: 1\nbatch: 1\n")
         refused = rs.Launcher([bad, "--address", cluster.address, "--work-dir", scratch.dir],
                               os.path.join(scratch.dir, "bad.log"), cwd=scratch.dir)
