@@ -214,3 +214,44 @@ sys.exit(v.__version__ != sys.argv[1] or not utils.__file__.startswith(sys.argv[
   echo "install-deps: kubernetes-validate ($k8s_validate_requirements) installed in $k8s_validate_prefix"
 fi
 # ---- end of Kubernetes schemas -----------------------------------------------------------------
+# ---- Ray: PyPI ray[default] in a venv of its own, with python/shardline_ray -----------------------
+# For the Ray launcher (python/shardline_ray: `ray job submit -- python -m shardline_ray SPEC`) and
+# its tests (tests/ray/). A venv (Debian's python3 -m venv, from python3-venv) at PREFIX (default
+# /opt/shardline/deps/ray-venv, the build's SHARDLINE_RAY_VENV), since Ray's `ray` command and its
+# workers run the venv's python. Pinned: python/ray-requirements.txt holds ray[default]==2.60.0 and
+# every package pip resolved for it, installed with --no-deps so that no new release changes what
+# runs; `pip check` proves the closure whole. Made in place (a venv does not survive a move), its
+# VERSION file written last: a venv without one is made again. The launcher comes from this tree
+# through a .pth file (rewritten on every run: the tree that last ran this script wins; the tests
+# put their own tree first on PYTHONPATH).
+ray_version=2.60.0
+ray_venv=${SHARDLINE_RAY_VENV:-/opt/shardline/deps/ray-venv}
+ray_tree=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+ray_lock="$ray_tree/python/ray-requirements.txt"
+ray_stamp="ray $ray_version $(sha256sum "$ray_lock" | cut -c1-16)"
+if [[ -x "$ray_venv/bin/ray" && "$(cat "$ray_venv/VERSION" 2>/dev/null)" == "$ray_stamp" ]]; then
+  echo "install-deps: Ray $ray_version present in $ray_venv"
+else
+  if ! dpkg-query -W -f='${Status}' python3-venv 2>/dev/null | grep -q "install ok installed"; then
+    export DEBIAN_FRONTEND=noninteractive
+    "${sudo_cmd[@]}" apt-get update -qq
+    "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends python3-venv
+  fi
+  "${sudo_cmd[@]}" rm -rf "$ray_venv"
+  "${sudo_cmd[@]}" mkdir -p "$(dirname "$ray_venv")"
+  "${sudo_cmd[@]}" /usr/bin/python3 -m venv "$ray_venv"
+  "${sudo_cmd[@]}" "$ray_venv/bin/python" -m pip install --quiet --no-deps --no-compile \
+    --disable-pip-version-check --root-user-action=ignore -r "$ray_lock"
+  if ! "$ray_venv/bin/python" -m pip check --disable-pip-version-check >/dev/null ||
+     ! "$ray_venv/bin/python" -c 'import sys, ray, ray.dashboard, ray.job_submission
+sys.exit(ray.__version__ != sys.argv[1])' "$ray_version"; then
+    echo "install-deps: the Ray venv in $ray_venv is incomplete (pip check, or import ray" \
+      "$ray_version with its job server, failed)" >&2
+    exit 1
+  fi
+  echo "$ray_stamp" | "${sudo_cmd[@]}" tee "$ray_venv/VERSION" >/dev/null
+  echo "install-deps: Ray $ray_version installed in $ray_venv"
+fi
+ray_site=$("$ray_venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+echo "$ray_tree/python" | "${sudo_cmd[@]}" tee "$ray_site/shardline-ray.pth" >/dev/null
+# ---- end of Ray --------------------------------------------------------------------------------
