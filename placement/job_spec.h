@@ -46,10 +46,17 @@ struct CommCheckSpec {
   int64_t min_bytes = 4;         // smallest message (1 f32 element)
   int64_t max_bytes = 64 << 20;  // largest message
   // As nccl-tests (-w, -n): per (op, size), untimed warm-up runs, then `iterations` back to back,
-  // timed from a barrier, then one run whose output is checked. The warm-ups are as many as the
-  // shared-memory all-reduce takes to try each of its algorithms (comm/all_reduce_tuner.h):
-  // fewer, and the table times the tuner trying slow ones.
-  int warmup_iterations = 10;
+  // timed from a barrier, then one run whose output is checked. kAutoWarmup (the key left out):
+  // kMinAutoWarmups, then more up to kMaxAutoWarmups while they fit in kAutoWarmupSeconds, as
+  // the ranks agree from the first ones' slowest time. The shared-memory all-reduce tries each of
+  // its five algorithms twice in its first runs at a size, then one every 32 runs
+  // (comm/all_reduce_tuner.h): with fewer warm-ups the table times it trying slow ones or keeping
+  // a choice one noisy sample made (bench/comm_check_compare.py).
+  static constexpr int kAutoWarmup = -1;
+  static constexpr int kMinAutoWarmups = 10;
+  static constexpr int kMaxAutoWarmups = 200;
+  static constexpr double kAutoWarmupSeconds = 0.25;
+  int warmup_iterations = kAutoWarmup;
   int iterations = 20;
   // Empty means all of kCommCheckOps; otherwise a subset, each op at most once.
   std::vector<std::string> ops;

@@ -184,8 +184,25 @@ absl::StatusOr<std::vector<CommCheckResult>> RunCommCheck(
       // their own output meanwhile, which costs the same. Then a run from fresh inputs whose
       // output is checked.
       c.setup();
-      for (int it = 0; it < spec.warmup_iterations; ++it) {
+      const bool auto_warmup = spec.warmup_iterations == placement::CommCheckSpec::kAutoWarmup;
+      const int first_warmups =
+          auto_warmup ? placement::CommCheckSpec::kMinAutoWarmups : spec.warmup_iterations;
+      const auto warm_start = Clock::now();
+      for (int it = 0; it < first_warmups; ++it) {
         if (absl::Status status = c.run(); !status.ok()) return failed(status);
+      }
+      if (auto_warmup) {
+        // Every rank must run as many: the count comes from the slowest rank's time.
+        double per_run =
+            std::chrono::duration<double>(Clock::now() - warm_start).count() / first_warmups;
+        RETURN_IF_ERROR(comm.AllReduce(&per_run, 1, DType::kFloat64, ReduceOp::kMax));
+        const double fit = placement::CommCheckSpec::kAutoWarmupSeconds / std::max(per_run, 1e-9);
+        const int more = static_cast<int>(std::clamp(
+            fit - first_warmups, 0.0,
+            static_cast<double>(placement::CommCheckSpec::kMaxAutoWarmups - first_warmups)));
+        for (int it = 0; it < more; ++it) {
+          if (absl::Status status = c.run(); !status.ok()) return failed(status);
+        }
       }
       if (absl::Status status = comm.Barrier(); !status.ok()) return failed(status);
       const auto start = Clock::now();
