@@ -56,7 +56,9 @@ struct SlurmOptions {
   std::string spec_path;
   std::string rendezvous_dir;  // empty: ~/.shardline/slurm/JOB.STEP (a file system nodes share)
   std::string devices;         // empty: the node's allocated GPUs, else its allocated CPUs
-  std::string advertise_address, interface;  // protocol/address_rule.h
+  // Every node advertises this interface's address (protocol/address_rule.h); empty: the one that
+  // routes to the coordinator. (No --advertise-address: the same command runs on every node.)
+  std::string interface;
   std::chrono::seconds start_timeout{120};   // for the first node to publish the coordinator
   std::chrono::seconds wait_timeout{7 * 24 * 3600};  // the job (SLURM's time limit comes first)
   std::string log_level = "info";

@@ -269,11 +269,10 @@ int Main(int argc, char** argv) {
   slurm_cmd->add_option("--devices", slurm_options.devices,
                         "Each node's devices (default: its allocated GPUs, else cpu:N for its "
                         "N allocated CPUs)");
-  slurm_cmd->add_option("--advertise-address", slurm_options.advertise_address,
-                        "The address each node advertises (default: the interface that routes "
-                        "to the coordinator; the coordinator's routes to the other nodes)");
   slurm_cmd->add_option("--interface", slurm_options.interface,
-                        "Advertise this interface's address on every node");
+                        "Advertise this interface's address on every node (default: the "
+                        "interface that routes to the coordinator; the coordinator's, the one "
+                        "that routes to the other nodes)");
   slurm_cmd
       ->add_option("--start-timeout-s", slurm_start_timeout_s,
                    "How long the other nodes wait for the first one's coordinator")

@@ -106,29 +106,27 @@ absl::StatusOr<std::vector<std::string>> ExpandNodeList(const std::string& node_
   return ParseHostnames(*output, node_list);
 }
 
-// The address the coordinator advertises: the flag's, else the one this node uses to reach
+// The address the coordinator advertises: --interface's, else the one this node uses to reach
 // another node of the allocation at the NodeAddr slurm.conf gives it (the address SLURM itself
 // reaches it at), else loopback for a one-node allocation.
 absl::StatusOr<protocol::AdvertisedAddress> CoordinatorAddress(
     const SlurmOptions& options, const std::vector<std::string>& nodes) {
-  if (!options.advertise_address.empty() || !options.interface.empty()) {
-    return protocol::ChooseAdvertisedAddress(options.advertise_address, options.interface, "");
-  }
+  if (!options.interface.empty())
+    return protocol::ChooseAdvertisedAddress("", options.interface, "");
   if (nodes.size() < 2) return protocol::AdvertisedAddress{"127.0.0.1", "lo", "one node"};
   std::string peers;
   for (size_t i = 1; i < nodes.size(); ++i) peers += (i > 1 ? "," : "") + nodes[i];
   auto output = RunAndCapture({"scontrol", "show", "node", "-o", peers}, 30s);
   if (!output.ok()) {
     return absl::Status(output.status().code(),
-                        "cannot look up the other nodes' addresses (give --advertise-address "
-                        "or --interface): " +
+                        "cannot look up the other nodes' addresses (give --interface): " +
                             std::string(output.status().message()));
   }
   const auto addresses = ParseNodeAddresses(*output);
   const auto it = addresses.find(nodes[1]);
   if (it == addresses.end()) {
     return absl::NotFoundError("`scontrol show node -o " + peers + "` gave no NodeAddr for " +
-                               nodes[1] + " (give --advertise-address or --interface)");
+                               nodes[1] + " (give --interface)");
   }
   auto chosen = protocol::ChooseAdvertisedAddress("", "", "tcp://" + it->second + ":9");
   if (!chosen.ok()) return chosen.status();
@@ -173,9 +171,6 @@ std::vector<std::string> AgentArgv(const SlurmOptions& options, const SlurmTask&
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
   argv.insert(argv.end(), {"--node-id", task.node_name.empty() ? host : task.node_name});
-  if (!options.advertise_address.empty()) {
-    argv.insert(argv.end(), {"--advertise-address", options.advertise_address});
-  }
   if (!options.interface.empty()) argv.insert(argv.end(), {"--interface", options.interface});
   return argv;
 }
