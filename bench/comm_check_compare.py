@@ -67,17 +67,21 @@ def main():
     parser.add_argument("--max-bytes", type=int, default=1 << 20)
     parser.add_argument("--warmup-iterations", type=int, default=None,
                         help="comm-check's warmup_iterations (default: the spec's default)")
+    parser.add_argument("--shardline", default=None,
+                        help="the shardline binary whose comm-check to time (default: the build's;"
+                             " another, e.g. an older build's, to compare before and after)")
     parser.add_argument("--iterations", type=int, default=None,
                         help="comm-check's iterations (default: the spec's default)")
     args = parser.parse_args()
     build_dir = os.path.abspath(args.build_dir)  # comm-check runs in a folder of its own
     mpi_bin = os.path.join(build_dir, "bench", "allreduce_mpi")
-    shardline = os.path.join(build_dir, "cli", "shardline")
+    shardline = os.path.abspath(args.shardline or os.path.join(build_dir, "cli", "shardline"))
     for path, target in ((mpi_bin, "allreduce_mpi"), (shardline, "shardline")):
         if not os.access(path, os.X_OK):
             sys.exit(f"{path} not found: ninja -C {build_dir} {target}")
     version = run(["mpirun", "--version"], 60).splitlines()[0]
-    print(f"benchmark row: allreduce_mpi --impl shm (this build) under {version}")
+    print(f"benchmark row: allreduce_mpi --impl shm (this build) under {version}; comm-check of "
+          f"{shardline}")
     print(f"cpu: {open('/proc/cpuinfo').read().split('model name')[1].split(':')[1].splitlines()[0].strip()}, "
           f"{os.cpu_count()} cpus; {args.rounds} alternating rounds, medians")
     counts = "".join(f"  {key}: {value}\n" for key, value in
