@@ -273,20 +273,16 @@ class FirstNode {
     // Written under another name and renamed by this task once the coordinator listens: the
     // other nodes never see a half-made rendezvous.
     const fs::path written = dir_ / "coordinator.endpoint.written";
-    coordinator.argv = {SelfExecutable(),
-                        "coordinator",
-                        "--listen",
-                        nodes.size() < 2 ? "tcp://127.0.0.1:0" : "tcp://0.0.0.0:0",
-                        "--advertise-address",
-                        address.address,
-                        "--endpoint-file",
-                        written.string(),
-                        "--state-dir",
-                        (dir_ / "state").string(),
-                        "--keys",
-                        (dir_ / "keys").string(),
-                        "--log-level",
-                        options.log_level};
+    // Flag and value on one line.
+    // clang-format off
+    coordinator.argv = {SelfExecutable(), "coordinator",
+                        "--listen", nodes.size() < 2 ? "tcp://127.0.0.1:0" : "tcp://0.0.0.0:0",
+                        "--advertise-address", address.address,
+                        "--endpoint-file", written.string(),
+                        "--state-dir", (dir_ / "state").string(),
+                        "--keys", (dir_ / "keys").string(),
+                        "--log-level", options.log_level};
+    // clang-format on
     ASSIGN_OR_RETURN(coordinator_, Spawn(coordinator));
     const auto deadline = std::chrono::steady_clock::now() + 30s;
     while (!fs::exists(written)) {

@@ -327,28 +327,20 @@ void Agent::SpawnActors(wire::SpawnActors::Reader request) {
   const uint32_t generation = request.getGeneration();
   for (auto actor : request.getActors()) {
     SpawnOptions spawn;
-    spawn.argv = {options_.actor_binary,
-                  "actor",
-                  "--coordinator",
-                  options_.coordinator,
-                  "--cluster-id",
-                  options_.cluster_id,
-                  "--job",
-                  job_id,
-                  "--generation",
-                  std::to_string(generation),
-                  "--rank",
-                  std::to_string(actor.getRank()),
-                  "--node-id",
-                  options_.node_id,
-                  "--device",
-                  DeviceArg(actor.getDevice()),
-                  "--log-level",
-                  options_.log_level,
-                  "--metrics",
-                  options_.actor_metrics_host + ":0",
-                  "--advertise-address",
-                  address_};
+    // Flag and value on one line.
+    // clang-format off
+    spawn.argv = {options_.actor_binary, "actor",
+                  "--coordinator", options_.coordinator,
+                  "--cluster-id", options_.cluster_id,
+                  "--job", job_id,
+                  "--generation", std::to_string(generation),
+                  "--rank", std::to_string(actor.getRank()),
+                  "--node-id", options_.node_id,
+                  "--device", DeviceArg(actor.getDevice()),
+                  "--log-level", options_.log_level,
+                  "--metrics", options_.actor_metrics_host + ":0",
+                  "--advertise-address", address_};
+    // clang-format on
     for (std::string& flag : options_.curve.Flags()) spawn.argv.push_back(std::move(flag));
     // The node's cores are shared by its CPU actors: each gets its share of threads for OpenMP
     // and OpenBLAS, as torchrun sets OMP_NUM_THREADS. Unshared, four actors on two cores run
