@@ -160,11 +160,14 @@ class AgentDaemon:
             self.restarted = bool(context.was_current_actor_reconstructed)
         self.daemon = _Daemon(f"shardline agent {self.node_id}", "shardline-ray-agent-", keys)
         logs = ray_logs_dir(run_id)
+        # No --advertise-address: the agent takes the address of the interface that routes to
+        # the coordinator, the rule every launcher follows (protocol/address_rule.h). Ray's node
+        # IP may be another interface's, which is how vLLM's placement groups came to wait
+        # forever (vllm#7815).
         self.daemon.start(
             [binary, "agent", "--coordinator", endpoint, "--devices", devices, "--node-id",
-             self.node_id, "--advertise-address", ray.util.get_node_ip_address(), "--keys",
-             self.daemon.keys_dir, "--log-dir", os.path.join(logs, f"actors-{self.node_id}"),
-             "--connect-timeout-s", str(connect_timeout_s), "--log-level", log_level],
+             self.node_id, "--keys", self.daemon.keys_dir,
+             "--log-dir", os.path.join(logs, f"actors-{self.node_id}"), "--connect-timeout-s", str(connect_timeout_s), "--log-level", log_level],
             os.path.join(logs, f"agent-{self.node_id}.log"), env=env)
         if self.restarted:
             print(f"Ray restarted this actor: agent {self.node_id} with {self.devices}",
