@@ -13,11 +13,11 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <sstream>
 #include <thread>
 
 #include "absl/strings/str_split.h"
 #include "cli/commands.h"
+#include "cli/coordinator_start.h"
 #include "cli/slurm_allocation.h"
 #include "common/process.h"
 #include "common/status_macros.h"
@@ -43,13 +43,6 @@ std::string OnPath(const std::string& program) {
     if (!dir.empty() && access(candidate.c_str(), X_OK) == 0) return candidate.string();
   }
   return "";
-}
-
-std::string ReadWhole(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
 }
 
 // Runs a short command (scontrol) to its end, within `timeout`, and returns what it printed.
@@ -80,7 +73,7 @@ absl::StatusOr<std::string> RunAndCapture(const std::vector<std::string>& argv,
   auto exited = WaitFor(*pid, timeout);
   std::optional<ExitStatus> status = exited.ok() ? *exited : std::nullopt;
   if (!status) status = Terminate(*pid, 1s);
-  std::string output = ReadWhole(path);
+  std::string output = ReadWholeFile(path);
   fs::remove(path);
   if (!exited.ok() || !exited->has_value()) {
     return absl::DeadlineExceededError("`" + command + "` did not finish within " +
@@ -168,9 +161,8 @@ std::vector<std::string> AgentArgv(const SlurmOptions& options, const SlurmTask&
       "--devices",      options.devices.empty() ? AllocatedDevices(task) : options.devices,
       "--keys",         keys.string(),
       "--log-level",    options.log_level};
-  char host[256] = {};
-  gethostname(host, sizeof(host) - 1);
-  argv.insert(argv.end(), {"--node-id", task.node_name.empty() ? host : task.node_name});
+  // Else the agent's own default, the host name.
+  if (!task.node_name.empty()) argv.insert(argv.end(), {"--node-id", task.node_name});
   if (!options.interface.empty()) argv.insert(argv.end(), {"--interface", options.interface});
   return argv;
 }
@@ -200,7 +192,7 @@ int RunFollowerNode(const SlurmOptions& options, const SlurmTask& task, const fs
     if (StopRequested().load()) return 143;
     if (fs::exists(dir / kFailureFile)) {
       std::cerr << "error: node " << task.node_name
-                << ": the first node failed: " << ReadWhole(dir / kFailureFile) << "\n";
+                << ": the first node failed: " << ReadWholeFile(dir / kFailureFile) << "\n";
       return 1;
     }
     if (dir_seen && !fs::exists(dir)) {
@@ -218,7 +210,7 @@ int RunFollowerNode(const SlurmOptions& options, const SlurmTask& task, const fs
     }
     std::this_thread::sleep_for(100ms);
   }
-  const std::string endpoint = ReadWhole(endpoint_file);
+  const std::string endpoint = ReadWholeFile(endpoint_file);
   SpawnOptions agent;
   agent.argv = AgentArgv(options, task, endpoint, dir / "keys");
   auto pid = Spawn(agent);
@@ -284,19 +276,9 @@ class FirstNode {
                         "--log-level", options.log_level};
     // clang-format on
     ASSIGN_OR_RETURN(coordinator_, Spawn(coordinator));
-    const auto deadline = std::chrono::steady_clock::now() + 30s;
-    while (!fs::exists(written)) {
-      auto exited = TryReap(coordinator_);
-      if (exited.ok() && exited->has_value()) {
-        coordinator_ = 0;
-        return absl::InternalError("the coordinator exited (" + (*exited)->Describe() + ")");
-      }
-      if (std::chrono::steady_clock::now() > deadline) {
-        return absl::DeadlineExceededError("the coordinator did not listen within 30 s");
-      }
-      std::this_thread::sleep_for(20ms);
-    }
-    const std::string endpoint = ReadWhole(written);
+    // Its log is the job's output (inherited stderr).
+    ASSIGN_OR_RETURN(const std::string endpoint,
+                     AwaitCoordinatorEndpoint(coordinator_, written, 30s));
     spdlog::info("SLURM job {}: coordinator at {} ({}), {} node(s): {}", task.job_id, endpoint,
                  address.how, nodes.size(), fmt::join(nodes, ","));
     fs::rename(written, dir_ / kEndpointFile);

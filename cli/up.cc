@@ -7,11 +7,11 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <sstream>
 #include <thread>
 
 #include "cli/commands.h"
 #include "cli/coordinator_client.h"
+#include "cli/coordinator_start.h"
 #include "cli/status_view.h"
 #include "common/process.h"
 #include "common/status_macros.h"
@@ -27,24 +27,6 @@ constexpr std::string_view kDefaultCheckpointDir = "checkpoints/shardline-up";
 using protocol::Str;
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
-
-std::string ReadFile(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-std::string Tail(const fs::path& path, size_t lines) {
-  std::vector<std::string> all;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) all.push_back(line);
-  std::string out;
-  for (size_t i = all.size() > lines ? all.size() - lines : 0; i < all.size(); ++i) {
-    out += "    " + all[i] + "\n";
-  }
-  return out;
-}
 
 // The child daemons of one `up`; stopping them is the destructor's job, so that every way out
 // (success, failure, Ctrl-C) leaves no process behind.
@@ -66,22 +48,8 @@ class LocalCluster {
     coordinator.argv.insert(coordinator.argv.end(), curve_flags.begin(), curve_flags.end());
     coordinator.log_path = (dir_ / "coordinator.log").string();
     ASSIGN_OR_RETURN(coordinator_pid_, Spawn(coordinator));
-    // The coordinator writes its endpoint once it listens.
-    const auto deadline = std::chrono::steady_clock::now() + 15s;
-    while (!fs::exists(dir_ / "endpoint")) {
-      auto exited = TryReap(coordinator_pid_);
-      if (exited.ok() && exited->has_value()) {
-        coordinator_pid_ = 0;
-        return absl::InternalError("the coordinator exited (" + (*exited)->Describe() +
-                                   "):\n" + Tail(dir_ / "coordinator.log", 10));
-      }
-      if (std::chrono::steady_clock::now() > deadline) {
-        return absl::DeadlineExceededError("the coordinator did not start within 15 s; see " +
-                                           (dir_ / "coordinator.log").string());
-      }
-      std::this_thread::sleep_for(20ms);
-    }
-    endpoint_ = ReadFile(dir_ / "endpoint");
+    ASSIGN_OR_RETURN(endpoint_, AwaitCoordinatorEndpoint(coordinator_pid_, dir_ / "endpoint", 15s,
+                                                         dir_ / "coordinator.log"));
     SpawnOptions agent;
     agent.argv = {self, "agent", "--coordinator", endpoint_, "--devices",
                   "cpu:" + std::to_string(devices), "--node-id", "local", "--metrics",
@@ -311,7 +279,7 @@ int Up(const UpOptions& given) {
       std::cerr << "error: cannot read job spec " << options.job_path << "\n";
       return 2;
     }
-    yaml = ReadFile(options.job_path);
+    yaml = ReadWholeFile(options.job_path);
     source = options.job_path;
     folders = FoldersOf(options.job_path);
   }
