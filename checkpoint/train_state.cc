@@ -1,13 +1,24 @@
 #include "checkpoint/train_state.h"
 
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "checkpoint/checksum.h"
 
 namespace shardline::checkpoint {
 namespace {
 
-constexpr std::string_view kExpAvgPrefix = "optim.exp_avg.";
-constexpr std::string_view kExpAvgSqPrefix = "optim.exp_avg_sq.";
+// Every kind but kParam, by its name's prefix; a longer prefix before one it starts with.
+constexpr std::pair<StateKind, std::string_view> kPrefixes[] = {
+    {StateKind::kExpAvgSq, "optim.exp_avg_sq."},
+    {StateKind::kExpAvg, "optim.exp_avg."},
+    {StateKind::kOuterAnchor, "outer.anchor."},
+    {StateKind::kOuterMomentum, "outer.momentum."},
+    {StateKind::kSiteExpAvgSq, "site.optim.exp_avg_sq."},
+    {StateKind::kSiteExpAvg, "site.optim.exp_avg."},
+    {StateKind::kSiteParam, "site."},
+    {StateKind::kCarriedError, "dp.carried_error."},
+};
 
 template <typename T>
 absl::Status Differs(const std::string& where, const char* key, const T& stored,
@@ -27,24 +38,25 @@ std::string DescribeData(const DataIdentity& data) {
 
 }  // namespace
 
+bool IsPerSite(StateKind kind) {
+  return kind == StateKind::kSiteParam || kind == StateKind::kSiteExpAvg ||
+         kind == StateKind::kSiteExpAvgSq || kind == StateKind::kCarriedError;
+}
+
+bool IsStrategyState(StateKind kind) {
+  return kind != StateKind::kParam && kind != StateKind::kExpAvg && kind != StateKind::kExpAvgSq;
+}
+
 std::string StateTensorName(StateKind kind, std::string_view param) {
-  switch (kind) {
-    case StateKind::kParam:
-      return std::string(param);
-    case StateKind::kExpAvg:
-      return std::string(kExpAvgPrefix).append(param);
-    case StateKind::kExpAvgSq:
-      return std::string(kExpAvgSqPrefix).append(param);
+  for (const auto& [k, prefix] : kPrefixes) {
+    if (k == kind) return std::string(prefix).append(param);
   }
   return std::string(param);
 }
 
 StateTensor ParseStateTensorName(std::string_view name) {
-  if (name.starts_with(kExpAvgSqPrefix)) {
-    return {StateKind::kExpAvgSq, std::string(name.substr(kExpAvgSqPrefix.size()))};
-  }
-  if (name.starts_with(kExpAvgPrefix)) {
-    return {StateKind::kExpAvg, std::string(name.substr(kExpAvgPrefix.size()))};
+  for (const auto& [kind, prefix] : kPrefixes) {
+    if (name.starts_with(prefix)) return {kind, std::string(name.substr(prefix.size()))};
   }
   return {StateKind::kParam, std::string(name)};
 }

@@ -19,12 +19,34 @@
 
 namespace shardline::checkpoint {
 
-// The pieces of the training state that are global tensors.
-enum class StateKind { kParam, kExpAvg, kExpAvgSq };
+// The pieces of the training state that are global tensors. The first three are every run's; the
+// others belong to a data-parallel strategy (worker/model/data_parallel.h):
+//   kOuterAnchor, kOuterMomentum: DiLoCo's parameters at the last outer step and its outer
+//     Nesterov momentum (the parameter's shape);
+//   kSiteParam, kSiteExpAvg, kSiteExpAvgSq: each DiLoCo site's own parameters and inner AdamW
+//     moments between outer steps, shape (sites, *the parameter's);
+//   kCarriedError: compressed gradients' error feedback, what each site (host) will add back to
+//     its next reductions, shape (sites, *the parameter's).
+enum class StateKind {
+  kParam,
+  kExpAvg,
+  kExpAvgSq,
+  kOuterAnchor,
+  kOuterMomentum,
+  kSiteParam,
+  kSiteExpAvg,
+  kSiteExpAvgSq,
+  kCarriedError
+};
+// Whether the tensors of `kind` have a leading dimension of sites.
+bool IsPerSite(StateKind kind);
+// Whether `kind` is one of a strategy's (not a parameter or its AdamW moments).
+bool IsStrategyState(StateKind kind);
 
-// The tensor of `kind` for parameter `param`: the parameter's own name, "optim.exp_avg.NAME" (AdamW's
-// first moment, PyTorch's exp_avg) or "optim.exp_avg_sq.NAME" (the second). Its global shape is
-// the parameter's.
+// The tensor of `kind` for parameter `param`: the parameter's own name, "optim.exp_avg.NAME"
+// (AdamW's first moment, PyTorch's exp_avg) or "optim.exp_avg_sq.NAME" (the second); a strategy's:
+// "outer.anchor.NAME", "outer.momentum.NAME", "site.NAME", "site.optim.exp_avg.NAME",
+// "site.optim.exp_avg_sq.NAME", "dp.carried_error.NAME".
 std::string StateTensorName(StateKind kind, std::string_view param);
 // The inverse: the kind and the parameter's name of a manifest tensor.
 struct StateTensor {

@@ -766,7 +766,7 @@ void Coordinator::StartGeneration(Job& job, const Placement& placement) {
     }
     // Every group of every kind, a group of one rank included: the actors bootstrap each group
     // they are in, and the deadline names the missing ranks group by group.
-    for (auto& group : grid->AllGroups()) {
+    for (auto& group : grid->AllGroups(job.spec.data_parallel.diloco())) {
       GroupRecord record;
       record.kind = group.kind;
       record.id = group.id;

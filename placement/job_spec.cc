@@ -37,6 +37,15 @@ constexpr std::string_view kUnevenSizes = "uneven_sizes";
 // Train jobs: the TrainSpec keys (internal::kTrainSectionKeys) plus these two.
 constexpr std::string_view kMicroBatch = "micro_batch";
 constexpr std::string_view kParallel = "parallel";
+constexpr std::string_view kDataParallel = "data_parallel";
+constexpr std::string_view kBucketMb = "bucket_mb";
+constexpr std::string_view kCompression = "compression";
+constexpr std::string_view kRank = "rank";
+constexpr std::string_view kSync = "sync";
+constexpr std::string_view kEvery = "every";
+constexpr std::string_view kOuterLr = "outer_lr";
+constexpr std::string_view kOuterMomentum = "outer_momentum";
+constexpr std::string_view kFragments = "fragments";
 
 constexpr std::string_view kTp = "tp";
 constexpr std::string_view kPp = "pp";
@@ -95,6 +104,7 @@ std::vector<std::string_view> TrainOnlyKeys() {
                                      internal::kTrainSectionKeys.end());
   keys.push_back(kMicroBatch);
   keys.push_back(kParallel);
+  keys.push_back(kDataParallel);
   keys.push_back(kElastic);
   return keys;
 }
@@ -376,6 +386,54 @@ absl::Status ParseElastic(const YamlMap& parent, JobSpec& spec) {
 
 // The train-only part of a train job: the TrainSpec sections, micro_batch and the layout, then the
 // layout checked against the model, the batch and the actors.
+// `data_parallel: {...}` (data_parallel_spec.h), each key optional. The checks against the layout
+// and the model are CheckDataParallel's, run by the caller.
+absl::StatusOr<DataParallelSpec> ParseDataParallel(const YamlMap& parent) {
+  ASSIGN_OR_RETURN(const YamlMap map,
+                   parent.OptionalMap(kDataParallel, {kBucketMb, kCompression, kRank, kSync, kEvery,
+                                                      kOuterLr, kOuterMomentum, kFragments}));
+  DataParallelSpec spec;
+  ASSIGN_OR_RETURN(const double bucket_mb,
+                   map.OptionalDouble(kBucketMb, static_cast<double>(spec.bucket_bytes) / (1 << 20),
+                                      {.min = 0, .max = 1 << 20, .min_exclusive = true}));
+  spec.bucket_bytes = std::max<int64_t>(4, std::llround(bucket_mb * (1 << 20)));
+  using Compression = GradientCompression;
+  const EnumName<Compression> compressions[] = {
+      {GradientCompressionName(Compression::kNone), Compression::kNone},
+      {GradientCompressionName(Compression::kPowerSgd), Compression::kPowerSgd},
+      {GradientCompressionName(Compression::kInt8), Compression::kInt8}};
+  ASSIGN_OR_RETURN(spec.compression,
+                   map.OptionalEnum(kCompression, compressions, spec.compression));
+  ASSIGN_OR_RETURN(const int64_t rank,
+                   map.OptionalInt64(kRank, spec.rank, {.min = 1, .max = 1 << 20}));
+  spec.rank = static_cast<int>(rank);
+  if (map.Has(kRank) && spec.compression != Compression::kPowerSgd) {
+    return map.ErrorAt(kRank, "rank is PowerSGD's: it needs compression: powersgd");
+  }
+  const EnumName<DataParallelSync> syncs[] = {
+      {DataParallelSyncName(DataParallelSync::kEveryStep), DataParallelSync::kEveryStep},
+      {DataParallelSyncName(DataParallelSync::kDiloco), DataParallelSync::kDiloco}};
+  ASSIGN_OR_RETURN(spec.sync, map.OptionalEnum(kSync, syncs, spec.sync));
+  // `every` < 1 is refused with its value by CheckDataParallel, like the other DiLoCo keys.
+  ASSIGN_OR_RETURN(spec.every, map.OptionalInt64(kEvery, spec.every, {.max = int64_t{1} << 40}));
+  ASSIGN_OR_RETURN(
+      spec.outer_lr,
+      map.OptionalDouble(kOuterLr, spec.outer_lr, {.min = 0, .max = 100, .min_exclusive = true}));
+  ASSIGN_OR_RETURN(spec.outer_momentum, map.OptionalDouble(kOuterMomentum, spec.outer_momentum,
+                                                           {.min = 0, .max = 0.999999}));
+  ASSIGN_OR_RETURN(const int64_t fragments,
+                   map.OptionalInt64(kFragments, spec.fragments, {.max = 1 << 20}));
+  spec.fragments = static_cast<int>(fragments);
+  if (!spec.diloco()) {
+    for (const std::string_view key : {kEvery, kOuterLr, kOuterMomentum, kFragments}) {
+      if (map.Has(key)) {
+        return map.ErrorAt(key, absl::StrCat(AbslView(key), " is DiLoCo's: it needs sync: diloco"));
+      }
+    }
+  }
+  return spec;
+}
+
 // `parallel: auto`: the one scalar `parallel` may be (any other falls through to
 // ParseParallel's "expected a mapping").
 bool IsAutoParallel(const YamlMap& map) {
@@ -388,6 +446,7 @@ absl::Status ParseTrainJob(const YamlMap& map, const PathBase& base, JobSpec& sp
   spec.train.name = spec.name;
   RETURN_IF_ERROR(internal::ParseTrainSections(map, spec.train));
   spec.parallel_auto = IsAutoParallel(map);
+  ASSIGN_OR_RETURN(spec.data_parallel, ParseDataParallel(map));
   if (!spec.parallel_auto) {
     ASSIGN_OR_RETURN(spec.parallel, ParseParallel(map, spec.train.model.layers));
   }
@@ -425,6 +484,12 @@ absl::Status ParseTrainJob(const YamlMap& map, const PathBase& base, JobSpec& sp
   const absl::Status layout =
       ValidateParallel(spec.train.model, spec.train.batch, spec.parallel, spec.actors);
   if (!layout.ok()) return map.ErrorAt(kParallel, ToString(layout.message()));
+  const absl::Status data_parallel =
+      CheckDataParallel(spec.data_parallel, spec.parallel, spec.train.model);
+  if (!data_parallel.ok()) {
+    return map.ErrorAt(map.Has(kDataParallel) ? kDataParallel : kParallel,
+                       ToString(data_parallel.message()));
+  }
 
   ResolveTrainPaths(base, spec.train);
   return ParseElastic(map, spec);
@@ -684,6 +749,7 @@ absl::Status ApplyPlannedLayout(JobSpec& spec, const ParallelSpec& layout) {
   }
   RETURN_IF_ERROR(
       ValidateParallel(spec.train.model, spec.train.batch, layout, static_cast<int>(world)));
+  RETURN_IF_ERROR(CheckDataParallel(spec.data_parallel, layout, spec.train.model));
   if (!spec.parallel_auto) {
     // A fixed layout is the user's: only the same one (what the coordinator sends back) applies,
     // but for an elastic job's dp, which each generation picks (ElasticLayout).

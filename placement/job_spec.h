@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "placement/data_parallel_spec.h"
 #include "placement/parallel_layout.h"
 #include "placement/train_spec.h"
 
@@ -137,6 +138,10 @@ struct JobSpec {
   // is the one-rank default (but for a top-level micro_batch, which the plan must keep) and
   // ValidateParallel has not run.
   bool parallel_auto = false;
+  // Only meaningful for kTrain: YAML `data_parallel: {bucket_mb, compression, rank, sync, every,
+  // outer_lr, outer_momentum, fragments}` (data_parallel_spec.h), checked against the layout by
+  // CheckDataParallel (for `parallel: auto`, when the plan is applied).
+  DataParallelSpec data_parallel;
   // kTrain: YAML `elastic`. kServe: the same section, restarting the service on the same tp × pp
   // after a fault (min_actors = max_actors = tp·pp; only max_restarts, restart_window_s and
   // wait_timeout_s may be given).

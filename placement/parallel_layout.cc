@@ -87,12 +87,22 @@ CommGroup RankGrid::DpGroup(const RankCoords& c) const {
   return group;
 }
 
+CommGroup RankGrid::ReplicaGroup(const RankCoords& c) const {
+  CommGroup group{"replica", absl::StrCat("replica-d", c.dp), {}};
+  group.ranks.reserve(tp_ * pp_);
+  for (int p = 0; p < pp_; ++p) {
+    for (int t = 0; t < tp_; ++t) group.ranks.push_back(Rank({t, c.dp, p}));
+  }
+  std::sort(group.ranks.begin(), group.ranks.end());
+  return group;
+}
+
 std::vector<CommGroup> RankGrid::GroupsOf(int rank) const {
   const RankCoords c = Coords(rank);
   return {WorldGroup(world()), TpGroup(c), PpGroup(c), DpGroup(c)};
 }
 
-std::vector<CommGroup> RankGrid::AllGroups() const {
+std::vector<CommGroup> RankGrid::AllGroups(bool replica_groups) const {
   std::vector<CommGroup> groups;
   groups.reserve(1 + pp_ * dp_ + tp_ * dp_ + tp_ * pp_);
   groups.push_back(WorldGroup(world()));
@@ -106,6 +116,9 @@ std::vector<CommGroup> RankGrid::AllGroups() const {
   }
   for (int p = 0; p < pp_; ++p) {
     for (int t = 0; t < tp_; ++t) groups.push_back(DpGroup({t, 0, p}));
+  }
+  if (replica_groups && tp_ * pp_ > 1) {
+    for (int d = 0; d < dp_; ++d) groups.push_back(ReplicaGroup({0, d, 0}));
   }
   return groups;
 }

@@ -101,14 +101,17 @@ class RankGrid {
   std::vector<CommGroup> GroupsOf(int rank) const;
   // Every group of the job: world, then every tp group, every pp group, every dp group; within a
   // kind, in the order of the groups' lowest ranks (the same list in every process, so that all
-  // create their communicators in one order).
-  std::vector<CommGroup> AllGroups() const;
+  // create their communicators in one order). With `replica_groups` (DiLoCo's jobs, where a
+  // replica's norm and loss stay inside it) and tp·pp > 1, then every replica group: the tp × pp
+  // ranks of one dp index, kind "replica".
+  std::vector<CommGroup> AllGroups(bool replica_groups = false) const;
 
  private:
   RankGrid(int tp, int pp, int dp) : tp_(tp), pp_(pp), dp_(dp) {}
   CommGroup TpGroup(const RankCoords& c) const;
   CommGroup PpGroup(const RankCoords& c) const;
   CommGroup DpGroup(const RankCoords& c) const;
+  CommGroup ReplicaGroup(const RankCoords& c) const;
 
   int tp_, pp_, dp_;
 };

@@ -54,6 +54,11 @@ struct Plan {
   bool interleaved = false;  // the interleaved schedule, 2 chunks per stage
   std::string recompute = "none";
   bool llama = false;  // the Llama of TrainSections instead of the GPT
+  std::string data_parallel;  // the YAML `data_parallel:` section (a flow map), empty: none
+  // AdamW with beta1 0, eps 1e4, lr 10 and no clipping or decay: lr·g/(|g| + eps), SGD with
+  // learning rate 1e-3 to within |g|/eps, a linear update (for DiLoCo's reduction to plain data
+  // parallelism, which holds only for a linear inner step).
+  bool linear_adamw = false;
   bool single() const { return tp * pp * dp == 1 && stages.empty(); }
   int world() const { return tp * pp * dp; }
   std::string Name() const {
@@ -65,6 +70,7 @@ struct Plan {
     for (int s : stages) name += "_" + std::to_string(s);
     if (interleaved) name += "_interleaved2";
     if (recompute != "none") name += "_recompute_" + recompute;
+    if (!data_parallel.empty()) name += "_dp_options";
     return name;
   }
 };
@@ -99,9 +105,20 @@ placement::JobSpec JobOf(const Plan& plan, int steps, const std::string& dir) {
       ", dp: " + std::to_string(plan.dp) + ", zero: " + std::to_string(plan.zero) +
       (stages.empty() ? "" : ", stages: [" + stages + "]") +
       (plan.interleaved ? ", schedule: interleaved, virtual_stages: 2" : "") +
-      ", recompute: " + plan.recompute + "}\n" + TrainSections(steps, dir, plan.llama);
+      ", recompute: " + plan.recompute + "}\n" +
+      (plan.data_parallel.empty() ? "" : "data_parallel: " + plan.data_parallel + "\n") +
+      TrainSections(steps, dir, plan.llama);
   absl::StatusOr<placement::JobSpec> spec = placement::ParseJobSpec(yaml, plan.Name() + ".yaml");
   EXPECT_TRUE(spec.ok()) << spec.status();
+  if (spec.ok() && plan.linear_adamw) {
+    // Past what a spec may say (eps ≤ 1), on purpose: see Plan::linear_adamw.
+    placement::OptimizerSpec& o = spec->train.optimizer;
+    o.beta1 = 0;
+    o.eps = 1e4;
+    o.lr = 10;
+    o.grad_clip = 0;
+    o.weight_decay = 0;
+  }
   return *spec;
 }
 
@@ -427,6 +444,101 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<Pair>& info) {
       return info.param.a.Name() + "_to_" + info.param.b.Name();
     });
+
+// The largest absolute difference between two runs' tensors of `kind`, over every tensor of that
+// kind in `want` (which `got` must hold too).
+double LargestDifference(const std::map<std::string, std::vector<float>>& got,
+                         const std::map<std::string, std::vector<float>>& want,
+                         checkpoint::StateKind kind) {
+  double largest = 0;
+  int compared = 0;
+  for (const auto& [name, values] : want) {
+    if (checkpoint::ParseStateTensorName(name).kind != kind) continue;
+    EXPECT_TRUE(got.contains(name)) << name;
+    if (!got.contains(name)) continue;
+    EXPECT_EQ(got.at(name).size(), values.size()) << name;
+    if (got.at(name).size() != values.size()) continue;
+    ++compared;
+    for (size_t i = 0; i < values.size(); ++i) {
+      largest = std::max(largest, std::abs(static_cast<double>(got.at(name)[i]) - values[i]));
+    }
+  }
+  EXPECT_GT(compared, 0) << "no tensor of the kind";
+  return largest;
+}
+
+// DiLoCo with H = 1, outer lr 1 and no outer momentum averages the sites' parameters after every
+// inner step. With a linear inner update (Plan::linear_adamw) that is exactly a data-parallel step
+// on the averaged gradient: the two runs end with the same parameters. (With AdamW's usual
+// settings they differ by design: the average of the sites' normalised updates is not the
+// normalised update of the average gradient.)
+TEST(DilocoTest, EveryStepWithOuterLrOneIsPlainDataParallelism) {
+  const std::string root = testing::MakeTempDir("shardline_diloco_h1");
+  Plan plain = Make(1, 1, 2, 0);
+  plain.linear_adamw = true;
+  Plan diloco = plain;
+  diloco.data_parallel = "{sync: diloco, every: 1, outer_lr: 1, outer_momentum: 0}";
+  Plan slower = plain;  // the same with half the outer step: must differ, or the check is blind
+  slower.data_parallel = "{sync: diloco, every: 1, outer_lr: 0.5, outer_momentum: 0}";
+  ASSERT_EQ(RunPlan(plain, kSteps, root + "/plain", "").size(), static_cast<size_t>(kSteps));
+  ASSERT_EQ(RunPlan(diloco, kSteps, root + "/diloco", "").size(), static_cast<size_t>(kSteps));
+  ASSERT_EQ(RunPlan(slower, kSteps, root + "/slower", "").size(), static_cast<size_t>(kSteps));
+  const auto want = StateOf(root + "/plain");
+  const auto got = StateOf(root + "/diloco");
+  const double same = LargestDifference(got, want, checkpoint::StateKind::kParam);
+  const double half =
+      LargestDifference(StateOf(root + "/slower"), want, checkpoint::StateKind::kParam);
+  std::printf(
+      "DiLoCo H=1 against plain data parallelism: largest parameter difference %.3g "
+      "(outer lr 0.5: %.3g)\n",
+      same, half);
+  EXPECT_LE(same, kParamAbsTol);
+  EXPECT_GT(half, 100 * kParamAbsTol);
+  fs::remove_all(root);
+}
+
+// A DiLoCo run saved in the middle of an outer round (every 2: rounds end at steps 2, 4, 6; the
+// save is at step 3) and resumed ends where the uninterrupted run does: every site's parameters
+// and moments, the anchor and the outer momentum. With fragments 2 (Streaming DiLoCo) a fragment
+// is due at step 3 and goes out at step 4's start, after the resume.
+class DilocoResumeTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(DilocoResumeTest, ResumedInTheMiddleOfARoundEqualsTheUninterruptedRun) {
+  const std::string root = testing::MakeTempDir("shardline_diloco_resume");
+  Plan plan = Make(1, 1, 2, 0);
+  plan.data_parallel = "{sync: diloco, every: 2, outer_lr: 0.7, outer_momentum: 0.9, fragments: " +
+                       std::to_string(GetParam()) + "}";
+  ASSERT_EQ(RunPlan(plan, kSteps, root + "/straight", "").size(), static_cast<size_t>(kSteps));
+  ASSERT_EQ(RunPlan(plan, kFirst, root + "/a", "").size(), static_cast<size_t>(kFirst));
+  ASSERT_EQ(
+      RunPlan(plan, kSteps, root + "/b", checkpoint::ManifestPath(root + "/a", kFirst)).size(),
+      static_cast<size_t>(kSteps - kFirst));
+  const auto want = StateOf(root + "/straight");
+  const auto got = StateOf(root + "/b");
+  EXPECT_EQ(got.size(), want.size());
+  using K = checkpoint::StateKind;
+  for (const K kind : {K::kParam, K::kExpAvg, K::kExpAvgSq, K::kOuterAnchor, K::kOuterMomentum,
+                       K::kSiteParam, K::kSiteExpAvg, K::kSiteExpAvgSq}) {
+    const double diff = LargestDifference(got, want, kind);
+    const bool moment = kind == K::kExpAvg || kind == K::kExpAvgSq || kind == K::kSiteExpAvg ||
+                        kind == K::kSiteExpAvgSq;
+    // Moments by their size: exp_avg_sq of a ~1e-2 gradient is ~1e-4, its noise far below.
+    EXPECT_LE(diff, moment ? 1e-7 : kParamAbsTol) << checkpoint::StateTensorName(kind, "*");
+  }
+  // The two sites trained on different samples: their parameters differ between syncs.
+  const std::vector<float>& sites = want.at(checkpoint::StateTensorName(K::kSiteParam, "h.0.fc.w"));
+  double apart = 0;
+  const size_t half = sites.size() / 2;
+  for (size_t i = 0; i < half; ++i)
+    apart = std::max(apart, std::abs(double{sites[i]} - sites[half + i]));
+  if (GetParam() == 1) EXPECT_LT(apart, 1e-12) << "every 2 ends a round at step 6: sites agree";
+  fs::remove_all(root);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fragments, DilocoResumeTest, ::testing::Values(1, 2),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return "fragments" + std::to_string(info.param);
+                         });
 
 }  // namespace
 }  // namespace shardline::training

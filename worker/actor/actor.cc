@@ -419,6 +419,7 @@ absl::Status Actor::RunTrainJob() {
     if (group.kind == "tp") options.groups.tp = communicator;
     if (group.kind == "pp") options.groups.pp = communicator;
     if (group.kind == "dp") options.groups.dp = communicator;
+    if (group.kind == "replica") options.groups.replica = communicator;
   }
   options.backend = kernels::BackendOptions{
       .device = cuda_device_ ? kernels::Device::kCuda : kernels::Device::kCpu,

@@ -20,6 +20,14 @@ double Since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+// Units first..last (layout order) of a bucket, floats [begin, begin + size) of the whole
+// gradients; `ready` counts the units of this step's last micro-batch reported so far.
+struct Bucket {
+  int first = 0, last = 0;
+  int64_t begin = 0, size = 0;
+  int ready = 0;
+};
+
 // ZeRO stage 0..3: which of the state is kept sharded is the whole difference between the stages,
 // and it is fixed at construction.
 class ZeroStrategy final : public DataParallelStrategy {
@@ -37,6 +45,7 @@ class ZeroStrategy final : public DataParallelStrategy {
 
   absl::Status Allocate() {
     const auto& units = layout_.units();
+    MakeBuckets();
     shard_size_.resize(units.size());
     shard_offset_.resize(units.size());
     for (size_t u = 0; u < units.size(); ++u) {
@@ -65,8 +74,50 @@ class ZeroStrategy final : public DataParallelStrategy {
     return absl::OkStatus();
   }
 
+  // Runs of consecutive units of about spec.bucket_bytes, from the last unit back (the order the
+  // backward produces them in), each contiguous in the whole-gradient buffer so that one
+  // collective reduces it in place. A unit larger than a bucket is a bucket of its own.
+  void MakeBuckets() {
+    const auto& units = layout_.units();
+    bucket_of_.assign(units.size(), -1);
+    const int64_t limit = std::max<int64_t>(1, options_.spec.bucket_bytes / int64_t{sizeof(float)});
+    int last = static_cast<int>(units.size()) - 1;
+    while (last >= 0) {
+      int first = last;
+      int64_t size = units[last].size;
+      while (first > 0 && size < limit &&
+             units[first - 1].begin + units[first - 1].size == units[first].begin &&
+             size + units[first - 1].size <= limit) {
+        --first;
+        size += units[first].size;
+      }
+      const int index = static_cast<int>(buckets_.size());
+      buckets_.push_back(Bucket{first, last, units[first].begin, size, 0});
+      for (int u = first; u <= last; ++u) bucket_of_[u] = index;
+      last = first - 1;
+    }
+  }
+
+  std::string BucketName(const Bucket& b) const {
+    const auto& units = layout_.units();
+    return b.first == b.last ? units[b.first].name
+                             : units[b.first].name + ".." + units[b.last].name;
+  }
+
+  void Trace(std::string event) const {
+    if (options_.trace != nullptr) options_.trace->Record(std::move(event));
+  }
+
   bool KeepsOwnedOnly(checkpoint::StateKind kind) const override {
     return kind == checkpoint::StateKind::kParam ? params_sharded_ : moments_sharded_;
+  }
+
+  std::pair<int64_t, int64_t> SavedRange(checkpoint::StateKind, int u) const override {
+    return {OwnedBegin(u), OwnedEnd(u)};
+  }
+  std::pair<int64_t, int64_t> LoadRange(checkpoint::StateKind kind, int u) const override {
+    if (KeepsOwnedOnly(kind)) return {OwnedBegin(u), OwnedEnd(u)};
+    return {0, layout_.units()[u].size};
   }
 
   int64_t OwnedBegin(int u) const override {
@@ -144,15 +195,13 @@ class ZeroStrategy final : public DataParallelStrategy {
       RETURN_IF_ERROR(backend->Synchronize());
     }
     const std::string what = layout_.units()[u].name;
+    if (last_micro_batch) Trace("ready " + what);
     if (!grads_sharded_) {
-      // Whole gradients accumulate over the micro-batches; reduce once, after the last.
+      // Whole gradients accumulate over the micro-batches; a bucket is reduced once, after the
+      // last micro-batch produced all of its units.
       if (!last_micro_batch || dp == nullptr) return absl::OkStatus();
-      float* g = grads_.data<float>() + layout_.units()[u].begin;
-      const size_t n = static_cast<size_t>(layout_.units()[u].size);
-      comm_thread_->Submit([=] {
-        return Annotate(dp->AllReduce(g, n, DType::kFloat32, comm::ReduceOp::kSum),
-                        "data-parallel all-reduce of the gradients of " + what);
-      });
+      Bucket& bucket = buckets_[bucket_of_[u]];
+      if (++bucket.ready == bucket.last - bucket.first + 1) SubmitBucket(bucket);
       return absl::OkStatus();
     }
     // This micro-batch's gradient goes into the owned shard now, and its buffer is freed.
@@ -181,10 +230,33 @@ class ZeroStrategy final : public DataParallelStrategy {
   }
 
   absl::Status ZeroGrads() override {
+    for (Bucket& bucket : buckets_) bucket.ready = 0;
     return options_.backend->Fill(grads_.data<float>(), grads_.numel(), 0.0f);
   }
 
-  absl::Status FinishReductions() override { return Wait(); }
+  absl::Status FinishReductions() override {
+    if (!grads_sharded_ && options_.dp != nullptr) {
+      // A unit the backward never reported (none today) still gets its reduction.
+      for (Bucket& bucket : buckets_) {
+        if (bucket.ready > 0 && bucket.ready <= bucket.last - bucket.first) SubmitBucket(bucket);
+      }
+    }
+    return Wait();
+  }
+
+  // Queues the all-reduce of a bucket's whole gradients (summed over the group, in place).
+  void SubmitBucket(Bucket& bucket) {
+    bucket.ready = bucket.last - bucket.first + 2;  // submitted: no second time this step
+    comm::Communicator* dp = options_.dp;
+    float* g = grads_.data<float>() + bucket.begin;
+    const size_t n = static_cast<size_t>(bucket.size);
+    const std::string name = BucketName(bucket);
+    comm_thread_->Submit([=, this] {
+      Trace("reduce " + name);
+      return Annotate(dp->AllReduce(g, n, DType::kFloat32, comm::ReduceOp::kSum),
+                      "data-parallel all-reduce of the gradients of " + name);
+    });
+  }
 
   absl::Status Update(double clip_scale, int64_t step,
                       const kernels::cpu::AdamWConfig& adamw) override {
@@ -289,6 +361,8 @@ class ZeroStrategy final : public DataParallelStrategy {
   const bool grads_sharded_;    // stages 2, 3
   const bool moments_sharded_;  // stages 1-3
 
+  std::vector<Bucket> buckets_;        // stages 0, 1: from the last unit back
+  std::vector<int> bucket_of_;         // per unit
   std::vector<int64_t> shard_size_;    // per unit: ceil(size / dp)
   std::vector<int64_t> shard_offset_;  // per unit: where its shard starts in shard buffers
   int64_t shard_total_ = 0;
@@ -302,12 +376,325 @@ class ZeroStrategy final : public DataParallelStrategy {
   std::unique_ptr<CommThread> comm_thread_;  // last: stops (draining) before the buffers go
 };
 
+// DiLoCo (Douillard et al. 2023) over the data-parallel group, each rank of which is a site: a
+// site trains alone with stage 0's state and no reduction (its `inner_` strategy is a group of
+// one), and every `every` steps the sites average their parameters' change since the last sync
+// (the pseudo-gradient, anchor − parameters) over the group and take one outer Nesterov step on
+// the anchor, which then becomes every site's parameters:
+//   m ← μ·m + Δ;  anchor ← anchor − lr·(Δ + μ·m)      (torch.optim.SGD(nesterov=True), as TorchFT)
+// The inner AdamW moments stay each site's. Nothing else crosses sites: the gradient norm and the
+// loss are the site's own (IndependentReplicas).
+//
+// With fragments F > 1 (Streaming DiLoCo), unit u belongs to fragment u mod F (strided, so that
+// each fragment holds layers from the whole depth) and fragment f syncs at the steps t with
+// t ≡ ⌊(f + 1)·H / F⌋ (mod H): the exchanges are spread over the round. A fragment's pseudo-
+// gradient is computed at the end of its step t and all-reduced during step t + 1's forward and
+// backward; at step t + 1's update the new anchor is applied and the inner step taken meanwhile
+// is kept on top of it (parameters ← new anchor + (θ(t+1) − θ(t))). With F = 1 the sync is
+// synchronous at step t, so that H = 1, outer lr 1 and no momentum is plain averaging.
+class DilocoStrategy final : public DataParallelStrategy {
+ public:
+  DilocoStrategy(const DataParallelOptions& options, std::unique_ptr<DataParallelStrategy> inner)
+      : options_(options), layout_(*options.layout), inner_(std::move(inner)) {}
+
+  ~DilocoStrategy() override {
+    if (comm_thread_) comm_thread_->Drain().IgnoreError();
+  }
+
+  absl::Status Allocate() {
+    const int64_t whole = layout_.total();
+    kernels::Allocator& allocator = options_.backend->allocator();
+    ASSIGN_OR_RETURN(anchor_, kernels::Tensor::Zeros({whole}, DType::kFloat32, allocator));
+    ASSIGN_OR_RETURN(momentum_, kernels::Tensor::Zeros({whole}, DType::kFloat32, allocator));
+    const int F = options_.spec.fragments;
+    fragments_.assign(F, {});
+    for (int u = 0; u < static_cast<int>(layout_.units().size()); ++u) {
+      fragments_[u % F].push_back(u);
+    }
+    comm_thread_ = std::make_unique<CommThread>(2);
+    return absl::OkStatus();
+  }
+
+  // ---- state: the site's parameters and moments are the inner strategy's ----
+  bool KeepsOwnedOnly(checkpoint::StateKind) const override { return false; }
+  int64_t OwnedBegin(int) const override { return 0; }
+  int64_t OwnedEnd(int u) const override { return layout_.units()[u].size; }
+
+  std::vector<SavedState> SavedStates() const override {
+    using K = checkpoint::StateKind;
+    const int site = options_.dp_index, sites = options_.dp_size;
+    // The parameters and moments a checkpoint names plainly are site 0's, a complete state that a
+    // run without DiLoCo (or an export) can take; every site's own are the site kinds.
+    return {{.kind = K::kParam},
+            {.kind = K::kExpAvg, .resume_only = true},
+            {.kind = K::kExpAvgSq, .resume_only = true},
+            {.kind = K::kOuterAnchor, .resume_only = true, .fallback = K::kParam},
+            {.kind = K::kOuterMomentum, .resume_only = true, .zeros_if_missing = true},
+            {.kind = K::kSiteParam, .site = site, .sites = sites},
+            {.kind = K::kSiteExpAvg, .site = site, .sites = sites, .resume_only = true},
+            {.kind = K::kSiteExpAvgSq, .site = site, .sites = sites, .resume_only = true}};
+  }
+
+  std::pair<int64_t, int64_t> SavedRange(checkpoint::StateKind kind, int u) const override {
+    using K = checkpoint::StateKind;
+    const int64_t size = layout_.units()[u].size;
+    if (kind == K::kOuterAnchor || kind == K::kOuterMomentum) {
+      // The same on every site: the sites share the writing, as ZeRO's partition.
+      const int64_t shard = (size + options_.dp_size - 1) / options_.dp_size;
+      return {std::min(options_.dp_index * shard, size),
+              std::min((options_.dp_index + 1) * shard, size)};
+    }
+    if (!checkpoint::IsPerSite(kind) && options_.dp_index != 0) return {0, 0};
+    return {0, size};
+  }
+
+  std::pair<int64_t, int64_t> LoadRange(checkpoint::StateKind, int u) const override {
+    return {0, layout_.units()[u].size};
+  }
+
+  float* StateAt(checkpoint::StateKind kind, const ShardTensor& t, int64_t local) const override {
+    using K = checkpoint::StateKind;
+    const int64_t at = layout_.units()[t.unit].begin + t.offset + local;
+    switch (kind) {
+      case K::kOuterAnchor:
+        return const_cast<float*>(anchor_.data<float>()) + at;
+      case K::kOuterMomentum:
+        return const_cast<float*>(momentum_.data<float>()) + at;
+      case K::kParam:
+      case K::kSiteParam:
+        return inner_->StateAt(K::kParam, t, local);
+      case K::kExpAvg:
+      case K::kSiteExpAvg:
+        return inner_->StateAt(K::kExpAvg, t, local);
+      case K::kExpAvgSq:
+      case K::kSiteExpAvgSq:
+        return inner_->StateAt(K::kExpAvgSq, t, local);
+      default:
+        return nullptr;
+    }
+  }
+
+  void StateLoaded(checkpoint::StateKind kind) override {
+    if (kind == checkpoint::StateKind::kOuterAnchor) anchor_loaded_ = true;
+  }
+  const float* ReducedGradAt(const ShardTensor& t, int64_t local) const override {
+    return inner_->ReducedGradAt(t, local);
+  }
+  std::span<float> ReducedUnitGrads(int u) override { return inner_->ReducedUnitGrads(u); }
+  bool IndependentReplicas() const override { return true; }
+
+  // ---- one micro-batch, one step: the site's own ----
+  absl::StatusOr<float*> UnitParams(int u) override { return inner_->UnitParams(u); }
+  void ReleaseParams(int u) override { inner_->ReleaseParams(u); }
+  absl::StatusOr<float*> UnitGrads(int u) override { return inner_->UnitGrads(u); }
+  absl::Status GradsReady(int u, bool last) override { return inner_->GradsReady(u, last); }
+  absl::Status BeginStep(int64_t step) override {
+    RETURN_IF_ERROR(StartRound());
+    // A fragment due at the previous step goes out now, overlapping this step's passes.
+    if (step > 1 && options_.spec.fragments > 1) {
+      for (int f = 0; f < options_.spec.fragments; ++f) {
+        if (Due(f, step - 1)) RETURN_IF_ERROR(SendFragment(f));
+      }
+    }
+    return absl::OkStatus();
+  }
+  absl::Status ZeroGrads() override { return inner_->ZeroGrads(); }
+  absl::Status FinishReductions() override { return inner_->FinishReductions(); }
+
+  absl::Status Update(double clip_scale, int64_t step,
+                      const kernels::cpu::AdamWConfig& adamw) override {
+    RETURN_IF_ERROR(StartRound());
+    RETURN_IF_ERROR(inner_->Update(clip_scale, step, adamw));
+    // Fragments sent at this step's start: their new anchor, with this step's inner change kept.
+    for (Pending& p : pending_) RETURN_IF_ERROR(ApplyFragment(p, /*keep_inner_step=*/true));
+    pending_.clear();
+    if (options_.spec.fragments == 1 && Due(0, step)) {
+      RETURN_IF_ERROR(SendFragment(0));
+      for (Pending& p : pending_) RETURN_IF_ERROR(ApplyFragment(p, /*keep_inner_step=*/false));
+      pending_.clear();
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status ClearOptimizerState() override {
+    RETURN_IF_ERROR(options_.backend->Fill(momentum_.data<float>(), momentum_.numel(), 0.0f));
+    return inner_->ClearOptimizerState();
+  }
+
+  double TakeWaitSeconds() override {
+    return std::exchange(wait_seconds_, 0.0) + inner_->TakeWaitSeconds();
+  }
+  int64_t param_bytes() const override {
+    return inner_->param_bytes() + static_cast<int64_t>(anchor_.nbytes());
+  }
+  int64_t grad_bytes() const override { return inner_->grad_bytes(); }
+  int64_t optimizer_bytes() const override {
+    return inner_->optimizer_bytes() + static_cast<int64_t>(momentum_.nbytes());
+  }
+
+ private:
+  // A fragment's exchange in flight: its pseudo-gradient being summed over the sites, and the
+  // site's own (to recover the parameters it was computed from).
+  struct Pending {
+    int fragment = 0;
+    std::vector<kernels::Tensor> summed, own;  // per unit of the fragment
+  };
+
+  // Before the first step this strategy runs: the anchor is the checkpoint's (loaded into it), or
+  // else the parameters the run starts from (initialised, or init_from's).
+  absl::Status StartRound() {
+    if (started_) return absl::OkStatus();
+    started_ = true;
+    if (anchor_loaded_) return absl::OkStatus();
+    return CopyParams(anchor_.data<float>(), /*to_params=*/false);
+  }
+
+  bool Due(int f, int64_t step) const {
+    const int64_t H = options_.spec.every;
+    const int64_t offset = (static_cast<int64_t>(f) + 1) * H / options_.spec.fragments;
+    return step % H == offset % H;
+  }
+
+  // Copies every unit's parameters into `anchor` (to_params false) or back (true).
+  absl::Status CopyParams(float* anchor, bool to_params) {
+    for (int u = 0; u < static_cast<int>(layout_.units().size()); ++u) {
+      ASSIGN_OR_RETURN(float* params, inner_->UnitParams(u));
+      float* a = anchor + layout_.units()[u].begin;
+      const int64_t n = layout_.units()[u].size;
+      RETURN_IF_ERROR(to_params ? options_.backend->Copy(params, a, n)
+                                : options_.backend->Copy(a, params, n));
+    }
+    return absl::OkStatus();
+  }
+
+  // Computes fragment f's pseudo-gradient (anchor − parameters) and queues its sum over the sites.
+  absl::Status SendFragment(int f) {
+    kernels::Backend& backend = *options_.backend;
+    Pending p;
+    p.fragment = f;
+    for (const int u : fragments_[f]) {
+      const int64_t n = layout_.units()[u].size;
+      ASSIGN_OR_RETURN(float* params, inner_->UnitParams(u));
+      ASSIGN_OR_RETURN(kernels::Tensor delta,
+                       kernels::Tensor::Empty({n}, DType::kFloat32, backend.allocator()));
+      float* d = delta.data<float>();
+      RETURN_IF_ERROR(backend.Copy(d, params, n));
+      RETURN_IF_ERROR(backend.Scale(d, n, -1.0f));
+      RETURN_IF_ERROR(backend.Accumulate(d, anchor_.data<float>() + layout_.units()[u].begin, n));
+      ASSIGN_OR_RETURN(kernels::Tensor own,
+                       kernels::Tensor::Empty({n}, DType::kFloat32, backend.allocator()));
+      RETURN_IF_ERROR(backend.Copy(own.data<float>(), d, n));
+      p.summed.push_back(std::move(delta));
+      p.own.push_back(std::move(own));
+    }
+    RETURN_IF_ERROR(backend.Synchronize());  // before the communicator reads the deltas
+    comm::Communicator* dp = options_.dp;
+    for (size_t i = 0; i < p.summed.size(); ++i) {
+      float* d = p.summed[i].data<float>();
+      const size_t n = static_cast<size_t>(p.summed[i].numel());
+      const std::string name = layout_.units()[fragments_[f][i]].name;
+      comm_thread_->Submit([=, this] {
+        if (options_.trace != nullptr) options_.trace->Record("outer " + name);
+        return Annotate(dp->AllReduce(d, n, DType::kFloat32, comm::ReduceOp::kSum),
+                        "DiLoCo's all-reduce of the pseudo-gradient of " + name);
+      });
+    }
+    pending_.push_back(std::move(p));
+    return absl::OkStatus();
+  }
+
+  // Waits for fragment p's sum, takes the outer Nesterov step on its anchor and sets the site's
+  // parameters to it (plus the inner step taken since the send, when `keep_inner_step`).
+  absl::Status ApplyFragment(Pending& p, bool keep_inner_step) {
+    const auto start = Clock::now();
+    absl::Status drained = comm_thread_->Drain();
+    wait_seconds_ += Since(start);
+    RETURN_IF_ERROR(drained);
+    kernels::Backend& backend = *options_.backend;
+    const float mu = static_cast<float>(options_.spec.outer_momentum);
+    const float lr = static_cast<float>(options_.spec.outer_lr);
+    for (size_t i = 0; i < p.summed.size(); ++i) {
+      const int u = fragments_[p.fragment][i];
+      const int64_t n = layout_.units()[u].size;
+      const int64_t begin = layout_.units()[u].begin;
+      float* delta = p.summed[i].data<float>();
+      float* m = momentum_.data<float>() + begin;
+      float* anchor = anchor_.data<float>() + begin;
+      ASSIGN_OR_RETURN(float* params, inner_->UnitParams(u));
+      RETURN_IF_ERROR(backend.Scale(delta, n, 1.0f / static_cast<float>(options_.dp_size)));
+      if (keep_inner_step) {
+        // θ(t) = anchor − own Δ: the parameters keep θ(t+1) − θ(t) = θ(t+1) + own Δ − anchor.
+        RETURN_IF_ERROR(backend.Accumulate(params, p.own[i].data<float>(), n));
+        RETURN_IF_ERROR(backend.Scale(anchor, n, -1.0f));
+        RETURN_IF_ERROR(backend.Accumulate(params, anchor, n));
+        RETURN_IF_ERROR(backend.Scale(anchor, n, -1.0f));
+      }
+      if (mu != 0.0f) {
+        RETURN_IF_ERROR(backend.Scale(m, n, mu));
+        RETURN_IF_ERROR(backend.Accumulate(m, delta, n));
+        // delta ← Δ + μ·m, Nesterov's look-ahead.
+        float* look = p.own[i].data<float>();
+        RETURN_IF_ERROR(backend.Copy(look, m, n));
+        RETURN_IF_ERROR(backend.Scale(look, n, mu));
+        RETURN_IF_ERROR(backend.Accumulate(delta, look, n));
+      }
+      RETURN_IF_ERROR(backend.Scale(delta, n, -lr));
+      RETURN_IF_ERROR(backend.Accumulate(anchor, delta, n));
+      if (keep_inner_step) {
+        RETURN_IF_ERROR(backend.Accumulate(params, anchor, n));
+      } else {
+        RETURN_IF_ERROR(backend.Copy(params, anchor, n));
+      }
+    }
+    return backend.Synchronize();
+  }
+
+  const DataParallelOptions options_;
+  const ShardLayout& layout_;
+  std::unique_ptr<DataParallelStrategy> inner_;  // the site's state, a group of one
+  kernels::Tensor anchor_;                       // the parameters at the last sync, whole
+  kernels::Tensor momentum_;                     // the outer momentum, whole
+  std::vector<std::vector<int>> fragments_;      // units of each fragment
+  std::vector<Pending> pending_;
+  bool started_ = false;
+  bool anchor_loaded_ = false;
+  double wait_seconds_ = 0;
+  std::unique_ptr<CommThread> comm_thread_;  // last: stops (draining) before the buffers go
+};
+
 }  // namespace
+
+std::vector<SavedState> DataParallelStrategy::SavedStates() const {
+  using K = checkpoint::StateKind;
+  return {{.kind = K::kParam},
+          {.kind = K::kExpAvg, .resume_only = true},
+          {.kind = K::kExpAvgSq, .resume_only = true}};
+}
 
 absl::StatusOr<std::unique_ptr<DataParallelStrategy>> DataParallelStrategy::Create(
     int zero, const DataParallelOptions& options) {
   if (zero < 0 || zero > 3) {
     return absl::InvalidArgumentError(absl::StrCat("ZeRO stage ", zero, " is not 0..3"));
+  }
+  if (options.spec.diloco()) {
+    if (zero != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("DiLoCo needs ZeRO stage 0, not ", zero));
+    }
+    // The site's own state: stage 0 over a group of one.
+    DataParallelOptions site = options;
+    site.dp = nullptr;
+    site.dp_size = 1;
+    site.dp_index = 0;
+    site.peer_mapped = nullptr;
+    site.spec = placement::DataParallelSpec();
+    auto inner = std::make_unique<ZeroStrategy>(0, site);
+    RETURN_IF_ERROR(inner->Allocate());
+    auto strategy = std::make_unique<DilocoStrategy>(options, std::move(inner));
+    RETURN_IF_ERROR(strategy->Allocate());
+    return std::unique_ptr<DataParallelStrategy>(std::move(strategy));
+  }
+  if (options.spec.compressed()) {
+    return absl::UnimplementedError("data_parallel.compression is not built yet");
   }
   auto strategy = std::make_unique<ZeroStrategy>(zero, options);
   RETURN_IF_ERROR(strategy->Allocate());

@@ -14,15 +14,28 @@
 //            the owned shard as soon as it is ready, and its buffer freed;
 //   stage 3: the parameters sharded too: a unit is all-gathered just before each use (forward and
 //            backward of every micro-batch) and freed right after.
-// (Compressed reductions and DiLoCo's outer step are further strategies behind this interface.)
+// Under stages 0 and 1 the whole gradients are all-reduced in buckets (data_parallel.bucket_mb):
+// runs of consecutive units, filled from the last unit back as the backward produces them, each
+// reduced as soon as its last unit is ready, on the strategy's communication thread
+// (comm_thread.h), so that the reductions overlap the rest of the backward pass, as DDP's buckets.
+// With data_parallel.compression a bucket's reduction is exact inside each host and compressed
+// between hosts (gradient_compression.h).
 //
-// Every collective runs on the strategy's communication thread (comm_thread.h), so a unit's
-// reduction overlaps the rest of the backward pass. One caller thread.
+// DiLoCo (data_parallel.sync: diloco) is the other strategy: each data-parallel rank is a site
+// that trains alone with its own AdamW (stage 0's state, no gradient crosses sites) and every
+// `every` steps the sites average their parameters' change since the last sync and take one
+// outer Nesterov step on it, fragment by fragment (DilocoStrategy in data_parallel.cc).
+//
+// One caller thread.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -30,10 +43,37 @@
 #include "kernels/allocator.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/optimizer.h"
+#include "placement/data_parallel_spec.h"
 #include "worker/comm/communicator.h"
 #include "worker/model/shard_layout.h"
 
 namespace shardline::model {
+
+// Told the order in which a step's data-parallel work happens (tests check that reductions
+// overlap the backward; no timing): "ready h.3" when a unit's gradient is complete, "reduce
+// h.3..lm_head" when a bucket's reduction starts on the communication thread. Called from both
+// threads.
+class DataParallelTrace {
+ public:
+  virtual ~DataParallelTrace() = default;
+  virtual void Record(std::string event) = 0;
+};
+
+// One kind of state a rank saves and loads (ShardedGpt::StatePieces, LoadState).
+struct SavedState {
+  checkpoint::StateKind kind = checkpoint::StateKind::kParam;
+  // Per-site kinds (checkpoint::IsPerSite): the leading index this rank's values take, and the
+  // number of sites.
+  int site = -1;
+  int sites = 0;
+  // Loaded only when a run resumes (not when it starts from init_from's parameters).
+  bool resume_only = false;
+  // When the checkpoint has none of a strategy's kind (another strategy wrote it) or not this
+  // rank's site (it was written with fewer sites): load `fallback`'s tensor into it instead, or
+  // zero it, or (neither) leave it as the kinds before it in SavedStates left it.
+  std::optional<checkpoint::StateKind> fallback = std::nullopt;
+  bool zeros_if_missing = false;
+};
 
 struct DataParallelOptions {
   const ShardLayout* layout = nullptr;  // must outlive the strategy
@@ -46,12 +86,15 @@ struct DataParallelOptions {
   // Memory the data-parallel peers map (a shared-memory group), where whole gradients are kept so
   // that their all-reduce reads them in place; null otherwise.
   kernels::Allocator* peer_mapped = nullptr;
+  // Buckets, compression, DiLoCo (validated: placement::CheckDataParallel).
+  placement::DataParallelSpec spec;
+  DataParallelTrace* trace = nullptr;  // optional; must outlive the strategy
 };
 
 class DataParallelStrategy {
  public:
-  // ZeRO stage `zero` (0..3) over `options`: allocates the state (zeroed) and starts the
-  // communication thread. InvalidArgument for another stage.
+  // ZeRO stage `zero` (0..3) over `options`, or DiLoCo when options.spec says so: allocates the
+  // state (zeroed) and starts the communication thread. InvalidArgument for another stage.
   static absl::StatusOr<std::unique_ptr<DataParallelStrategy>> Create(
       int zero, const DataParallelOptions& options);
   virtual ~DataParallelStrategy() = default;
@@ -65,9 +108,22 @@ class DataParallelStrategy {
   virtual int64_t OwnedBegin(int u) const = 0;
   virtual int64_t OwnedEnd(int u) const = 0;
   // Where element `local` (flat in the tensor's box) of the tensor's `kind` lives; only for
-  // elements this rank keeps.
+  // elements this rank keeps (LoadRange).
   virtual float* StateAt(checkpoint::StateKind kind, const ShardTensor& tensor,
                          int64_t local) const = 0;
+  // What a checkpoint holds of this rank's state, in the order it is saved: the parameters and
+  // their AdamW moments, then the strategy's own kinds.
+  virtual std::vector<SavedState> SavedStates() const;
+  // [begin, end) of unit u of `kind` that this rank saves (the owned part for the parameters and
+  // moments, so that the data-parallel ranks share the writing), and that it keeps and loads.
+  virtual std::pair<int64_t, int64_t> SavedRange(checkpoint::StateKind kind, int u) const = 0;
+  virtual std::pair<int64_t, int64_t> LoadRange(checkpoint::StateKind kind, int u) const = 0;
+  // LoadState loaded `kind` from the checkpoint (not a fallback).
+  virtual void StateLoaded(checkpoint::StateKind) {}
+  // Whether each data-parallel rank trains a model of its own between syncs (DiLoCo): the
+  // gradient norm and the loss are then its replica's, not the job's.
+  virtual bool IndependentReplicas() const { return false; }
+
   // The gradient of element `local` of the tensor, after the step's reduction; only for elements
   // this rank owns.
   virtual const float* ReducedGradAt(const ShardTensor& tensor, int64_t local) const = 0;
@@ -89,6 +145,9 @@ class DataParallelStrategy {
   virtual absl::Status GradsReady(int u, bool last_micro_batch) = 0;
 
   // ---- one step ----
+  // Step `step` (1-based) begins; its passes follow. (DiLoCo sends the fragments due at the step
+  // before, so that their exchange overlaps this step's passes.)
+  virtual absl::Status BeginStep(int64_t /*step*/) { return absl::OkStatus(); }
   // Zeroes the gradients before the step's first micro-batch.
   virtual absl::Status ZeroGrads() = 0;
   // Waits for every queued reduction; the first error of the step.

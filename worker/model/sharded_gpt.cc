@@ -94,7 +94,8 @@ absl::StatusOr<std::unique_ptr<ShardedGpt>> ShardedGpt::Create(const ShardedOpti
   const bool on_device = backend.device() != kernels::Device::kCpu;
   for (const auto& [group, kind] :
        {std::pair{groups.world, "world"}, std::pair{groups.tp, "tensor-parallel"},
-        std::pair{groups.pp, "pipeline"}, std::pair{groups.dp, "data-parallel"}}) {
+        std::pair{groups.pp, "pipeline"}, std::pair{groups.dp, "data-parallel"},
+        std::pair{groups.replica, "replica"}}) {
     if (group != nullptr && group->device_buffers() != on_device) {
       return absl::InvalidArgumentError(
           absl::StrCat("the ", kind, " group is a ", std::string(group->backend()),
@@ -117,6 +118,10 @@ absl::StatusOr<std::unique_ptr<ShardedGpt>> ShardedGpt::Create(const ShardedOpti
   RETURN_IF_ERROR(check_group(groups.pp, par.pp, "pipeline"));
   RETURN_IF_ERROR(check_group(groups.dp, par.dp, "data-parallel"));
   RETURN_IF_ERROR(check_group(groups.world, par.world(), "world"));
+  if (options.data_parallel.diloco()) {
+    RETURN_IF_ERROR(check_group(groups.replica, par.tp * par.pp, "replica"));
+  }
+  RETURN_IF_ERROR(placement::CheckDataParallel(options.data_parallel, par, options.config));
   if (options.seq_len < 1 || options.seq_len > options.config.max_seq_len) {
     return absl::InvalidArgumentError(absl::StrCat("seq_len ", options.seq_len,
                                                    " must be in [1, max_seq_len ",
@@ -178,6 +183,8 @@ absl::Status ShardedGpt::Allocate() {
   dp.dp_index = options_.coords.dp;
   dp.backend = &backend_;
   dp.peer_mapped = over_shm(groups_.dp) ? shared_memory_.get() : nullptr;
+  dp.spec = options_.data_parallel;
+  dp.trace = options_.trace;
   ASSIGN_OR_RETURN(data_parallel_, DataParallelStrategy::Create(options_.parallel.zero, dp));
   kernels::Allocator& activation_allocator =
       over_shm(groups_.tp) ? *shared_memory_ : allocator_;  // the slots' and backward scratch's
@@ -404,25 +411,41 @@ absl::Status ShardedGpt::InitGpt2(uint64_t seed) {
 }
 
 template <typename Fn>
-void ShardedGpt::ForEachOwnedRange(bool saved_only, Fn&& fn) const {
+void ShardedGpt::ForEachSavedRange(checkpoint::StateKind kind, Fn&& fn) const {
   for (const ShardTensor& t : layout_.tensors()) {
-    if (saved_only && (t.tied_copy || t.tp_replica)) continue;
-    const int64_t ob = data_parallel_->OwnedBegin(t.unit), oe = data_parallel_->OwnedEnd(t.unit);
+    if (t.tied_copy || t.tp_replica) continue;
+    const auto [ob, oe] = data_parallel_->SavedRange(kind, t.unit);
     const int64_t begin = std::max(ob, t.offset), end = std::min(oe, t.offset + t.numel);
     if (begin < end) fn(t, begin - t.offset, end - t.offset);
   }
 }
 
-absl::Status ShardedGpt::LoadState(const BoxReader& read, bool with_moments) {
+namespace {
+
+// A per-site kind's tensor has a leading dimension of sites; this rank's values are at [site].
+std::vector<int64_t> WithSite(const SavedState& state, const std::vector<int64_t>& dims,
+                              int64_t value) {
+  if (!checkpoint::IsPerSite(state.kind)) return dims;
+  std::vector<int64_t> out = {value};
+  out.insert(out.end(), dims.begin(), dims.end());
+  return out;
+}
+
+}  // namespace
+
+absl::Status ShardedGpt::LoadState(const BoxReader& read, bool with_moments,
+                                   const TensorShapeReader& shape_of) {
   RETURN_IF_ERROR(data_parallel_->ClearOptimizerState());
-  // Elements [begin, end) of tensor `t`'s box of the global tensor `name`, read box by box into
-  // `out`: the boxes of a flat range follow one another in its order.
-  const auto read_range = [&](const std::string& name, const ShardTensor& t, int64_t begin,
-                              int64_t end, float* out) -> absl::Status {
+  // Elements [begin, end) of tensor `t`'s box of the global tensor `name` (at `site` of a per-site
+  // kind), read box by box into `out`: the boxes of a flat range follow one another in its order.
+  const auto read_range = [&](const std::string& name, const SavedState& state,
+                              const ShardTensor& t, int64_t begin, int64_t end,
+                              float* out) -> absl::Status {
     for (const checkpoint::Box& box : checkpoint::SplitFlatRange(t.box_shape, begin, end)) {
       std::vector<int64_t> offsets = box.offsets;
       for (size_t d = 0; d < offsets.size(); ++d) offsets[d] += t.box_offsets[d];
-      absl::StatusOr<std::vector<float>> values = read(name, offsets, box.shape);
+      absl::StatusOr<std::vector<float>> values =
+          read(name, WithSite(state, offsets, state.site), WithSite(state, box.shape, 1));
       if (!values.ok()) return Annotate(values.status(), "loading " + name);
       const int64_t numel = *checkpoint::NumElements(box.shape);
       if (static_cast<int64_t>(values->size()) != numel) {
@@ -434,45 +457,60 @@ absl::Status ShardedGpt::LoadState(const BoxReader& read, bool with_moments) {
     }
     return absl::OkStatus();
   };
-  absl::Status status;
-  const auto load_owned = [&](checkpoint::StateKind kind) {
-    ForEachOwnedRange(false, [&](const ShardTensor& t, int64_t begin, int64_t end) {
-      if (status.ok()) {
-        status = read_range(checkpoint::StateTensorName(kind, t.name), t, begin, end,
-                            data_parallel_->StateAt(kind, t, begin));
-      }
-    });
+  // Whether the checkpoint holds `state`'s tensor of `t`, with this rank's site.
+  const auto present = [&](const SavedState& state, const ShardTensor& t) {
+    if (!shape_of) return true;
+    const std::optional<std::vector<int64_t>> shape =
+        shape_of(checkpoint::StateTensorName(state.kind, t.name));
+    if (!shape.has_value()) return false;
+    return !checkpoint::IsPerSite(state.kind) || (!shape->empty() && state.site < (*shape)[0]);
   };
-  // Each kind whole where the strategy keeps it whole, else only the part this rank owns.
-  const auto load = [&](checkpoint::StateKind kind) -> absl::Status {
-    if (data_parallel_->KeepsOwnedOnly(kind)) {
-      load_owned(kind);
-      return absl::OkStatus();
-    }
+  for (const SavedState& state : data_parallel_->SavedStates()) {
+    if (state.resume_only && !with_moments) continue;
+    // What this rank keeps of each tensor: whole, or the part it owns.
     for (const ShardTensor& t : layout_.tensors()) {
-      RETURN_IF_ERROR(read_range(checkpoint::StateTensorName(kind, t.name), t, 0, t.numel,
-                                 data_parallel_->StateAt(kind, t, 0)));
+      const auto [ub, ue] = data_parallel_->LoadRange(state.kind, t.unit);
+      const int64_t begin = std::max(ub, t.offset), end = std::min(ue, t.offset + t.numel);
+      if (begin >= end) continue;
+      float* into = data_parallel_->StateAt(state.kind, t, begin - t.offset);
+      if (present(state, t)) {
+        RETURN_IF_ERROR(read_range(checkpoint::StateTensorName(state.kind, t.name), state, t,
+                                   begin - t.offset, end - t.offset, into));
+        continue;
+      }
+      if (!checkpoint::IsStrategyState(state.kind)) {
+        return absl::NotFoundError(absl::StrCat("loading ",
+                                                checkpoint::StateTensorName(state.kind, t.name),
+                                                ": the checkpoint has no such tensor"));
+      }
+      if (state.fallback.has_value()) {
+        const SavedState from{.kind = *state.fallback};
+        RETURN_IF_ERROR(read_range(checkpoint::StateTensorName(from.kind, t.name), from, t,
+                                   begin - t.offset, end - t.offset, into));
+      } else if (state.zeros_if_missing) {
+        RETURN_IF_ERROR(backend_.Fill(into, end - begin, 0.0f));
+      }
     }
-    return absl::OkStatus();
-  };
-  RETURN_IF_ERROR(load(checkpoint::StateKind::kParam));
-  if (with_moments) {
-    RETURN_IF_ERROR(load(checkpoint::StateKind::kExpAvg));
-    RETURN_IF_ERROR(load(checkpoint::StateKind::kExpAvgSq));
+    // Said once per kind, for the strategy's bookkeeping (DiLoCo's anchor).
+    bool all_present = true;
+    for (const ShardTensor& t : layout_.tensors()) all_present = all_present && present(state, t);
+    if (all_present) data_parallel_->StateLoaded(state.kind);
   }
-  return status;
+  return absl::OkStatus();
 }
 
 std::vector<StatePiece> ShardedGpt::StatePieces() const {
   std::vector<StatePiece> pieces;
-  for (const checkpoint::StateKind kind :
-       {checkpoint::StateKind::kParam, checkpoint::StateKind::kExpAvg,
-        checkpoint::StateKind::kExpAvgSq}) {
-    ForEachOwnedRange(true, [&](const ShardTensor& t, int64_t begin, int64_t end) {
+  for (const SavedState& state : data_parallel_->SavedStates()) {
+    ForEachSavedRange(state.kind, [&](const ShardTensor& t, int64_t begin, int64_t end) {
       for (checkpoint::Box& box : checkpoint::SplitFlatRange(t.box_shape, begin, end)) {
         for (size_t d = 0; d < box.offsets.size(); ++d) box.offsets[d] += t.box_offsets[d];
         const int64_t numel = static_cast<int64_t>(*checkpoint::NumElements(box.shape));
-        pieces.push_back(StatePiece{kind, t.name, t.global_shape, std::move(box), numel});
+        box.offsets = WithSite(state, box.offsets, state.site);
+        box.shape = WithSite(state, box.shape, 1);
+        pieces.push_back(StatePiece{state.kind, t.name,
+                                    WithSite(state, t.global_shape, state.sites), std::move(box),
+                                    numel});
       }
     });
   }
@@ -482,10 +520,8 @@ std::vector<StatePiece> ShardedGpt::StatePieces() const {
 absl::Status ShardedGpt::CopyState(std::span<float> out) const {
   size_t at = 0;
   absl::Status status;
-  for (const checkpoint::StateKind kind :
-       {checkpoint::StateKind::kParam, checkpoint::StateKind::kExpAvg,
-        checkpoint::StateKind::kExpAvgSq}) {
-    ForEachOwnedRange(true, [&](const ShardTensor& t, int64_t begin, int64_t end) {
+  for (const SavedState& state : data_parallel_->SavedStates()) {
+    ForEachSavedRange(state.kind, [&](const ShardTensor& t, int64_t begin, int64_t end) {
       const size_t n = static_cast<size_t>(end - begin);
       if (at + n > out.size()) {
         status = absl::InvalidArgumentError(
@@ -493,7 +529,7 @@ absl::Status ShardedGpt::CopyState(std::span<float> out) const {
         return;
       }
       if (status.ok()) {
-        status = backend_.ToHost(out.data() + at, data_parallel_->StateAt(kind, t, begin),
+        status = backend_.ToHost(out.data() + at, data_parallel_->StateAt(state.kind, t, begin),
                                  sizeof(float) * n);
       }
       at += n;
@@ -629,9 +665,12 @@ absl::Status ShardedGpt::Backward(Slot& slot, const float* dy, bool last_micro_b
   const int L = range.size();
   if (HoldsHead(slot.chunk)) {
     // The loss is the mean over the global batch: every position's gradient is 1/(batch·T), and
-    // the data-parallel sum of the ranks' gradients is the gradient of that mean.
-    const float scale =
-        1.0f / static_cast<float>(options_.global_batch * static_cast<int64_t>(T));
+    // the data-parallel sum of the ranks' gradients is the gradient of that mean. An independent
+    // replica's (DiLoCo's) is the mean over its own share of the batch.
+    const int64_t samples = data_parallel_->IndependentReplicas()
+                                ? options_.global_batch / options_.parallel.dp
+                                : options_.global_batch;
+    const float scale = 1.0f / static_cast<float>(samples * static_cast<int64_t>(T));
     RETURN_IF_ERROR(backend_.Fill(dlosses_, N, scale));
     const int head = HeadUnit();
     ASSIGN_OR_RETURN(float* lnf, data_parallel_->UnitParams(layout_.lnf_unit()));
@@ -788,6 +827,7 @@ absl::StatusOr<StepStats> ShardedGpt::TrainStep(const MicroBatchSource& source, 
   const ShardPlace& place = layout_.place();
   const int m = micro_batches_;
   const int T = options_.seq_len;
+  RETURN_IF_ERROR(data_parallel_->BeginStep(step));
   RETURN_IF_ERROR(data_parallel_->ZeroGrads());
 
   std::vector<int32_t> tokens, targets;
@@ -851,18 +891,25 @@ absl::StatusOr<StepStats> ShardedGpt::TrainStep(const MicroBatchSource& source, 
   // Only the last stage has losses, and its tensor-parallel ranks all hold the same ones.
   double totals[2] = {sum_of_squares,
                       place.last_stage && options_.coords.tp == 0 ? loss_sum : 0.0};
-  if (groups_.world != nullptr) {
+  // Under DiLoCo each replica is a model of its own: its norm and its loss, over its ranks only.
+  const bool own_replica = data_parallel_->IndependentReplicas();
+  comm::Communicator* norm_group = own_replica ? groups_.replica : groups_.world;
+  if (norm_group != nullptr) {
     // Through the backend's memory, where the world's communicator reads.
     double* sums = totals_.data<double>();
     RETURN_IF_ERROR(backend_.ToDevice(sums, totals, sizeof(totals)));
     const auto wait_start = Clock::now();
-    absl::Status status = groups_.world->AllReduce(sums, 2, DType::kFloat64, comm::ReduceOp::kSum);
+    absl::Status status = norm_group->AllReduce(sums, 2, DType::kFloat64, comm::ReduceOp::kSum);
     dp_wait_seconds_ += Since(wait_start);
-    RETURN_IF_ERROR(Annotate(status, "the gradient norm's all-reduce over the world"));
+    RETURN_IF_ERROR(Annotate(status, own_replica
+                                         ? "the gradient norm's all-reduce over the replica"
+                                         : "the gradient norm's all-reduce over the world"));
     RETURN_IF_ERROR(backend_.ToHost(totals, sums, sizeof(totals)));
   }
   StepStats stats;
-  stats.loss = static_cast<float>(totals[1] / static_cast<double>(options_.global_batch * T));
+  const int64_t samples =
+      own_replica ? options_.global_batch / options_.parallel.dp : options_.global_batch;
+  stats.loss = static_cast<float>(totals[1] / static_cast<double>(samples * T));
   stats.grad_norm = std::sqrt(totals[0]);
   if (!std::isfinite(stats.grad_norm)) {
     stats.skipped = true;

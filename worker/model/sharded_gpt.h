@@ -67,6 +67,9 @@ struct ShardedGroups {
   comm::Communicator* tp = nullptr;
   comm::Communicator* pp = nullptr;
   comm::Communicator* dp = nullptr;
+  // The ranks of this rank's data-parallel replica (tp × pp, one dp index): under DiLoCo the
+  // gradient norm and the loss are the replica's, and nothing but the outer step crosses replicas.
+  comm::Communicator* replica = nullptr;
 };
 
 struct ShardedOptions {
@@ -77,6 +80,8 @@ struct ShardedOptions {
   int64_t global_batch = 0;          // sequences per step over the whole data-parallel group
   int seq_len = 0;
   AdamWOptions adamw;                // learning_rate is given per step
+  placement::DataParallelSpec data_parallel;  // buckets, compression, DiLoCo
+  DataParallelTrace* trace = nullptr;         // optional, for tests (data_parallel.h)
 };
 
 // Writes the inputs and targets of `count` consecutive samples starting at global sample
@@ -90,6 +95,10 @@ using MicroBatchSource = std::function<absl::Status(int64_t first_sample, int64_
 using BoxReader = std::function<absl::StatusOr<std::vector<float>>(
     const std::string& name, const std::vector<int64_t>& offsets,
     const std::vector<int64_t>& shape)>;
+
+// The global shape of a checkpoint's tensor, or nullopt when it has none of that name.
+using TensorShapeReader =
+    std::function<std::optional<std::vector<int64_t>>(const std::string& name)>;
 
 struct StepStats {
   float loss = 0;          // mean over the global batch (the same on every rank)
@@ -140,7 +149,12 @@ class ShardedGpt {
   // `read`, reading only what this rank keeps: each parameter's whole box, but under ZeRO 3 only
   // the part of it this rank owns; moments whole under ZeRO 0, the owned part under ZeRO 1-3.
   // Without moments the optimizer state is cleared. Errors name the tensor. Needs no collective.
-  absl::Status LoadState(const BoxReader& read, bool with_moments);
+  // `shape_of` (optional) tells whether the checkpoint holds a tensor and its global shape: a
+  // strategy's state (DiLoCo's, error feedback) that the checkpoint lacks, or holds for fewer
+  // sites, is then loaded from its fallback or zeroed (SavedState); without it every tensor must
+  // be there.
+  absl::Status LoadState(const BoxReader& read, bool with_moments,
+                         const TensorShapeReader& shape_of = nullptr);
 
   // The pieces of the training state this rank saves, parameters then exp_avg then exp_avg_sq:
   // of each tensor, the part this rank owns under its unit's data-parallel partition (ZeRO's, at
@@ -173,10 +187,10 @@ class ShardedGpt {
   BlockDims MicroBatchDims() const;
   // Writes one tensor's box (ZeRO 3: the part this rank owns) into the parameters.
   absl::Status StoreTensor(const ShardTensor& tensor, std::span<const float> values);
-  // Calls fn(tensor, begin, end) for every tensor this rank saves, [begin, end) being the part of
-  // its box (flat, row-major) that this rank owns.
+  // Calls fn(tensor, begin, end) for every tensor this rank saves of `kind`, [begin, end) being
+  // the part of its box (flat, row-major) that it saves (DataParallelStrategy::SavedRange).
   template <typename Fn>
-  void ForEachOwnedRange(bool saved_only, Fn&& fn) const;
+  void ForEachSavedRange(checkpoint::StateKind kind, Fn&& fn) const;
 
   // The unit holding the head's rows (wte's when tied on one stage), and the two ends' weights
   // from their units' parameters.

@@ -32,7 +32,9 @@ absl::StatusOr<model::ShardedOptions> ShardedOptionsOf(const placement::JobSpec&
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", rank, " is outside the world of ", grid.world()));
   }
-  return ShardedOptionsOf(job.train, job.parallel, grid.Coords(rank));
+  model::ShardedOptions sharded = ShardedOptionsOf(job.train, job.parallel, grid.Coords(rank));
+  sharded.data_parallel = job.data_parallel;
+  return sharded;
 }
 
 model::ShardedOptions ShardedOptionsOf(const placement::TrainSpec& spec,
@@ -58,7 +60,12 @@ absl::Status LoadStartingPoint(const StartingPoint& start, uint64_t seed, model:
           const std::vector<int64_t>& shape) {
         return ReadCheckpointBox(source, name, offsets, shape);
       },
-      /*with_moments=*/start.kind == StartingPoint::Kind::kResume);
+      /*with_moments=*/start.kind == StartingPoint::Kind::kResume,
+      [&](const std::string& name) -> std::optional<std::vector<int64_t>> {
+        absl::StatusOr<std::vector<int64_t>> shape = source.BoxShape(name);
+        if (!shape.ok()) return std::nullopt;
+        return *std::move(shape);
+      });
 }
 
 model::MicroBatchSource StepSamples(const data::Sampler& sampler, int64_t step) {
