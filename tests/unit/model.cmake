@@ -31,6 +31,10 @@ if(SHARDLINE_CUDA)
 endif()
 # The data-parallel strategy (ZeRO 0-3) on its own: what each stage keeps whole or sharded, where
 # an element lives, a gradient's way into the owned shard, and bad stages.
+# Buckets reduced while the backward runs (recorded order, real processes).
+shardline_test(model_gradient_buckets_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/model_gradient_buckets_test.cc
+  LIBS shardline_model shardline_data shardline_forked_world LABELS unit TIMEOUT 120)
 shardline_test(model_data_parallel_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/model_data_parallel_test.cc
   LIBS shardline_model LABELS unit TIMEOUT 60)

@@ -285,6 +285,73 @@ constexpr char kMinimalTrain[] =
     "steps: 10\n"          // 8
     "batch: 8\n";          // 9
 
+// ---- data_parallel ----
+
+TEST(TrainJobSpecTest, DataParallelSaysHowReplicasStayInStep) {
+  absl::StatusOr<JobSpec> plain =
+      Parse(std::string(kMinimalTrain) + "parallel: {dp: 2}\ndata_parallel: {bucket_mb: 4}\n");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->data_parallel.bucket_bytes, 4 << 20);
+  EXPECT_FALSE(plain->data_parallel.compressed());
+  EXPECT_FALSE(plain->data_parallel.diloco());
+  absl::StatusOr<JobSpec> powersgd = Parse(std::string(kMinimalTrain) +
+                                           "parallel: {dp: 2, zero: 1}\n"
+                                           "data_parallel: {compression: powersgd, rank: 4}\n");
+  ASSERT_TRUE(powersgd.ok()) << powersgd.status();
+  EXPECT_EQ(powersgd->data_parallel.compression, GradientCompression::kPowerSgd);
+  EXPECT_EQ(powersgd->data_parallel.rank, 4);
+  absl::StatusOr<JobSpec> diloco =
+      Parse(std::string(kMinimalTrain) +
+            "parallel: {dp: 2}\n"
+            "data_parallel: {sync: diloco, every: 50, outer_lr: 0.5, outer_momentum: 0.8, "
+            "fragments: 2}\n");
+  ASSERT_TRUE(diloco.ok()) << diloco.status();
+  EXPECT_TRUE(diloco->data_parallel.diloco());
+  EXPECT_EQ(diloco->data_parallel.every, 50);
+  EXPECT_DOUBLE_EQ(diloco->data_parallel.outer_lr, 0.5);
+  EXPECT_DOUBLE_EQ(diloco->data_parallel.outer_momentum, 0.8);
+  EXPECT_EQ(diloco->data_parallel.fragments, 2);
+}
+
+// The bad inputs, each refused at submit naming the key and the value.
+TEST(TrainJobSpecTest, DataParallelOptionsTheLayoutCannotRunAreRefused) {
+  const std::string train = kMinimalTrain;
+  EXPECT_THAT(ErrorOf(train + "data_parallel: {compression: powersgd}\n"),
+              HasSubstr("data_parallel.compression: powersgd needs data parallelism, but dp is 1"));
+  EXPECT_THAT(ErrorOf(train + "data_parallel: {compression: int8}\n"),
+              HasSubstr("data_parallel.compression: int8 needs data parallelism, but dp is 1"));
+  EXPECT_THAT(ErrorOf(train + "data_parallel: {sync: diloco}\n"),
+              HasSubstr("data_parallel.sync: diloco needs data parallelism"));
+  EXPECT_THAT(ErrorOf(train + "parallel: {dp: 2, zero: 3}\ndata_parallel: {sync: diloco}\n"),
+              HasSubstr("data_parallel.sync: diloco needs zero 0, but parallel.zero is 3"));
+  EXPECT_THAT(ErrorOf(train + "parallel: {dp: 2, zero: 1}\ndata_parallel: {sync: diloco}\n"),
+              HasSubstr("parallel.zero is 1"));
+  EXPECT_THAT(ErrorOf(train + "parallel: {dp: 2}\ndata_parallel: {sync: diloco, every: 0}\n"),
+              HasSubstr("data_parallel.every: 0 must be at least 1"));
+  EXPECT_THAT(ErrorOf(train + "parallel: {dp: 2}\ndata_parallel: {sync: diloco, every: -3}\n"),
+              HasSubstr("data_parallel.every: -3 must be at least 1"));
+  // d_model 64 at tp 2: the smallest per-rank gradient matrix dimension is 32.
+  EXPECT_THAT(ErrorOf(train + "parallel: {tp: 2, dp: 2}\n"
+                              "data_parallel: {compression: powersgd, rank: 33}\n"),
+              HasSubstr("data_parallel.rank: 33 must be 1 to 32, the smallest dimension of a "
+                        "rank's gradient matrices at tp 2"));
+  EXPECT_THAT(ErrorOf(train + "parallel: {dp: 2, zero: 2}\ndata_parallel: {compression: int8}\n"),
+              HasSubstr("needs zero 0 or 1, but parallel.zero is 2"));
+  EXPECT_THAT(ErrorOf(train + "parallel: {dp: 2}\ndata_parallel: {every: 5}\n"),
+              HasSubstr("every is DiLoCo's: it needs sync: diloco"));
+  EXPECT_THAT(ErrorOf(train + "parallel: {dp: 2}\ndata_parallel: {rank: 2}\n"),
+              HasSubstr("rank is PowerSGD's: it needs compression: powersgd"));
+  EXPECT_THAT(ErrorOf(train + "parallel: {dp: 2}\ndata_parallel: {compression: zip}\n"),
+              HasSubstr("data_parallel.compression"));
+  EXPECT_THAT(ErrorOf(train + "parallel: {dp: 2}\ndata_parallel: {bucket_mb: 0}\n"),
+              HasSubstr("data_parallel.bucket_mb"));
+  EXPECT_THAT(ErrorOf(train + "parallel: {dp: 2}\ndata_parallel: {sync: diloco, fragments: 5}\n"),
+              HasSubstr("data_parallel.fragments: 5 must be 1 to the model's 4 layers"));
+  // The error points at the section (line 11: after parallel on line 10).
+  EXPECT_THAT(ErrorOf(train + "parallel: {dp: 1}\ndata_parallel: {sync: diloco}\n"),
+              HasSubstr("job.yaml:11:"));
+}
+
 TEST(TrainJobSpecTest, TheCheckpointSectionSaysWhereToSaveKeepAndResumeFrom) {
   absl::StatusOr<JobSpec> spec = Parse(std::string(kMinimalTrain) +
                                        "checkpoint: {dir: ckpt, interval: 5, keep: 3}\n");
