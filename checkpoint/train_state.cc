@@ -33,6 +33,7 @@ std::string DescribeData(const DataIdentity& data) {
     return absl::StrCat("the synthetic corpus (seed ", data.synthetic_seed, ", ",
                         data.synthetic_bytes, " bytes)");
   }
+  if (data.source == "per_site") return absl::StrCat("each site's own file (", data.path, ")");
   return absl::StrCat("the file ", data.path.empty() ? "(unnamed)" : data.path);
 }
 

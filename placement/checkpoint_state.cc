@@ -9,7 +9,13 @@ checkpoint::TrainState CheckpointTrainStateOf(const TrainSpec& spec) {
   train.seed = spec.seed;
   train.batch = spec.batch;
   train.seq_len = spec.seq_len;
-  if (spec.data.path.empty()) {
+  if (!spec.data.per_site.empty()) {
+    // Each site's tokens are its own: the identity is the list of files (no checksum of one).
+    train.data.source = "per_site";
+    for (const std::string& file : spec.data.per_site) {
+      train.data.path += (train.data.path.empty() ? "" : ", ") + file;
+    }
+  } else if (spec.data.path.empty()) {
     train.data.source = "synthetic";
     train.data.synthetic_seed = spec.data.synthetic_seed;
     train.data.synthetic_bytes = spec.data.synthetic_bytes;

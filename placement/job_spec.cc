@@ -134,6 +134,7 @@ std::string ResolveAgainst(const std::string& path, const std::string& base) {
 // checkpoint.resume, init_from) against the submitter's working directory, as `shardline train`.
 void ResolveTrainPaths(const PathBase& base, TrainSpec& train) {
   train.data.path = ResolveAgainst(train.data.path, base.spec_dir);
+  for (std::string& site : train.data.per_site) site = ResolveAgainst(site, base.spec_dir);
   train.checkpoint.dir = ResolveAgainst(train.checkpoint.dir, base.work_dir);
   train.checkpoint.resume_path = ResolveAgainst(train.checkpoint.resume_path, base.work_dir);
   train.init_from = ResolveAgainst(train.init_from, base.work_dir);
@@ -386,6 +387,14 @@ absl::Status ParseElastic(const YamlMap& parent, JobSpec& spec) {
 
 // The train-only part of a train job: the TrainSpec sections, micro_batch and the layout, then the
 // layout checked against the model, the batch and the actors.
+// data.per_site names one file per data-parallel site: as many as the layout's dp.
+absl::Status CheckSites(const DataSpec& data, const ParallelSpec& layout) {
+  const int files = static_cast<int>(data.per_site.size());
+  if (files == 0 || files == layout.dp) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("data.per_site names ", files, " files, one per site, but dp is ", layout.dp));
+}
+
 // `data_parallel: {...}` (data_parallel_spec.h), each key optional. The checks against the layout
 // and the model are CheckDataParallel's, run by the caller.
 absl::StatusOr<DataParallelSpec> ParseDataParallel(const YamlMap& parent) {
@@ -484,6 +493,10 @@ absl::Status ParseTrainJob(const YamlMap& map, const PathBase& base, JobSpec& sp
   const absl::Status layout =
       ValidateParallel(spec.train.model, spec.train.batch, spec.parallel, spec.actors);
   if (!layout.ok()) return map.ErrorAt(kParallel, ToString(layout.message()));
+  if (!spec.train.data.per_site.empty() &&
+      static_cast<int>(spec.train.data.per_site.size()) != spec.parallel.dp) {
+    return map.ErrorAt("data", ToString(CheckSites(spec.train.data, spec.parallel).message()));
+  }
   const absl::Status data_parallel =
       CheckDataParallel(spec.data_parallel, spec.parallel, spec.train.model);
   if (!data_parallel.ok()) {
@@ -750,6 +763,7 @@ absl::Status ApplyPlannedLayout(JobSpec& spec, const ParallelSpec& layout) {
   RETURN_IF_ERROR(
       ValidateParallel(spec.train.model, spec.train.batch, layout, static_cast<int>(world)));
   RETURN_IF_ERROR(CheckDataParallel(spec.data_parallel, layout, spec.train.model));
+  RETURN_IF_ERROR(CheckSites(spec.train.data, layout));
   if (!spec.parallel_auto) {
     // A fixed layout is the user's: only the same one (what the coordinator sends back) applies,
     // but for an elastic job's dp, which each generation picks (ElasticLayout).

@@ -126,6 +126,13 @@ absl::StatusOr<DataSpec> ParseData(const YamlMap& map) {
   if (!data.path.empty() && map.Has("synthetic")) {
     return map.ErrorAt("synthetic", "give either path or synthetic, not both");
   }
+  ASSIGN_OR_RETURN(data.per_site, map.OptionalStringList("per_site"));
+  if (map.Has("per_site") && (!data.path.empty() || map.Has("synthetic"))) {
+    return map.ErrorAt("per_site", "give per_site alone: each site reads only its own file");
+  }
+  for (size_t i = 0; i < data.per_site.size(); ++i) {
+    if (data.per_site[i].empty()) return map.ErrorAtElement("per_site", i, "an empty path");
+  }
   ASSIGN_OR_RETURN(const int64_t seed, synthetic.OptionalInt64("seed", 1, {.min = 0}));
   data.synthetic_seed = static_cast<uint64_t>(seed);
   ASSIGN_OR_RETURN(data.synthetic_bytes,
@@ -180,7 +187,7 @@ absl::Status ParseTrainSections(const YamlMap& map, TrainSpec& spec) {
     if (absl::StartsWith(message, "model config:")) key = "d_model";
     return model.ErrorAt(key, message);
   }
-  ASSIGN_OR_RETURN(const YamlMap data, map.OptionalMap("data", {"path", "synthetic"}));
+  ASSIGN_OR_RETURN(const YamlMap data, map.OptionalMap("data", {"path", "synthetic", "per_site"}));
   ASSIGN_OR_RETURN(spec.data, ParseData(data));
   ASSIGN_OR_RETURN(const YamlMap optimizer,
                    map.OptionalMap("optimizer", {"lr", "beta1", "beta2", "eps", "weight_decay",
@@ -294,6 +301,11 @@ absl::StatusOr<TrainSpec> ParseTrainSpec(const std::string& yaml_text,
   ASSIGN_OR_RETURN(spec.name, map.RequiredString("name"));
   RETURN_IF_ERROR(ParseTrainDevice(map, spec));
   RETURN_IF_ERROR(internal::ParseTrainSections(map, spec));
+  if (!spec.data.per_site.empty()) {
+    return map.ErrorAt("data",
+                       "per_site is a cluster job's (one file per data-parallel site); "
+                       "`shardline train` runs one site: give data.path");
+  }
   return spec;
 }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "checkpoint/resume.h"
@@ -17,6 +18,9 @@ struct DataSpec {
   std::string path;               // a text file (relative to the spec's folder), or empty:
   uint64_t synthetic_seed = 1;    // the built-in synthetic corpus of this seed
   int64_t synthetic_bytes = 1 << 20;
+  // YAML `per_site: [FILE, ...]`, a cluster job's federated data: data-parallel rank (site) i reads
+  // only file i (relative to the spec's folder; on the site's own machine), one per site.
+  std::vector<std::string> per_site;
 };
 
 struct OptimizerSpec {

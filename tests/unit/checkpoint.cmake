@@ -27,6 +27,10 @@ shardline_test(checkpoint_integrity_test
   LABELS unit TIMEOUT 600)
 # Resume equivalence on another plan: 3 steps in plan A, 3 more resumed in plan B, against one
 # uninterrupted single-device run; every rank a forked process over real Gloo communicators.
+# data.per_site: each site reads only its own file (the others hidden in a mount namespace).
+shardline_test(training_federated_data_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/training_federated_data_test.cc
+  LIBS shardline_training shardline_forked_world LABELS unit TIMEOUT 180)
 shardline_test(checkpoint_resume_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/checkpoint_resume_test.cc
   LIBS shardline_training shardline_forked_world nlohmann_json::nlohmann_json

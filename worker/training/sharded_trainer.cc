@@ -95,7 +95,7 @@ absl::StatusOr<ShardedTrainResult> TrainSharded(const ShardedTrainOptions& optio
   const placement::JobSpec& job = options.spec;
   const placement::TrainSpec& spec = job.train;
   ASSIGN_OR_RETURN(const model::ShardedOptions sharded, ShardedOptionsOf(job, options.rank));
-  ASSIGN_OR_RETURN(data::TextDataset dataset, LoadTrainingData(spec.data));
+  ASSIGN_OR_RETURN(data::TextDataset dataset, LoadTrainingData(spec.data, sharded.coords.dp));
   ASSIGN_OR_RETURN(data::Sampler sampler,
                    data::Sampler::Create(dataset, spec.seq_len, spec.batch, spec.seed));
   const checkpoint::DataIdentity data = IdentifyData(spec, dataset);

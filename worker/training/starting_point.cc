@@ -12,6 +12,8 @@ namespace shardline::training {
 checkpoint::DataIdentity IdentifyData(const placement::TrainSpec& spec,
                                       const data::TextDataset& dataset) {
   checkpoint::DataIdentity data = placement::CheckpointTrainStateOf(spec).data;
+  // Federated sites read different files: no one token stream identifies the run's data.
+  if (!spec.data.per_site.empty()) return data;
   data.tokens = static_cast<int64_t>(dataset.size());
   data.xxh3 = checkpoint::Xxh3Of(std::as_bytes(std::span<const data::Token>(dataset.tokens())));
   return data;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <mutex>
 
+#include "absl/strings/str_cat.h"
 #include "checkpoint/commit.h"
 #include "checkpoint/layout.h"
 #include "common/status_macros.h"
@@ -78,7 +79,14 @@ class OneRankEngine final : public RunEngine {
 
 }  // namespace
 
-absl::StatusOr<data::TextDataset> LoadTrainingData(const placement::DataSpec& spec) {
+absl::StatusOr<data::TextDataset> LoadTrainingData(const placement::DataSpec& spec, int site) {
+  if (!spec.per_site.empty()) {
+    if (site < 0 || site >= static_cast<int>(spec.per_site.size())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data.per_site has ", spec.per_site.size(), " files, none for site ", site));
+    }
+    return data::TextDataset::FromFile(spec.per_site[site]);
+  }
   if (!spec.path.empty()) return data::TextDataset::FromFile(spec.path);
   return data::SyntheticCorpus(spec.synthetic_seed, static_cast<size_t>(spec.synthetic_bytes))
       .ToDataset();

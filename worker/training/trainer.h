@@ -58,7 +58,8 @@ struct TrainCallbacks {
 };
 
 // The dataset a spec's data section names: its text file, or the built-in synthetic corpus.
-absl::StatusOr<data::TextDataset> LoadTrainingData(const placement::DataSpec& spec);
+// `site`: the data-parallel rank, whose file of data.per_site it reads (and no other).
+absl::StatusOr<data::TextDataset> LoadTrainingData(const placement::DataSpec& spec, int site = 0);
 // AdamW as a spec's optimizer section says (the learning rate is set per step: LearningRateAt).
 model::AdamWOptions AdamWOptionsOf(const placement::OptimizerSpec& spec);
 // The learning rate of `step` (1-based): linear warm-up over warmup_steps, then constant.
