@@ -786,6 +786,70 @@ TEST(GradientCompressorTest, ResumeContinuesBitIdentically) {
   }
 }
 
+// Another plan: 2 hosts of 2 ranks save after two steps; 3 hosts of 1 rank, or 1 host of 2, load
+// SpreadCarriedError of the old sites' state. Nothing is lost on the way: the new plan's output
+// plus what its sites carry is its inputs plus everything the old sites carried.
+TEST(GradientCompressorTest, ResumeOnAnotherPlanKeepsTheCarriedTotal) {
+  const World old_world{.hosts = 2, .per_host = 2};
+  constexpr uint64_t kSeed = 41;
+  for (const CompressionOptions& options : {PowerSgd(1), Int8(64)}) {
+    const std::string old_dir = MakeTempDir();
+    RunWorld(old_world, old_dir, CompressSteps(options, kSeed, 2));
+    std::vector<std::vector<float>> old_state;
+    std::vector<double> old_total(kBucket, 0.0);
+    for (int site = 0; site < old_world.hosts; ++site) {
+      for (const char* what : {"error", "server"}) {
+        old_state.push_back(ReadFloats(FileOf(old_dir, what, site, 1)));
+        if (old_state.back().empty()) continue;
+        ASSERT_EQ(old_state.back().size(), static_cast<size_t>(kTotal));
+        for (int64_t i = 0; i < kBucket; ++i) old_total[i] += old_state.back()[kBegin + i];
+      }
+    }
+    ASSERT_GT(MaxAbs(std::vector<float>(old_total.begin(), old_total.end())), 1e-3)
+        << "two compressed steps should leave something to carry";
+    for (const World world : {World{.hosts = 3, .per_host = 1}, World{.hosts = 1, .per_host = 2}}) {
+      const std::string at =
+          std::string(CompressionKindName(options.kind)) + ", to " + world.Name();
+      const std::string dir = MakeTempDir();
+      RunWorld(world, dir, [&](int rank, comm::Communicator& group, const std::string& dir) {
+        auto c = GradientCompressor::Create(options, group.host_split(), kTotal);
+        if (!c.ok()) return 1;
+        if ((*c)->holds_state()) {
+          std::vector<std::span<const float>> spans(old_state.begin(), old_state.end());
+          auto spread = SpreadCarriedError(spans, world.hosts);
+          if (!spread.ok() || !(*c)->LoadState(*spread, {}).ok()) return 2;
+        }
+        std::vector<float> g = RankGradient(kSeed, rank, 7);
+        if (!(*c)->AllReduceSum(kBegin, g.data(), kBucket, kMatrices).ok()) return 3;
+        WriteFloats(FileOf(dir, "out", rank, 0), g);
+        if ((*c)->holds_state()) {
+          WriteFloats(FileOf(dir, "error", rank, 0), (*c)->carried_error());
+          WriteFloats(FileOf(dir, "server", rank, 0), (*c)->server_error());
+        }
+        return 0;
+      });
+      std::vector<double> kept(kBucket), given(old_total);
+      const std::vector<float> out = ReadFloats(FileOf(dir, "out", 0, 0));
+      ASSERT_EQ(out.size(), static_cast<size_t>(kBucket)) << at;
+      for (int64_t i = 0; i < kBucket; ++i) kept[i] = out[i];
+      for (int rank = 0; rank < world.size(); ++rank) {
+        const std::vector<float> g = RankGradient(kSeed, rank, 7);
+        for (int64_t i = 0; i < kBucket; ++i) given[i] += g[i];
+      }
+      for (int site = 0; site < world.hosts; ++site) {
+        for (const char* what : {"error", "server"}) {
+          const std::vector<float> e = ReadFloats(FileOf(dir, what, site, 0));
+          if (e.empty()) continue;
+          for (int64_t i = 0; i < kBucket; ++i) kept[i] += e[kBegin + i];
+        }
+      }
+      ExpectClose(kept, given, 1e-5, at + ": output + carried");
+      std::filesystem::remove_all(dir);
+    }
+    std::filesystem::remove_all(old_dir);
+  }
+}
+
 // ---- PyTorch's powerSGD_hook (torch 1.13), two gloo processes fed the same inputs and Q. ----
 
 bool TorchAvailable(std::string* why) {
@@ -861,6 +925,79 @@ TEST(PowerSgdTest, MatchesPyTorchsPowerSgdHook) {
       }
     }
   }
+  std::filesystem::remove_all(dir);
+}
+
+// A communicator that says it carries device buffers, as NCCL's does; nothing else is called.
+class DeviceGroup final : public comm::Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  std::string_view backend() const override { return "nccl"; }
+  bool device_buffers() const override { return true; }
+  absl::Status AllReduce(void*, size_t, DType, comm::ReduceOp) override { return Refuse(); }
+  absl::Status AllGather(const void*, void*, size_t, DType) override { return Refuse(); }
+  absl::Status ReduceScatter(const void*, void*, size_t, DType, comm::ReduceOp) override {
+    return Refuse();
+  }
+  absl::Status Broadcast(void*, size_t, DType, int) override { return Refuse(); }
+  absl::Status Send(const void*, size_t, DType, int) override { return Refuse(); }
+  absl::Status Recv(void*, size_t, DType, int) override { return Refuse(); }
+  absl::Status SendRecv(const void*, size_t, int, void*, size_t, int, DType) override {
+    return Refuse();
+  }
+  absl::Status Barrier() override { return Refuse(); }
+  void Abort() override {}
+
+ private:
+  static absl::Status Refuse() { return absl::InternalError("the test's device group was used"); }
+};
+
+TEST(GradientCompressorTest, DeviceBuffersAreUnimplemented) {
+  DeviceGroup group;
+  auto created = GradientCompressor::Create(Int8(64), group.host_split(), 10);
+  ASSERT_FALSE(created.ok());
+  EXPECT_EQ(created.status().code(), absl::StatusCode::kUnimplemented) << created.status();
+  EXPECT_NE(created.status().message().find("nccl communicator carries device buffers"),
+            absl::string_view::npos)
+      << created.status();
+}
+
+// The bytes a site sends to other hosts, counted from the scheme's definition: int8's messages
+// are each part's scales (4 bytes per chunk) and codes (1 byte per element) in whole 32-bit
+// words; PowerSGD sends its exact floats, P and Q through ring all-reduces, 2 (H - 1) / H of each.
+TEST(GradientCompressorTest, CountsTheBytesItSendsBetweenHosts) {
+  const World world{.hosts = 2, .per_host = 2};
+  constexpr int64_t kChunk = 64;
+  const std::string dir = MakeTempDir();
+  RunWorld(world, dir, [&](int rank, comm::Communicator& group, const std::string& dir) {
+    std::vector<float> bytes;
+    for (const CompressionOptions& options : {Int8(kChunk), PowerSgd(2)}) {
+      auto c = GradientCompressor::Create(options, group.host_split(), kTotal);
+      if (!c.ok()) return 1;
+      std::vector<float> g = RankGradient(1, rank, 0);
+      if (!(*c)->AllReduceSum(kBegin, g.data(), kBucket, kMatrices).ok()) return 2;
+      bytes.push_back(static_cast<float>((*c)->last_cross_bytes()));
+    }
+    WriteFloats(FileOf(dir, "bytes", rank, 0), bytes);
+    return 0;
+  });
+  // int8: 409 elements are 7 chunks; site 0 owns 3 (192 elements), site 1 owns 4 (217).
+  auto message = [](int64_t chunks, int64_t elements) {
+    return (4 * chunks + elements + 3) / 4 * 4;
+  };
+  const int64_t int8_bytes[2] = {message(4, 217) + message(3, 192),
+                                 message(3, 192) + message(4, 217)};
+  // PowerSGD at rank 2: P of 16 + 20 rows and Q of 12 + 10 columns, and 5 + 12 exact floats.
+  const int64_t powersgd_bytes = 2 * 1 * 4 * ((16 + 20) * 2 + (12 + 10) * 2 + 5 + 12) / 2;
+  for (int rank = 0; rank < world.size(); ++rank) {
+    const std::vector<float> bytes = ReadFloats(FileOf(dir, "bytes", rank, 0));
+    ASSERT_EQ(bytes.size(), 2u);
+    const bool leader = rank < world.hosts;
+    EXPECT_EQ(bytes[0], leader ? int8_bytes[rank] : 0) << "int8, rank " << rank;
+    EXPECT_EQ(bytes[1], leader ? powersgd_bytes : 0) << "powersgd, rank " << rank;
+  }
+  EXPECT_LT(int8_bytes[0], kBucket * 4 / 3) << "int8 should send about a quarter of the floats";
   std::filesystem::remove_all(dir);
 }
 

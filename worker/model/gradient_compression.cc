@@ -176,6 +176,28 @@ std::string_view CompressionKindName(CompressionKind kind) {
   return "?";
 }
 
+absl::StatusOr<std::vector<float>> SpreadCarriedError(
+    std::span<const std::span<const float>> old_state, int new_sites) {
+  const std::string what = "spreading the carried error of " + std::to_string(old_state.size()) +
+                           " old site states over " + std::to_string(new_sites) + " new sites";
+  if (new_sites < 1) return absl::InvalidArgumentError(what + ": no new site");
+  std::vector<double> sum;
+  for (size_t i = 0; i < old_state.size(); ++i) {
+    const std::span<const float> state = old_state[i];
+    if (state.empty()) continue;
+    if (sum.empty()) sum.assign(state.size(), 0.0);
+    if (state.size() != sum.size()) {
+      return absl::InvalidArgumentError(what + ": state " + std::to_string(i) + " has " +
+                                        std::to_string(state.size()) + " floats, the first " +
+                                        std::to_string(sum.size()));
+    }
+    for (size_t k = 0; k < state.size(); ++k) sum[k] += state[k];
+  }
+  std::vector<float> spread(sum.size());
+  for (size_t k = 0; k < sum.size(); ++k) spread[k] = static_cast<float>(sum[k] / new_sites);
+  return spread;
+}
+
 absl::StatusOr<std::unique_ptr<GradientCompressor>> GradientCompressor::Create(
     const CompressionOptions& options, const comm::HostSplit& split, int64_t total) {
   const std::string what =

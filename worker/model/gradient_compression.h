@@ -34,10 +34,11 @@
 //    what the next step quantises: a resume would still carry everything, but not bit-identically.
 // Resume on the same plan: LoadState(carried, server) on every site, LoadWarmStart(factors) on
 // every site (PowerSGD), and the run continues bit-identically. Resume on another plan (another
-// number of sites, same buckets): every new site loads (sum over old sites of carried + server) /
-// new sites as its carried error and no server error: the total carried is kept. PowerSGD's Q is
-// the same on every site (an all-reduced value), so any site's factors restore any plan with the
-// same matrices; without them Q restarts from the seed.
+// number of sites; buckets may differ too): every new site loads SpreadCarriedError(every old
+// site's carried and server errors, new sites) as its carried error and no server error, so the
+// sites together carry what the old ones did. PowerSGD's Q is the same on every site (an
+// all-reduced value), so any site's factors restore any plan with the same matrices at the same
+// offsets; without them Q restarts from the seed.
 //
 // Threading: one thread (the data-parallel strategy's communication thread) calls everything.
 #pragma once
@@ -92,6 +93,11 @@ struct WarmStartFactor {
 // orthogonalisation): model::NormalAt(seed, kInitialQStream + offset, i) (counter_rng.h), the same
 // on every site whatever the plan.
 inline constexpr uint64_t kInitialQStream = 0x51a7d11e'0000'0000ULL;
+
+// (sum of `old_state`) / new_sites: what each site of a new plan carries. `old_state` holds every
+// old site's carried_error() and server_error() (empty ones are skipped), `total` floats each.
+absl::StatusOr<std::vector<float>> SpreadCarriedError(
+    std::span<const std::span<const float>> old_state, int new_sites);
 
 class GradientCompressor {
  public:
