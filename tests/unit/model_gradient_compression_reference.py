@@ -76,6 +76,9 @@ def run(rank, directory, approximation_rank, steps, shapes):
         write(directory + "/" + name % "torch_out", out)
         write(directory + "/" + name % "torch_q", state.q_memory_dict[0])
         write(directory + "/" + name % "torch_error", state.error_dict[0])
+    # Neither rank tears gloo down while the other may still be in a collective: that aborts
+    # ("terminate called without an active exception").
+    dist.barrier()
     dist.destroy_process_group()
 
 
