@@ -450,11 +450,15 @@ absl::Status GradientCompressor::Int8Sites(int64_t begin, float* data, int64_t n
   // part's owner and receives its own part from site (me - s); the sum runs in that fixed order.
   const Part mine = PartOf(me, sites, n, chunk);
   exact_.assign(static_cast<size_t>(mine.end - mine.begin), 0.0f);
+  // `scales` and `codes` start at chunk `scale_base` and element `code_base` of the bucket.
   auto accumulate = [&](const std::vector<float>& scales, const std::vector<int8_t>& codes,
                         int64_t scale_base, int64_t code_base) {
-    for (int64_t i = mine.begin; i < mine.end; ++i) {
-      const int64_t c = i / chunk - mine.first_chunk;
-      exact_[i - mine.begin] += Decode(codes[i - code_base], scales[c + scale_base]);
+    for (int64_t c = mine.first_chunk; c < mine.first_chunk + mine.chunks; ++c) {
+      const float scale = scales[c - mine.first_chunk + scale_base];
+      const int64_t from = c * chunk, to = std::min(n, from + chunk);
+      for (int64_t i = from; i < to; ++i) {
+        exact_[i - mine.begin] += Decode(codes[i - code_base], scale);
+      }
     }
   };
   accumulate(scales_, codes_, mine.first_chunk, 0);
@@ -503,7 +507,10 @@ absl::Status GradientCompressor::Int8Sites(int64_t begin, float* data, int64_t n
             Range(theirs.begin, theirs.end) + " from site " + std::to_string(from) + ")"));
     Unpack(theirs, recv_words_, scales_, codes_);
   }
-  for (int64_t i = 0; i < n; ++i) data[i] = Decode(codes_[i], scales_[i / chunk]);
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t from = c * chunk, to = std::min(n, from + chunk);
+    for (int64_t i = from; i < to; ++i) data[i] = Decode(codes_[i], scales_[c]);
+  }
   return absl::OkStatus();
 }
 
