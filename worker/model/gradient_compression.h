@@ -2,7 +2,8 @@
 // gradients is summed EXACTLY inside each host (shared memory) and COMPRESSED, with error feedback,
 // on the link between hosts, where bandwidth is scarce. Each host is one "site": after the exact
 // sum inside it, its leader (local rank 0) alone talks across hosts and holds the error-feedback
-// state, then broadcasts the result to the host's other ranks. With one host the sum is exact.
+// state, then broadcasts the result to the host's other ranks. With one host the sum is exact (and
+// adds, once, whatever a state loaded from a compressing plan carries).
 //
 // The schemes:
 //  - PowerSGD (Vogels et al. 2019) as PyTorch's ddp_comm_hooks powerSGD_hook does it, per matrix M
@@ -12,6 +13,10 @@
 //    matrix (vectors, and matrices where (rows + cols) · rank · min_compression_rate >= rows ·
 //    cols, the hook's rule) are all-reduced exactly, in one batch, and carry no error (the hook's
 //    error there, input - average, sums to zero over sites: it only moves rounding around).
+//    Two deliberate differences: the hook orthogonalises by QR above rank 2 (the same span, so
+//    the same P P^T M, but columns may differ in sign), we always by Gram-Schmidt; and a warm Q
+//    that lost a column (a step whose gradient was zero or non-finite) restarts from the seed,
+//    where the hook's would stay zero or NaN, since each next Q is M^T P.
 //  - int8 with error feedback on both sides, as DeepSpeed's compressed_allreduce (1-bit Adam) but
 //    in 8 bits: each site adds its worker error and quantises the bucket to int8 with one scale per
 //    chunk of `int8_chunk` elements; the chunks are split into `sites` contiguous parts and part j
