@@ -493,6 +493,32 @@ TEST(PowerSgdTest, ErrorFeedbackCarriesWhatWasDropped) {
   std::filesystem::remove_all(dir);
 }
 
+// A step whose gradient is zero leaves Q = M^T P = 0; the next step must not keep that Q (every
+// later P and Q would be zero and nothing compressed would ever be sent): it restarts from the
+// seed, so it equals a fresh compressor's first step.
+TEST(PowerSgdTest, AZeroGradientDoesNotLeaveQDegenerate) {
+  const World world{.hosts = 2, .per_host = 1};
+  const std::string dir = MakeTempDir();
+  RunWorld(world, dir, [&](int rank, comm::Communicator& group, const std::string&) {
+    auto after_zero = GradientCompressor::Create(PowerSgd(2), group.host_split(), kTotal);
+    auto fresh = GradientCompressor::Create(PowerSgd(2), group.host_split(), kTotal);
+    if (!after_zero.ok() || !fresh.ok()) return 1;
+    std::vector<float> zero(kBucket, 0.0f);
+    if (!(*after_zero)->AllReduceSum(kBegin, zero.data(), kBucket, kMatrices).ok()) return 2;
+    std::vector<float> a = RankGradient(8, rank, 0), b = a;
+    if (!(*after_zero)->AllReduceSum(kBegin, a.data(), kBucket, kMatrices).ok()) return 3;
+    if (!(*fresh)->AllReduceSum(kBegin, b.data(), kBucket, kMatrices).ok()) return 4;
+    if (MaxAbs(zero) != 0.0) return 5;
+    if (a != b) {
+      std::fprintf(stderr, "rank %d: the step after a zero gradient differs from a fresh one\n",
+                   rank);
+      return 6;
+    }
+    return 0;
+  });
+  std::filesystem::remove_all(dir);
+}
+
 // ---- int8: the scheme as specified, in the same float arithmetic. ----
 
 struct Quantised {
