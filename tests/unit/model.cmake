@@ -38,3 +38,10 @@ shardline_test(model_gradient_buckets_test
 shardline_test(model_data_parallel_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/model_data_parallel_test.cc
   LIBS shardline_model LABELS unit TIMEOUT 60)
+# Compressed gradient sums (PowerSGD, int8 with error feedback) across "hosts" of forked ranks,
+# against references in the test and PyTorch's powerSGD_hook
+# (tests/unit/model_gradient_compression_reference.py, run with /usr/bin/python3; that case is
+# skipped when torch is missing).
+shardline_test(model_gradient_compression_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/model_gradient_compression_test.cc
+  LIBS shardline_model LABELS unit TIMEOUT 300)

@@ -12,6 +12,15 @@ std::string_view ReduceOpName(ReduceOp op) {
   return "?";
 }
 
+HostSplit Communicator::host_split() {
+  return HostSplit{.local = nullptr,
+                   .cross = this,
+                   .host = rank(),
+                   .hosts = size(),
+                   .local_rank = 0,
+                   .local_size = 1};
+}
+
 std::string DescribeOperation(std::string_view op, size_t count, DType dtype, int rank, int size) {
   return std::string(op) + " of " + std::to_string(count) + " " + std::string(DTypeName(dtype)) +
          " on rank " + std::to_string(rank) + " of " + std::to_string(size);

@@ -38,6 +38,21 @@ class CommObserver {
   virtual void OnOperation(std::string_view op, size_t bytes, double seconds, bool ok) = 0;
 };
 
+class Communicator;
+
+// How the group's ranks sit on hosts, for reductions that treat the host link differently from the
+// inside of a host (model/gradient_compression.h: exact inside a host, compressed between hosts).
+// The communicators are the group's own (not owned; they live as long as it does); what is issued
+// on them directly is reported to their observers, not to the group's.
+struct HostSplit {
+  Communicator* local = nullptr;  // this rank's host's ranks (null: alone on its host)
+  // The ranks of the same local index, one per host, in host order: for local rank 0 that is the
+  // hosts' leaders (null: the group is on one host).
+  Communicator* cross = nullptr;
+  int host = 0, hosts = 1;  // this rank's host index and the number of hosts
+  int local_rank = 0, local_size = 1;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -48,6 +63,8 @@ class Communicator {
   // Whether the buffers are a device's memory (NCCL's, or a staged host communicator's) rather
   // than the host's.
   virtual bool device_buffers() const { return false; }
+  // Backends that know nothing of hosts (Gloo, NCCL) call every rank its own host.
+  virtual HostSplit host_split();
 
   // In place over `count` elements on every rank.
   virtual absl::Status AllReduce(void* data, size_t count, DType dtype, ReduceOp op) = 0;

@@ -54,6 +54,14 @@ class HierarchicalCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string_view backend() const override { return "shm+gloo"; }
+  HostSplit host_split() override {
+    return HostSplit{.local = local_.get(),
+                     .cross = cross_.get(),
+                     .host = cross_->rank(),
+                     .hosts = cross_->size(),
+                     .local_rank = local_->rank(),
+                     .local_size = local_->size()};
+  }
 
   absl::Status AllReduce(void* data, size_t count, DType dtype, ReduceOp op) override {
     const size_t esize = DTypeSize(dtype);

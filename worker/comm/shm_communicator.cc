@@ -418,6 +418,14 @@ class ShmCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string_view backend() const override { return "shm"; }
+  HostSplit host_split() override {
+    return HostSplit{.local = this,
+                     .cross = nullptr,
+                     .host = 0,
+                     .hosts = 1,
+                     .local_rank = rank_,
+                     .local_size = size_};
+  }
 
   absl::Status AllReduce(void* data, size_t count, DType dtype, ReduceOp op) override {
     const size_t bytes = count * DTypeSize(dtype);
