@@ -18,6 +18,7 @@ constexpr std::pair<StateKind, std::string_view> kPrefixes[] = {
     {StateKind::kSiteExpAvg, "site.optim.exp_avg."},
     {StateKind::kSiteParam, "site."},
     {StateKind::kCarriedError, "dp.carried_error."},
+    {StateKind::kServerError, "dp.server_error."},
 };
 
 template <typename T>
@@ -41,7 +42,8 @@ std::string DescribeData(const DataIdentity& data) {
 
 bool IsPerSite(StateKind kind) {
   return kind == StateKind::kSiteParam || kind == StateKind::kSiteExpAvg ||
-         kind == StateKind::kSiteExpAvgSq || kind == StateKind::kCarriedError;
+         kind == StateKind::kSiteExpAvgSq || kind == StateKind::kCarriedError ||
+         kind == StateKind::kServerError;
 }
 
 bool IsStrategyState(StateKind kind) {

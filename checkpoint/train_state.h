@@ -25,8 +25,9 @@ namespace shardline::checkpoint {
 //     Nesterov momentum (the parameter's shape);
 //   kSiteParam, kSiteExpAvg, kSiteExpAvgSq: each DiLoCo site's own parameters and inner AdamW
 //     moments between outer steps, shape (sites, *the parameter's);
-//   kCarriedError: compressed gradients' error feedback, what each site (host) will add back to
-//     its next reductions, shape (sites, *the parameter's).
+//   kCarriedError, kServerError: compressed gradients' error feedback, what each site (host) will
+//     add back to its next reductions, and int8's error of the sums each site re-quantised,
+//     shape (sites, *the parameter's).
 enum class StateKind {
   kParam,
   kExpAvg,
@@ -36,7 +37,8 @@ enum class StateKind {
   kSiteParam,
   kSiteExpAvg,
   kSiteExpAvgSq,
-  kCarriedError
+  kCarriedError,
+  kServerError
 };
 // Whether the tensors of `kind` have a leading dimension of sites.
 bool IsPerSite(StateKind kind);

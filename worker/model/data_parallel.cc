@@ -10,6 +10,7 @@
 #include "common/status_macros.h"
 #include "kernels/tensor.h"
 #include "worker/model/comm_thread.h"
+#include "worker/model/gradient_compression.h"
 
 namespace shardline::model {
 namespace {
@@ -71,7 +72,33 @@ class ZeroStrategy final : public DataParallelStrategy {
     // Two queued reductions keep the thread busy while bounding stage 2/3's waiting gradient
     // buffers to two units.
     comm_thread_ = std::make_unique<CommThread>(2);
+    if (options_.spec.compressed() && options_.dp != nullptr) {
+      CompressionOptions compression;
+      compression.kind = options_.spec.compression == placement::GradientCompression::kPowerSgd
+                             ? CompressionKind::kPowerSgd
+                             : CompressionKind::kInt8;
+      compression.rank = options_.spec.rank;
+      ASSIGN_OR_RETURN(compressor_,
+                       GradientCompressor::Create(compression, options_.dp->host_split(), whole));
+      MakeBucketMatrices();
+    }
     return absl::OkStatus();
+  }
+
+  // The matrices of each bucket PowerSGD may compress: every tensor of two or more dimensions,
+  // seen as (all but its last dimension) × its last, in the rank's box.
+  void MakeBucketMatrices() {
+    bucket_matrices_.assign(buckets_.size(), {});
+    for (const ShardTensor& t : layout_.tensors()) {
+      if (t.box_shape.size() < 2) continue;
+      const Bucket& bucket = buckets_[bucket_of_[t.unit]];
+      int64_t rows = 1;
+      for (size_t d = 0; d + 1 < t.box_shape.size(); ++d) rows *= t.box_shape[d];
+      bucket_matrices_[bucket_of_[t.unit]].push_back(
+          BucketMatrix{.offset = layout_.units()[t.unit].begin + t.offset - bucket.begin,
+                       .rows = rows,
+                       .cols = t.box_shape.back()});
+    }
   }
 
   // Runs of consecutive units of about spec.bucket_bytes, from the last unit back (the order the
@@ -112,12 +139,47 @@ class ZeroStrategy final : public DataParallelStrategy {
     return kind == checkpoint::StateKind::kParam ? params_sharded_ : moments_sharded_;
   }
 
-  std::pair<int64_t, int64_t> SavedRange(checkpoint::StateKind, int u) const override {
+  std::vector<SavedState> SavedStates() const override {
+    std::vector<SavedState> states = DataParallelStrategy::SavedStates();
+    if (compressor_) {
+      // Error feedback: each site's leader keeps it (the other ranks of its host hold none).
+      using K = checkpoint::StateKind;
+      const int site = compressor_->site(), sites = compressor_->sites();
+      states.push_back({.kind = K::kCarriedError,
+                        .site = site,
+                        .sites = sites,
+                        .resume_only = true,
+                        .zeros_if_missing = true,
+                        .spread_from = {K::kCarriedError, K::kServerError}});
+      if (compressor_->options().kind == CompressionKind::kInt8) {
+        states.push_back({.kind = K::kServerError,
+                          .site = site,
+                          .sites = sites,
+                          .resume_only = true,
+                          .zeros_if_missing = true});
+      }
+    }
+    return states;
+  }
+
+  std::pair<int64_t, int64_t> SavedRange(checkpoint::StateKind kind, int u) const override {
+    if (IsErrorFeedback(kind)) return LoadRange(kind, u);
     return {OwnedBegin(u), OwnedEnd(u)};
   }
   std::pair<int64_t, int64_t> LoadRange(checkpoint::StateKind kind, int u) const override {
+    if (IsErrorFeedback(kind)) {
+      const bool held =
+          compressor_ && compressor_->holds_state() &&
+          (kind == checkpoint::StateKind::kCarriedError || !compressor_->server_error().empty());
+      return {0, held ? layout_.units()[u].size : 0};
+    }
     if (KeepsOwnedOnly(kind)) return {OwnedBegin(u), OwnedEnd(u)};
     return {0, layout_.units()[u].size};
+  }
+
+  static bool IsErrorFeedback(checkpoint::StateKind kind) {
+    return kind == checkpoint::StateKind::kCarriedError ||
+           kind == checkpoint::StateKind::kServerError;
   }
 
   int64_t OwnedBegin(int u) const override {
@@ -128,6 +190,15 @@ class ZeroStrategy final : public DataParallelStrategy {
   }
 
   float* StateAt(checkpoint::StateKind kind, const ShardTensor& t, int64_t local) const override {
+    if (IsErrorFeedback(kind)) {
+      // The compressor's own buffers, gradient-shaped: read for a save, written by a load (the
+      // same floats its LoadState would copy in, on the communication thread's idle time between
+      // steps).
+      const std::span<const float> state = kind == checkpoint::StateKind::kCarriedError
+                                               ? compressor_->carried_error()
+                                               : compressor_->server_error();
+      return const_cast<float*>(state.data()) + layout_.units()[t.unit].begin + t.offset + local;
+    }
     // The buffers are the strategy's own; this const method hands out a pointer for the caller to
     // read (CopyState) or write (LoadState).
     const kernels::Tensor& buffer = kind == checkpoint::StateKind::kParam    ? params_
@@ -251,6 +322,17 @@ class ZeroStrategy final : public DataParallelStrategy {
     float* g = grads_.data<float>() + bucket.begin;
     const size_t n = static_cast<size_t>(bucket.size);
     const std::string name = BucketName(bucket);
+    if (compressor_) {
+      const int index = static_cast<int>(&bucket - buckets_.data());
+      const int64_t begin = bucket.begin;
+      comm_thread_->Submit([=, this] {
+        Trace("reduce " + name);
+        return Annotate(
+            compressor_->AllReduceSum(begin, g, static_cast<int64_t>(n), bucket_matrices_[index]),
+            "data-parallel compressed sum of the gradients of " + name);
+      });
+      return;
+    }
     comm_thread_->Submit([=, this] {
       Trace("reduce " + name);
       return Annotate(dp->AllReduce(g, n, DType::kFloat32, comm::ReduceOp::kSum),
@@ -373,6 +455,8 @@ class ZeroStrategy final : public DataParallelStrategy {
   std::vector<kernels::Tensor> gathered_;      // stage 3: units gathered for the current use
   std::vector<kernels::Tensor> grad_scratch_;  // stages 2, 3: units' gradient of this micro-batch
   double wait_seconds_ = 0;
+  std::unique_ptr<GradientCompressor> compressor_;          // data_parallel.compression, else null
+  std::vector<std::vector<BucketMatrix>> bucket_matrices_;  // per bucket, with a compressor
   std::unique_ptr<CommThread> comm_thread_;  // last: stops (draining) before the buffers go
 };
 
@@ -692,9 +776,6 @@ absl::StatusOr<std::unique_ptr<DataParallelStrategy>> DataParallelStrategy::Crea
     auto strategy = std::make_unique<DilocoStrategy>(options, std::move(inner));
     RETURN_IF_ERROR(strategy->Allocate());
     return std::unique_ptr<DataParallelStrategy>(std::move(strategy));
-  }
-  if (options.spec.compressed()) {
-    return absl::UnimplementedError("data_parallel.compression is not built yet");
   }
   auto strategy = std::make_unique<ZeroStrategy>(zero, options);
   RETURN_IF_ERROR(strategy->Allocate());

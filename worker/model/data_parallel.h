@@ -73,6 +73,10 @@ struct SavedState {
   // zero it, or (neither) leave it as the kinds before it in SavedStates left it.
   std::optional<checkpoint::StateKind> fallback = std::nullopt;
   bool zeros_if_missing = false;
+  // Error feedback written with another number of sites: this rank's site loads the sum over the
+  // stored sites of these kinds' tensors, divided by `sites`, so that the sites together carry
+  // what the old ones did (GradientCompressor's SpreadCarriedError); zeros when none is stored.
+  std::vector<checkpoint::StateKind> spread_from = {};
 };
 
 struct DataParallelOptions {

@@ -437,10 +437,11 @@ absl::Status ShardedGpt::LoadState(const BoxReader& read, bool with_moments,
                                    const TensorShapeReader& shape_of) {
   RETURN_IF_ERROR(data_parallel_->ClearOptimizerState());
   // Elements [begin, end) of tensor `t`'s box of the global tensor `name` (at `site` of a per-site
-  // kind), read box by box into `out`: the boxes of a flat range follow one another in its order.
-  const auto read_range = [&](const std::string& name, const SavedState& state,
-                              const ShardTensor& t, int64_t begin, int64_t end,
-                              float* out) -> absl::Status {
+  // kind), read box by box: the boxes of a flat range follow one another in its order.
+  const auto read_host = [&](const std::string& name, const SavedState& state, const ShardTensor& t,
+                             int64_t begin, int64_t end) -> absl::StatusOr<std::vector<float>> {
+    std::vector<float> out;
+    out.reserve(static_cast<size_t>(end - begin));
     for (const checkpoint::Box& box : checkpoint::SplitFlatRange(t.box_shape, begin, end)) {
       std::vector<int64_t> offsets = box.offsets;
       for (size_t d = 0; d < offsets.size(); ++d) offsets[d] += t.box_offsets[d];
@@ -452,10 +453,38 @@ absl::Status ShardedGpt::LoadState(const BoxReader& read, bool with_moments,
         return absl::InvalidArgumentError(absl::StrCat(
             "loading ", name, ": got ", values->size(), " values for a box of ", numel));
       }
-      RETURN_IF_ERROR(backend_.ToDevice(out, values->data(), sizeof(float) * values->size()));
-      out += values->size();
+      out.insert(out.end(), values->begin(), values->end());
     }
-    return absl::OkStatus();
+    return out;
+  };
+  const auto read_range = [&](const std::string& name, const SavedState& state,
+                              const ShardTensor& t, int64_t begin, int64_t end,
+                              float* out) -> absl::Status {
+    ASSIGN_OR_RETURN(const std::vector<float> values, read_host(name, state, t, begin, end));
+    return backend_.ToDevice(out, values.data(), sizeof(float) * values.size());
+  };
+  // Error feedback written with another number of sites: the sum over every stored site of the
+  // `spread_from` kinds, divided by this plan's sites. False when the checkpoint has none of them.
+  const auto spread = [&](const SavedState& state, const ShardTensor& t, int64_t begin, int64_t end,
+                          float* out) -> absl::StatusOr<bool> {
+    if (!shape_of || state.spread_from.empty()) return false;
+    std::vector<float> sum(static_cast<size_t>(end - begin), 0.0f);
+    bool any = false;
+    for (const checkpoint::StateKind kind : state.spread_from) {
+      const std::string name = checkpoint::StateTensorName(kind, t.name);
+      const std::optional<std::vector<int64_t>> shape = shape_of(name);
+      if (!shape.has_value() || shape->empty()) continue;
+      for (int64_t site = 0; site < (*shape)[0]; ++site) {
+        const SavedState stored{.kind = kind, .site = static_cast<int>(site)};
+        ASSIGN_OR_RETURN(const std::vector<float> values, read_host(name, stored, t, begin, end));
+        for (size_t i = 0; i < sum.size(); ++i) sum[i] += values[i];
+        any = true;
+      }
+    }
+    if (!any) return false;
+    for (float& v : sum) v /= static_cast<float>(state.sites);
+    RETURN_IF_ERROR(backend_.ToDevice(out, sum.data(), sizeof(float) * sum.size()));
+    return true;
   };
   // Whether the checkpoint holds `state`'s tensor of `t`, with this rank's site.
   const auto present = [&](const SavedState& state, const ShardTensor& t) {
@@ -478,6 +507,9 @@ absl::Status ShardedGpt::LoadState(const BoxReader& read, bool with_moments,
                                    begin - t.offset, end - t.offset, into));
         continue;
       }
+      ASSIGN_OR_RETURN(const bool spread_out,
+                       spread(state, t, begin - t.offset, end - t.offset, into));
+      if (spread_out) continue;
       if (!checkpoint::IsStrategyState(state.kind)) {
         return absl::NotFoundError(absl::StrCat("loading ",
                                                 checkpoint::StateTensorName(state.kind, t.name),
