@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <map>
 #include <sstream>
+#include <utility>
 #include <vector>
 
 #include "cli/coordinator_client.h"
@@ -89,6 +90,33 @@ std::string FormatBandwidth(double bytes_per_second) {
   return Fixed(bytes_per_second / 1e6, 1) + " MB/s";
 }
 
+// "12.3 MB", "640 kB": a count of bytes in decimal units, as network rates are quoted.
+std::string FormatBytes(double bytes) {
+  if (bytes >= 1e9) return Fixed(bytes / 1e9, 2) + " GB";
+  if (bytes >= 1e6) return Fixed(bytes / 1e6, 1) + " MB";
+  if (bytes >= 1e3) return Fixed(bytes / 1e3, 0) + " kB";
+  return Fixed(bytes, 0) + " B";
+}
+
+// "network 12.3 MB/step (dp 12.1 MB, tp 0.2 MB)": what the busiest rank sent plus received over
+// the network per step, the kinds that moved any in decreasing order; "" until measured.
+std::string FormatNetwork(wire::TrainProgress::Reader t) {
+  if (!t.hasNetworkBytesPerStep()) return "";
+  const auto n = t.getNetworkBytesPerStep();
+  std::vector<std::pair<double, std::string>> kinds = {
+      {n.getDp(), "dp"}, {n.getTp(), "tp"}, {n.getPp(), "pp"}, {n.getWorld(), "world"}};
+  std::stable_sort(kinds.begin(), kinds.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  double total = 0;
+  std::string parts;
+  for (const auto& [bytes, kind] : kinds) {
+    total += bytes;
+    if (bytes <= 0) continue;
+    parts += (parts.empty() ? "" : ", ") + kind + " " + FormatBytes(bytes);
+  }
+  return "network " + FormatBytes(total) + "/step" + (parts.empty() ? "" : " (" + parts + ")");
+}
+
 // One step of the slowest rank, as its last progress report averaged it: what the planner's
 // prediction is compared with.
 double MeasuredStepSeconds(wire::TrainProgress::Reader t) {
@@ -161,11 +189,13 @@ std::string FormatTrainProgress(wire::JobStatus::Reader job) {
     if (t.getEtaSeconds() > 0) line += "  ETA " + FormatDuration(t.getEtaSeconds());
     const double step_seconds = t.getComputeSeconds() + t.getCommSeconds() + t.getBubbleSeconds();
     if (step_seconds > 0) {
-      line += "  compute " + Percent(t.getComputeSeconds(), step_seconds) + " / comm " +
+      // comm is the time the step waited on collectives (exposed), not the time the network
+      // was busy: a reduction hidden behind compute does not count.
+      line += "  compute " + Percent(t.getComputeSeconds(), step_seconds) + " / waiting on comm " +
               Percent(t.getCommSeconds(), step_seconds) + " / bubble " +
-              Percent(t.getBubbleSeconds(), step_seconds) + " of " + Fixed(step_seconds, 3) +
-              " s";
+              Percent(t.getBubbleSeconds(), step_seconds) + " of " + Fixed(step_seconds, 3) + " s";
     }
+    if (const std::string network = FormatNetwork(t); !network.empty()) line += "  " + network;
   }
   if (t.getCheckpointDir().size() == 0) {
     line += "  checkpoints off";
@@ -313,6 +343,18 @@ std::string FormatBytes(uint64_t bytes) {
 
 namespace {
 
+// {"world": .., "tp": .., "pp": .., "dp": .., "total": ..}: bytes per step of the busiest rank;
+// null until a rank has measured it.
+nlohmann::json NetworkToJson(wire::TrainProgress::Reader t) {
+  if (!t.hasNetworkBytesPerStep()) return nullptr;
+  const auto n = t.getNetworkBytesPerStep();
+  return {{"world", n.getWorld()},
+          {"tp", n.getTp()},
+          {"pp", n.getPp()},
+          {"dp", n.getDp()},
+          {"total", n.getWorld() + n.getTp() + n.getPp() + n.getDp()}};
+}
+
 nlohmann::json GenerationsToJson(capnp::List<wire::GenerationStatus>::Reader list) {
   nlohmann::json generations = nlohmann::json::array();
   for (auto g : list) {
@@ -436,6 +478,7 @@ nlohmann::json StatusToJson(wire::ClusterStatus::Reader status) {
                     {"tokens_per_second", t.getTokensPerSecond()},
                     {"compute_seconds", t.getComputeSeconds()},
                     {"comm_seconds", t.getCommSeconds()},
+                    {"network_bytes_per_step", NetworkToJson(t)},
                     {"bubble_seconds", t.getBubbleSeconds()},
                     {"step_seconds", MeasuredStepSeconds(t)},
                     {"eta_seconds", t.getEtaSeconds()},

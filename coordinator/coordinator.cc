@@ -1094,6 +1094,16 @@ absl::Status Coordinator::OnStepReport(const std::string& peer, uint64_t request
     sample.bubble_seconds = report.getBubbleSeconds();
     sample.tokens_per_second = report.getTokensPerSecond();
     sample.logged = report.getLogged();
+    if (report.hasNetworkBytesPerStep()) {
+      const auto bytes = report.getNetworkBytesPerStep();
+      // From the wire: a negative or non-finite figure is no measurement.
+      const auto valid = [](double v) { return std::isfinite(v) && v >= 0; };
+      if (valid(bytes.getWorld()) && valid(bytes.getTp()) && valid(bytes.getPp()) &&
+          valid(bytes.getDp())) {
+        sample.network_bytes_per_step =
+            GroupBytes{bytes.getWorld(), bytes.getTp(), bytes.getPp(), bytes.getDp()};
+      }
+    }
     if (auto recovery = RecordStep(job, actor->rank, sample, clock_->Now())) {
       metrics_.OnRecovered(recovery->cause, recovery->seconds, recovery->steps_lost);
       spdlog::info("job {} generation {}: first step {} {:.3f} s after the fault ({} steps lost)",

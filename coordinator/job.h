@@ -75,6 +75,16 @@ struct CollectiveResultRecord {
 
 // One logged step of a train job as its ranks' StepReports come in: the loss of the last
 // pipeline stage (the other stages report NaN), the timings of the slowest rank.
+// Bytes one rank sent plus received over the network per step, by the kind of group that moved
+// them (StepReport.networkBytesPerStep).
+struct GroupBytes {
+  double world = 0;
+  double tp = 0;
+  double pp = 0;
+  double dp = 0;
+  double Total() const { return world + tp + pp + dp; }
+};
+
 struct StepAggregate {
   std::set<int> ranks;
   double loss = std::numeric_limits<double>::quiet_NaN();
@@ -84,6 +94,7 @@ struct StepAggregate {
   double compute_seconds = 0;
   double comm_seconds = 0;
   double bubble_seconds = 0;
+  std::optional<GroupBytes> network_bytes;  // of the rank that moved the most so far
 };
 
 // A train job's progress, as `shardline status` shows it.
@@ -95,6 +106,7 @@ struct TrainRecord {
   double compute_seconds = 0;
   double comm_seconds = 0;
   double bubble_seconds = 0;
+  std::optional<GroupBytes> network_bytes_per_step;  // unset until a rank has measured it
   // The rate behind the ETA: the first and the latest reported step of this generation.
   int64_t first_step = -1;
   TimePoint first_report;

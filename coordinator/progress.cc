@@ -36,6 +36,13 @@ std::optional<Recovery> RecordStep(Job& job, int rank, const StepSample& sample,
     aggregate.comm_seconds = sample.comm_seconds;
     aggregate.bubble_seconds = sample.bubble_seconds;
   }
+  // The rank that moved the most: the busiest link sets the pace on a slow network, as the
+  // slowest rank does for the timings. Its own breakdown is kept, not a mix of ranks'.
+  if (sample.network_bytes_per_step &&
+      (!aggregate.network_bytes ||
+       sample.network_bytes_per_step->Total() > aggregate.network_bytes->Total())) {
+    aggregate.network_bytes = sample.network_bytes_per_step;
+  }
   while (progress.recent.size() > kRecentSteps) progress.recent.erase(progress.recent.begin());
   job.watchdog.OnStep(step, now);
   if (!job.generations.empty()) {
@@ -67,6 +74,7 @@ std::optional<Recovery> RecordStep(Job& job, int rank, const StepSample& sample,
   progress.compute_seconds = aggregate.compute_seconds;
   progress.comm_seconds = aggregate.comm_seconds;
   progress.bubble_seconds = aggregate.bubble_seconds;
+  if (aggregate.network_bytes) progress.network_bytes_per_step = aggregate.network_bytes;
   return recovery;
 }
 

@@ -24,6 +24,7 @@ struct StepSample {
   double bubble_seconds = 0;
   double tokens_per_second = 0;
   bool logged = false;  // a step of log_interval
+  std::optional<GroupBytes> network_bytes_per_step;  // unset: not measured in this report
 };
 
 // The restarted job's first new step ended the recovery from the generation before.

@@ -178,6 +178,13 @@ void FillTrainProgress(wire::TrainProgress::Builder out, const Job& job) {
   out.setComputeSeconds(progress.compute_seconds);
   out.setCommSeconds(progress.comm_seconds);
   out.setBubbleSeconds(progress.bubble_seconds);
+  if (progress.network_bytes_per_step) {
+    auto bytes = out.initNetworkBytesPerStep();
+    bytes.setWorld(progress.network_bytes_per_step->world);
+    bytes.setTp(progress.network_bytes_per_step->tp);
+    bytes.setPp(progress.network_bytes_per_step->pp);
+    bytes.setDp(progress.network_bytes_per_step->dp);
+  }
   out.setEtaSeconds(EtaSeconds(job));
   out.setLastCommittedStep(progress.last_committed_step);
   out.setCheckpointDir(CapText(progress.saving_dir));

@@ -510,6 +510,18 @@ ActorMetrics::ActorMetrics(std::shared_ptr<prometheus::Registry> registry,
   collective_errors_ = std::make_unique<detail::LabeledCounters>(
       r, "shardline_collective_errors_total", "Collectives that failed or timed out, by operation.",
       constant_labels, "op", Vocabulary::Open());
+  // One family, two label sets: the direction is a constant label of each half.
+  const std::string network_help =
+      "Payload bytes this rank sent or received over the network (TCP) for its collectives, by "
+      "the kind of group and direction.";
+  for (auto [direction, counters] :
+       {std::pair{"sent", &network_sent_}, std::pair{"received", &network_received_}}) {
+    Labels labels = constant_labels;
+    labels["direction"] = direction;
+    *counters = std::make_unique<detail::LabeledCounters>(r, "shardline_actor_network_bytes_total",
+                                                          network_help, labels, "group_kind",
+                                                          Vocabulary::Closed(kGroupKinds, "other"));
+  }
   step_ = &UnlabelledGauge(r, "shardline_actor_step", "Last training step this actor finished.",
                            constant_labels);
   loss_ = &UnlabelledGauge(r, "shardline_actor_loss", "Loss of the last step this actor finished.",
@@ -525,6 +537,10 @@ void ActorMetrics::OnOperation(std::string_view op, size_t bytes, double seconds
   }
   collective_bytes_->Get(op).Increment(static_cast<double>(bytes));
   collective_seconds_->Get(op).Observe(seconds);
+}
+void ActorMetrics::OnNetworkBytes(std::string_view group_kind, uint64_t sent, uint64_t received) {
+  if (sent > 0) network_sent_->Get(group_kind).Increment(static_cast<double>(sent));
+  if (received > 0) network_received_->Get(group_kind).Increment(static_cast<double>(received));
 }
 void ActorMetrics::SetStep(int64_t step) { step_->Set(static_cast<double>(step)); }
 void ActorMetrics::SetLoss(double loss) { loss_->Set(loss); }

@@ -187,6 +187,11 @@ class ActorMetrics {
   // "send", "recv", ...; `bytes` is this rank's buffer size. A failed call counts only as an
   // error: its bytes never moved and its time (often a timeout) would skew the latency buckets.
   void OnOperation(std::string_view op, size_t bytes, double seconds, bool ok);
+  // Payload bytes this rank sent and received over the network (TCP: Gloo, and the Gloo hop of
+  // the hierarchical shm+gloo communicator; not shared memory) for a group of kind `group_kind`
+  // (kGroupKinds; anything else counts as "other"), as comm::CommObserver::OnNetworkBytes gives
+  // them: shardline_actor_network_bytes_total{group_kind, direction="sent"|"received"}.
+  void OnNetworkBytes(std::string_view group_kind, uint64_t sent, uint64_t received);
   void SetStep(int64_t step);
   void SetLoss(double loss);
 
@@ -195,6 +200,8 @@ class ActorMetrics {
   std::unique_ptr<detail::LabeledCounters> collective_bytes_;
   std::unique_ptr<detail::LabeledHistograms> collective_seconds_;
   std::unique_ptr<detail::LabeledCounters> collective_errors_;
+  std::unique_ptr<detail::LabeledCounters> network_sent_;      // by group kind
+  std::unique_ptr<detail::LabeledCounters> network_received_;  // by group kind
   prometheus::Gauge* step_;  // owned by the registry
   prometheus::Gauge* loss_;
 };

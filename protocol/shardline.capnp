@@ -254,6 +254,8 @@ struct TrainProgress {
   loggedStep @30 :UInt64;           # the newest step of log_interval reported (progress lines)
   layout @31 :ParallelLayout;       # the plan's whole layout, typed (its schedule and
                                     # recomputation too); unset while an auto job is not planned
+  networkBytesPerStep @32 :GroupBytes;  # of the rank that moved the most in the latest step's
+                                        # reports; unset until a rank has measured it
 }
 
 # One generation of a train job as its supervisor saw it.
@@ -475,6 +477,18 @@ struct StepReport {
   logged @10 :Bool;
   # A serve job's leader: its service (set: `step` counts the reports).
   serving @11 :ServingStatus;
+  # Train ranks: the bytes this rank sent plus received over the network (TCP; not shared memory)
+  # since its previous report, divided by the steps that covers, by the kind of group that moved
+  # them. Unset in a rank's first report, whose window holds the start-up too.
+  networkBytesPerStep @12 :GroupBytes;
+}
+
+# Bytes by the kind of communicator group that moved them.
+struct GroupBytes {
+  world @0 :Float64;
+  tp @1 :Float64;
+  pp @2 :Float64;
+  dp @3 :Float64;
 }
 
 struct ActorDone {

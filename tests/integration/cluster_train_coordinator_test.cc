@@ -12,17 +12,19 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <thread>
 
+#include "checkpoint/manifest.h"
 #include "placement/parallel_layout.h"
 #include "protocol/rpc_client.h"
 #include "tests/integration/local_cluster.h"
-#include "checkpoint/manifest.h"
 
 namespace shardline::testing {
 namespace {
@@ -213,8 +215,10 @@ class FakeActor {
     return absl::OkStatus();
   }
 
+  // `network`: bytes per step by group kind, world, tp, pp, dp; none: not measured.
   absl::Status Report(uint64_t step, double loss, double tokens_per_second, double compute,
-                      double comm, double bubble) {
+                      double comm, double bubble,
+                      std::optional<std::array<double, 4>> network = std::nullopt) {
     auto message = client_->NewMessage();
     auto report = message->payload().initStepReport();
     report.setJobId(job_id_);
@@ -226,6 +230,13 @@ class FakeActor {
     report.setComputeSeconds(compute);
     report.setCommSeconds(comm);
     report.setBubbleSeconds(bubble);
+    if (network) {
+      auto bytes = report.initNetworkBytesPerStep();
+      bytes.setWorld((*network)[0]);
+      bytes.setTp((*network)[1]);
+      bytes.setPp((*network)[2]);
+      bytes.setDp((*network)[3]);
+    }
     return Call(*client_, *message).status();
   }
 
@@ -497,10 +508,18 @@ TEST(ClusterTrainTest, ProgressAndCheckpointCommitWithEveryGroup) {
   ASSERT_TRUE(running.ok()) << running.status();
 
   // Step 10 from every rank: only the last stage has a loss; rank 1 is the slowest.
-  ASSERT_TRUE(actors[0]->Report(10, kNaN, 900, 0.10, 0.02, 0.01).ok());
+  // Network bytes per step: rank 2 moved the most (a bad figure from rank 3 is no measurement).
+  ASSERT_TRUE(actors[0]
+                  ->Report(10, kNaN, 900, 0.10, 0.02, 0.01, std::array<double, 4>{0, 2e6, 1e5, 0})
+                  .ok());
   ASSERT_TRUE(actors[1]->Report(10, kNaN, 500, 0.20, 0.05, 0.05).ok());
-  ASSERT_TRUE(actors[2]->Report(10, 3.25, 950, 0.10, 0.01, 0.02).ok());
-  ASSERT_TRUE(actors[3]->Report(10, 3.5, 950, 0.10, 0.01, 0.02).ok());
+  ASSERT_TRUE(
+      actors[2]
+          ->Report(10, 3.25, 950, 0.10, 0.01, 0.02, std::array<double, 4>{0, 12.1e6, 0.2e6, 0})
+          .ok());
+  ASSERT_TRUE(actors[3]
+                  ->Report(10, 3.5, 950, 0.10, 0.01, 0.02, std::array<double, 4>{0, -1, 1e12, 0})
+                  .ok());
   auto progress = cluster.Job(*job_id);
   ASSERT_TRUE(progress.ok());
   json train = (*progress)["train"];
@@ -510,6 +529,19 @@ TEST(ClusterTrainTest, ProgressAndCheckpointCommitWithEveryGroup) {
   EXPECT_DOUBLE_EQ(train["compute_seconds"].get<double>(), 0.20);
   EXPECT_DOUBLE_EQ(train["comm_seconds"].get<double>(), 0.05);
   EXPECT_DOUBLE_EQ(train["bubble_seconds"].get<double>(), 0.05);
+  ASSERT_TRUE(train["network_bytes_per_step"].is_object()) << train.dump(2);
+  EXPECT_DOUBLE_EQ(train["network_bytes_per_step"]["tp"].get<double>(), 12.1e6);
+  EXPECT_DOUBLE_EQ(train["network_bytes_per_step"]["pp"].get<double>(), 0.2e6);
+  EXPECT_DOUBLE_EQ(train["network_bytes_per_step"]["dp"].get<double>(), 0);
+  EXPECT_DOUBLE_EQ(train["network_bytes_per_step"]["total"].get<double>(), 12.3e6);
+  {
+    auto shown = RunShardline(
+        {"status", *job_id, "--coordinator", cluster.endpoint(), "--keys", cluster.key_dir()});
+    EXPECT_EQ(shown.exit_code, 0) << shown.output;
+    EXPECT_NE(shown.output.find("network 12.3 MB/step (tp 12.1 MB, pp 200 kB)"), std::string::npos)
+        << shown.output;
+    EXPECT_NE(shown.output.find("/ waiting on comm 17% /"), std::string::npos) << shown.output;
+  }
   // One step seen: the ETA comes from tokens/s: 10 steps x 4 x 8 tokens at 500 tokens/s.
   EXPECT_NEAR(train["eta_seconds"].get<double>(), 10 * 32 / 500.0, 1e-9);
   const std::string metrics = cluster.metrics_address();

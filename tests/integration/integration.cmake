@@ -83,6 +83,18 @@ shardline_test(cluster_multihost_test
   LABELS integration TIMEOUT 600)
 add_dependencies(cluster_multihost_test shardline)
 
+# Slow links: a Gloo all-reduce between two namespaced hosts, its bytes against the link's
+# counters, then shaped with tc to 100 Mbit (skipped with the reason where namespaces or tc cannot
+# be made); a dp = 2 Gloo train job's bytes per step in status. Not RUN_SERIAL: the bound on the
+# shaped all-reduce is a lower one, which load cannot break; the unshaped run need only be twice
+# as fast as the shaped one, where it is some ten times faster.
+shardline_test(cluster_slow_link_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/cluster_slow_link_test.cc
+    ${CMAKE_SOURCE_DIR}/tests/support/net_namespaces.cc
+  LIBS shardline_test_cluster shardline_monitoring_testing shardline_comm shardline_placement
+  LABELS integration TIMEOUT 600)
+add_dependencies(cluster_slow_link_test shardline)
+
 # The chaos driver: ten seeded faults of every class in one elastic job, which ends like a
 # fault-free run (bench/chaos_bench.cc runs 100).
 shardline_test(cluster_chaos_test

@@ -3,8 +3,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <string_view>
 
 namespace shardline::testing {
 namespace {
@@ -109,6 +112,97 @@ std::string NetNamespaces::decoy_address(int host) const {
   const int octet = std::stoi(subnet_.substr(dot + 1));
   return subnet_.substr(0, dot) + "." + std::to_string((octet + 1) % 256) + "." +
          std::to_string(host + 1);
+}
+
+namespace {
+
+// tbf sends at most `burst` bytes back to back, then at `rate`. The burst must hold what the rate
+// earns in one timer tick (rate/HZ; HZ is 100..1000, 250 assumed here: a smaller burst caps the
+// rate below the one asked for) and at least one packet: veth hands tbf GSO packets of up to
+// 64 KiB, which tbf splits only when they exceed the burst, so 128 KiB keeps that path out.
+// Larger bursts let the first bytes of a transfer through at memory speed, which at 100 Mbit is
+// 128 KiB of a 4 MiB message: 3%.
+constexpr int64_t kAssumedHz = 250;
+constexpr int64_t kMinBurstBytes = 128 * 1024;
+// The queue behind the bucket: 50 ms at the rate, at least 256 KiB. Too short a queue drops a
+// TCP window's worth at high rates (12.5 MB is 10 ms at 10 Gbit) and TCP then measures its own
+// recovery, not the link; too long a one only adds queueing delay, which does not change the rate.
+constexpr int64_t kQueueMilliseconds = 50;
+constexpr int64_t kMinQueueBytes = 256 * 1024;
+constexpr int64_t kMinBitsPerSecond = 8000;
+
+std::string TbfArguments(int64_t bits_per_second) {
+  const int64_t bytes_per_second = bits_per_second / 8;
+  const int64_t burst = std::max(bytes_per_second / kAssumedHz, kMinBurstBytes);
+  const int64_t queue = std::max(bytes_per_second / 1000 * kQueueMilliseconds, kMinQueueBytes);
+  return "tbf rate " + std::to_string(bits_per_second) + "bit burst " + std::to_string(burst) +
+         " limit " + std::to_string(burst + queue);
+}
+
+// Deleting a root qdisc that is the default already fails with one of these: not an error here.
+bool NothingToDelete(const absl::Status& status) {
+  const std::string_view message(status.message().data(), status.message().size());
+  return message.find("handle of zero") != std::string_view::npos ||
+         message.find("No such file or directory") != std::string_view::npos;
+}
+
+}  // namespace
+
+absl::Status NetNamespaces::SetRate(int host, int64_t bits_per_second) {
+  if (host < 1 || host > static_cast<int>(namespaces_.size())) {
+    return absl::InvalidArgumentError("SetRate: no host " + std::to_string(host) + " (hosts 1.." +
+                                      std::to_string(namespaces_.size()) + ")");
+  }
+  if (bits_per_second < kMinBitsPerSecond) {
+    return absl::InvalidArgumentError(
+        "SetRate of host " + std::to_string(host) + ": " + std::to_string(bits_per_second) +
+        " bit/s is below the smallest rate, " + std::to_string(kMinBitsPerSecond) + " bit/s");
+  }
+  const std::string tbf = TbfArguments(bits_per_second);
+  for (const std::string& command :
+       {"ip netns exec " + netns(host) + " tc qdisc replace dev eth0 root " + tbf,
+        "tc qdisc replace dev " + links_.at(static_cast<size_t>(host)) + " root " + tbf}) {
+    if (absl::Status status = Run(command); !status.ok()) {
+      return absl::FailedPreconditionError("cannot shape host " + std::to_string(host) +
+                                           "'s link with tc: " + std::string(status.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NetNamespaces::ClearRate(int host) {
+  if (host < 1 || host > static_cast<int>(namespaces_.size())) {
+    return absl::InvalidArgumentError("ClearRate: no host " + std::to_string(host));
+  }
+  for (const std::string& command :
+       {"ip netns exec " + netns(host) + " tc qdisc del dev eth0 root",
+        "tc qdisc del dev " + links_.at(static_cast<size_t>(host)) + " root"}) {
+    if (absl::Status status = Run(command); !status.ok() && !NothingToDelete(status)) {
+      return status;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<NetNamespaces::LinkBytes> NetNamespaces::LinkCounters(int host) const {
+  if (host < 1 || host > static_cast<int>(namespaces_.size())) {
+    return absl::InvalidArgumentError("LinkCounters: no host " + std::to_string(host));
+  }
+  const std::string dir = "/sys/class/net/" + links_.at(static_cast<size_t>(host)) + "/statistics/";
+  auto read = [&](const std::string& name) -> absl::StatusOr<int64_t> {
+    std::ifstream in(dir + name);
+    int64_t value = -1;
+    if (!(in >> value) || value < 0) {
+      return absl::FailedPreconditionError("cannot read a byte count from " + dir + name);
+    }
+    return value;
+  };
+  // The root-side end receives what leaves the namespace (its upload) and sends what enters it.
+  auto uploaded = read("rx_bytes");
+  if (!uploaded.ok()) return uploaded.status();
+  auto downloaded = read("tx_bytes");
+  if (!downloaded.ok()) return downloaded.status();
+  return LinkBytes{*uploaded, *downloaded};
 }
 
 absl::Status NetNamespaces::SetLink(int host, bool up) {

@@ -3,10 +3,10 @@
 // and dtype against a locally computed reference. Then Gloo's failures (missing peer, timeout,
 // Abort) and one Gloo run with ranks as forked processes over a FileStore. The shared-memory
 // backend's own failure tests are in comm_shm_test.cc.
+#include <arpa/inet.h>
+#include <gloo/transport/tcp/address.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-
-#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -16,10 +16,10 @@
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
-#include <cstring>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <mutex>
@@ -27,11 +27,10 @@
 #include <thread>
 #include <vector>
 
-#include <gloo/transport/tcp/address.h>
-
 #include "worker/comm/communicator.h"
 #include "worker/comm/cpu_communicator.h"
 #include "worker/comm/file_store.h"
+#include "worker/comm/gloo_communicator.h"
 #include "worker/comm/shm_communicator.h"
 #include "worker/comm/store.h"
 
@@ -408,6 +407,87 @@ TEST_P(WorldTest, ObserverSeesEveryOperation) {
     for (size_t i = 0; i + 1 < recorder.calls.size(); ++i) EXPECT_TRUE(recorder.calls[i].ok);
     EXPECT_FALSE(recorder.calls.back().ok);
   });
+}
+
+// The network bytes each backend reports: Gloo's are the formulas of GlooWireBytes, shared
+// memory's none, and shm+gloo's those of its cross-host Gloo group alone (an all-reduce of this
+// rank's 1/L shard between the hosts), reported to the outer communicator's observer; every one
+// comes before its operation's OnOperation.
+TEST_P(WorldTest, NetworkBytesAreWhatTheAlgorithmMovesOverTcpOnly) {
+  class Recorder : public CommObserver {
+   public:
+    void OnOperation(std::string_view, size_t, double, bool) override { operations++; }
+    void OnNetworkBytes(uint64_t s, uint64_t r) override {
+      EXPECT_EQ(operations, last_counted_at) << "at most one report per operation, before it";
+      last_counted_at = operations + 1;
+      sent += s;
+      received += r;
+    }
+    int operations = 0;
+    int last_counted_at = 0;
+    uint64_t sent = 0, received = 0;
+  };
+  const int n = this->n();
+  const std::string backend = GetParam().backend;
+  Run([&](Communicator& comm) {
+    Recorder recorder;
+    comm.set_observer(&recorder);
+    std::vector<float> data(1000, 1.0f);
+    ASSERT_TRUE(comm.AllReduce(data.data(), 1000, DType::kFloat32, ReduceOp::kSum).ok());
+    WireBytes want;
+    if (backend == "gloo") want = GlooWireBytes::AllReduce(4000, 4, n, comm.rank());
+    // Two hosts by parity: the cross group's rank is the host's index, its shard 1000/2 floats.
+    if (backend == "shm+gloo") want = GlooWireBytes::AllReduce(2000, 4, 2, comm.rank() % 2);
+    EXPECT_EQ(recorder.sent, want.sent) << backend << " rank " << comm.rank();
+    EXPECT_EQ(recorder.received, want.received) << backend << " rank " << comm.rank();
+    if (backend != "shm") EXPECT_GT(recorder.sent, 0u);
+    // The other operations run on Gloo for shm+gloo: a ring all-gather moves (n-1) blocks.
+    recorder.sent = recorder.received = 0;
+    std::vector<float> gathered(1000 * n);
+    ASSERT_TRUE(comm.AllGather(data.data(), gathered.data(), 1000, DType::kFloat32).ok());
+    const uint64_t gather = backend == "shm" ? 0 : 4000u * static_cast<uint64_t>(n - 1);
+    EXPECT_EQ(recorder.sent, gather);
+    EXPECT_EQ(recorder.received, gather);
+  });
+}
+
+// The formulas, against what any correct schedule must satisfy: what the ranks send is what they
+// receive, a ring all-reduce of equal chunks moves 2(n-1)/n of the buffer each way, and a
+// broadcast delivers the buffer once to every rank but the root.
+TEST(GlooWireBytesTest, EveryByteSentIsReceivedAndEqualChunksGiveTheRingFigure) {
+  EXPECT_EQ(GlooWireBytes::AllReduce(4 << 20, 4, 2, 0).sent, uint64_t{4} << 20);
+  EXPECT_EQ(GlooWireBytes::AllReduce(4 << 20, 4, 2, 1).received, uint64_t{4} << 20);
+  EXPECT_EQ(GlooWireBytes::AllReduce(4 << 20, 4, 4, 3).sent, uint64_t{6} << 20);  // 1.5 B
+  EXPECT_EQ(GlooWireBytes::AllReduce(4000, 4, 1, 0).sent, 0u);
+  for (int n : {2, 3, 4, 5, 8}) {
+    for (size_t elements :
+         {size_t{1}, size_t{3}, size_t{1000}, size_t{65537}, size_t{(3u << 20) / 4 + 7}}) {
+      const size_t bytes = elements * 4;
+      uint64_t sent = 0, received = 0;
+      for (int r = 0; r < n; ++r) {
+        const WireBytes w = GlooWireBytes::AllReduce(bytes, 4, n, r);
+        EXPECT_LE(w.sent, 2 * bytes);
+        sent += w.sent;
+        received += w.received;
+      }
+      EXPECT_EQ(sent, received) << "all_reduce of " << bytes << " bytes over " << n;
+      // Every element is reduced once and gathered once across the ring: 2(n-1) B in all.
+      EXPECT_EQ(sent, 2 * static_cast<uint64_t>(n - 1) * bytes)
+          << "all_reduce of " << bytes << " bytes over " << n;
+    }
+    for (int root = 0; root < n; ++root) {
+      uint64_t sent = 0, received = 0;
+      for (int r = 0; r < n; ++r) {
+        const WireBytes w = GlooWireBytes::Broadcast(100, n, r, root);
+        EXPECT_EQ(w.received, r == root ? 0u : 100u) << "rank " << r << " root " << root;
+        sent += w.sent;
+        received += w.received;
+      }
+      EXPECT_EQ(sent, received);
+    }
+    EXPECT_EQ(GlooWireBytes::AllGather(10, n).sent, 10u * static_cast<uint64_t>(n - 1));
+    EXPECT_EQ(GlooWireBytes::ReduceScatter(10, n).received, 10u * static_cast<uint64_t>(n - 1));
+  }
 }
 
 // shm+gloo needs hosts of equal size: two hosts of two ranks (2 or 3 ranks would be plain Gloo).

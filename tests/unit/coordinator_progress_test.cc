@@ -48,6 +48,30 @@ TEST(ProgressTest, TheSlowestRankAndTheLastRanksLossStandForAStep) {
   EXPECT_EQ(job.train.step, 5);
 }
 
+// Network bytes per step: the rank that moved the most stands for the step, with its own
+// breakdown; a report without a measurement keeps the last one shown.
+TEST(ProgressTest, TheBusiestRanksNetworkBytesStandForAStep) {
+  ManualClock clock;
+  Job job = MakeJob("parallel: {tp: 2, dp: 2}\n");
+  LayOut(job, {{"a", 0}, {"a", 1}, {"b", 2}, {"b", 3}}, clock.Now());
+  const double nan = std::nan("");
+  RecordStep(job, 0, Sample(1, nan, 0.1), clock.Now());
+  EXPECT_FALSE(job.train.network_bytes_per_step) << "nothing measured yet";
+  StepSample light = Sample(2, nan, 0.1);
+  light.network_bytes_per_step = GroupBytes{0, 3e6, 0, 1e6};
+  StepSample heavy = Sample(2, nan, 0.1);
+  heavy.network_bytes_per_step = GroupBytes{0, 0.5e6, 0, 8e6};
+  RecordStep(job, 0, light, clock.Now());
+  RecordStep(job, 3, heavy, clock.Now());
+  RecordStep(job, 1, light, clock.Now());
+  ASSERT_TRUE(job.train.network_bytes_per_step);
+  EXPECT_EQ(job.train.network_bytes_per_step->dp, 8e6);
+  EXPECT_EQ(job.train.network_bytes_per_step->tp, 0.5e6) << "one rank's breakdown, not a mix";
+  RecordStep(job, 2, Sample(3, 3.0, 0.1), clock.Now());
+  ASSERT_TRUE(job.train.network_bytes_per_step);
+  EXPECT_EQ(job.train.network_bytes_per_step->Total(), 8.5e6);
+}
+
 TEST(ProgressTest, StepsFeedTheWatchdogAndTheEta) {
   ManualClock clock;
   Job job = MakeJob("");

@@ -133,6 +133,10 @@ TEST(MonitoringServerTest, ServesEveryStructOverHttp) {
   actor.OnOperation("broadcast", 100, 0.00002, true);
   actor.SetStep(17);
   actor.SetLoss(2.5);
+  actor.OnNetworkBytes("dp", 1000, 900);
+  actor.OnNetworkBytes("dp", 24, 0);
+  actor.OnNetworkBytes("tp", 0, 7);
+  actor.OnNetworkBytes("no-such-kind", 5, 5);
 
   const std::vector<Sample> s = ScrapeOverHttp(**server);
   ASSERT_FALSE(s.empty());
@@ -192,6 +196,19 @@ TEST(MonitoringServerTest, ServesEveryStructOverHttp) {
   expect("shardline_collective_errors_total", With(a, {{"op", "allreduce"}}), 1);
   EXPECT_FALSE(Find(s, "shardline_collective_errors_total", With(a, {{"op", "broadcast"}})))
       << "an op that never failed needs no error series";
+  expect("shardline_actor_network_bytes_total",
+         With(a, {{"group_kind", "dp"}, {"direction", "sent"}}), 1024);
+  expect("shardline_actor_network_bytes_total",
+         With(a, {{"group_kind", "dp"}, {"direction", "received"}}), 900);
+  expect("shardline_actor_network_bytes_total",
+         With(a, {{"group_kind", "tp"}, {"direction", "received"}}), 7);
+  expect("shardline_actor_network_bytes_total",
+         With(a, {{"group_kind", "pp"}, {"direction", "sent"}}), 0);  // pre-created
+  expect("shardline_actor_network_bytes_total",
+         With(a, {{"group_kind", "other"}, {"direction", "sent"}}), 5);
+  EXPECT_FALSE(Find(s, "shardline_actor_network_bytes_total",
+                    With(a, {{"group_kind", "no-such-kind"}, {"direction", "sent"}})))
+      << "the group kind is a closed vocabulary";
   expect("shardline_actor_step", a, 17);
   expect("shardline_actor_loss", a, 2.5);
 }

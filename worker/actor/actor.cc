@@ -4,8 +4,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/escaping.h"
@@ -61,15 +63,49 @@ std::atomic<bool> serving_terminated{false};
 static_assert(std::atomic<bool>::is_always_lock_free);
 extern "C" void OnServingSigterm(int) { serving_terminated.store(true); }
 
+// This rank's network bytes (sent plus received) by group kind since it started, which the step
+// reports turn into bytes per step. Added to by the observers on the threads that issue
+// operations, read by the training thread.
+class NetworkTally {
+ public:
+  using Totals = std::array<uint64_t, monitoring::kGroupKinds.size()>;  // kGroupKinds' order
+
+  void Add(std::string_view kind, uint64_t bytes) {
+    const auto found =
+        std::find(monitoring::kGroupKinds.begin(), monitoring::kGroupKinds.end(), kind);
+    if (found == monitoring::kGroupKinds.end()) return;  // no kind a step report has
+    bytes_[static_cast<size_t>(found - monitoring::kGroupKinds.begin())].fetch_add(
+        bytes, std::memory_order_relaxed);
+  }
+  Totals Snapshot() const {
+    Totals totals{};
+    for (size_t i = 0; i < totals.size(); ++i) {
+      totals[i] = bytes_[i].load(std::memory_order_relaxed);
+    }
+    return totals;
+  }
+
+ private:
+  std::array<std::atomic<uint64_t>, monitoring::kGroupKinds.size()> bytes_{};
+};
+
+// One per communicator: the group's kind labels its network bytes.
 class MeteredCollectives final : public comm::CommObserver {
  public:
-  explicit MeteredCollectives(monitoring::ActorMetrics& metrics) : metrics_(metrics) {}
+  MeteredCollectives(monitoring::ActorMetrics& metrics, NetworkTally& tally, std::string kind)
+      : metrics_(metrics), tally_(tally), kind_(std::move(kind)) {}
   void OnOperation(std::string_view op, size_t bytes, double seconds, bool ok) override {
     metrics_.OnOperation(op, bytes, seconds, ok);
+  }
+  void OnNetworkBytes(uint64_t sent, uint64_t received) override {
+    metrics_.OnNetworkBytes(kind_, sent, received);
+    tally_.Add(kind_, sent + received);
   }
 
  private:
   monitoring::ActorMetrics& metrics_;
+  NetworkTally& tally_;
+  const std::string kind_;
 };
 
 // Everything one actor run holds; its methods are the steps of RunActor.
@@ -115,7 +151,9 @@ class Actor {
   std::unique_ptr<monitoring::WireMetrics> wire_metrics_;
   std::unique_ptr<monitoring::ActorMetrics> actor_metrics_;
   std::unique_ptr<worker::MeteredWire> wire_observer_;
-  std::unique_ptr<MeteredCollectives> collective_observer_;
+  NetworkTally network_tally_;
+  // One per communicator, kept for the actor's life: the communicators hold raw pointers to them.
+  std::vector<std::unique_ptr<MeteredCollectives>> collective_observers_;
   std::unique_ptr<protocol::RpcClient> client_;
   // What training reports while it runs (steps, saved shards): off the training thread.
   std::unique_ptr<ReportQueue> reports_;
@@ -175,7 +213,6 @@ absl::Status Actor::Connect() {
   wire_metrics_ = std::make_unique<monitoring::WireMetrics>(metrics_server_->registry(), labels);
   actor_metrics_ = std::make_unique<monitoring::ActorMetrics>(metrics_server_->registry(), labels);
   wire_observer_ = std::make_unique<worker::MeteredWire>(*wire_metrics_);
-  collective_observer_ = std::make_unique<MeteredCollectives>(*actor_metrics_);
   const std::string sender = "actor/" + options_.job_id + "/" +
                              std::to_string(options_.generation) + "/" +
                              std::to_string(options_.rank);
@@ -315,7 +352,9 @@ absl::Status Actor::Bootstrap() {
       }));
       return Annotate(communicator.status(), "joining group " + group.id);
     }
-    (*communicator)->set_observer(collective_observer_.get());
+    collective_observers_.push_back(
+        std::make_unique<MeteredCollectives>(*actor_metrics_, network_tally_, group.kind));
+    (*communicator)->set_observer(collective_observers_.back().get());
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     RETURN_IF_ERROR(Report([&](auto payload) {
@@ -431,9 +470,24 @@ absl::Status Actor::RunTrainJob() {
   // Every rank reports: the coordinator takes the loss from the last stage and the timings of the
   // slowest rank. A lost report costs a status line, not the job; none waits on the training
   // thread.
+  // Network bytes per step need the steps a report covers, which a rank's first report does not
+  // say (nor does it cover steps only: the start moves weights too), so they start with its
+  // second.
+  std::optional<std::pair<int64_t, NetworkTally::Totals>> last_network;
   options.on_progress = [&](const training::ShardedProgress& progress) {
     actor_metrics_->SetStep(progress.step);
-    reports_->Post("step report", [this, progress](wire::Envelope::Payload::Builder payload) {
+    const NetworkTally::Totals network = network_tally_.Snapshot();
+    std::optional<std::array<double, monitoring::kGroupKinds.size()>> per_step;
+    if (last_network && progress.step > last_network->first) {
+      const double steps = static_cast<double>(progress.step - last_network->first);
+      per_step.emplace();
+      for (size_t i = 0; i < network.size(); ++i) {
+        (*per_step)[i] = static_cast<double>(network[i] - last_network->second[i]) / steps;
+      }
+    }
+    last_network.emplace(progress.step, network);
+    reports_->Post("step report", [this, progress,
+                                   per_step](wire::Envelope::Payload::Builder payload) {
       auto report = Origin(payload.initStepReport());
       report.setStep(static_cast<uint64_t>(progress.step));
       report.setLoss(progress.loss);
@@ -442,6 +496,15 @@ absl::Status Actor::RunTrainJob() {
       report.setCommSeconds(progress.comm_seconds);
       report.setBubbleSeconds(progress.bubble_seconds);
       report.setLogged(progress.logged);
+      if (per_step) {
+        static_assert(monitoring::kGroupKinds[0] == "world" && monitoring::kGroupKinds[1] == "tp" &&
+                      monitoring::kGroupKinds[2] == "pp" && monitoring::kGroupKinds[3] == "dp");
+        auto bytes = report.initNetworkBytesPerStep();
+        bytes.setWorld((*per_step)[0]);
+        bytes.setTp((*per_step)[1]);
+        bytes.setPp((*per_step)[2]);
+        bytes.setDp((*per_step)[3]);
+      }
     });
     if (options_.rank == 0 && progress.logged) {
       spdlog::info("step {}/{} loss {:.4f} {:.0f} tokens/s (compute {:.3f} s, comm {:.3f} s, "

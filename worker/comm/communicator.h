@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -36,6 +37,15 @@ class CommObserver {
  public:
   virtual ~CommObserver() = default;
   virtual void OnOperation(std::string_view op, size_t bytes, double seconds, bool ok) = 0;
+  // The payload bytes one successful operation made this rank send and receive over the network
+  // (TCP), as the backend's algorithm moves them (GlooWireBytes in gloo_communicator.h holds every
+  // formula); called before that operation's OnOperation. Shared memory and NCCL report none. A
+  // hierarchical communicator's inner Gloo groups report to its observer, so an operation issued on
+  // one of them directly is counted once, under the outer group.
+  virtual void OnNetworkBytes(uint64_t sent, uint64_t received) {
+    (void)sent;
+    (void)received;
+  }
 };
 
 class Communicator;

@@ -37,6 +37,24 @@ HostView ViewOf(const std::vector<std::string>& ids, int rank) {
   return view;
 }
 
+// The observer of a hierarchical communicator's cross-host Gloo group: it hands that group's
+// network bytes to whatever observer the outer communicator has at the time, and drops the
+// inner operation itself, which the outer one reports once with its own op and time. So every
+// byte the cross-host hop moves is counted under the outer group, also for an operation issued on
+// the inner group directly; shared memory inside the host moves no network bytes and reports none.
+class NetworkBytesForwarder final : public CommObserver {
+ public:
+  // `target` is the outer communicator's observer member, read at every call.
+  explicit NetworkBytesForwarder(CommObserver* const& target) : target_(target) {}
+  void OnOperation(std::string_view, size_t, double, bool) override {}
+  void OnNetworkBytes(uint64_t sent, uint64_t received) override {
+    if (target_ != nullptr) target_->OnNetworkBytes(sent, received);
+  }
+
+ private:
+  CommObserver* const& target_;
+};
+
 // All-reduce as reduce-scatter inside each host over shared memory, an all-reduce of each shard
 // between hosts over Gloo (one Gloo group per local index, so every host link carries 1/L of the
 // vector from each rank), and an all-gather inside each host. The other operations are not
@@ -49,7 +67,9 @@ class HierarchicalCommunicator final : public Communicator {
         size_(size),
         local_(std::move(local)),
         cross_(std::move(cross)),
-        all_(std::move(all)) {}
+        all_(std::move(all)) {
+    cross_->set_observer(&cross_observer_);
+  }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -155,6 +175,7 @@ class HierarchicalCommunicator final : public Communicator {
   const int rank_;
   const int size_;
   std::unique_ptr<Communicator> local_, cross_, all_;
+  NetworkBytesForwarder cross_observer_{observer_};
   std::vector<char> scratch_, shard_;
 };
 

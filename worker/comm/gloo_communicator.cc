@@ -288,6 +288,63 @@ class GlooCommunicator::PendingBuffer {
   gloo::transport::UnboundBuffer* buffer_;
 };
 
+WireBytes GlooWireBytes::AllReduce(size_t bytes, size_t element_size, int size, int rank) {
+  if (size <= 1 || bytes == 0 || element_size == 0) return {};
+  // The segment arithmetic of Gloo's ring (gloo/allreduce.cc), with its default 1 MiB limit.
+  const size_t n = static_cast<size_t>(size);
+  const size_t max_segment =
+      element_size *
+      std::max<size_t>(1, gloo::detail::AllreduceOptionsImpl::kMaxSegmentSize / element_size);
+  const auto round_up = [](size_t value, size_t multiple) {
+    return (value + multiple - 1) / multiple * multiple;
+  };
+  const size_t segments = round_up(std::max((bytes + max_segment - 1) / max_segment, 2 * n), n);
+  const size_t segment_bytes = round_up((bytes + segments - 1) / segments, element_size);
+  const size_t chunk_span = segments / n * segment_bytes;
+  // Chunk c covers [c * chunk_span, (c + 1) * chunk_span) clipped to the buffer: the last ones
+  // may be short or empty.
+  const auto chunk = [&](int c) -> uint64_t {
+    const size_t begin = static_cast<size_t>((c % size + size) % size) * chunk_span;
+    return begin >= bytes ? 0 : std::min(chunk_span, bytes - begin);
+  };
+  const uint64_t twice = 2 * static_cast<uint64_t>(bytes);
+  return {twice - chunk(rank) - chunk(rank - 1), twice - chunk(rank + 1) - chunk(rank)};
+}
+
+WireBytes GlooWireBytes::AllGather(size_t block_bytes, int size) {
+  if (size <= 1) return {};
+  const uint64_t moved = static_cast<uint64_t>(size - 1) * block_bytes;
+  return {moved, moved};
+}
+
+WireBytes GlooWireBytes::ReduceScatter(size_t block_bytes, int size) {
+  return AllGather(block_bytes, size);  // the same ring, the other way round
+}
+
+WireBytes GlooWireBytes::Broadcast(size_t bytes, int size, int rank, int root) {
+  if (size <= 1) return {};
+  // Gloo's tree (gloo/broadcast.cc): ranks renumbered so that the root is 0; in round i a rank
+  // whose low i bits are clear sends to the rank with bit i set, or receives from it.
+  const size_t vsize = static_cast<size_t>(size);
+  const size_t vrank = static_cast<size_t>((rank - root + size) % size);
+  size_t dim = 0;
+  while ((size_t{1} << dim) < vsize) ++dim;
+  WireBytes wire;
+  size_t mask = (size_t{1} << dim) - 1;
+  for (size_t i = 0; i < dim; ++i) {
+    mask ^= size_t{1} << i;
+    if ((vrank & mask) != 0) continue;
+    const size_t vpeer = vrank ^ (size_t{1} << i);
+    if (vpeer >= vsize) continue;
+    if ((vrank & (size_t{1} << i)) == 0) {
+      wire.sent += bytes;
+    } else {
+      wire.received += bytes;
+    }
+  }
+  return wire;
+}
+
 GlooCommunicator::GlooCommunicator(std::shared_ptr<gloo::transport::Device> device,
                                    std::shared_ptr<gloo::Context> context,
                                    std::chrono::milliseconds timeout)
@@ -320,7 +377,7 @@ absl::Status GlooCommunicator::FromException(const std::string& what, const std:
 
 template <typename Body>
 absl::Status GlooCommunicator::Run(std::string_view op, const std::string& what, size_t bytes,
-                                   Body&& body) {
+                                   WireBytes wire, Body&& body) {
   const auto start = Clock::now();
   absl::Status status;
   if (aborted_.load()) {
@@ -337,7 +394,12 @@ absl::Status GlooCommunicator::Run(std::string_view op, const std::string& what,
     }
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  if (observer_ != nullptr) observer_->OnOperation(op, bytes, seconds, status.ok());
+  if (observer_ != nullptr) {
+    if (status.ok() && (wire.sent > 0 || wire.received > 0)) {
+      observer_->OnNetworkBytes(wire.sent, wire.received);
+    }
+    observer_->OnOperation(op, bytes, seconds, status.ok());
+  }
   return status;
 }
 
@@ -359,14 +421,17 @@ absl::Status GlooCommunicator::AllReduceTyped(void* data, size_t count, ReduceOp
 
 absl::Status GlooCommunicator::AllReduce(void* data, size_t count, DType dtype, ReduceOp op) {
   const std::string what = Describe("all_reduce", count, dtype);
-  return Run("all_reduce", what, count * DTypeSize(dtype), [&]() -> absl::Status {
-    if (count == 0) return absl::OkStatus();
-    if (data == nullptr) return absl::InvalidArgumentError(what + ": null buffer");
-    return DispatchDType(dtype, "all_reduce", [&](auto* type) {
-      using T = std::remove_pointer_t<decltype(type)>;
-      return AllReduceTyped<T>(data, count, op);
-    });
-  });
+  const size_t bytes = count * DTypeSize(dtype);
+  return Run("all_reduce", what, bytes,
+             GlooWireBytes::AllReduce(bytes, DTypeSize(dtype), size_, rank_),
+             [&]() -> absl::Status {
+               if (count == 0) return absl::OkStatus();
+               if (data == nullptr) return absl::InvalidArgumentError(what + ": null buffer");
+               return DispatchDType(dtype, "all_reduce", [&](auto* type) {
+                 using T = std::remove_pointer_t<decltype(type)>;
+                 return AllReduceTyped<T>(data, count, op);
+               });
+             });
 }
 
 template <typename T>
@@ -388,14 +453,17 @@ absl::Status GlooCommunicator::AllGatherTyped(const void* send, void* recv, size
 absl::Status GlooCommunicator::AllGather(const void* send, void* recv, size_t count,
                                          DType dtype) {
   const std::string what = Describe("all_gather", count, dtype);
-  return Run("all_gather", what, count * DTypeSize(dtype), [&]() -> absl::Status {
-    if (count == 0) return absl::OkStatus();
-    if (send == nullptr || recv == nullptr) return absl::InvalidArgumentError(what + ": null buffer");
-    return DispatchDType(dtype, "all_gather", [&](auto* type) {
-      using T = std::remove_pointer_t<decltype(type)>;
-      return AllGatherTyped<T>(send, recv, count);
-    });
-  });
+  const size_t bytes = count * DTypeSize(dtype);
+  return Run("all_gather", what, bytes, GlooWireBytes::AllGather(bytes, size_),
+             [&]() -> absl::Status {
+               if (count == 0) return absl::OkStatus();
+               if (send == nullptr || recv == nullptr)
+                 return absl::InvalidArgumentError(what + ": null buffer");
+               return DispatchDType(dtype, "all_gather", [&](auto* type) {
+                 using T = std::remove_pointer_t<decltype(type)>;
+                 return AllGatherTyped<T>(send, recv, count);
+               });
+             });
 }
 
 // Written by hand: this Gloo (0.5, 2022) has no reduce-scatter in the options/unbound-buffer API.
@@ -489,7 +557,7 @@ absl::Status GlooCommunicator::ReduceScatter(const void* send, void* recv, size_
                                              DType dtype, ReduceOp op) {
   const std::string what = Describe("reduce_scatter", count, dtype);
   return Run("reduce_scatter", what, count * DTypeSize(dtype) * static_cast<size_t>(size_),
-             [&]() -> absl::Status {
+             GlooWireBytes::ReduceScatter(count * DTypeSize(dtype), size_), [&]() -> absl::Status {
                if (count == 0) return absl::OkStatus();
                if (send == nullptr || recv == nullptr) {
                  return absl::InvalidArgumentError(what + ": null buffer");
@@ -517,7 +585,11 @@ absl::Status GlooCommunicator::BroadcastTyped(void* data, size_t count, int root
 absl::Status GlooCommunicator::Broadcast(void* data, size_t count, DType dtype, int root) {
   const std::string what = Describe("broadcast", count, dtype) + " from root " +
                            std::to_string(root);
-  return Run("broadcast", what, count * DTypeSize(dtype), [&]() -> absl::Status {
+  const size_t bytes = count * DTypeSize(dtype);
+  // An out-of-range root is refused inside; it moves nothing.
+  const WireBytes wire =
+      root >= 0 && root < size_ ? GlooWireBytes::Broadcast(bytes, size_, rank_, root) : WireBytes{};
+  return Run("broadcast", what, bytes, wire, [&]() -> absl::Status {
     if (root < 0 || root >= size_) {
       return absl::InvalidArgumentError(what + ": root out of range [0, " +
                                         std::to_string(size_) + ")");
@@ -535,7 +607,7 @@ absl::Status GlooCommunicator::Broadcast(void* data, size_t count, DType dtype, 
 absl::Status GlooCommunicator::Send(const void* data, size_t count, DType dtype, int peer) {
   const std::string what = Describe("send", count, dtype) + " to rank " + std::to_string(peer);
   const size_t bytes = count * DTypeSize(dtype);
-  return Run("send", what, bytes, [&]() -> absl::Status {
+  return Run("send", what, bytes, WireBytes{bytes, 0}, [&]() -> absl::Status {
     if (peer < 0 || peer >= size_ || peer == rank_) {
       return absl::InvalidArgumentError(what + ": peer must be another rank in [0, " +
                                         std::to_string(size_) + ")");
@@ -557,7 +629,7 @@ absl::Status GlooCommunicator::Send(const void* data, size_t count, DType dtype,
 absl::Status GlooCommunicator::Recv(void* data, size_t count, DType dtype, int peer) {
   const std::string what = Describe("recv", count, dtype) + " from rank " + std::to_string(peer);
   const size_t bytes = count * DTypeSize(dtype);
-  return Run("recv", what, bytes, [&]() -> absl::Status {
+  return Run("recv", what, bytes, WireBytes{0, bytes}, [&]() -> absl::Status {
     if (peer < 0 || peer >= size_ || peer == rank_) {
       return absl::InvalidArgumentError(what + ": peer must be another rank in [0, " +
                                         std::to_string(size_) + ")");
@@ -582,40 +654,43 @@ absl::Status GlooCommunicator::SendRecv(const void* send, size_t send_count, int
                            " from rank " + std::to_string(recv_peer);
   const size_t send_bytes = send_count * DTypeSize(dtype);
   const size_t recv_bytes = recv_count * DTypeSize(dtype);
-  return Run("send_recv", what, send_bytes + recv_bytes, [&]() -> absl::Status {
-    const auto bad_peer = [&](int peer, size_t count) {
-      return count > 0 && (peer < 0 || peer >= size_ || peer == rank_);
-    };
-    if (bad_peer(send_peer, send_count) || bad_peer(recv_peer, recv_count)) {
-      return absl::InvalidArgumentError(what + ": peers must be other ranks in [0, " +
-                                        std::to_string(size_) + ")");
-    }
-    if ((send_count > 0 && send == nullptr) || (recv_count > 0 && recv == nullptr)) {
-      return absl::InvalidArgumentError(what + ": null buffer");
-    }
-    std::unique_ptr<gloo::transport::UnboundBuffer> out, in;
-    std::optional<PendingBuffer> out_pending, in_pending;
-    // Both are posted before either is waited on: that is the whole point.
-    if (recv_count > 0) {
-      in = context_->createUnboundBuffer(recv, recv_bytes);
-      in_pending.emplace(*this, in.get());
-      in->recv(recv_peer, gloo::Slot::build(kPointToPointSlotPrefix, 0));
-    }
-    if (send_count > 0) {
-      out = context_->createUnboundBuffer(const_cast<void*>(send), send_bytes);
-      out_pending.emplace(*this, out.get());
-      out->send(send_peer, gloo::Slot::build(kPointToPointSlotPrefix, 0));
-    }
-    if (out && !out->waitSend(timeout_)) return absl::AbortedError(what + ": communicator was aborted");
-    if (in && !in->waitRecv(timeout_)) return absl::AbortedError(what + ": communicator was aborted");
-    return absl::OkStatus();
-  });
+  return Run("send_recv", what, send_bytes + recv_bytes, WireBytes{send_bytes, recv_bytes},
+             [&]() -> absl::Status {
+               const auto bad_peer = [&](int peer, size_t count) {
+                 return count > 0 && (peer < 0 || peer >= size_ || peer == rank_);
+               };
+               if (bad_peer(send_peer, send_count) || bad_peer(recv_peer, recv_count)) {
+                 return absl::InvalidArgumentError(what + ": peers must be other ranks in [0, " +
+                                                   std::to_string(size_) + ")");
+               }
+               if ((send_count > 0 && send == nullptr) || (recv_count > 0 && recv == nullptr)) {
+                 return absl::InvalidArgumentError(what + ": null buffer");
+               }
+               std::unique_ptr<gloo::transport::UnboundBuffer> out, in;
+               std::optional<PendingBuffer> out_pending, in_pending;
+               // Both are posted before either is waited on: that is the whole point.
+               if (recv_count > 0) {
+                 in = context_->createUnboundBuffer(recv, recv_bytes);
+                 in_pending.emplace(*this, in.get());
+                 in->recv(recv_peer, gloo::Slot::build(kPointToPointSlotPrefix, 0));
+               }
+               if (send_count > 0) {
+                 out = context_->createUnboundBuffer(const_cast<void*>(send), send_bytes);
+                 out_pending.emplace(*this, out.get());
+                 out->send(send_peer, gloo::Slot::build(kPointToPointSlotPrefix, 0));
+               }
+               if (out && !out->waitSend(timeout_))
+                 return absl::AbortedError(what + ": communicator was aborted");
+               if (in && !in->waitRecv(timeout_))
+                 return absl::AbortedError(what + ": communicator was aborted");
+               return absl::OkStatus();
+             });
 }
 
 absl::Status GlooCommunicator::Barrier() {
   const std::string what = "barrier on rank " + std::to_string(rank_) + " of " +
                            std::to_string(size_);
-  return Run("barrier", what, 0, [&]() -> absl::Status {
+  return Run("barrier", what, 0, WireBytes{}, [&]() -> absl::Status {
     gloo::BarrierOptions opts(context_);
     opts.setTag(NextTag());
     opts.setTimeout(timeout_);

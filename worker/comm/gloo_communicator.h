@@ -26,6 +26,33 @@ class UnboundBuffer;
 
 namespace shardline::comm {
 
+// Payload bytes one rank sends and receives over TCP for one operation of this backend, as the
+// algorithm each operation runs moves them; the one place these formulas live (CommObserver::
+// OnNetworkBytes reports them). Headers and Gloo's per-message framing are not counted: on a link
+// they add a few percent (tests/integration/cluster_slow_link_test.cc holds the formula to a
+// veth's byte counters). `bytes` is the caller's buffer (all-reduce, broadcast) or one rank's
+// block (all-gather, reduce-scatter); B below.
+//   all_reduce: Gloo's ring (AllreduceOptions RING). B is cut into S segments, S the multiple of
+//     n at least max(2n, ceil(B / 1 MiB)), and the segments into n chunks of S/n; reduce-scatter
+//     sends every chunk but this rank's own and receives every chunk but its right neighbour's,
+//     the all-gather sends every chunk but its left neighbour's and receives every chunk but its
+//     own: sent = 2B - chunk(r) - chunk(r-1), received = 2B - chunk(r+1) - chunk(r), which is
+//     2(n-1)/n * B when n divides B into equal chunks.
+//   all_gather: Gloo's ring: (n-1) * B each way.
+//   reduce_scatter: ours, a ring (gloo_communicator.cc): (n-1) * B each way.
+//   broadcast: Gloo's binomial tree: B received by every rank but the root, B sent per child.
+//   send, recv, send_recv: the bytes asked for. barrier: 0 (its messages carry no payload).
+struct WireBytes {
+  uint64_t sent = 0;
+  uint64_t received = 0;
+};
+struct GlooWireBytes {
+  static WireBytes AllReduce(size_t bytes, size_t element_size, int size, int rank);
+  static WireBytes AllGather(size_t block_bytes, int size);
+  static WireBytes ReduceScatter(size_t block_bytes, int size);
+  static WireBytes Broadcast(size_t bytes, int size, int rank, int root);
+};
+
 class GlooCommunicator final : public Communicator {
  public:
   // Use CreateGlooCommunicator; this takes a context that is already connected.
@@ -61,8 +88,10 @@ class GlooCommunicator final : public Communicator {
   absl::Status BroadcastTyped(void* data, size_t count, int root);
 
   // Runs `body` with the abort check, exception translation and observer call every op shares.
+  // `wire` goes to the observer when the operation succeeds.
   template <typename Body>
-  absl::Status Run(std::string_view op, const std::string& what, size_t bytes, Body&& body);
+  absl::Status Run(std::string_view op, const std::string& what, size_t bytes, WireBytes wire,
+                   Body&& body);
   absl::Status FromException(const std::string& what, const std::exception& e, bool io) const;
   std::string Describe(std::string_view op, size_t count, DType dtype) const;
   uint32_t NextTag() { return next_tag_++; }
