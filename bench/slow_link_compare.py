@@ -49,9 +49,12 @@ Measured per run:
                /sys/class/net/<veth>/statistics, link-layer) from the first training step seen to
                the end of the run, over the steps between; includes the control plane (Shardline's
                heartbeats and step reports, TorchFT's quorum).
-  metric B/step  Shardline only: shardline_actor_network_bytes_total (group_kind, direction) as
-               scraped from the actors' /metrics during the run, per step; "n/a" where the build
-               exports no such counter.
+  metric B/step  Shardline only, from the actors' /metrics (scraped inside the namespaces every
+               2 s; each actor's counter over its own shardline_actor_step, summed over actors):
+               shardline_actor_network_bytes_total by group_kind and direction where the build
+               exports it, else shardline_collective_bytes_total by op, labelled "buffers": bytes
+               handed to collectives, not bytes on the wire; "n/a" for a run too short to scrape
+               twice.
 Then the targets of issue 35, PASS or MISS: at 1 Gbit Shardline plain >= 1.2x DDP plain tokens/s;
 at 100 Mbit Shardline's best mode >= 1.5x the best peer's tokens/s, "best" on each side being the
 fastest mode whose loss is within 2% of that side's synchronous run. Last, one line per rate:
@@ -455,12 +458,16 @@ parallel: {{tp: 1, dp: {dp}}}
         return text
 
     def scrape(self, actors):
-        """{(group_kind, direction): bytes} summed over the actors' network byte counters."""
-        totals = {}
-        pattern = re.compile(r'^shardline_actor_network_bytes_total\{([^}]*)\}\s+(\S+)')
+        """{rank: (its shardline_actor_step, {counter: value})} from the actors' /metrics, read
+        inside their namespaces (loopback there). Counters: shardline_actor_network_bytes_total
+        as ("network", group_kind, direction), the bytes on the wire, where the build exports
+        it; shardline_collective_bytes_total as ("buffers", op), the bytes of the buffers handed
+        to collectives (not what crossed the wire)."""
+        found = {}
+        sample = re.compile(r"^(shardline_actor_network_bytes_total|shardline_collective_bytes_total"
+                            r"|shardline_actor_step)(?:\{([^}]*)\})?\s+(\S+)")
         for actor in actors:
-            address = actor.get("metrics_address")
-            node = actor.get("node_id", "")
+            address, node = actor.get("metrics_address"), actor.get("node_id", "")
             if not address or not node.startswith("host-"):
                 continue
             try:
@@ -470,14 +477,22 @@ parallel: {{tp: 1, dp: {dp}}}
                                       capture_output=True, text=True, timeout=10)
             except subprocess.TimeoutExpired:
                 continue
+            step, values = None, {}
             for line in done.stdout.splitlines():
-                m = pattern.match(line)
+                m = sample.match(line)
                 if m is None:
                     continue
-                labels = dict(re.findall(r'(\w+)="([^"]*)"', m[1]))
-                key = (labels.get("group_kind", "?"), labels.get("direction", "?"))
-                totals[key] = totals.get(key, 0.0) + float(m[2])
-        return totals
+                labels = dict(re.findall(r'(\w+)="([^"]*)"', m[2] or ""))
+                if m[1] == "shardline_actor_step":
+                    step = float(m[3])
+                    continue
+                key = (("network", labels.get("group_kind", "?"), labels.get("direction", "?"))
+                       if m[1] == "shardline_actor_network_bytes_total"
+                       else ("buffers", labels.get("op", "?")))
+                values[key] = values.get(key, 0.0) + float(m[3])
+            if step is not None and values:
+                found[actor["rank"]] = (step, values)
+        return found
 
     def run_mode(self, mode, section, label):
         a = self.args
@@ -498,7 +513,7 @@ parallel: {{tp: 1, dp: {dp}}}
         log, follower, window = None, None, Window(self.hosts)
         step_line = re.compile(r"^(\d\d):(\d\d):(\d\d\.\d+) .*\bstep (\d+)/\d+ loss (\S+)")
         stamps, losses = {}, {}
-        scrapes = []  # (step, totals)
+        first_scrape, last_scrape = {}, {}  # rank: (step, counters)
         deadline = time.monotonic() + a.run_timeout + 300
         next_status = next_scrape = 0.0
         actors, state, job = [], None, {}
@@ -527,9 +542,9 @@ parallel: {{tp: 1, dp: {dp}}}
                         follower = Follower(log)
             if now >= next_scrape and actors and window.last_step > 0 and state == "running":
                 next_scrape = now + 2.0
-                totals = self.scrape(actors)
-                if totals:
-                    scrapes.append((window.last_step, totals))
+                for rank, seen in self.scrape(actors).items():
+                    first_scrape.setdefault(rank, seen)
+                    last_scrape[rank] = seen
             if state in ("succeeded", "failed", "cancelled"):
                 break
             if window.last_step > last_step:
@@ -563,12 +578,21 @@ parallel: {{tp: 1, dp: {dp}}}
             while ends[i] < ends[i - 1] - 43200:
                 ends[i] += 86400
         metric = None
-        if len(scrapes) >= 2 and scrapes[-1][0] > scrapes[0][0]:
-            (s0, t0), (s1, t1) = scrapes[0], scrapes[-1]
-            metric = {k: (t1.get(k, 0.0) - t0.get(k, 0.0)) / (s1 - s0) for k in t1}
+        # Each actor's counters per step between its first and last scrape, summed over actors.
+        metric = {}
+        for rank, (s1, last) in last_scrape.items():
+            s0, first = first_scrape[rank]
+            if s1 <= s0:
+                continue
+            for key, value in last.items():
+                metric[key] = metric.get(key, 0.0) + (value - first.get(key, 0.0)) / (s1 - s0)
+        metric = metric or None
         return {"tokens_per_s": throughput(ends, a.batch, a.seq),
                 "loss": final_loss([losses[s] for s in range(1, a.steps + 1)]),
-                "wire": wire, "metric": metric, "backend": job.get("backend", "")}
+                "wire": wire, "metric": metric,
+                "versions": f"shardline, backend {job.get('backend') or '?'}" +
+                            (f", data_parallel {{{', '.join(f'{k}: {v}' for k, v in section.items())}}}"
+                             if section else "")}
 
 
 # ----------------------------------------------------------------------------------------- peers
@@ -671,9 +695,11 @@ def run_peer(mode_name, config, hosts, args, work, procs, label):
     per_step = [statistics.mean(r["losses"][s] for r in results) for s in range(a.steps)]
     return {"tokens_per_s": min(rates) if None not in rates else None,
             "loss": final_loss(per_step), "wire": wire, "metric": None,
-            "versions": f"torch {results[0]['torch']}" +
-                        (f", torchft {results[0]['torchft']}" if config["mode"] == "diloco"
-                         else "")}
+            "versions": f"torch {results[0]['torch']}" + {
+                "diloco": f", torchft {results[0]['torchft']}, H {config.get('every')}",
+                "powersgd": f", powerSGD_hook rank {config.get('rank')}, start_powerSGD_iter "
+                            f"{config.get('start_iter')}",
+            }.get(config["mode"], "")}
 
 
 # ---------------------------------------------------------------------------------------- report
@@ -688,10 +714,15 @@ def human_bytes(n):
 
 
 def metric_cell(metric):
-    if metric is None:
+    """The actors' network byte counters per step, else the collectives' buffer bytes."""
+    if not metric:
         return "n/a"
-    return ", ".join(f"{kind} {direction} {human_bytes(v)}"
-                     for (kind, direction), v in sorted(metric.items()))
+    network = sorted((k, v) for k, v in metric.items() if k[0] == "network")
+    if network:
+        return ", ".join(f"{kind} {direction} {human_bytes(v)}" for (_, kind, direction), v
+                         in network)
+    return "no network counter; buffers " + ", ".join(
+        f"{op} {human_bytes(v)}" for (_, op), v in sorted(metric.items()) if v > 0)
 
 
 def best(results, side):
@@ -721,7 +752,7 @@ def report(rate_name, results, args):
         sync = results.get((side, SYNC[side]), {})
         ratio = (f"{r['loss'] / sync['loss']:.3f}" if sync.get("loss") and r.get("loss")
                  else "n/a")
-        versions = r.get("versions") or f"shardline ({r.get('backend') or 'backend ?'})"
+        versions = r.get("versions", "")
         rows.append([name, mode, f"{r['tokens_per_s']:.0f}" if r["tokens_per_s"] else "n/a",
                      f"{r['loss']:.4f}", ratio, human_bytes(r["wire"]),
                      metric_cell(r["metric"]) if side == "shardline" else "-", versions])
