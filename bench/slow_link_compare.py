@@ -464,8 +464,9 @@ parallel: {{tp: 1, dp: {dp}}}
         it; shardline_collective_bytes_total as ("buffers", op), the bytes of the buffers handed
         to collectives (not what crossed the wire)."""
         found = {}
-        sample = re.compile(r"^(shardline_actor_network_bytes_total|shardline_collective_bytes_total"
-                            r"|shardline_actor_step)(?:\{([^}]*)\})?\s+(\S+)")
+        sample = re.compile(r"^(shardline_actor_network_bytes_total"
+                            r"|shardline_collective_bytes_total|shardline_actor_step)"
+                            r"(?:\{([^}]*)\})?\s+(\S+)")
         for actor in actors:
             address, node = actor.get("metrics_address"), actor.get("node_id", "")
             if not address or not node.startswith("host-"):
@@ -577,7 +578,6 @@ parallel: {{tp: 1, dp: {dp}}}
         for i in range(1, len(ends)):  # past midnight
             while ends[i] < ends[i - 1] - 43200:
                 ends[i] += 86400
-        metric = None
         # Each actor's counters per step between its first and last scrape, summed over actors.
         metric = {}
         for rank, (s1, last) in last_scrape.items():
@@ -587,12 +587,12 @@ parallel: {{tp: 1, dp: {dp}}}
             for key, value in last.items():
                 metric[key] = metric.get(key, 0.0) + (value - first.get(key, 0.0)) / (s1 - s0)
         metric = metric or None
+        written = ", ".join(f"{k}: {v}" for k, v in section.items())
         return {"tokens_per_s": throughput(ends, a.batch, a.seq),
                 "loss": final_loss([losses[s] for s in range(1, a.steps + 1)]),
                 "wire": wire, "metric": metric,
                 "versions": f"shardline, backend {job.get('backend') or '?'}" +
-                            (f", data_parallel {{{', '.join(f'{k}: {v}' for k, v in section.items())}}}"
-                             if section else "")}
+                            (f", data_parallel {{{written}}}" if section else "")}
 
 
 # ----------------------------------------------------------------------------------------- peers
@@ -844,7 +844,10 @@ def main():
         a.steps = 100 if a.quick else 600
     if a.steps < 2:
         sys.exit(f"slow_link_compare: --steps {a.steps}: at least 2")
-    rates = [(name.strip().lower(), rate_bits(name)) for name in a.rates.split(",")]
+    try:
+        rates = [(name.strip().lower(), rate_bits(name)) for name in a.rates.split(",")]
+    except argparse.ArgumentTypeError as e:
+        p.error(str(e))
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
     unknown = [m for m in modes if m not in SHARDLINE_MODES]
     if unknown:
@@ -892,7 +895,7 @@ def main():
               f"{a.corpus_bytes} bytes of template sentences ({a.corpus})")
         if a.only != "shardline":
             print(f"# peers: {a.python} ({origin}), torch {torch_version}, torchft "
-                  f"{torchft or 'not installed (run bench/setup-torchft.sh): DiLoCo peers skipped'}")
+                  f"{torchft or 'not installed (bench/setup-torchft.sh): DiLoCo peers skipped'}")
         shardline = None
         if a.only != "peers":
             shardline = Shardline(binary, hosts, a, work, procs)

@@ -23,7 +23,8 @@ Modes (--mode):
   diloco    torchft.local_sgd.DiLoCo: one replica group per host (a "site"); inside a host the
             ranks are plain DDP on their own Gloo group over loopback (each rank's slice of the
             global batch, as above); across hosts a torchft.Manager (ProcessGroupGloo,
-            synchronous quorum, min_replica_size = hosts, the lighthouse at --lighthouse) and
+            synchronous quorum, min_replica_size = hosts, init_sync off as every replica starts
+            from the same seeded weights, the lighthouse at --lighthouse) and
             DiLoCo every --every inner steps: the pseudo-gradient all-reduced, an outer
             SGD(lr --outer-lr, momentum --outer-momentum, nesterov) step.
 Inner/only optimizer everywhere: AdamW (lr --lr, betas 0.9/0.95, eps 1e-8, weight decay 0: the
@@ -229,7 +230,12 @@ def run_diloco(tokens):
                       store_port=int(os.environ["MASTER_PORT"]), lighthouse_addr=args.lighthouse,
                       hostname=host_address, timeout=timeout, quorum_timeout=timeout,
                       connect_timeout=timeout,
-                      checkpoint_transport=HostTransport(timeout=timeout, num_chunks=0))
+                      checkpoint_transport=HostTransport(timeout=timeout, num_chunks=0),
+                      # Every replica starts from the same seeded weights, so no step-0 sync
+                      # (TorchFT's advice): with it, the first quorum, at the first outer step,
+                      # would heal all replicas but one from that one's state and drop their
+                      # first round of inner steps.
+                      init_sync=False)
     global_rank = group * local_world + local_rank
     if global_rank == 0:
         print(f"config: mode=diloco groups={groups} ranks_per_group={local_world} "
