@@ -50,7 +50,7 @@ Measured per run:
                the end of the run, over the steps between; includes the control plane (Shardline's
                heartbeats and step reports, TorchFT's quorum).
   metric B/step  Shardline only, from the actors' /metrics (scraped inside the namespaces every
-               2 s; each actor's counter over its own shardline_actor_step, summed over actors):
+               5 s; each actor's counter over its own shardline_actor_step, summed over actors):
                shardline_actor_network_bytes_total by group_kind and direction where the build
                exports it, else shardline_collective_bytes_total by op, labelled "buffers": bytes
                handed to collectives, not bytes on the wire; "n/a" for a run too short to scrape
@@ -59,8 +59,12 @@ Then the targets of issue 35, PASS or MISS: at 1 Gbit Shardline plain >= 1.2x DD
 at 100 Mbit Shardline's best mode >= 1.5x the best peer's tokens/s, "best" on each side being the
 fastest mode whose loss is within 2% of that side's synchronous run. Last, one line per rate:
   result slowlink rate=... shardline_plain=... ddp=... best_shardline=MODE:tok/s best_peer=...
-Full run: roughly an hour or more on 2 cores (100 Mbit plain DDP moves ~50 MB per step); keep
-development runs to --quick --rates 1gbit. Not part of ctest.
+Full run: hours on 2 shared cores. Measured with the default model, 1 rank per host, on a loaded
+2-core EPYC: a synchronous step takes ~1.5 s at 1 Gbit and ~3.3 s at 100 Mbit (each host sends
+~26 MB per step; 4 ranks of DDP's flat ring send ~39 MB), so a 600-step synchronous run is 15-35
+minutes and the whole matrix (9 runs per rate, 3 rates) 3-5 hours; --quick (100 steps) about a
+sixth of that. Develop with --quick --rates 1gbit, or --steps 20 and a smaller model.
+Not part of ctest.
 """
 import argparse
 import json
@@ -287,13 +291,13 @@ class Follower:
 
     def lines(self):
         try:
-            with open(self.path, errors="replace") as f:
+            with open(self.path, "rb") as f:
                 f.seek(self.offset)
-                text = f.read()
-                self.offset = f.tell()
+                data = f.read()
         except OSError:
             return []
-        text = self.partial + text
+        self.offset += len(data)
+        text = self.partial + data.decode(errors="replace")
         lines = text.split("\n")
         self.partial = lines.pop()
         return lines
@@ -308,6 +312,7 @@ class Window:
         self.last_step = 0
 
     def step_seen(self, step):
+        """`step` is the latest step done now (a batch of lines read at once: its last)."""
         if self.first is None:
             self.first, self.first_step = self.hosts.sent_bytes(), step
         self.last_step = max(self.last_step, step)
@@ -520,16 +525,19 @@ parallel: {{tp: 1, dp: {dp}}}
         actors, state, job = [], None, {}
         last_progress, last_step = time.monotonic(), 0
         while True:
+            latest = 0
             for line in follower.lines() if follower else []:
                 m = step_line.match(line)
                 if m:
                     step = int(m[4])
                     stamps[step] = int(m[1]) * 3600 + int(m[2]) * 60 + float(m[3])
                     losses[step] = float(m[5])
-                    window.step_seen(step)
+                    latest = max(latest, step)
+            if latest:
+                window.step_seen(latest)
             now = time.monotonic()
             if now >= next_status:
-                next_status = now + 1.0
+                next_status = now + 2.0
                 status = self.status(job_id)
                 if status and status.get("jobs"):
                     job = status["jobs"][0]
@@ -542,7 +550,7 @@ parallel: {{tp: 1, dp: {dp}}}
                                            f"{job_id}.g1.rank0.log")
                         follower = Follower(log)
             if now >= next_scrape and actors and window.last_step > 0 and state == "running":
-                next_scrape = now + 2.0
+                next_scrape = now + 5.0
                 for rank, seen in self.scrape(actors).items():
                     first_scrape.setdefault(rank, seen)
                     last_scrape[rank] = seen
@@ -591,8 +599,16 @@ parallel: {{tp: 1, dp: {dp}}}
         return {"tokens_per_s": throughput(ends, a.batch, a.seq),
                 "loss": final_loss([losses[s] for s in range(1, a.steps + 1)]),
                 "wire": wire, "metric": metric,
-                "versions": f"shardline, backend {job.get('backend') or '?'}" +
+                "versions": f"shardline, dp group over {self.dp_backend(job_id)}" +
                             (f", data_parallel {{{written}}}" if section else "")}
+
+    def dp_backend(self, job_id):
+        """What the coordinator says the job's data-parallel group formed over (shm+gloo: shared
+        memory inside each host, Gloo between them), or '?'."""
+        ready = re.compile(rf"job {re.escape(job_id)} generation \d+: group dp-\S+ ready in "
+                           rf"[\d.]+ s over (\S+)")
+        found = ready.findall(tail(os.path.join(self.work, "coordinator.log"), 10**7))
+        return found[-1] if found else "?"
 
 
 # ----------------------------------------------------------------------------------------- peers
@@ -648,10 +664,9 @@ def run_peer(mode_name, config, hosts, args, work, procs, label):
     last_progress, last_step = time.monotonic(), 0
     try:
         while any(p.poll() is None for p in ranks):
-            for line in follower.lines():
-                m = step_line.match(line)
-                if m:
-                    window.step_seen(int(m[1]))
+            steps = [int(m[1]) for m in map(step_line.match, follower.lines()) if m]
+            if steps:
+                window.step_seen(max(steps))
             if window.last_step > last_step:
                 last_progress, last_step = time.monotonic(), window.last_step
             elif time.monotonic() - last_progress > a.stall_timeout:
@@ -671,10 +686,9 @@ def run_peer(mode_name, config, hosts, args, work, procs, label):
                 raise BenchError(f"torchft_lighthouse exited with {lighthouse.returncode}:\n"
                                  f"{tail(os.path.join(run_dir, 'lighthouse.log'))}")
             time.sleep(0.05)
-        for line in follower.lines():
-            m = step_line.match(line)
-            if m:
-                window.step_seen(int(m[1]))
+        steps = [int(m[1]) for m in map(step_line.match, follower.lines()) if m]
+        if steps:
+            window.step_seen(max(steps))
         wire = window.per_step(a.steps)
     except BenchError as e:
         return {"error": str(e)}
