@@ -44,7 +44,9 @@ Measured per run:
   loss         the mean training loss (over the global batch) of the last tenth of the steps;
                "/ sync" is its ratio to the same side's synchronous run (Shardline plain, DDP):
                both sides read the same byte-level corpus, each draws its own windows, so each
-               side is compared with its own synchronous run after the same tokens.
+               side is compared with its own synchronous run after the same tokens. DiLoCo's is
+               the replicas' inner training loss as each side logs it (Shardline: rank 0's log
+               line; peers: the mean over all ranks), not a loss of the synced model.
   wire B/step  ground truth: the bytes all hosts sent (the root ends' rx_bytes in
                /sys/class/net/<veth>/statistics, link-layer) from the first training step seen to
                the end of the run, over the steps between; includes the control plane (Shardline's
@@ -59,9 +61,12 @@ Then the targets of issue 35, PASS or MISS: at 1 Gbit Shardline plain >= 1.2x DD
 at 100 Mbit Shardline's best mode >= 1.5x the best peer's tokens/s, "best" on each side being the
 fastest mode whose loss is within 2% of that side's synchronous run. Last, one line per rate:
   result slowlink rate=... shardline_plain=... ddp=... best_shardline=MODE:tok/s best_peer=...
-Full run: hours on 2 shared cores. Measured with the default model, 1 rank per host, on a loaded
-2-core EPYC: a synchronous step takes ~1.5 s at 1 Gbit and ~3.3 s at 100 Mbit (each host sends
-~26 MB per step; 4 ranks of DDP's flat ring send ~39 MB), so a 600-step synchronous run is 15-35
+Ranks of one host reach each other over their namespace's loopback on both sides (Shardline's
+shared memory, DDP's Gloo pairs to the host's own address): unshaped and not counted. The
+coordinator runs with --heartbeat-timeout-ms 20000, as a saturated link may hold a heartbeat back.
+Full run: hours on 2 shared cores. Measured with the default model on a loaded 2-core EPYC: a
+synchronous step takes ~1.5 s at 1 Gbit (1 rank per host) and ~3.3 s at 100 Mbit (2 per host;
+each host sends ~26 MB per step, ~39 MB in DDP's flat ring of 4 ranks), so a 600-step synchronous run is 15-35
 minutes and the whole matrix (9 runs per rate, 3 rates) 3-5 hours; --quick (100 steps) about a
 sixth of that. Develop with --quick --rates 1gbit, or --steps 20 and a smaller model.
 Not part of ctest.

@@ -26,7 +26,9 @@ Modes (--mode):
             synchronous quorum, min_replica_size = hosts, init_sync off as every replica starts
             from the same seeded weights, the lighthouse at --lighthouse) and
             DiLoCo every --every inner steps: the pseudo-gradient all-reduced, an outer
-            SGD(lr --outer-lr, momentum --outer-momentum, nesterov) step.
+            SGD(lr --outer-lr, momentum --outer-momentum, nesterov) step. TorchFT reduces per
+            local rank (local rank i of every group together), so with 2 ranks per host every
+            rank sends the whole pseudo-gradient: twice the bytes of one exchange per host.
 Inner/only optimizer everywhere: AdamW (lr --lr, betas 0.9/0.95, eps 1e-8, weight decay 0: the
 values the driver also gives Shardline's job) after clipping the global gradient norm to 1.0.
 
