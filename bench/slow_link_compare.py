@@ -825,10 +825,13 @@ def cpu_line():
 
 
 def torchft_version(python):
+    """torchft's version where `python` imports it and its torchft_lighthouse is beside it."""
     done = subprocess.run([python, "-c", "import importlib.metadata as m, torchft; "
                            "print(m.version('torchft'))"], capture_output=True, text=True,
                           timeout=120)
-    return done.stdout.strip() if done.returncode == 0 else None
+    lighthouse = os.path.join(os.path.dirname(python), "torchft_lighthouse")
+    return done.stdout.strip() if done.returncode == 0 and os.access(lighthouse, os.X_OK) \
+        else None
 
 
 # ---------------------------------------------------------------------------------------- driver
@@ -970,8 +973,8 @@ def main():
                   f"best_shardline={f'{ours[0]}:{ours[1]:.0f}' if ours else 'n/a'} "
                   f"best_peer={f'{theirs[0]}:{theirs[1]:.0f}' if theirs else 'n/a'} "
                   f"torchft={torchft or 'n/a'}")
-    except (BenchError, Interrupted) as e:
-        print(f"slow_link_compare: stopped: {e}", flush=True)
+    except (BenchError, Interrupted, OSError, subprocess.SubprocessError) as e:
+        print(f"slow_link_compare: stopped: {type(e).__name__}: {e}", flush=True)
         return 1
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
