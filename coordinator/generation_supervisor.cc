@@ -8,8 +8,14 @@
 namespace shardline::coordinator {
 
 Duration WatchdogFloor(const Job& job) {
-  return job.Elastic() ? Duration(job.spec.elastic.progress_timeout)
-                       : Duration(placement::ElasticSpec().progress_timeout);
+  const Duration floor = job.Elastic() ? Duration(job.spec.elastic.progress_timeout)
+                                       : Duration(placement::ElasticSpec().progress_timeout);
+  // A DiLoCo step that ends a round moves the whole model (or a fragment) between sites at once,
+  // on the slow link DiLoCo is for, while an inner step moves nothing: the watchdog, which scales
+  // with the inner steps' report interval, would call that step a hang (100 Mbit carries 1 GB in
+  // 80 s). Two minutes at least; elastic.progress_timeout_s raises it further.
+  if (job.spec.data_parallel.diloco()) return std::max(floor, Duration(std::chrono::minutes(2)));
+  return floor;
 }
 
 Fault GenerationSupervisor::MakeFault(const Job& job, FaultKind kind, int rank,

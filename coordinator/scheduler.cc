@@ -60,7 +60,8 @@ std::string PlanSummary(const placement::JobSpec& spec) {
   }
   return "tp " + std::to_string(p.tp) + " x pp " + std::to_string(p.pp) + " x dp " +
          std::to_string(p.dp) + ", zero " + std::to_string(p.zero) +
-         placement::ScheduleAndRecomputeSuffix(p);
+         placement::ScheduleAndRecomputeSuffix(p) +
+         placement::DataParallelSuffix(spec.data_parallel);
 }
 
 int AutoMaxActors(const placement::JobSpec& spec) {

@@ -23,6 +23,19 @@ std::string_view DataParallelSyncName(DataParallelSync sync) {
   return sync == DataParallelSync::kDiloco ? "diloco" : "every_step";
 }
 
+std::string DataParallelSuffix(const DataParallelSpec& spec) {
+  if (spec.diloco()) {
+    return absl::StrCat(
+        ", diloco every ", spec.every,
+        spec.fragments > 1 ? absl::StrCat(" (", spec.fragments, " fragments)") : "");
+  }
+  if (spec.compression == GradientCompression::kPowerSgd) {
+    return absl::StrCat(", powersgd rank ", spec.rank);
+  }
+  if (spec.compression == GradientCompression::kInt8) return ", int8";
+  return "";
+}
+
 int64_t SmallestGradientMatrixDimension(const model::ModelConfig& model, int tp) {
   const int64_t t = std::max(tp, 1);
   const int64_t hd = model.head_size();

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "absl/status/status.h"
@@ -24,7 +25,8 @@ namespace shardline::placement {
 enum class GradientCompression { kNone, kPowerSgd, kInt8 };
 enum class DataParallelSync { kEveryStep, kDiloco };
 
-// DDP's bucket_cap_mb default; bench/slow_link_compare.py --bucket-sweep measures others.
+// DDP's bucket_cap_mb default (bench/slow_link_compare.py --bucket-mb N runs plain data
+// parallelism with others).
 inline constexpr int64_t kDefaultBucketBytes = int64_t{25} << 20;
 
 struct DataParallelSpec {
@@ -44,6 +46,10 @@ struct DataParallelSpec {
 // "none", "powersgd", "int8"; "every_step", "diloco": the YAML spellings.
 std::string_view GradientCompressionName(GradientCompression compression);
 std::string_view DataParallelSyncName(DataParallelSync sync);
+
+// ", powersgd rank 4", ", int8", ", diloco every 50 (2 fragments)": what a plan line adds for a
+// data-parallel mode other than plain every-step reduction; empty for that.
+std::string DataParallelSuffix(const DataParallelSpec& spec);
 
 // OK when `spec` can run on `layout` for `model`; otherwise InvalidArgument whose message names
 // the key and its value ("data_parallel.compression: powersgd needs data parallelism, but dp is

@@ -170,6 +170,38 @@ TEST_F(ClusterElasticTest, AKilledActorRestartsFromTheLastCommitAndEndsLikeAFaul
   EXPECT_EQ(ScrapeSum(metrics, "shardline_recovery_seconds_count", "cause=\"actor_exit\""), 1);
 }
 
+// DiLoCo: a site (dp rank) killed between syncs is an elastic fault like any other. The job
+// resumes from the last committed step, which may lie inside an outer round (every 4, checkpoints
+// every 2): each site's parameters and moments, the anchor and the outer momentum come back, so
+// the job ends exactly where the fault-free run does; what it lost is the steps since that commit.
+TEST_F(ClusterElasticTest, ADilocoSiteKilledBetweenSyncsResumesTheRoundAndEndsLikeAFaultFreeRun) {
+  constexpr int kSteps = 400;
+  const std::string parallel = "{dp: 2}\ndata_parallel: {sync: diloco, every: 4}";
+  const std::string reference_dir = Dir("diloco-reference");
+  auto reference =
+      cluster_.Submit(TrainJob("diloco-reference", reference_dir, parallel, "", kSteps));
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  ASSERT_EQ(End(*reference)["state"], "succeeded");
+
+  const std::string dir = Dir("diloco");
+  auto [id, running] =
+      StartAndWait(TrainJob("diloco", dir, parallel, "{min_actors: 2, max_actors: 2}", kSteps), 2);
+  ASSERT_EQ(running["state"], "running") << running.dump(2);
+  const pid_t victim = PidOfRank(running, 1);  // site 1
+  ASSERT_GT(victim, 0);
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+
+  const json job = End(id);
+  ASSERT_EQ(job["state"], "succeeded") << job.dump(2) << cluster_.Log("coordinator");
+  const json& generations = job["train"]["generations"];
+  ASSERT_EQ(generations.size(), 2u) << job.dump(2);
+  EXPECT_EQ(generations[0]["cause_kind"], "actor_exit");
+  EXPECT_LE(generations[0]["steps_lost"].get<int64_t>(), 4);
+  EXPECT_EQ(generations[1]["plan"], "tp 1 x pp 1 x dp 2, zero 0, diloco every 4 on 2 actors");
+  ExpectSameState(checkpoint::ManifestPath(dir, kSteps),
+                  checkpoint::ManifestPath(reference_dir, kSteps));
+}
+
 TEST_F(ClusterElasticTest, WithoutElasticTheJobFailsNamingTheKilledRankNotItsPeers) {
   auto [id, running] = StartAndWait(TrainJob("fixed", Dir("fixed"), "{tp: 2, dp: 2}", "", 400), 2);
   ASSERT_EQ(running["state"], "running") << running.dump(2);

@@ -74,9 +74,7 @@ class ZeroStrategy final : public DataParallelStrategy {
     comm_thread_ = std::make_unique<CommThread>(2);
     if (options_.spec.compressed() && options_.dp != nullptr) {
       CompressionOptions compression;
-      compression.kind = options_.spec.compression == placement::GradientCompression::kPowerSgd
-                             ? CompressionKind::kPowerSgd
-                             : CompressionKind::kInt8;
+      compression.kind = options_.spec.compression;
       compression.rank = options_.spec.rank;
       ASSIGN_OR_RETURN(compressor_,
                        GradientCompressor::Create(compression, options_.dp->host_split(), whole));

@@ -164,18 +164,6 @@ void Unpack(const Part& part, const std::vector<int32_t>& words, std::vector<flo
 
 }  // namespace
 
-std::string_view CompressionKindName(CompressionKind kind) {
-  switch (kind) {
-    case CompressionKind::kNone:
-      return "none";
-    case CompressionKind::kPowerSgd:
-      return "powersgd";
-    case CompressionKind::kInt8:
-      return "int8";
-  }
-  return "?";
-}
-
 absl::StatusOr<std::vector<float>> SpreadCarriedError(
     std::span<const std::span<const float>> old_state, int new_sites) {
   const std::string what = "spreading the carried error of " + std::to_string(old_state.size()) +

@@ -58,12 +58,17 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "placement/data_parallel_spec.h"
 #include "worker/comm/communicator.h"
 
 namespace shardline::model {
 
-enum class CompressionKind { kNone, kPowerSgd, kInt8 };
-std::string_view CompressionKindName(CompressionKind kind);  // "none", "powersgd", "int8"
+// The spec's kinds (data_parallel.compression): kNone, kPowerSgd, kInt8.
+using CompressionKind = placement::GradientCompression;
+// "none", "powersgd", "int8": the YAML spellings.
+inline std::string_view CompressionKindName(CompressionKind kind) {
+  return placement::GradientCompressionName(kind);
+}
 
 struct CompressionOptions {
   CompressionKind kind = CompressionKind::kNone;  // kNone: exact inside and between hosts
