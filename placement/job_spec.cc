@@ -497,6 +497,14 @@ absl::Status ParseTrainJob(const YamlMap& map, const PathBase& base, JobSpec& sp
       static_cast<int>(spec.train.data.per_site.size()) != spec.parallel.dp) {
     return map.ErrorAt("data", ToString(CheckSites(spec.train.data, spec.parallel).message()));
   }
+  if (spec.data_parallel.compressed() && spec.devices == DeviceKind::kCuda) {
+    return map.ErrorAt(
+        kDataParallel,
+        absl::StrCat("data_parallel.compression: ",
+                     AbslView(GradientCompressionName(spec.data_parallel.compression)),
+                     " compresses host memory (CPU devices); on cuda devices the "
+                     "gradients are NCCL's, which it cannot read yet"));
+  }
   const absl::Status data_parallel =
       CheckDataParallel(spec.data_parallel, spec.parallel, spec.train.model);
   if (!data_parallel.ok()) {

@@ -347,6 +347,9 @@ TEST(TrainJobSpecTest, DataParallelOptionsTheLayoutCannotRunAreRefused) {
               HasSubstr("data_parallel.bucket_mb"));
   EXPECT_THAT(ErrorOf(train + "parallel: {dp: 2}\ndata_parallel: {sync: diloco, fragments: 5}\n"),
               HasSubstr("data_parallel.fragments: 5 must be 1 to the model's 4 layers"));
+  EXPECT_THAT(ErrorOf(train + "devices: cuda\nparallel: {dp: 2}\n"
+                              "data_parallel: {compression: int8}\n"),
+              HasSubstr("data_parallel.compression: int8 compresses host memory"));
   // The error points at the section (line 11: after parallel on line 10).
   EXPECT_THAT(ErrorOf(train + "parallel: {dp: 1}\ndata_parallel: {sync: diloco}\n"),
               HasSubstr("job.yaml:11:"));
