@@ -25,9 +25,13 @@ namespace shardline::placement {
 enum class GradientCompression { kNone, kPowerSgd, kInt8 };
 enum class DataParallelSync { kEveryStep, kDiloco };
 
-// DDP's bucket_cap_mb default (bench/slow_link_compare.py --bucket-mb N runs plain data
-// parallelism with others).
-inline constexpr int64_t kDefaultBucketBytes = int64_t{25} << 20;
+// 4 MiB, by measurement (Zen 4 VM, 2026-12-07): bench/slow_link_compare.py --quick --rates 1gbit
+// --only shardline --modes plain --bucket-mb N on sharded_step_bench's GPT (25.7 MB of gradients,
+// 3.1 MB a layer) ran 3549 tok/s at 4 MiB against 2857 at DDP's 25 (two buckets: little of the
+// reduction overlaps the backward), and on one host bench/dp_compare.py lost 2.6% at 25 MiB
+// against reducing each layer alone. A bucket of about a layer keeps every reduction overlapped;
+// Gloo's per-message cost is small next to a 4 MiB message even at 10 Gbit.
+inline constexpr int64_t kDefaultBucketBytes = int64_t{4} << 20;
 
 struct DataParallelSpec {
   int64_t bucket_bytes = kDefaultBucketBytes;

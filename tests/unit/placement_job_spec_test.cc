@@ -289,9 +289,9 @@ constexpr char kMinimalTrain[] =
 
 TEST(TrainJobSpecTest, DataParallelSaysHowReplicasStayInStep) {
   absl::StatusOr<JobSpec> plain =
-      Parse(std::string(kMinimalTrain) + "parallel: {dp: 2}\ndata_parallel: {bucket_mb: 4}\n");
+      Parse(std::string(kMinimalTrain) + "parallel: {dp: 2}\ndata_parallel: {bucket_mb: 8}\n");
   ASSERT_TRUE(plain.ok()) << plain.status();
-  EXPECT_EQ(plain->data_parallel.bucket_bytes, 4 << 20);
+  EXPECT_EQ(plain->data_parallel.bucket_bytes, 8 << 20);
   EXPECT_FALSE(plain->data_parallel.compressed());
   EXPECT_FALSE(plain->data_parallel.diloco());
   absl::StatusOr<JobSpec> powersgd = Parse(std::string(kMinimalTrain) +
