@@ -16,6 +16,11 @@ with SIGKILL, and the time from the kill to the next completed training step is 
     first `shardline status --json` (polled every 20 ms) showing generation 2 past its
     resumed_step, minus the kill's; a status call's own latency is printed beside it. The
     coordinator's recovery_seconds (fault to first step of the new generation) is printed too.
+    Three sources of the state it resumes, each a system of its own here: `shardline` (the newest
+    disk step), `shardline-memory` (checkpoint.memory_interval 1: every step in the nodes'
+    memory) and `shardline-replica` (three agents of one device each; memory steps every step
+    with memory_replicas 1; rank 1's agent is killed with its actors, its node lost, and the next
+    generation takes that node's files from their copies on the others).
   - TorchFT (when the venv imports torchft, bench/setup-torchft.sh): one `torchft_lighthouse
     --min_replicas 1 --quorum_tick_ms 100 --join_timeout_ms 1000` (--heartbeat_timeout_ms left at
     its default, 5000; both are options here) and --workers replica groups of one worker each,
@@ -33,12 +38,15 @@ from (Shardline: generation 1's steps_lost; torchrun: its last restart-0 step mi
 restarted step + 1). Either is between 0 and about one interval.
 
   bench/recovery_compare.py [BUILD_DIR] [--torch-venv /opt/shardline-bench/torch2] [--rounds 3]
-      [--workers 2] [--interval 5] [--steps N] [--keep] [--only torchrun|shardline|torchft]
+      [--workers 2] [--interval 5] [--steps N] [--keep]
+      [--only torchrun|shardline|shardline-memory|shardline-replica|torchft]
       [--torchft-join-timeout-ms 1000] [--torchft-heartbeat-timeout-ms 5000]
 
 Prints each round, then per system the median and max over rounds, and
   result recovery shardline_median_s=... torchrun_median_s=... ratio=... steps_lost_shardline=...
-      steps_lost_torchrun=... [torchft_continue_median_s=... torchft_full_median_s=...
+      steps_lost_torchrun=... shardline_memory_median_s=... steps_lost_shardline_memory=...
+      steps_lost_shardline_memory_max=... (the same for shardline_replica)
+      [torchft_continue_median_s=... torchft_full_median_s=...
       steps_lost_torchft=... torchft=0.x] torch=2.x
 ratio is torchrun's median over Shardline's (above 1: Shardline recovers faster). With
 --only torchft: TorchFT's summary and a result line of its fields only.
@@ -280,7 +288,16 @@ def torchrun_round(args, work, procs):
 
 # --------------------------------------------------------------------------------------- Shardline
 
-def shardline_round(args, work, procs):
+# Where a Shardline round resumes from, and how its fault is made:
+#   disk:    one agent, rank 1 killed; the restart loads the newest disk step (every --interval).
+#   memory:  the same with checkpoint.memory_interval 1: the nodes' memory holds every step.
+#   replica: three agents of one device each (nodes of their own on this machine), memory steps
+#            every step with memory_replicas 1; rank 1's agent is killed with its actors (its node
+#            lost) and the next generation, on the two others, takes its files from their copies.
+SHARDLINE_SOURCES = ("disk", "memory", "replica")
+
+
+def shardline_round(args, work, procs, source="disk"):
     binary = os.path.join(args.build_dir, "cli", "shardline")
     endpoint_file = os.path.join(work, "endpoint")
     coordinator_log = os.path.join(work, "coordinator.log")
@@ -305,9 +322,17 @@ def shardline_round(args, work, procs):
         return None
 
     ep = wait_until("the coordinator's endpoint file", endpoint, 20, logs=[coordinator_log])
-    agent = procs.start([binary, "agent", "--coordinator", ep, "--devices",
-                         f"cpu:{args.workers}", "--node-id", "bench", "--metrics", "127.0.0.1:0",
-                         "--log-dir", os.path.join(work, "actors")] + curve, agent_log)
+    # Host memory, as by default, in a folder of this round's own (removed with the round).
+    memory_store = os.path.join("/dev/shm", os.path.basename(work) + "-memory")
+    nodes = ["bench"] if source != "replica" else ["bench-a", "bench-b", "bench-c"]
+    devices = f"cpu:{args.workers}" if source != "replica" else "cpu:1"
+    agents = {}
+    for node in nodes:
+        agents[node] = procs.start(
+            [binary, "agent", "--coordinator", ep, "--devices", devices, "--node-id", node,
+             "--metrics", "127.0.0.1:0", "--log-dir", os.path.join(work, "actors"),
+             "--memory-store", os.path.join(memory_store, node)] + curve,
+            agent_log if node == nodes[0] else os.path.join(work, f"agent-{node}.log"))
     status_latency = []
 
     def status(job=None):
@@ -323,15 +348,19 @@ def shardline_round(args, work, procs):
             return None
 
     def node_alive():
-        if agent.poll() is not None:
-            raise BenchError(f"agent exited with {agent.returncode}:\n{tail(agent_log)}")
+        for node, agent in agents.items():
+            if agent.poll() is not None:
+                raise BenchError(f"agent {node} exited with {agent.returncode}:\n"
+                                 f"{tail(agent_log)}")
         s = status()
-        return s and any(n.get("state") == "alive" for n in s.get("nodes", []))
+        return s and sum(n.get("state") == "alive" for n in s.get("nodes", [])) == len(nodes)
 
-    wait_until("the agent to join", node_alive, 20, period=0.05,
+    wait_until("the agents to join", node_alive, 20, period=0.05,
                logs=[coordinator_log, agent_log])
 
     checkpoint_dir = os.path.join(work, "checkpoints")
+    memory = {"disk": "", "memory": ", memory_interval: 1",
+              "replica": ", memory_interval: 1, memory_replicas: 1"}[source]
     spec = os.path.join(work, "job.yaml")
     with open(spec, "w") as f:
         f.write(f"""name: recovery-bench
@@ -346,7 +375,7 @@ steps: {args.steps}
 batch: {MODEL['batch']}
 seq_len: {MODEL['seq_len']}
 seed: 3
-checkpoint: {{dir: {checkpoint_dir}, interval: {args.interval}}}
+checkpoint: {{dir: {checkpoint_dir}, interval: {args.interval}{memory}}}
 log_interval: 1
 parallel: {{tp: 1, dp: {args.workers}}}
 elastic: {{min_actors: {args.workers}, max_actors: {args.workers}}}
@@ -386,6 +415,10 @@ elastic: {{min_actors: {args.workers}, max_actors: {args.workers}}}
     pids = {a["rank"]: a["pid"] for a in job["actors"]}
     victim = pids[1]
     step_before = job["train"]["step"]
+    if source == "replica":
+        # Rank 1's node: its agent, and with it its actors.
+        lost_node = next(a["node_id"] for a in job["actors"] if a["rank"] == 1)
+        victim = agents[lost_node].pid
     kill_time = time.time()
     os.kill(victim, signal.SIGKILL)
     status_latency.clear()
@@ -406,10 +439,18 @@ elastic: {{min_actors: {args.workers}, max_actors: {args.workers}}}
     latency = statistics.median(status_latency) if status_latency else float("nan")
     first, second = job["train"]["generations"][0], job["train"]["generations"][1]
     problems = []
-    if first.get("cause_kind") != "actor_exit" or "rank 1" not in first.get("cause", "") \
+    if source == "replica":
+        if first.get("cause_kind") not in ("node_lost", "actor_exit", "comm_error"):
+            problems.append(f"generation 1 ended with cause_kind {first.get('cause_kind')!r}, "
+                            f"cause {first.get('cause')!r}")
+    elif first.get("cause_kind") != "actor_exit" or "rank 1" not in first.get("cause", "") \
             or "SIGKILL" not in first.get("cause", ""):
         problems.append(f"generation 1 ended with cause_kind {first.get('cause_kind')!r}, "
                         f"cause {first.get('cause')!r}")
+    expected_from = {"disk": "disk", "memory": "memory", "replica": "memory replica"}[source]
+    if second.get("resumed_from") != expected_from:
+        problems.append(f"generation 2 resumed from {second.get('resumed_from')!r}, not "
+                        f"{expected_from!r} ({second.get('resume_note', '')})")
     if first.get("ending") != "fault":
         problems.append(f"generation 1 ending {first.get('ending')!r}, not 'fault'")
     if pids.get(0) and alive(pids[0]):
@@ -429,13 +470,15 @@ elastic: {{min_actors: {args.workers}, max_actors: {args.workers}}}
     return {
         "recovery_s": seen - kill_time,
         "steps_lost": first["steps_lost"],
+        "resumed_from": second.get("resumed_from"),
         "coordinator_recovery_s": first["recovery_seconds"],
         "abort_s": first.get("abort_seconds"),
         "detection_s": first.get("detection_seconds"),
         "status_latency_s": latency,
         "detail": f"killed rank 1 (pid {victim}) at status step {step_before}, generation 1 "
                   f"last_step {first['last_step']}, generation 2 resumed_step "
-                  f"{second['resumed_step']}; cause: {first.get('cause')!r} "
+                  f"{second['resumed_step']} from {second.get('resumed_from')}; cause: "
+                  f"{first.get('cause')!r} "
                   f"(submit to step {args.interval + 2}: {to_step:.1f} s){calibration}",
         "problems": problems,
     }
@@ -609,6 +652,9 @@ def run_round(name, function, args, round_index):
                 pass
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
+        # A Shardline round's memory stores (host memory: never kept).
+        shutil.rmtree(os.path.join("/dev/shm", os.path.basename(work) + "-memory"),
+                      ignore_errors=True)
     result.setdefault("problems", [])
     if left:
         result["problems"].append("processes left after cleanup: " + "; ".join(left))
@@ -648,7 +694,8 @@ def main():
                         help="steps of each job (it is killed once recovered; enough to run "
                              "about a minute)")
     parser.add_argument("--keep", action="store_true", help="keep each round's temp dir")
-    parser.add_argument("--only", choices=["torchrun", "shardline", "torchft"],
+    parser.add_argument("--only", choices=["torchrun", "shardline", "shardline-memory",
+                                           "shardline-replica", "torchft"],
                         help="run one system only")
     parser.add_argument("--torchft-join-timeout-ms", type=int, default=1000,
                         help="torchft_lighthouse --join_timeout_ms")
@@ -656,7 +703,7 @@ def main():
                         help="torchft_lighthouse --heartbeat_timeout_ms (its default)")
     args = parser.parse_args()
     args.build_dir = os.path.abspath(args.build_dir)
-    if args.only in (None, "shardline") and \
+    if (args.only is None or args.only.startswith("shardline")) and \
             not os.access(os.path.join(args.build_dir, "cli", "shardline"), os.X_OK):
         sys.exit(f"no shardline binary in {args.build_dir}/cli")
     torch = torch_version(args.torch_venv)
@@ -675,10 +722,12 @@ def main():
              f"{args.torchft_heartbeat_timeout_ms}; replica group 1 killed and restarted)"
              if torchft else ""), flush=True)
 
-    systems = [("torchrun", torchrun_round), ("shardline", shardline_round)]
+    systems = [("torchrun", torchrun_round), ("shardline", shardline_round),
+               ("shardline-memory", lambda a, w, p: shardline_round(a, w, p, "memory")),
+               ("shardline-replica", lambda a, w, p: shardline_round(a, w, p, "replica"))]
     if torchft:
         systems.append(("torchft", torchft_round))
-    results = {"torchrun": [], "shardline": [], "torchft": []}
+    results = {name: [] for name, _ in systems}
     problems = []
     for r in range(1, args.rounds + 1):
         for name, function in systems:
@@ -696,7 +745,7 @@ def main():
             else:
                 results[name].append(result)
                 extra = ""
-                if name == "shardline":
+                if name.startswith("shardline"):
                     detection = result["detection_s"]
                     extra = (f", coordinator recovery_seconds {result['coordinator_recovery_s']:.3f}"
                              + (f" (detection {detection:.3f})" if detection is not None and
@@ -740,19 +789,32 @@ def main():
         return statistics.median(times), max(times), statistics.median(lost), max(lost)
 
     ours, theirs = summary("shardline"), summary("torchrun")
-    coord = [x["coordinator_recovery_s"] for x in results["shardline"]]
-    print(f"\nShardline elastic restart: kill -> next step median {ours[0]:.3f} s, max {ours[1]:.3f}"
-          f" s over {len(results['shardline'])} rounds (coordinator's recovery_seconds median "
-          f"{statistics.median(coord):.3f} s, max {max(coord):.3f} s); steps lost median "
-          f"{ours[2]:g}, max {ours[3]}")
+    sources = {}  # Shardline's restart by where it resumed from
+    for name, label in (("shardline", "from disk"), ("shardline-memory", "from memory"),
+                        ("shardline-replica", "from a memory replica (node lost)")):
+        if not results[name]:
+            continue
+        sources[name] = summary(name)
+        coord = [x["coordinator_recovery_s"] for x in results[name]]
+        print(f"\nShardline elastic restart {label}: kill -> next step median "
+              f"{sources[name][0]:.3f} s, max {sources[name][1]:.3f} s over {len(results[name])} "
+              f"rounds (coordinator's recovery_seconds median {statistics.median(coord):.3f} s, "
+              f"max {max(coord):.3f} s); steps lost median {sources[name][2]:g}, max "
+              f"{sources[name][3]}")
     print(f"torchrun restart-all (torch {torch}): kill -> next step median {theirs[0]:.3f} s, max "
           f"{theirs[1]:.3f} s over {len(results['torchrun'])} rounds; steps lost median "
           f"{theirs[2]:g}, max {theirs[3]}")
     ratio = theirs[0] / ours[0] if ours[0] > 0 else float("inf")
     ft = torchft_summary() if torchft else None
     print(f"ratio (torchrun median / Shardline median): {ratio:.1f}x, against torch {torch}")
+    by_source = "".join(
+        f"{name.replace('-', '_')}_median_s={sources[name][0]:.3f} "
+        f"steps_lost_{name.replace('-', '_')}={sources[name][2]:g} "
+        f"steps_lost_{name.replace('-', '_')}_max={sources[name][3]} "
+        for name in ("shardline-memory", "shardline-replica") if name in sources)
     print(f"result recovery shardline_median_s={ours[0]:.3f} torchrun_median_s={theirs[0]:.3f} "
           f"ratio={ratio:.2f} steps_lost_shardline={ours[2]:g} steps_lost_torchrun={theirs[2]:g} "
+          + by_source +
           + (f"torchft_continue_median_s={ft[0]:.3f} torchft_full_median_s={ft[1]:.3f} "
              f"steps_lost_torchft={ft[2]:g} torchft={torchft} " if ft else "")
           + f"torch={torch}")

@@ -32,19 +32,23 @@ absl::Status SafetensorsWriter::Add(TensorView tensor) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<SafetensorsWriter::Written> SafetensorsWriter::Finish(FileSystem& fs) {
+std::vector<const TensorView*> SafetensorsWriter::Ordered() const {
   std::vector<const TensorView*> order;
   for (const TensorView& tensor : tensors_) order.push_back(&tensor);
+  if (keep_added_order_) return order;
   std::sort(order.begin(), order.end(), [](const TensorView* a, const TensorView* b) {
     const size_t size_a = DTypeSize(a->dtype);
     const size_t size_b = DTypeSize(b->dtype);
     return size_a != size_b ? size_a > size_b : a->name < b->name;
   });
+  return order;
+}
 
+std::string SafetensorsWriter::HeaderRegion() const {
   nlohmann::json header = nlohmann::json::object();
   if (!metadata_.empty()) header["__metadata__"] = metadata_;
   uint64_t offset = 0;
-  for (const TensorView* tensor : order) {
+  for (const TensorView* tensor : Ordered()) {
     header[tensor->name] = {{"dtype", DTypeName(tensor->dtype)},
                             {"shape", tensor->shape},
                             {"data_offsets", {offset, offset + tensor->data.size()}}};
@@ -54,13 +58,19 @@ absl::StatusOr<SafetensorsWriter::Written> SafetensorsWriter::Finish(FileSystem&
   // Spaces are valid JSON whitespace; the official writer pads the same way.
   header_text.append((8 - (8 + header_text.size()) % 8) % 8, ' ');
   const uint64_t header_size = header_text.size();
-  unsigned char size_bytes[8];
-  for (int i = 0; i < 8; ++i) size_bytes[i] = static_cast<unsigned char>(header_size >> (8 * i));
+  std::string region(8, '\0');
+  for (int i = 0; i < 8; ++i) region[i] = static_cast<char>(header_size >> (8 * i));
+  return region + header_text;
+}
+
+absl::StatusOr<SafetensorsWriter::Written> SafetensorsWriter::Finish(FileSystem& fs) {
+  const std::vector<const TensorView*> order = Ordered();
+  const std::string header_region = HeaderRegion();
+  uint64_t offset = 0;
+  for (const TensorView* tensor : order) offset += tensor->data.size();
 
   Written written;
   ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, fs.NewAtomicFile(path_));
-  std::string header_region(reinterpret_cast<const char*>(size_bytes), sizeof(size_bytes));
-  header_region += header_text;
   RETURN_IF_ERROR(file->Append(std::as_bytes(std::span<const char>(header_region))));
   std::vector<uint64_t> checksums;
   for (const TensorView* tensor : order) {

@@ -47,12 +47,24 @@ class SafetensorsWriter {
   // the path and the call.
   absl::StatusOr<Written> Finish(FileSystem& fs = DefaultFileSystem());
 
+  // The data section in the order the tensors were added (a file the caller lays out itself, one
+  // tensor after another: worker/checkpoint/shard_writer.h's in-place writer). Alignment holds
+  // when every tensor has one dtype.
+  void KeepAddedOrder() { keep_added_order_ = true; }
+  // What Finish writes before the data: the 8-byte header length and the padded JSON header; the
+  // data section follows it at this size. The views' bytes are not read.
+  std::string HeaderRegion() const;
+
   const std::string& path() const { return path_; }
 
  private:
+  // The tensors in file order.
+  std::vector<const TensorView*> Ordered() const;
+
   std::string path_;
   std::map<std::string, std::string> metadata_;
   std::vector<TensorView> tensors_;
+  bool keep_added_order_ = false;
 };
 
 }  // namespace shardline::checkpoint

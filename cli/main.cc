@@ -181,6 +181,10 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   agent_cmd->add_option("--cluster-id", agent_options.cluster_id)->capture_default_str();
   agent_cmd->add_option("--log-dir", agent_options.log_dir, "One log file per actor here");
+  agent_cmd->add_option("--memory-store", agent_options.memory_store,
+                        "Where this node's actors keep in-memory checkpoint steps "
+                        "(checkpoint.memory_interval): host memory that outlives them "
+                        "(default /dev/shm/shardline/CLUSTER/NODE)");
   agent_cmd->add_option("--actor-binary", agent_options.actor_binary,
                         "The program run for each actor (default: this executable); tests use "
                         "it to inject faults");

@@ -205,6 +205,10 @@ std::string FormatTrainProgress(wire::JobStatus::Reader job) {
     line += "  checkpoint: step " + std::to_string(t.getLastCommittedStep()) + " in " +
             Str(t.getCheckpointDir());
   }
+  if (t.getLastMemoryStep() >= 0) {
+    line += "  in memory: step " + std::to_string(t.getLastMemoryStep()) + " (" +
+            FormatBytes(static_cast<double>(t.getMemoryStoreBytes())) + " on the fullest node)";
+  }
   return line + "  plan " + FormatPlan(t);
 }
 
@@ -264,8 +268,10 @@ std::vector<std::string> FormatGenerations(wire::JobStatus::Reader job) {
                        Str(g.getPlan());
     if (!serving) {
       line += "  " +
-              (g.getResumedStep() > 0 ? "resumed after step " + std::to_string(g.getResumedStep())
-                                      : std::string("from the start")) +
+              (g.getResumedStep() > 0
+                   ? "resumed after step " + std::to_string(g.getResumedStep()) +
+                         (g.getResumedFrom().size() ? " (" + Str(g.getResumedFrom()) + ")" : "")
+                   : std::string("from the start")) +
               ", reached step " + std::to_string(g.getLastStep());
     }
     const std::string ending = Str(g.getEnding());
@@ -293,6 +299,7 @@ std::vector<std::string> FormatGenerations(wire::JobStatus::Reader job) {
       for (size_t i = 0; i < parts.size(); ++i) line += (i == 0 ? "; " : ", ") + parts[i];
     }
     lines.push_back(line);
+    if (g.getResumeNote().size()) lines.push_back("  " + Str(g.getResumeNote()));
   }
   return lines;
 }
@@ -365,6 +372,8 @@ nlohmann::json GenerationsToJson(capnp::List<wire::GenerationStatus>::Reader lis
                            {"ended_unix_ms", g.getEndedUnixMs()},
                            {"plan", Str(g.getPlan())},
                            {"resumed_step", g.getResumedStep()},
+                           {"resumed_from", Str(g.getResumedFrom())},
+                           {"resume_note", Str(g.getResumeNote())},
                            {"last_step", g.getLastStep()},
                            {"ending", Str(g.getEnding())},
                            {"cause", Str(g.getCause())},
@@ -483,6 +492,8 @@ nlohmann::json StatusToJson(wire::ClusterStatus::Reader status) {
                     {"step_seconds", MeasuredStepSeconds(t)},
                     {"eta_seconds", t.getEtaSeconds()},
                     {"last_committed_step", t.getLastCommittedStep()},
+                    {"last_memory_step", t.getLastMemoryStep()},
+                    {"memory_store_bytes", t.getMemoryStoreBytes()},
                     {"checkpoint_dir", Str(t.getCheckpointDir())},
                     {"resumed_from_step", t.getResumedFromStep()},
                     {"initialized_from", Str(t.getInitializedFrom())},

@@ -2,9 +2,13 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_join.h"
 #include "checkpoint/checksum.h"
 #include "checkpoint/layout.h"
+#include "checkpoint/memory_step.h"
 #include "common/status_macros.h"
+#include "model/tensor_table.h"
+#include "placement/byte_size.h"
 #include "placement/checkpoint_state.h"
 #include "spdlog/spdlog.h"
 
@@ -59,6 +63,229 @@ absl::StatusOr<ShardVerdict> AddShard(Job& job, ShardReport report) {
   ShardVerdict verdict;
   verdict.complete = assembly.size() >= job.actors.size();
   return verdict;
+}
+
+absl::StatusOr<ShardVerdict> AddMemoryShard(Job& job, ShardReport report, const std::string& node,
+                                            const std::vector<int64_t>& replica_of) {
+  TrainRecord& train = job.train;
+  const std::string where = "job " + job.id + ", rank " + std::to_string(report.shard.rank) +
+                            ", memory step " + std::to_string(report.step);
+  if (job.spec.kind != placement::JobKind::kTrain ||
+      job.spec.train.checkpoint.memory_interval == 0) {
+    return absl::FailedPreconditionError(where +
+                                         ": the job keeps no memory steps "
+                                         "(checkpoint.memory_interval)");
+  }
+  if (report.step == 0 || report.step > static_cast<uint64_t>(job.spec.train.steps)) {
+    return absl::InvalidArgumentError(where + ": the job has steps 1 to " +
+                                      std::to_string(job.spec.train.steps));
+  }
+  const auto step = static_cast<int64_t>(report.step);
+  if (train.memory_step && step <= train.memory_step->manifest.step) {
+    return absl::FailedPreconditionError(where + ": memory step " +
+                                         std::to_string(train.memory_step->manifest.step) +
+                                         " is already committed; only later steps can be saved");
+  }
+  // The folder in the node's store where this generation's ranks write the step, and no other.
+  const std::string expected =
+      job.id + "/g" + std::to_string(job.generation) + "/" + checkpoint::StepDirName(step);
+  if (report.dir != expected) {
+    return absl::InvalidArgumentError(where + ": saved into " + report.dir +
+                                      " of its node's memory store, but the step's folder is " +
+                                      expected);
+  }
+  for (int64_t rank : replica_of) {
+    if (rank < 0 || rank >= static_cast<int64_t>(job.actors.size()) || rank == report.shard.rank) {
+      return absl::InvalidArgumentError(where + ": holds a replica of rank " +
+                                        std::to_string(rank) + ", which it cannot");
+    }
+  }
+  if (train.data.tokens != 0 &&
+      (report.data.tokens != train.data.tokens || report.data.xxh3 != train.data.xxh3)) {
+    ShardVerdict verdict;
+    verdict.job_error = where + ": the rank trains on " + std::to_string(report.data.tokens) +
+                        " tokens (checksum " + checkpoint::ChecksumHex(report.data.xxh3) +
+                        "), other ranks on " + std::to_string(train.data.tokens) + " (checksum " +
+                        checkpoint::ChecksumHex(train.data.xxh3) + ")";
+    return verdict;
+  }
+  TrainRecord::MemoryAssembly& assembly = train.memory_saving[step];
+  const std::string file = report.shard.file;
+  if (auto status = assembly.shards.Add(std::move(report.shard)); !status.ok()) {
+    if (assembly.shards.size() == 0) train.memory_saving.erase(step);
+    return Annotate(status, "job " + job.id + ", memory step " + std::to_string(step));
+  }
+  if (train.data.tokens == 0) {
+    train.data.tokens = report.data.tokens;
+    train.data.xxh3 = report.data.xxh3;
+  }
+  if (!file.empty()) {
+    std::vector<std::string>& holders = assembly.holders[file];
+    holders.insert(holders.begin(), node);
+  }
+  for (int64_t of : replica_of) assembly.replica_nodes[of].push_back(node);
+  ShardVerdict verdict;
+  verdict.complete = assembly.shards.size() >= job.actors.size();
+  return verdict;
+}
+
+absl::Status CommitMemoryStep(Job& job, int64_t step) {
+  TrainRecord& train = job.train;
+  auto saving = train.memory_saving.find(step);
+  if (saving == train.memory_saving.end()) {
+    return absl::InternalError("no shards of memory step " + std::to_string(step) +
+                               " were reported");
+  }
+  TrainRecord::MemoryAssembly assembly = std::move(saving->second);
+  // Older steps still gathering can never be committed after this one.
+  train.memory_saving.erase(train.memory_saving.begin(), std::next(saving));
+  const checkpoint::StepHeader header = placement::CheckpointStepHeader(
+      job.spec.train, job.spec.parallel, step, job.World(), train.data);
+  auto manifest = assembly.shards.Build(header);
+  if (!manifest.ok()) {
+    return absl::Status(manifest.status().code(),
+                        "memory step " + std::to_string(step) +
+                            " is not a checkpoint: " + std::string(manifest.status().message()));
+  }
+  TrainRecord::MemoryStep committed;
+  committed.manifest = *std::move(manifest);
+  committed.generation = job.generation;
+  for (const auto& [file, info] : committed.manifest.files) {
+    std::vector<std::string> holders = assembly.holders[file];
+    for (const std::string& node : assembly.replica_nodes[info.rank]) holders.push_back(node);
+    committed.holders[file] = std::move(holders);
+  }
+  train.memory_step = std::move(committed);
+  return absl::OkStatus();
+}
+
+MemoryChoice ChooseMemoryResume(Job& job, const std::vector<std::string>& rank_nodes) {
+  TrainRecord& train = job.train;
+  MemoryChoice choice;
+  train.memory_resume.clear();
+  train.memory_saving.clear();
+  if (!train.memory_step) return choice;
+  const TrainRecord::MemoryStep& memory = *train.memory_step;
+  const int64_t step = memory.manifest.step;
+  if (step <= train.resumed_step) return choice;  // the disk's step is as new: it stays
+  checkpoint::MemoryResume resume;
+  resume.manifest = memory.manifest;
+  resume.generation = memory.generation;
+  resume.kind = "memory";
+  for (const auto& [file, holders] : memory.holders) {
+    std::optional<int64_t> sender;
+    for (size_t h = 0; h < holders.size() && !sender; ++h) {
+      for (size_t rank = 0; rank < rank_nodes.size(); ++rank) {
+        if (rank_nodes[rank] != holders[h]) continue;
+        sender = static_cast<int64_t>(rank);
+        // The writer's node is first: a later one holds a replica.
+        if (h > 0) resume.kind = "memory replica";
+        break;
+      }
+    }
+    if (!sender) {
+      choice.note = "memory step " + std::to_string(step) + " was not used: " + file +
+                    " was held only on " + absl::StrJoin(holders, ", ") +
+                    ", where this generation has no rank";
+      train.memory_step.reset();  // the job goes on from an older step: another history
+      return choice;
+    }
+    resume.sources.push_back({file, *sender});
+  }
+  train.memory_resume = checkpoint::MemoryResumeToJson(resume);
+  train.resumed_step = step;
+  choice.used = true;
+  choice.kind = resume.kind;
+  return choice;
+}
+
+uint64_t MemoryStoreBytes(const TrainRecord::MemoryStep& step) {
+  std::map<std::string, uint64_t> per_node;
+  for (const auto& [file, holders] : step.holders) {
+    const auto info = step.manifest.files.find(file);
+    if (info == step.manifest.files.end()) continue;
+    for (const std::string& node : holders) per_node[node] += info->second.bytes;
+  }
+  uint64_t most = 0;
+  for (const auto& [node, bytes] : per_node) most = std::max(most, bytes);
+  return most * kMemoryStepsKept;
+}
+
+int64_t MemoryTierBytesPerRank(const placement::JobSpec& spec, int world) {
+  const placement::CheckpointSpec& checkpoint = spec.train.checkpoint;
+  if (spec.kind != placement::JobKind::kTrain || checkpoint.memory_interval == 0 || world <= 0) {
+    return 0;
+  }
+  int64_t params = 0;
+  for (const model::TensorRow& row : model::ModelRows(spec.train.model)) params += row.numel();
+  const int64_t state = params * 12;  // fp32 parameter, exp_avg, exp_avg_sq
+  return kMemoryStepsKept * (1 + checkpoint.memory_replicas) * ((state + world - 1) / world);
+}
+
+absl::Status CheckMemoryTier(const placement::JobSpec& spec, const Membership& membership) {
+  const placement::CheckpointSpec& checkpoint = spec.train.checkpoint;
+  if (spec.kind != placement::JobKind::kTrain || checkpoint.memory_interval == 0) {
+    return absl::OkStatus();
+  }
+  const DeviceInfo::Kind kind = spec.devices == placement::DeviceKind::kCuda
+                                    ? DeviceInfo::Kind::kCuda
+                                    : DeviceInfo::Kind::kCpu;
+  int nodes = 0, devices = 0;
+  std::optional<uint64_t> smallest_cpu;
+  for (const auto& [node_id, node] : membership.nodes()) {
+    if (!node.alive) continue;
+    bool has = false;
+    for (const DeviceInfo& device : node.devices) {
+      if (device.kind != kind) continue;
+      has = true;
+      ++devices;
+      if (kind == DeviceInfo::Kind::kCpu) {
+        smallest_cpu = std::min(smallest_cpu.value_or(device.memory_bytes), device.memory_bytes);
+      }
+    }
+    nodes += has;
+  }
+  if (checkpoint.memory_replicas > 0 && nodes < 2) {
+    return absl::InvalidArgumentError(
+        "checkpoint.memory_replicas: " + std::to_string(checkpoint.memory_replicas) +
+        " needs a second node to hold each shard's copy, and the cluster has " +
+        std::to_string(nodes) + " alive node" + (nodes == 1 ? "" : "s") + " with " +
+        std::string(placement::DeviceKindName(spec.devices)) + " devices");
+  }
+  const int world = spec.parallel_auto
+                        ? (spec.actors > 0 ? std::min(spec.actors, devices) : devices)
+                        : spec.parallel.world();
+  const int64_t need = MemoryTierBytesPerRank(spec, world);
+  if (smallest_cpu && need > static_cast<int64_t>(*smallest_cpu)) {
+    return absl::InvalidArgumentError(
+        "checkpoint.memory_interval: the memory tier needs " +
+        placement::FormatApproxByteSize(static_cast<double>(need)) + " of host memory per rank (" +
+        std::to_string(kMemoryStepsKept) + " steps" +
+        (checkpoint.memory_replicas > 0 ? " and a buddy's copy" : "") + " of 1/" +
+        std::to_string(world) + " of the training state), " +
+        placement::FormatApproxByteSize(
+            static_cast<double>(need - static_cast<int64_t>(*smallest_cpu))) +
+        " more than a device's share of its node's memory (" +
+        placement::FormatApproxByteSize(static_cast<double>(*smallest_cpu)) + ")");
+  }
+  return absl::OkStatus();
+}
+
+std::vector<uint32_t> MemoryBuddies(const std::vector<std::string>& rank_nodes) {
+  std::vector<std::string> nodes;                        // in order of first appearance
+  std::map<std::string, std::vector<uint32_t>> on_node;  // ranks, in rank order
+  for (size_t rank = 0; rank < rank_nodes.size(); ++rank) {
+    if (!on_node.contains(rank_nodes[rank])) nodes.push_back(rank_nodes[rank]);
+    on_node[rank_nodes[rank]].push_back(static_cast<uint32_t>(rank));
+  }
+  if (nodes.size() < 2) return {};
+  std::vector<uint32_t> buddies(rank_nodes.size());
+  for (size_t n = 0; n < nodes.size(); ++n) {
+    const std::vector<uint32_t>& here = on_node[nodes[n]];
+    const std::vector<uint32_t>& next = on_node[nodes[(n + 1) % nodes.size()]];
+    for (size_t j = 0; j < here.size(); ++j) buddies[here[j]] = next[j % next.size()];
+  }
+  return buddies;
 }
 
 absl::Status CommitStep(Job& job, int64_t step, checkpoint::FileSystem& fs) {

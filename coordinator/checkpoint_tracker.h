@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "checkpoint/commit.h"
@@ -32,6 +33,51 @@ struct ShardVerdict {
 // Checks `report` against the job and adds it to its step. An error (nothing added) says why the
 // shard cannot be part of a checkpoint of this job.
 absl::StatusOr<ShardVerdict> AddShard(Job& job, ShardReport report);
+
+// A memory step's shard (ShardSaved.memory): checked like a disk shard (the job keeps memory
+// steps, a later step than its newest committed memory step, the folder its generation's ranks
+// write into, the same token stream) and added, with the node holding it (`node`) and the ranks
+// whose replicas that node now holds too (`replica_of`). Complete once every rank has reported.
+absl::StatusOr<ShardVerdict> AddMemoryShard(Job& job, ShardReport report, const std::string& node,
+                                            const std::vector<int64_t>& replica_of);
+// Makes the memory step `step`, whose shards every rank reported, the job's newest committed
+// memory step (no I/O: its manifest stays in memory). An error says why its shards do not make
+// one; the job can go on (its disk steps are untouched).
+absl::Status CommitMemoryStep(Job& job, int64_t step);
+
+// Where a new generation placed on `rank_nodes` (by rank) resumes from when the job's newest
+// committed memory step is newer than `job.train.resumed_step` (the disk's): that memory step
+// when every file of it is held on a node this generation has a rank on (the lowest such rank
+// sends it), filling train.memory_resume and train.resumed_step; else a note saying which file is
+// out of reach (and the memory step is dropped: the generation follows another history).
+struct MemoryChoice {
+  bool used = false;
+  std::string kind;  // "memory" or "memory replica"
+  std::string note;  // why not, when a newer memory step was not used
+};
+MemoryChoice ChooseMemoryResume(Job& job, const std::vector<std::string>& rank_nodes);
+
+// The host memory a job's memory steps take on its fullest node: the steps a node keeps at once
+// (kMemoryStepsKept: the ranks prune a step 2 intervals older than the one they start) times the
+// bytes of `step`'s files that node holds.
+inline constexpr int kMemoryStepsKept = 3;
+uint64_t MemoryStoreBytes(const TrainRecord::MemoryStep& step);
+
+// The host memory the memory tier takes on each rank's node for that rank, whatever its place:
+// kMemoryStepsKept steps of its share of the training state (fp32 parameters and both AdamW
+// moments, 12 bytes a parameter, over the ranks that write it), and as much again for the buddy's
+// copy it holds with memory_replicas. 0 without a memory tier. `world`: the ranks.
+int64_t MemoryTierBytesPerRank(const placement::JobSpec& spec, int world);
+// At submit: a memory tier the cluster cannot give. InvalidArgument naming the key when
+// memory_replicas asks for a copy on another node and fewer than 2 nodes are alive (saying how
+// many), or when MemoryTierBytesPerRank is more than the smallest alive CPU device's share of its
+// node's memory (saying by how much). GPU nodes' host memory is not known here: not checked.
+absl::Status CheckMemoryTier(const placement::JobSpec& spec, const Membership& membership);
+
+// Every rank's memory buddy for a generation placed on `rank_nodes`: a rank of the next node in
+// the order the nodes first appear, at the same index among that node's ranks (modulo its count),
+// so that no node's loss takes a shard and its copy together. Empty when there is one node.
+std::vector<uint32_t> MemoryBuddies(const std::vector<std::string>& rank_nodes);
 
 // Writes the manifest of `step`, whose shards every rank has saved, then `latest`, then applies
 // retention (keeping the step this generation resumed from). An error says why the step could

@@ -591,6 +591,9 @@ absl::Status Coordinator::OnSubmitJob(const std::string& peer, uint64_t request_
       request.getWorkDir().size() ? AbsoluteDir(Str(request.getWorkDir())) : here;
   ASSIGN_OR_RETURN(placement::JobSpec spec,
                    placement::ParseJobSpec(yaml, source, placement::PathBase{spec_dir, work_dir}));
+  if (absl::Status memory = CheckMemoryTier(spec, membership_); !memory.ok()) {
+    return Annotate(memory, source);
+  }
   Job job;
   job.id = spec.name + "-" + std::to_string(next_job_number_++);
   job.spec = spec;
@@ -693,6 +696,8 @@ void Coordinator::OnStartDecided(const std::string& job_id,
   train.start = TrainRecord::Start::kDecided;
   train.resume_manifest = plan->decision.manifest;
   train.resumed_step = plan->decision.step;
+  train.resumed_from = train.resume_manifest.empty() ? "" : "disk";
+  train.resume_note.clear();
   train.skipped = plan->decision.skipped;
   for (const checkpoint::SkippedStep& skipped : train.skipped) {
     spdlog::warn("job {}: skipped checkpoint step {}: {}", job.id, skipped.step, skipped.reason);
@@ -773,6 +778,9 @@ void Coordinator::StartGeneration(Job& job, const Placement& placement) {
       record.ranks = std::move(group.ranks);
       groups.push_back(std::move(record));
     }
+    if (job.spec.kind == placement::JobKind::kTrain) {
+      PrepareMemoryTier(job, placement, groups);
+    }
   } else {
     GroupRecord world;
     world.kind = world.id = "world";
@@ -804,6 +812,8 @@ void Coordinator::StartGeneration(Job& job, const Placement& placement) {
                     : std::to_string(placement.size()) + " actors";
   record.resumed_step = job.train.resumed_step;
   record.last_step = job.train.resumed_step;
+  record.resumed_from = job.train.resumed_from;
+  record.resume_note = job.train.resume_note;
   job.generations.push_back(std::move(record));
   // A new generation reports its steps and saves its shards afresh; what was committed stays.
   job.train.first_step = -1;
@@ -847,6 +857,56 @@ void Coordinator::StartGeneration(Job& job, const Placement& placement) {
   spdlog::info("job {} generation {}: spawning {} actors on {} nodes", job.id, job.generation,
                placement.size(), ranks_by_node.size());
   Persist(job);
+}
+
+void Coordinator::PrepareMemoryTier(Job& job, const Placement& placement,
+                                    std::vector<GroupRecord>& groups) {
+  TrainRecord& train = job.train;
+  std::vector<std::string> rank_nodes;
+  for (const auto& [node_id, device_slot] : placement) rank_nodes.push_back(node_id);
+  const MemoryChoice choice = ChooseMemoryResume(job, rank_nodes);
+  if (choice.used) {
+    train.resumed_from = choice.kind;
+    train.resume_note.clear();
+    spdlog::info("job {}: resumes from memory step {} ({}: the nodes' memory, not {})", job.id,
+                 train.resumed_step, choice.kind,
+                 train.resume_manifest.empty() ? "a fresh start" : train.resume_manifest);
+    if (!job.generations.empty()) {
+      GenerationRecord& ended = job.generations.back();
+      ended.steps_lost = std::max<int64_t>(0, ended.last_step - train.resumed_step);
+    }
+    train.step = train.resumed_step;
+    train.logged_step = train.resumed_step;
+  } else if (!choice.note.empty() || train.memory_forgotten) {
+    train.resume_note = !choice.note.empty()
+                            ? choice.note
+                            : "no memory step was used: they are known only to the coordinator "
+                              "that committed them, and the coordinator restarted";
+    train.memory_forgotten = false;
+    spdlog::warn("job {}: {}; resumes from {}", job.id, train.resume_note,
+                 train.resume_manifest.empty() ? "nothing (fresh)" : train.resume_manifest);
+  }
+  train.memory_buddies.clear();
+  const placement::CheckpointSpec& checkpoint = job.spec.train.checkpoint;
+  if (checkpoint.memory_interval == 0) return;
+  if (checkpoint.memory_replicas > 0) {
+    train.memory_buddies = MemoryBuddies(rank_nodes);
+    if (train.memory_buddies.empty()) {
+      spdlog::warn(
+          "job {}: checkpoint.memory_replicas: this generation runs on one node; its "
+          "memory steps have no replicas",
+          job.id);
+    }
+  }
+  // Files move between nodes (replicas, a resume's fetches) over a group of their own.
+  if (std::set<std::string>(rank_nodes.begin(), rank_nodes.end()).size() > 1) {
+    GroupRecord memory;
+    memory.kind = memory.id = "memory";
+    for (size_t rank = 0; rank < rank_nodes.size(); ++rank) {
+      memory.ranks.push_back(static_cast<int>(rank));
+    }
+    groups.push_back(std::move(memory));
+  }
 }
 
 absl::StatusOr<ActorRecord*> Coordinator::FindActor(const std::string& job_id, uint32_t generation,
@@ -915,7 +975,16 @@ absl::Status Coordinator::OnRegisterActor(const std::string& peer, uint64_t requ
     const placement::ParallelSpec& parallel = job.spec.parallel;
     FillParallelLayout(parallel, assignment.initParallel());
     if (job.spec.kind == placement::JobKind::kTrain) {
-      assignment.setResumeManifest(CapText(job.train.resume_manifest));
+      if (!job.train.memory_resume.empty()) {
+        assignment.setMemoryResume(CapText(job.train.memory_resume));
+      } else {
+        assignment.setResumeManifest(CapText(job.train.resume_manifest));
+      }
+      auto buddies =
+          assignment.initMemoryBuddies(static_cast<unsigned>(job.train.memory_buddies.size()));
+      for (size_t r = 0; r < job.train.memory_buddies.size(); ++r) {
+        buddies.set(static_cast<unsigned>(r), job.train.memory_buddies[r]);
+      }
       assignment.setCalibrate(job.Calibrates());
     }
     if (job.spec.kind == placement::JobKind::kServe && actor->rank == 0) {
@@ -1106,6 +1175,7 @@ absl::Status Coordinator::OnStepReport(const std::string& peer, uint64_t request
     }
     if (auto recovery = RecordStep(job, actor->rank, sample, clock_->Now())) {
       metrics_.OnRecovered(recovery->cause, recovery->seconds, recovery->steps_lost);
+      metrics_.OnResumed(recovery->source, recovery->steps_lost);
       spdlog::info("job {} generation {}: first step {} {:.3f} s after the fault ({} steps lost)",
                    job.id, job.generation, sample.step, recovery->seconds, recovery->steps_lost);
       Persist(job);
@@ -1208,6 +1278,26 @@ absl::Status Coordinator::OnShardSaved(const std::string& peer, uint64_t request
       static_cast<int64_t>(std::min<uint64_t>(report.getDataTokens(), kMaxDimension));
   saved.data.xxh3 = report.getDataXxh3();
   const int64_t step = static_cast<int64_t>(saved.step);
+  if (report.getMemory()) {
+    std::vector<int64_t> replica_of;
+    for (uint32_t rank : report.getReplicaOf()) replica_of.push_back(rank);
+    saved.dir = Str(report.getDir());  // relative to the node's memory store
+    ASSIGN_OR_RETURN(const ShardVerdict verdict,
+                     AddMemoryShard(job, std::move(saved), actor->node_id, replica_of));
+    if (!verdict.job_error.empty()) {
+      EndJob(job, JobState::kFailed, verdict.job_error);
+      return absl::FailedPreconditionError(verdict.job_error);
+    }
+    if (verdict.complete) {
+      // A memory step that does not make a checkpoint costs its use, not the job: the disk
+      // steps stay.
+      if (auto status = CommitMemoryStep(job, step); !status.ok()) {
+        spdlog::warn("job {}: {}", job.id, Text(status.message()));
+      }
+    }
+    ReplyAck(peer, request_id);
+    return absl::OkStatus();
+  }
   ASSIGN_OR_RETURN(const ShardVerdict verdict, AddShard(job, std::move(saved)));
   if (!verdict.job_error.empty()) {
     EndJob(job, JobState::kFailed, verdict.job_error);
@@ -1378,10 +1468,14 @@ void Coordinator::MaybeFinishJob(Job& job) {
   }
 }
 
-void Coordinator::SendAbort(const Job& job, const std::string& reason) {
+void Coordinator::SendAbort(const Job& job, const std::string& reason, bool job_ended) {
   std::set<std::string> nodes;
   for (const ActorRecord& actor : job.actors) {
     if (!actor.exited && actor.state != ActorState::kLost) nodes.insert(actor.node_id);
+  }
+  // The job's end reaches every node: any may hold its memory steps, from any generation.
+  if (job_ended) {
+    for (const auto& [node_id, node] : membership_.nodes()) nodes.insert(node_id);
   }
   for (const auto& node_id : nodes) {
     const NodeInfo* node = membership_.Find(node_id);
@@ -1391,6 +1485,7 @@ void Coordinator::SendAbort(const Job& job, const std::string& reason) {
     abort.setJobId(CapText(job.id));
     abort.setGeneration(job.generation);
     abort.setReason(CapText(reason));
+    abort.setJobEnded(job_ended);
     Send(node->peer, *message);
   }
 }
@@ -1422,9 +1517,12 @@ void Coordinator::EndJob(Job& job, JobState state, const std::string& error) {
         if (actor.detail.empty()) actor.detail = "aborted with its generation";
       }
     }
-    SendAbort(job, state == JobState::kSucceeded ? "job succeeded" : error);
+    SendAbort(job, state == JobState::kSucceeded ? "job succeeded" : error, /*job_ended=*/true);
     FreeDevices(membership_, job.id);
     kv_.ErasePrefix("job/" + job.id + "/");
+  } else if (job.spec.kind == placement::JobKind::kTrain &&
+             job.spec.train.checkpoint.memory_interval > 0 && !job.generations.empty()) {
+    SendAbort(job, JobStateName(job.state).data(), /*job_ended=*/true);  // the nodes' memory steps
   }
   if (state == JobState::kSucceeded) {
     spdlog::info("job {} succeeded", job.id);
@@ -1562,6 +1660,10 @@ absl::Status Coordinator::LoadHistory() {
     }
     job_order_.push_back(job.id);
     const std::string id = job.id;
+    // Memory steps are committed in the coordinator's memory: what this job had is unknown now.
+    job.train.memory_forgotten = job.spec.kind == placement::JobKind::kTrain &&
+                                 job.spec.train.checkpoint.memory_interval > 0 &&
+                                 !IsFinal(job.state);
     jobs_[id] = std::move(job);
     Persist(jobs_[id]);
   }

@@ -174,7 +174,11 @@ class Coordinator {
   Fault MakeFault(const Job& job, FaultKind kind, int rank, const std::string& node,
                   std::string detail) const;
   // Tells the agents of the generation's live actors to kill them.
-  void SendAbort(const Job& job, const std::string& reason);
+  // `job_ended`: no generation follows, and every node drops the job's memory steps.
+  void SendAbort(const Job& job, const std::string& reason, bool job_ended = false);
+  // A train job's memory tier for the generation placed on `placement`: whether it resumes from a
+  // memory step (ChooseMemoryResume), the ranks' buddies, and the group files move over.
+  void PrepareMemoryTier(Job& job, const Placement& placement, std::vector<GroupRecord>& groups);
   // What each job's generation needs now (GenerationSupervisor::Check), acted on.
   void Supervise();
   // The aborted generation is over: names its cause, then restarts the job (elastic, the breaker

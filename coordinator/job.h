@@ -126,7 +126,34 @@ struct TrainRecord {
   Start start = Start::kUndecided;
   std::string resume_manifest;  // the step every rank resumes from; empty: fresh
   int64_t resumed_step = 0;     // its step
+  std::string resumed_from;     // "disk", "memory", "memory replica"; empty: fresh
+  std::string resume_note;      // why a newer memory step was not used
   std::vector<checkpoint::SkippedStep> skipped;  // newer steps that failed verification
+
+  // The memory tier (checkpoint.memory_interval; checkpoint/memory_step.h). Memory shards
+  // reported but not yet committed, by step, and the newest committed memory step: its manifest
+  // and which nodes hold each file. In the coordinator's memory only: after a coordinator restart
+  // a job resumes from disk.
+  struct MemoryAssembly {
+    checkpoint::StepAssembly shards;
+    std::map<std::string, std::vector<std::string>> holders;    // by file: nodes, writer's first
+    std::map<int64_t, std::vector<std::string>> replica_nodes;  // by rank: nodes holding copies
+  };
+  std::map<int64_t, MemoryAssembly> memory_saving;
+  struct MemoryStep {
+    checkpoint::Manifest manifest;
+    uint32_t generation = 0;  // whose ranks wrote it (its folder in the stores)
+    std::map<std::string, std::vector<std::string>> holders;  // by file
+  };
+  std::optional<MemoryStep> memory_step;
+  // The current generation resumes from a memory step: Assignment.memoryResume; empty: the
+  // resume_manifest (or fresh).
+  std::string memory_resume;
+  // Each rank's memory buddy (Assignment.memoryBuddies); empty without replicas.
+  std::vector<uint32_t> memory_buddies;
+  // Taken over from the job history by a restarted coordinator: the memory steps the job had
+  // are unknown (a generation that resumes from disk says why).
+  bool memory_forgotten = false;
 };
 
 // A train job's plan: for `parallel: auto`, what the planner chose when the job started (the

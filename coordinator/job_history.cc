@@ -21,6 +21,8 @@ nlohmann::json GenerationToJson(const GenerationRecord& g) {
                           {"plan", g.plan},
                           {"world", g.world},
                           {"resumed_step", g.resumed_step},
+                          {"resumed_from", g.resumed_from},
+                          {"resume_note", g.resume_note},
                           {"last_step", g.last_step},
                           {"ending", EndingName(g.ending)},
                           {"consequences", g.consequences},
@@ -45,6 +47,8 @@ GenerationRecord GenerationFromJson(const nlohmann::json& entry) {
   g.plan = entry.value("plan", "");
   g.world = entry.value("world", 0);
   g.resumed_step = entry.value("resumed_step", int64_t{0});
+  g.resumed_from = entry.value("resumed_from", std::string());
+  g.resume_note = entry.value("resume_note", std::string());
   g.last_step = entry.value("last_step", int64_t{0});
   g.ending = ParseEnding(entry.value("ending", "failed")).value_or(Ending::kFailed);
   g.consequences = entry.value("consequences", std::vector<std::string>{});

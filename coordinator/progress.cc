@@ -55,9 +55,13 @@ std::optional<Recovery> RecordStep(Job& job, int rank, const StepSample& sample,
     GenerationRecord& ended = job.generations[job.generations.size() - 2];
     ended.recovery_seconds = Seconds(now - *job.recovering_since);
     job.recovering_since.reset();
+    const std::string& from = job.generations.back().resumed_from;
     recovery = Recovery{ended.generation,
                         ended.cause ? std::string(FaultKindName(ended.cause->kind)) : "other",
-                        ended.recovery_seconds, ended.steps_lost};
+                        ended.recovery_seconds, ended.steps_lost,
+                        from.empty()               ? "fresh"
+                        : from == "memory replica" ? "memory_replica"
+                                                   : from};
   }
   if (step < progress.step && progress.first_step >= 0) return recovery;
   if (progress.first_step < 0) {
@@ -92,7 +96,7 @@ std::optional<Recovery> RecordServing(Job& job, const ServingRecord& report, Tim
   job.recovering_since.reset();
   return Recovery{ended.generation,
                   ended.cause ? std::string(FaultKindName(ended.cause->kind)) : "other",
-                  ended.recovery_seconds, 0};
+                  ended.recovery_seconds, 0, /*source=*/""};
 }
 
 double EtaSeconds(const Job& job) {

@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "coordinator/checkpoint_tracker.h"
 #include "coordinator/layout_wire.h"
 #include "coordinator/progress.h"
 #include "coordinator/supervisor.h"
@@ -147,6 +148,8 @@ void FillGenerations(capnp::List<wire::GenerationStatus>::Builder generations, c
     g.setEndedUnixMs(record.ended_unix_ms);
     g.setPlan(CapText(record.plan));
     g.setResumedStep(record.resumed_step);
+    g.setResumedFrom(record.resumed_from);
+    g.setResumeNote(record.resume_note);
     g.setLastStep(record.last_step);
     g.setEnding(CapText(std::string(EndingName(record.ending))));
     if (record.cause) {
@@ -187,6 +190,10 @@ void FillTrainProgress(wire::TrainProgress::Builder out, const Job& job) {
   }
   out.setEtaSeconds(EtaSeconds(job));
   out.setLastCommittedStep(progress.last_committed_step);
+  if (progress.memory_step) {
+    out.setLastMemoryStep(progress.memory_step->manifest.step);
+    out.setMemoryStoreBytes(MemoryStoreBytes(*progress.memory_step));
+  }
   out.setCheckpointDir(CapText(progress.saving_dir));
   // An auto job not planned yet has no layout: its fields stay 0.
   if (!job.spec.parallel_auto || job.plan.planned) {

@@ -407,6 +407,15 @@ CoordinatorMetrics::CoordinatorMetrics(std::shared_ptr<prometheus::Registry> reg
       r, "shardline_recovery_seconds",
       "Time from a fault to the restarted job's first new step, by the fault's root cause.",
       constant_labels, "cause", Vocabulary::Open(kFaultCauses), kRecoveryBuckets);
+  resumes_ = std::make_unique<detail::LabeledCounters>(
+      r, "shardline_resumes_total",
+      "Restarted generations of train jobs by where their state came from: a disk step, a memory "
+      "step the nodes held, a memory step's replica on another node, or nothing (fresh).",
+      constant_labels, "source", Vocabulary::Open(kResumeSources));
+  steps_lost_by_source_ = std::make_unique<detail::LabeledCounters>(
+      r, "shardline_steps_lost_by_source_total",
+      "Steps a restart threw away, by where the restarted generation's state came from.",
+      constant_labels, "source", Vocabulary::Open(kResumeSources));
 }
 
 CoordinatorMetrics::~CoordinatorMetrics() = default;
@@ -415,6 +424,12 @@ void CoordinatorMetrics::OnRestart(std::string_view cause) { restarts_->Get(caus
 void CoordinatorMetrics::OnRecovered(std::string_view cause, double seconds, int64_t steps_lost) {
   recovery_seconds_->Get(cause).Observe(seconds);
   steps_lost_->Get(cause).Increment(static_cast<double>(std::max<int64_t>(steps_lost, 0)));
+}
+
+void CoordinatorMetrics::OnResumed(std::string_view source, int64_t steps_lost) {
+  resumes_->Get(source).Increment();
+  steps_lost_by_source_->Get(source).Increment(
+      static_cast<double>(std::max<int64_t>(steps_lost, 0)));
 }
 
 void CoordinatorMetrics::SetNodes(const std::map<std::string, int64_t>& by_state) {

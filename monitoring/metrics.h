@@ -59,6 +59,10 @@ inline constexpr std::array<std::string_view, 8> kFaultCauses = {
     "actor_exit", "actor_error", "comm_error", "node_lost", "hung", "bootstrap", "aborted",
     "coordinator_restart"};
 inline constexpr std::array<std::string_view, 4> kGroupKinds = {"world", "tp", "pp", "dp"};
+// Where a restarted train job's state came from: a disk step, a memory step from the nodes' own
+// copies, one from a buddy's copy, or nothing committed.
+inline constexpr std::array<std::string_view, 4> kResumeSources = {"disk", "memory",
+                                                                   "memory_replica", "fresh"};
 inline constexpr std::array<std::string_view, 3> kActorExitOutcomes = {"success", "failure",
                                                                        "signal"};
 
@@ -131,6 +135,8 @@ class CoordinatorMetrics {
   // A restarted job's first new step came `seconds` after the fault; `steps_lost` steps trained
   // past its last committed step were lost.
   void OnRecovered(std::string_view cause, double seconds, int64_t steps_lost);
+  // The same recovery by where its state came from (kResumeSources).
+  void OnResumed(std::string_view source, int64_t steps_lost);
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
@@ -151,6 +157,8 @@ class CoordinatorMetrics {
   std::unique_ptr<detail::LabeledCounters> restarts_;
   std::unique_ptr<detail::LabeledCounters> steps_lost_;
   std::unique_ptr<detail::LabeledHistograms> recovery_seconds_;
+  std::unique_ptr<detail::LabeledCounters> resumes_;
+  std::unique_ptr<detail::LabeledCounters> steps_lost_by_source_;
 };
 
 // One node agent.

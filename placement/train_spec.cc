@@ -158,6 +158,16 @@ absl::StatusOr<CheckpointSpec> ParseCheckpoint(const YamlMap& map) {
   ASSIGN_OR_RETURN(checkpoint.dir, map.OptionalString("dir", ""));
   ASSIGN_OR_RETURN(checkpoint.interval, map.OptionalInt64("interval", 0, {.min = 0}));
   ASSIGN_OR_RETURN(checkpoint.keep, map.OptionalInt64("keep", 0, {.min = 0}));
+  ASSIGN_OR_RETURN(checkpoint.memory_interval,
+                   map.OptionalInt64("memory_interval", 0, {.min = 0, .max = int64_t{1} << 40}));
+  // One replica: a second would guard against two nodes lost at once, which the buddy ring does
+  // not place for yet.
+  ASSIGN_OR_RETURN(checkpoint.memory_replicas,
+                   map.OptionalInt64("memory_replicas", 0, {.min = 0, .max = 1}));
+  if (checkpoint.memory_replicas > 0 && checkpoint.memory_interval == 0) {
+    return map.ErrorAt("memory_replicas",
+                       "needs checkpoint.memory_interval (how often the shards are copied)");
+  }
   if (checkpoint.dir.empty()) {
     for (const std::string_view key : {"interval", "keep"}) {
       if (map.Has(key)) {
@@ -204,7 +214,8 @@ absl::Status ParseTrainSections(const YamlMap& map, TrainSpec& spec) {
   ASSIGN_OR_RETURN(const int64_t seed, map.OptionalInt64("seed", 1, {.min = 0}));
   spec.seed = static_cast<uint64_t>(seed);
   ASSIGN_OR_RETURN(const YamlMap checkpoint,
-                   map.OptionalMap("checkpoint", {"dir", "interval", "keep", "resume"}));
+                   map.OptionalMap("checkpoint", {"dir", "interval", "keep", "resume",
+                                                  "memory_interval", "memory_replicas"}));
   ASSIGN_OR_RETURN(spec.checkpoint, ParseCheckpoint(checkpoint));
   ASSIGN_OR_RETURN(spec.init_from, map.OptionalString("init_from", ""));
   if (const absl::Status sources = CheckStartSources(spec); !sources.ok()) {
@@ -305,6 +316,11 @@ absl::StatusOr<TrainSpec> ParseTrainSpec(const std::string& yaml_text,
     return map.ErrorAt("data",
                        "per_site is a cluster job's (one file per data-parallel site); "
                        "`shardline train` runs one site: give data.path");
+  }
+  if (spec.checkpoint.memory_interval > 0) {
+    return map.ErrorAt("checkpoint",
+                       "memory_interval is a cluster job's (its ranks' nodes hold the copies); "
+                       "`shardline train` saves to checkpoint.dir only");
   }
   return spec;
 }

@@ -49,6 +49,12 @@ struct CheckpointSpec {
   // `none`: fresh (refused when `dir` already holds committed steps); a path: from that step.
   checkpoint::ResumeMode resume = checkpoint::ResumeMode::kLatest;
   std::string resume_path;  // for a path; relative to the working directory
+  // The memory tier (a train job of the cluster): every `memory_interval` steps (0: never) each
+  // rank copies its shard into its node's memory, where it outlives the rank (a step killed ranks
+  // had reached stays loadable), and with `memory_replicas: 1` sends a copy to a rank on another
+  // node, so that a lost node loses no step either. Disk steps stay the durable layer.
+  int64_t memory_interval = 0;
+  int64_t memory_replicas = 0;
 };
 
 struct TrainSpec {

@@ -256,6 +256,10 @@ struct TrainProgress {
                                     # recomputation too); unset while an auto job is not planned
   networkBytesPerStep @32 :GroupBytes;  # of the rank that moved the most in the latest step's
                                         # reports; unset until a rank has measured it
+  lastMemoryStep @33 :Int64 = -1;  # the newest committed memory step (checkpoint.memory_interval);
+                                   # -1: none (or none known since the coordinator started)
+  memoryStoreBytes @34 :UInt64;    # host memory the job's memory steps take on its fullest node:
+                                   # the steps a node keeps (3) x that node's files of the newest
 }
 
 # One generation of a train job as its supervisor saw it.
@@ -276,6 +280,9 @@ struct GenerationStatus {
                                    # generation's first step; -1: none
   detectionSeconds @12 :Float64;   # from the fault to the supervisor's abort; -1: not measured
   abortSeconds @13 :Float64;       # from the abort until every actor of it had exited or was lost
+  resumedFrom @14 :Text;           # "disk", "memory" (the nodes' own copies), "memory replica",
+                                   # or "" (fresh)
+  resumeNote @15 :Text;            # why a newer memory step was not used, when one was not
 }
 
 # A committed checkpoint step that `resume: latest` passed over, and why (checkpoint/verify.h).
@@ -329,6 +336,7 @@ struct AbortGeneration {
   jobId @0 :Text;
   generation @1 :UInt32;
   reason @2 :Text;
+  jobEnded @3 :Bool;        # no generation follows: the node drops what it held for the job
 }
 
 struct ActorExited {
@@ -381,6 +389,13 @@ struct Assignment {
   # an earlier generation listened: that generation's port, so that a restarted service keeps
   # its address.
   serveListen @16 :Text;
+  # Kind train, resuming from a memory step instead of resumeManifest: JSON, see
+  # worker/training/memory_tier.h (MemoryResume): the step's manifest, its folder in the nodes'
+  # memory stores, and for every shard file the rank of this generation that sends it.
+  memoryResume @17 :Text;
+  # Kind train with checkpoint.memory_replicas: for every rank, the rank (on another node) that
+  # holds the copy of its memory shards; empty without replicas.
+  memoryBuddies @18 :List(UInt32);
 }
 
 # A train job's layout as the coordinator resolved it (placement::ParallelSpec).
@@ -519,6 +534,11 @@ struct ShardSaved {
   fileXxh3 @8 :UInt64;
   dataTokens @9 :UInt64;    # the token stream the rank trained on: its length and XXH3-64
   dataXxh3 @10 :UInt64;
+  # A memory step (checkpoint.memory_interval): the shard is in the rank's node's memory store,
+  # in the folder JOB/gG/step-NNNNNNNN of that store (`dir` says so); `replicaOf` lists the ranks
+  # whose memory shards of the step this rank received and holds there too (memory_replicas).
+  memory @11 :Bool;
+  replicaOf @12 :List(UInt32);
 }
 
 # The box [offsets, offsets + shape) of global tensor `name` (shape globalShape), stored in the

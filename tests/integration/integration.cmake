@@ -74,6 +74,16 @@ shardline_test(cluster_elastic_test
   LABELS integration TIMEOUT 900)
 add_dependencies(cluster_elastic_test shardline)
 
+# The memory tier: a killed actor resumes from the nodes' memory at the step it reached, a cut
+# host's files come from their replicas, a coordinator restart falls back to disk; each ends like
+# a fault-free run.
+shardline_test(cluster_memory_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/cluster_memory_test.cc
+    ${CMAKE_SOURCE_DIR}/tests/support/net_namespaces.cc
+  LIBS shardline_test_cluster shardline_monitoring_testing shardline_training
+  LABELS integration TIMEOUT 900)
+add_dependencies(cluster_memory_test shardline)
+
 # Several hosts: agents in network namespaces of their own (root; skipped with the reason when
 # namespaces cannot be made), a link cut and restored mid-training.
 shardline_test(cluster_multihost_test

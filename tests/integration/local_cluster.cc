@@ -141,7 +141,22 @@ LocalCluster::~LocalCluster() {
   }
   if (coordinator_pid_ > 0) Terminate(coordinator_pid_, 3s);
   std::error_code ec;
-  if (!std::getenv("SHARDLINE_KEEP_TEST_DIRS")) fs::remove_all(dir_, ec);
+  if (!std::getenv("SHARDLINE_KEEP_TEST_DIRS")) {
+    fs::remove_all(dir_, ec);
+    fs::remove_all(MemoryStoreRoot(), ec);
+  }
+}
+
+std::string LocalCluster::MemoryStoreRoot() const {
+  // Host memory, as the agents' default: a tmpfs. Named after the cluster's own folder, so that
+  // clusters of tests running side by side never share one.
+  const fs::path shm = "/dev/shm";
+  const std::string name = fs::path(dir_).filename().string() + "-memory";
+  return fs::is_directory(shm) ? (shm / name).string() : dir_ + "/memory";
+}
+
+std::string LocalCluster::MemoryStore(const std::string& node_id) const {
+  return MemoryStoreRoot() + "/" + node_id;
 }
 
 std::vector<std::pair<std::string, std::string>> LocalCluster::DaemonEnv() const {
@@ -224,7 +239,8 @@ absl::StatusOr<pid_t> LocalCluster::SpawnAgent(
        {ShardlineBinary(), std::string("agent"), std::string("--coordinator"), endpoint_,
         std::string("--devices"), devices, std::string("--node-id"), node_id,
         std::string("--metrics"), std::string("127.0.0.1:0"), std::string("--log-dir"),
-        dir_ + "/actors", std::string("--log-level"), std::string("debug")}) {
+        dir_ + "/actors", std::string("--log-level"), std::string("debug"),
+        std::string("--memory-store"), MemoryStore(node_id)}) {
     spawn.argv.push_back(arg);
   }
   for (const std::string& flag : CurveFlags()) spawn.argv.push_back(flag);

@@ -120,6 +120,10 @@ class LocalCluster {
   const protocol::ClientCurve* node_curve() const { return node_curve_ ? &*node_curve_ : nullptr; }
   std::string metrics_address();  // the coordinator's, from its status
   const std::string& dir() const { return dir_; }
+  // Where agent `node_id` keeps its memory steps (`shardline agent --memory-store`), removed with
+  // the cluster.
+  std::string MemoryStore(const std::string& node_id) const;
+  std::string MemoryStoreRoot() const;
   pid_t coordinator_pid() const { return coordinator_pid_; }
   // The pid of the agent started last for `node_id`; 0 when none.
   pid_t agent_pid(const std::string& node_id) const {

@@ -198,6 +198,9 @@ absl::StatusOr<std::vector<ChaosRecord>> RunChaos(LocalCluster& cluster, const s
     record.cause = ended["cause"];
     record.abort_seconds = ended["abort_seconds"];
     record.steps_lost = ended["steps_lost"];
+    if (const json* next = GenerationRecord(*back, generation + 1); next != nullptr) {
+      record.resumed_from = next->value("resumed_from", "");
+    }
     const double aborted_at_ms =
         ended["ended_unix_ms"].get<double>() -
         std::max(0.0, record.abort_seconds) * 1000.0;

@@ -52,6 +52,9 @@ struct ChaosRecord {
   double abort_seconds = -1;       // abort → every actor gone
   double first_step_seconds = -1;  // injection → the next generation's first step
   int64_t steps_lost = 0;
+  // Where the next generation resumed from ("disk", "memory", "memory replica"; "" when it had
+  // not said so when the record was taken).
+  std::string resumed_from;
 };
 
 // Drives job `job_id`, which must be running on `cluster` with checkpoints on; returns a record

@@ -397,6 +397,10 @@ TEST(TrainJobSpecTest, ACheckpointSectionThatCannotWorkIsAnErrorAtItsKey) {
        "init_from: give either init_from (parameters only, a fresh optimizer) or "
        "checkpoint.resume: PATH"},
       {"checkpoint: {dir: c, resum: none}\n", "resum"},
+      {"checkpoint: {memory_replicas: 1}\n",
+       "checkpoint.memory_replicas: needs checkpoint.memory_interval"},
+      {"checkpoint: {memory_interval: 1, memory_replicas: 2}\n", "checkpoint.memory_replicas"},
+      {"checkpoint: {memory_interval: -1}\n", "checkpoint.memory_interval"},
   };
   for (const auto& c : cases) {
     absl::StatusOr<JobSpec> spec = Parse(std::string(kMinimalTrain) + c.yaml);
@@ -411,6 +415,8 @@ TEST(TrainJobSpecTest, ExampleGptElasticParses) {
   EXPECT_TRUE(spec->elastic.enabled);
   EXPECT_EQ(spec->elastic.min_actors, 2);
   EXPECT_EQ(spec->elastic.max_actors, 4);
+  EXPECT_EQ(spec->train.checkpoint.memory_interval, 1);  // memory steps: a fault loses no step
+  EXPECT_EQ(spec->train.checkpoint.memory_replicas, 0);
   // On 3 free devices it runs dp 1 (tp 2); on 4, dp 2.
   EXPECT_EQ(ElasticLayout(*spec, 3)->dp, 1);
   EXPECT_EQ(ElasticLayout(*spec, 4)->dp, 2);

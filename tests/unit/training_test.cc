@@ -62,6 +62,14 @@ TEST(TrainSpecTest, InconsistentSizesAreErrorsBeforeAnyWork) {
   auto unknown = placement::ParseTrainSpec(std::string(kTinySpec) + "learning_rate: 3\n", "t.yaml");
   ASSERT_FALSE(unknown.ok());
   EXPECT_NE(std::string(unknown.status().message()).find("learning_rate"), std::string::npos);
+  // Memory steps are held by a cluster's nodes; one process keeps its steps on disk.
+  auto memory = placement::ParseTrainSpec(
+      std::string(kTinySpec) + "checkpoint: {dir: c, memory_interval: 1}\n", "t.yaml");
+  ASSERT_FALSE(memory.ok());
+  EXPECT_NE(std::string(memory.status().message())
+                .find("memory_interval is a cluster job's (its ranks' nodes hold the copies)"),
+            std::string::npos)
+      << memory.status();
 }
 
 TEST(TrainSpecTest, DeviceAndPrecision) {

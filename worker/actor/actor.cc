@@ -108,6 +108,30 @@ class MeteredCollectives final : public comm::CommObserver {
   const std::string kind_;
 };
 
+// A rank's shard of a checkpoint step (disk or memory) into its ShardSaved report.
+void FillSavedShard(const checkpoint::SavedShard& shard, wire::ShardSaved::Builder report) {
+  report.setFile(shard.file);
+  report.setFileBytes(shard.bytes);
+  report.setFileXxh3(shard.xxh3);
+  auto tensors = report.initTensors(static_cast<unsigned>(shard.pieces.size()));
+  const auto fill = [](auto list, const std::vector<int64_t>& values) {
+    for (size_t k = 0; k < values.size(); ++k) {
+      list.set(static_cast<unsigned>(k), static_cast<uint64_t>(values[k]));
+    }
+  };
+  for (size_t i = 0; i < shard.pieces.size(); ++i) {
+    const checkpoint::SavedPiece& piece = shard.pieces[i];
+    auto out = tensors[static_cast<unsigned>(i)];
+    out.setName(piece.name);
+    out.setTensor(piece.tensor);
+    out.setDtype(checkpoint::DTypeName(piece.dtype));
+    out.setXxh3(piece.xxh3);
+    fill(out.initGlobalShape(static_cast<unsigned>(piece.global_shape.size())), piece.global_shape);
+    fill(out.initOffsets(static_cast<unsigned>(piece.offsets.size())), piece.offsets);
+    fill(out.initShape(static_cast<unsigned>(piece.shape.size())), piece.shape);
+  }
+}
+
 // Everything one actor run holds; its methods are the steps of RunActor.
 class Actor {
  public:
@@ -174,6 +198,8 @@ class Actor {
   std::string backend_;
   std::string store_prefix_;
   std::string resume_manifest_;  // kind train: the step to resume from; empty: fresh
+  std::string memory_resume_;    // kind train: the memory step to resume from instead (JSON)
+  std::vector<uint32_t> memory_buddies_;  // kind train, memory_replicas: by rank
   std::string serve_listen_;     // kind serve, rank 0: where to listen; empty: the spec's
   bool calibrate_ = true;        // kind train: measure before the first step
   std::chrono::milliseconds bootstrap_timeout_{30000};
@@ -281,6 +307,20 @@ absl::Status Actor::Register() {
     return absl::InvalidArgumentError("the assignment of a `parallel: auto` job has no layout");
   }
   resume_manifest_ = Str(assignment.getResumeManifest());
+  memory_resume_ = Str(assignment.getMemoryResume());
+  for (uint32_t buddy : assignment.getMemoryBuddies()) {
+    if (buddy >= assignment.getWorldSize()) {
+      return absl::InvalidArgumentError(absl::StrCat("the assignment's memory buddy ", buddy,
+                                                     " is outside the world of ",
+                                                     assignment.getWorldSize()));
+    }
+    memory_buddies_.push_back(buddy);
+  }
+  if (!memory_buddies_.empty() && memory_buddies_.size() != assignment.getWorldSize()) {
+    return absl::InvalidArgumentError(absl::StrCat("the assignment names ", memory_buddies_.size(),
+                                                   " memory buddies for a world of ",
+                                                   assignment.getWorldSize()));
+  }
   serve_listen_ = Str(assignment.getServeListen());
   calibrate_ = assignment.getCalibrate();
   backend_ = Str(assignment.getBackend());
@@ -333,7 +373,9 @@ absl::Status Actor::Bootstrap() {
       if (spec_.kind == placement::JobKind::kServe) {
         gloo.timeout = std::max<std::chrono::milliseconds>(gloo.timeout, kServingCommTimeout);
       }
-      if (backend_ == "shm") {
+      // The memory tier's group moves files between nodes only, off the training thread: plain
+      // Gloo, whatever the training groups run over.
+      if (backend_ == "shm" && group.kind != "memory") {
         comm::CpuCommOptions cpu;
         cpu.gloo = gloo;
         cpu.shm.timeout = gloo.timeout;
@@ -394,6 +436,7 @@ absl::Status Actor::CalibrateAndReport() {
     // groups this rank is not in go in too, without a communicator, for a time-shared host's
     // turns (calibration.h).
     for (const auto& group : groups_) {
+      if (group.kind == "memory") continue;  // carries files, never a training collective
       auto found = communicators_.find(group.id);
       groups.push_back({group.id, group.kind,
                         found == communicators_.end() ? nullptr : found->second.get(),
@@ -465,6 +508,23 @@ absl::Status Actor::RunTrainJob() {
       .device_index = device_index_,
       .bf16_gemms = cuda_device_};
   options.resume_manifest = resume_manifest_;
+  options.memory.store = options_.memory_store;
+  options.memory.job_id = options_.job_id;
+  options.memory.generation = options_.generation;
+  options.memory.interval = spec_.train.checkpoint.memory_interval;
+  options.memory.buddies = memory_buddies_;
+  options.memory.resume = memory_resume_;
+  for (const auto& group : groups_) {
+    auto found = communicators_.find(group.id);
+    if (group.kind == "memory" && found != communicators_.end()) {
+      options.memory.transfers = found->second.get();
+    }
+  }
+  if (options.memory.interval > 0 && options.memory.store.empty()) {
+    spdlog::warn(
+        "checkpoint.memory_interval: this actor has no memory store (--memory-store); "
+        "it saves no memory steps");
+  }
   // At least once a second: the coordinator's hang watchdog follows the interval of reports.
   options.progress_interval = std::chrono::seconds(1);
   // Every rank reports: the coordinator takes the loss from the last stage and the timings of the
@@ -520,29 +580,28 @@ absl::Status Actor::RunTrainJob() {
       auto report = Origin(payload.initShardSaved());
       report.setStep(static_cast<uint64_t>(saved.step));
       report.setDir(checkpoint::StepDir(spec_.train.checkpoint.dir, saved.step));
-      report.setFile(saved.shard.file);
-      report.setFileBytes(saved.shard.bytes);
-      report.setFileXxh3(saved.shard.xxh3);
       report.setDataTokens(static_cast<uint64_t>(saved.data.tokens));
       report.setDataXxh3(saved.data.xxh3);
-      auto tensors = report.initTensors(static_cast<unsigned>(saved.shard.pieces.size()));
-      for (size_t i = 0; i < saved.shard.pieces.size(); ++i) {
-        const checkpoint::SavedPiece& piece = saved.shard.pieces[i];
-        auto out = tensors[static_cast<unsigned>(i)];
-        out.setName(piece.name);
-        out.setTensor(piece.tensor);
-        out.setDtype(checkpoint::DTypeName(piece.dtype));
-        out.setXxh3(piece.xxh3);
-        auto fill = [](auto list, const std::vector<int64_t>& values) {
-          for (size_t k = 0; k < values.size(); ++k) {
-            list.set(static_cast<unsigned>(k), static_cast<uint64_t>(values[k]));
-          }
-        };
-        fill(out.initGlobalShape(static_cast<unsigned>(piece.global_shape.size())),
-             piece.global_shape);
-        fill(out.initOffsets(static_cast<unsigned>(piece.offsets.size())), piece.offsets);
-        fill(out.initShape(static_cast<unsigned>(piece.shape.size())), piece.shape);
+      FillSavedShard(saved.shard, report);
+    });
+  };
+  // A memory step: the same report, flagged, with the step's folder in the node's store
+  // (relative to it) and the replicas this rank holds.
+  const std::string store_prefix = options_.memory_store + "/";
+  options.memory.on_saved = [&](const training::MemorySaved& saved) {
+    return reports_->Call([&](wire::Envelope::Payload::Builder payload) {
+      auto report = Origin(payload.initShardSaved());
+      report.setStep(static_cast<uint64_t>(saved.step));
+      report.setDir(saved.dir.rfind(store_prefix, 0) == 0 ? saved.dir.substr(store_prefix.size())
+                                                          : saved.dir);
+      report.setMemory(true);
+      report.setDataTokens(static_cast<uint64_t>(saved.data.tokens));
+      report.setDataXxh3(saved.data.xxh3);
+      auto replicas = report.initReplicaOf(static_cast<unsigned>(saved.replica_of.size()));
+      for (size_t i = 0; i < saved.replica_of.size(); ++i) {
+        replicas.set(static_cast<unsigned>(i), saved.replica_of[i]);
       }
+      FillSavedShard(saved.shard, report);
     });
   };
   const absl::StatusOr<training::ShardedTrainResult> trained = training::TrainSharded(options);

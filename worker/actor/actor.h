@@ -23,6 +23,8 @@ struct ActorOptions {
   // Its agent's advertised address (protocol/address_rule.h); empty: the route to the coordinator.
   std::string advertise_address;
   protocol::CurveSetup curve;    // its agent's: the node key, or --insecure
+  // Its node's memory store (checkpoint/memory_step.h): where memory steps go; empty: none.
+  std::string memory_store;
 };
 
 // The environment variable through which an agent hands an actor its per-generation token (hex;

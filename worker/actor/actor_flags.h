@@ -19,6 +19,7 @@ inline void AddActorFlags(CLI::App& command, ActorOptions& options, std::string&
   command.add_option("--device", options.device);
   command.add_option("--metrics", options.metrics_address);
   command.add_option("--advertise-address", options.advertise_address);
+  command.add_option("--memory-store", options.memory_store);
   command.add_option("--log-level", log_level);
   command.add_option("--keys", options.curve.key_dir);
   command.add_option("--key", options.curve.identity);

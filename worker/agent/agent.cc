@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "absl/strings/escaping.h"
+#include "checkpoint/memory_step.h"
 #include "common/process.h"
 #include "common/status_macros.h"
 #include "protocol/address_rule.h"
@@ -94,6 +95,9 @@ std::string DeviceArg(wire::Device::Reader device) {
 
 absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(AgentOptions options) {
   if (options.node_id.empty()) options.node_id = Hostname();
+  if (options.memory_store.empty()) {
+    options.memory_store = "/dev/shm/shardline/" + options.cluster_id + "/" + options.node_id;
+  }
   if (options.actor_binary.empty()) options.actor_binary = SelfExecutable();
   ASSIGN_OR_RETURN(auto devices, DiscoverDevices(options.devices));
   if (!options.log_dir.empty()) {
@@ -303,6 +307,10 @@ absl::Status Agent::Handle(const protocol::Message& message) {
       // as killed by this abort.
       ReapActors();
       KillActors(Str(abort.getJobId()), abort.getGeneration(), Grace::kAsSpawned);
+      if (abort.getJobEnded()) {
+        ended_jobs_.insert(Str(abort.getJobId()));
+        DropEndedJobsMemory();
+      }
       return absl::OkStatus();
     }
     case Payload::SHUTDOWN:
@@ -339,7 +347,8 @@ void Agent::SpawnActors(wire::SpawnActors::Reader request) {
                   "--device", DeviceArg(actor.getDevice()),
                   "--log-level", options_.log_level,
                   "--metrics", options_.actor_metrics_host + ":0",
-                  "--advertise-address", address_};
+                  "--advertise-address", address_,
+                  "--memory-store", options_.memory_store};
     // clang-format on
     for (std::string& flag : options_.curve.Flags()) spawn.argv.push_back(std::move(flag));
     // The node's cores are shared by its CPU actors: each gets its share of threads for OpenMP
@@ -435,6 +444,26 @@ void Agent::ReapActors() {
                it->second.killed);
     it = children_.erase(it);
     metrics_.SetActorsRunning(static_cast<int64_t>(children_.size()));
+  }
+  DropEndedJobsMemory();
+}
+
+void Agent::DropEndedJobsMemory() {
+  for (auto job = ended_jobs_.begin(); job != ended_jobs_.end();) {
+    const bool running = std::any_of(children_.begin(), children_.end(), [&](const auto& child) {
+      return child.second.job_id == *job;
+    });
+    if (running) {  // a killed actor may still be writing: once it is reaped
+      ++job;
+      continue;
+    }
+    // Job ids are the coordinator's "NAME-N" (checkpoint::MemoryJobDir refuses others).
+    if (const auto dir = checkpoint::MemoryJobDir(options_.memory_store, *job); dir.ok()) {
+      std::error_code error;
+      std::filesystem::remove_all(*dir, error);
+      if (error) spdlog::warn("removing {}: {}", *dir, error.message());
+    }
+    job = ended_jobs_.erase(job);
   }
 }
 

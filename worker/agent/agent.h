@@ -8,9 +8,10 @@
 
 #include <atomic>
 #include <chrono>
-#include <optional>
 #include <map>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,10 @@ struct AgentOptions {
   std::string log_dir;        // actor logs (one file per actor); empty: inherit stderr
   std::string log_level = "info";
   protocol::CurveSetup curve;  // the node key (or --insecure), handed on to its actors
+  // Where this node's actors keep memory steps (checkpoint/memory_step.h), host memory that
+  // outlives them; empty: /dev/shm/shardline/CLUSTER/NODE. A job's folder in it is removed when
+  // the job ends.
+  std::string memory_store;
 };
 
 class Agent {
@@ -94,6 +99,9 @@ class Agent {
   std::unique_ptr<protocol::WireObserver> wire_observer_;
   std::unique_ptr<protocol::RpcClient> client_;
   std::map<pid_t, Child> children_;
+  // Jobs that ended (AbortGeneration.jobEnded) whose memory steps go once their actors are gone.
+  std::set<std::string> ended_jobs_;
+  void DropEndedJobsMemory();
 
   bool registered_ = false;
   bool ever_registered_ = false;

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/layout.h"
@@ -99,13 +100,29 @@ absl::StatusOr<ShardedTrainResult> TrainSharded(const ShardedTrainOptions& optio
   ASSIGN_OR_RETURN(data::Sampler sampler,
                    data::Sampler::Create(dataset, spec.seq_len, spec.batch, spec.seed));
   const checkpoint::DataIdentity data = IdentifyData(spec, dataset);
-  ASSIGN_OR_RETURN(const StartingPoint starting,
-                   OpenStartingPoint(spec, options.resume_manifest, data));
+  std::string resume_manifest = options.resume_manifest;
+  std::optional<checkpoint::MemoryResume> memory_resume;
+  if (!options.memory.resume.empty()) {
+    ASSIGN_OR_RETURN(memory_resume,
+                     checkpoint::ParseMemoryResume(options.memory.resume, job.parallel.world(),
+                                                   "the assignment's memory step"));
+  }
+  if (!memory_resume) {
+    // Checked before anything is allocated: a bad checkpoint fails at once.
+    RETURN_IF_ERROR(OpenStartingPoint(spec, resume_manifest, data).status());
+  }
   ASSIGN_OR_RETURN(const std::unique_ptr<kernels::Backend> backend,
                    kernels::CreateBackend(options.backend));
   std::vector<std::unique_ptr<comm::Communicator>> staged;
   const model::ShardedGroups groups = GroupsForBackend(options.groups, *backend, staged);
   ASSIGN_OR_RETURN(auto gpt, model::ShardedGpt::Create(sharded, groups, *backend));
+  if (memory_resume) {
+    // The files this rank's boxes need come from the nodes holding them; then the step loads as
+    // a disk step does.
+    ASSIGN_OR_RETURN(resume_manifest,
+                     FetchMemoryStep(options.memory, options.rank, *memory_resume, *gpt));
+  }
+  ASSIGN_OR_RETURN(const StartingPoint starting, OpenStartingPoint(spec, resume_manifest, data));
   RETURN_IF_ERROR(LoadStartingPoint(starting, spec.seed, *gpt));
 
   // Saves: the writer's thread writes this rank's shard and reports it; the coordinator commits
@@ -119,6 +136,34 @@ absl::StatusOr<ShardedTrainResult> TrainSharded(const ShardedTrainOptions& optio
     };
     writer = std::make_unique<worker::AsyncShardWriter>(worker::MakeShardPlan(gpt->StatePieces()),
                                                         options.rank, fs, on_written);
+  }
+
+  // Memory steps: the same writer into this node's memory store; its thread then exchanges the
+  // replicas, prunes what no resume can pick, and reports.
+  // In place: the staging buffer is the file in the node's memory (shard_writer.h says why).
+  std::unique_ptr<worker::AsyncShardWriter> memory_writer;
+  const MemoryTierOptions& memory = options.memory;
+  std::map<int64_t, std::vector<std::string>> received;  // replicas held, by step: the writer's
+  if (memory.interval > 0 && !memory.store.empty()) {
+    auto on_written = [&options, &memory, &memory_writer, &received, data](
+                          int64_t step, const checkpoint::SavedShard& shard) {
+      MemorySaved saved;
+      saved.step = step;
+      saved.data = data;
+      ASSIGN_OR_RETURN(saved.dir, MemoryStepDir(memory, step));
+      saved.shard = shard;
+      ASSIGN_OR_RETURN(saved.replica_of, ExchangeReplicas(memory, options.rank, saved.dir, shard,
+                                                          memory_writer->file_bytes()));
+      for (uint32_t of : saved.replica_of) {
+        received[step].push_back(saved.dir + "/" + checkpoint::ShardFileName(of));
+      }
+      // The ranks of a generation are at most a save apart: when this rank starts step s, a
+      // slower one may still be writing s - K, so s - 2K may be the newest committed.
+      PruneMemorySteps(memory, step - 2 * memory.interval, received);
+      return memory.on_saved ? memory.on_saved(saved) : absl::OkStatus();
+    };
+    memory_writer = worker::AsyncShardWriter::InPlace(worker::MakeShardPlan(gpt->StatePieces()),
+                                                      options.rank, on_written);
   }
 
   ShardedTrainResult result;
@@ -154,6 +199,13 @@ absl::StatusOr<ShardedTrainResult> TrainSharded(const ShardedTrainOptions& optio
       result.save_stall_seconds.push_back(
           std::chrono::duration<double>(Clock::now() - stall).count());
     }
+    if (memory_writer) RETURN_IF_ERROR(memory_writer->PollError());
+    if (memory_writer && !last && step % memory.interval == 0) {
+      ASSIGN_OR_RETURN(std::string dir, MemoryStepDir(memory, step));
+      RETURN_IF_ERROR(memory_writer->Prepare(dir));  // waits for the previous one
+      RETURN_IF_ERROR(gpt->CopyState(memory_writer->staging()));
+      RETURN_IF_ERROR(memory_writer->Start(step, std::move(dir)));
+    }
     const bool logged = last || step % spec.log_interval == 0;
     const bool due = options.progress_interval.count() > 0 &&
                      Clock::now() - last_report >= options.progress_interval;
@@ -183,6 +235,7 @@ absl::StatusOr<ShardedTrainResult> TrainSharded(const ShardedTrainOptions& optio
     if (last) break;
   }
   if (writer) RETURN_IF_ERROR(writer->WaitIdle());
+  if (memory_writer) RETURN_IF_ERROR(memory_writer->WaitIdle());
   result.peak_bytes =
       static_cast<int64_t>(backend->allocator().stats().peak_bytes) + gpt->shared_bytes();
   result.memory = gpt->memory();

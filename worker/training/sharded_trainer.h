@@ -17,6 +17,7 @@
 #include "placement/job_spec.h"
 #include "worker/model/data/sampler.h"
 #include "worker/model/sharded_gpt.h"
+#include "worker/training/memory_tier.h"
 #include "worker/training/starting_point.h"
 
 namespace shardline::training {
@@ -64,6 +65,9 @@ struct ShardedTrainOptions {
   std::function<absl::Status(const SavedStep&)> on_saved;
   const std::atomic<bool>* stop = nullptr;
   checkpoint::FileSystem* fs = nullptr;  // null: checkpoint::DefaultFileSystem()
+  // The memory tier (memory steps every memory.interval steps, and the memory step to resume
+  // from, which stands in for resume_manifest).
+  MemoryTierOptions memory;
 };
 
 struct ShardedTrainResult {
