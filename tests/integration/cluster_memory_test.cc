@@ -185,6 +185,101 @@ TEST(ClusterMemoryTest, ZeroThreeAcrossHostsResumesFromTheReplicaWhenAHostsLinkI
                   checkpoint::ManifestPath(reference_dir, kSteps));
 }
 
+// A lost node scales the job in from dp 3 to dp 2, and the memory step (with the lost node's file
+// from its copy) is resharded to the new plan as a disk step would be: the batch and the sample
+// order stay, so the run ends near the fault-free dp 3 run (other sums, in fp32), having lost at
+// most the step in flight.
+TEST(ClusterMemoryTest, ALostNodeScalesInFromDpThreeToTwoResumingFromMemoryOntoTheNewPlan) {
+  LocalCluster cluster;
+  ASSERT_TRUE(cluster.StartCoordinator().ok());
+  ASSERT_TRUE(cluster.StartAgent("node-a", "cpu:2").ok());
+  auto b = cluster.StartAgent("node-b", "cpu:1");
+  ASSERT_TRUE(b.ok());
+  ASSERT_TRUE(cluster.WaitForAliveNodes(2, 15s).ok());
+  // A batch dp 3 and dp 2 both divide.
+  const auto job = [&](const std::string& name, const std::string& memory,
+                       const std::string& elastic) {
+    std::string yaml = Job(name, cluster.dir() + "/" + name, "{dp: 3}", memory, elastic);
+    const size_t batch = yaml.find("batch: 8");
+    return yaml.replace(batch, 8, "batch: 12");
+  };
+  auto reference = cluster.Submit(job("reference", "", ""));
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  ASSERT_EQ(Ended(cluster, *reference)["state"], "succeeded");
+
+  auto id = cluster.Submit(
+      job("scale-in", "memory_interval: 1, memory_replicas: 1", "{min_actors: 2, max_actors: 3}"));
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto running = cluster.WaitForJob(
+      *id, [](const json& j) { return PastMemoryStep(j, 20) || Over(j); }, 120s);
+  ASSERT_TRUE(running.ok()) << running.status() << cluster.Log("coordinator");
+  ASSERT_EQ((*running)["state"], "running") << running->dump(2);
+  ASSERT_EQ(::kill(*b, SIGKILL), 0);  // node-b's agent and, with it, rank 2
+
+  const json ended = Ended(cluster, *id);
+  ASSERT_EQ(ended["state"], "succeeded") << ended.dump(2) << cluster.Log("coordinator");
+  const json& generations = ended["train"]["generations"];
+  ASSERT_EQ(generations.size(), 2u) << ended.dump(2);
+  EXPECT_EQ(generations[1]["plan"], "tp 1 x pp 1 x dp 2, zero 0 on 2 actors");
+  EXPECT_EQ(generations[1]["resumed_from"], "memory replica") << ended.dump(2);
+  EXPECT_LE(generations[0]["steps_lost"].get<int64_t>(), 1) << ended.dump(2);
+  SameStateOptions loose;
+  loose.skip_key_bias = true;
+  ExpectSameState(checkpoint::ManifestPath(cluster.dir() + "/scale-in", kSteps),
+                  checkpoint::ManifestPath(cluster.dir() + "/reference", kSteps), loose);
+}
+
+// A shard and its copy both lost (the two nodes of a dp 2 job killed at once): no memory step is
+// whole on the nodes left, and the job resumes from disk on the spare one, saying which file was
+// out of reach.
+TEST(ClusterMemoryTest, AShardAndItsReplicaLostTogetherFallBackToDiskSayingWhy) {
+  LocalCluster cluster;
+  ASSERT_TRUE(cluster.StartCoordinator().ok());
+  auto a = cluster.StartAgent("node-a", "cpu:1");
+  auto b = cluster.StartAgent("node-b", "cpu:1");
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE(cluster.WaitForAliveNodes(2, 15s).ok());
+  auto id = cluster.Submit(Job("both", cluster.dir() + "/both", "{dp: 2}",
+                               "memory_interval: 1, memory_replicas: 1",
+                               "{min_actors: 1, max_actors: 2}", /*disk_interval=*/4));
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto running = cluster.WaitForJob(
+      *id,
+      [](const json& j) {
+        return (PastMemoryStep(j, 10) && j["train"]["last_committed_step"].get<int64_t>() >= 4) ||
+               Over(j);
+      },
+      120s);
+  ASSERT_TRUE(running.ok()) << running.status() << cluster.Log("coordinator");
+  ASSERT_EQ((*running)["state"], "running") << running->dump(2);
+  ASSERT_TRUE(cluster.StartAgent("node-c", "cpu:1").ok());
+  ASSERT_TRUE(cluster.WaitForAliveNodes(3, 15s).ok());
+  ASSERT_EQ(::kill(*a, SIGKILL), 0);
+  ASSERT_EQ(::kill(*b, SIGKILL), 0);
+
+  auto restarted = cluster.WaitForJob(
+      *id,
+      [](const json& j) {
+        for (const json& g : j["train"]["generations"]) {
+          if (g["generation"].get<int>() >= 2 && g["resumed_from"] != "") return true;
+        }
+        return Over(j);
+      },
+      120s);
+  ASSERT_TRUE(restarted.ok()) << restarted.status() << cluster.Log("coordinator");
+  const json& generations = (*restarted)["train"]["generations"];
+  const json& next = generations[generations.size() - 1];
+  EXPECT_EQ(next["resumed_from"], "disk") << restarted->dump(2);
+  EXPECT_THAT(next["resume_note"].get<std::string>(),
+              ::testing::ContainsRegex("memory step [0-9]+ was not used: rank-0000[01]"
+                                       ".safetensors was held only on node-[ab], node-[ab], "
+                                       "where this generation has no rank"));
+  ASSERT_EQ(RunShardline(
+                {"cancel", *id, "--coordinator", cluster.endpoint(), "--keys", cluster.key_dir()})
+                .exit_code,
+            0);
+}
+
 // The memory steps live in the coordinator's memory: a coordinator restarted between the commit
 // and the fault resumes the job from disk, and says why it did not use memory.
 TEST(ClusterMemoryTest, ACoordinatorRestartFallsBackToDiskAndSaysSo) {

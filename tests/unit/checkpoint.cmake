@@ -19,6 +19,10 @@ shardline_test(checkpoint_sharded_test
 shardline_test(checkpoint_commit_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/checkpoint_commit_test.cc
   LIBS shardline_checkpoint LABELS unit TIMEOUT 60)
+# The memory tier's in-place shard writer: its files verify as disk shards and are recycled.
+shardline_test(checkpoint_shard_writer_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/checkpoint_shard_writer_test.cc
+  LIBS shardline_worker_checkpoint LABELS unit TIMEOUT 60)
 # What `shardline train`'s checkpoints guarantee: damage named and skipped, bad input refused,
 # bit-exact resume, keep, a crash at every operation of a save, saves off the training loop.
 shardline_test(checkpoint_integrity_test
