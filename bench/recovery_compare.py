@@ -447,7 +447,7 @@ elastic: {{min_actors: {args.workers}, max_actors: {args.workers}}}
             or "SIGKILL" not in first.get("cause", ""):
         problems.append(f"generation 1 ended with cause_kind {first.get('cause_kind')!r}, "
                         f"cause {first.get('cause')!r}")
-    expected_from = {"disk": "disk", "memory": "memory", "replica": "memory replica"}[source]
+    expected_from = {"disk": "disk", "memory": "survivors", "replica": "memory replica"}[source]
     if second.get("resumed_from") != expected_from:
         problems.append(f"generation 2 resumed from {second.get('resumed_from')!r}, not "
                         f"{expected_from!r} ({second.get('resume_note', '')})")
@@ -807,6 +807,14 @@ def main():
     ratio = theirs[0] / ours[0] if ours[0] > 0 else float("inf")
     ft = torchft_summary() if torchft else None
     print(f"ratio (torchrun median / Shardline median): {ratio:.1f}x, against torch {torch}")
+    # The lossless paths against both peers (targets: steps lost 0-1, >= 10x faster than both).
+    for name in ("shardline-memory", "shardline-replica"):
+        if name not in sources or sources[name][0] <= 0:
+            continue
+        over_ft = f", TorchFT's survivor {ft[0] / sources[name][0]:.1f}x (torchft {torchft})" \
+            if ft else ""
+        print(f"{name}: torchrun {theirs[0] / sources[name][0]:.1f}x{over_ft} slower; steps lost "
+              f"max {sources[name][3]}")
     by_source = "".join(
         f"{name.replace('-', '_')}_median_s={sources[name][0]:.3f} "
         f"steps_lost_{name.replace('-', '_')}={sources[name][2]:g} "
@@ -814,7 +822,7 @@ def main():
         for name in ("shardline-memory", "shardline-replica") if name in sources)
     print(f"result recovery shardline_median_s={ours[0]:.3f} torchrun_median_s={theirs[0]:.3f} "
           f"ratio={ratio:.2f} steps_lost_shardline={ours[2]:g} steps_lost_torchrun={theirs[2]:g} "
-          + by_source +
+          + by_source
           + (f"torchft_continue_median_s={ft[0]:.3f} torchft_full_median_s={ft[1]:.3f} "
              f"steps_lost_torchft={ft[2]:g} torchft={torchft} " if ft else "")
           + f"torch={torch}")

@@ -57,7 +57,7 @@ absl::StatusOr<MemoryResume> ParseMemoryResume(std::string_view json, int64_t wo
   if (!read.ok()) return read.status();
   resume.manifest = *std::move(read);
   resume.generation = static_cast<uint32_t>(generation->get<uint64_t>());
-  resume.kind = kind != parsed.end() && kind->is_string() ? kind->get<std::string>() : "memory";
+  resume.kind = kind != parsed.end() && kind->is_string() ? kind->get<std::string>() : "survivors";
   std::set<std::string> named;
   for (const Json& entry : *sources) {
     const auto file = entry.is_object() ? entry.find("file") : entry.end();

@@ -41,8 +41,8 @@ struct MemoryResume {
     int64_t rank = 0;  // the rank of the new generation that sends it: one on a node holding it
   };
   std::vector<Source> sources;  // one per file of the manifest
-  // Which copy the sources hold: "memory" (every file from its writer's node) or "memory replica"
-  // (some from the node of a buddy that received a copy).
+  // Which copy the sources hold: "survivors" (every file from its writer's node) or "memory
+  // replica" (some from the node of a buddy that received a copy).
   std::string kind;
 };
 

@@ -1,6 +1,7 @@
 #include "coordinator/checkpoint_tracker.h"
 
 #include <algorithm>
+#include <set>
 
 #include "absl/strings/str_join.h"
 #include "checkpoint/checksum.h"
@@ -159,6 +160,22 @@ absl::Status CommitMemoryStep(Job& job, int64_t step) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// `manifest` without the files not in `kept` and their pieces.
+checkpoint::Manifest KeepFiles(const checkpoint::Manifest& manifest,
+                               const std::set<std::string>& kept) {
+  checkpoint::Manifest out = manifest;
+  std::erase_if(out.files, [&](const auto& entry) { return !kept.contains(entry.first); });
+  for (auto& [name, tensor] : out.tensors) {
+    std::erase_if(tensor.shards,
+                  [&](const checkpoint::ShardSlice& slice) { return !kept.contains(slice.file); });
+  }
+  return out;
+}
+
+}  // namespace
+
 MemoryChoice ChooseMemoryResume(Job& job, const std::vector<std::string>& rank_nodes) {
   TrainRecord& train = job.train;
   MemoryChoice choice;
@@ -168,34 +185,50 @@ MemoryChoice ChooseMemoryResume(Job& job, const std::vector<std::string>& rank_n
   const TrainRecord::MemoryStep& memory = *train.memory_step;
   const int64_t step = memory.manifest.step;
   if (step <= train.resumed_step) return choice;  // the disk's step is as new: it stays
-  checkpoint::MemoryResume resume;
-  resume.manifest = memory.manifest;
-  resume.generation = memory.generation;
-  resume.kind = "memory";
+  // Each file's sender: the lowest rank of this generation on the first node holding it (its
+  // writer's node, then its buddy's), with whether that is a copy.
+  struct Sender {
+    int64_t rank = 0;
+    bool replica = false;
+  };
+  std::map<std::string, Sender> senders;
+  std::string out_of_reach;  // the first file no node of this generation holds
   for (const auto& [file, holders] : memory.holders) {
-    std::optional<int64_t> sender;
+    std::optional<Sender> sender;
     for (size_t h = 0; h < holders.size() && !sender; ++h) {
-      for (size_t rank = 0; rank < rank_nodes.size(); ++rank) {
-        if (rank_nodes[rank] != holders[h]) continue;
-        sender = static_cast<int64_t>(rank);
-        // The writer's node is first: a later one holds a replica.
-        if (h > 0) resume.kind = "memory replica";
-        break;
-      }
+      const auto on = std::find(rank_nodes.begin(), rank_nodes.end(), holders[h]);
+      if (on != rank_nodes.end()) sender = Sender{on - rank_nodes.begin(), h > 0};
     }
-    if (!sender) {
-      choice.note = "memory step " + std::to_string(step) + " was not used: " + file +
-                    " was held only on " + absl::StrJoin(holders, ", ") +
-                    ", where this generation has no rank";
-      train.memory_step.reset();  // the job goes on from an older step: another history
-      return choice;
+    if (sender) {
+      senders[file] = *sender;
+    } else if (out_of_reach.empty()) {
+      out_of_reach = file + " was held only on " + absl::StrJoin(holders, ", ");
     }
-    resume.sources.push_back({file, *sender});
   }
-  train.memory_resume = checkpoint::MemoryResumeToJson(resume);
-  train.resumed_step = step;
-  choice.used = true;
-  choice.kind = resume.kind;
+  // The surviving nodes' own copies first (each rank's memory step holds all it trains with, so
+  // that data-parallel replicas stand in for each other), then with the buddies' copies: the
+  // first set of files that covers every box of the state.
+  for (const bool with_replicas : {false, true}) {
+    std::set<std::string> kept;
+    for (const auto& [file, sender] : senders) {
+      if (with_replicas || !sender.replica) kept.insert(file);
+    }
+    checkpoint::MemoryResume resume;
+    resume.manifest = KeepFiles(memory.manifest, kept);
+    if (!checkpoint::ValidateManifest(resume.manifest, "memory step").ok()) continue;
+    resume.generation = memory.generation;
+    resume.kind = with_replicas ? "memory replica" : "survivors";
+    for (const std::string& file : kept) resume.sources.push_back({file, senders[file].rank});
+    train.memory_resume = checkpoint::MemoryResumeToJson(resume);
+    train.resumed_step = step;
+    choice.used = true;
+    choice.kind = resume.kind;
+    return choice;
+  }
+  choice.note = "memory step " + std::to_string(step) + " was not used: " + out_of_reach +
+                ", where this generation has no rank, and the files its nodes hold miss boxes "
+                "of it";
+  train.memory_step.reset();  // the job goes on from an older step: another history
   return choice;
 }
 
@@ -218,8 +251,15 @@ int64_t MemoryTierBytesPerRank(const placement::JobSpec& spec, int world) {
   }
   int64_t params = 0;
   for (const model::TensorRow& row : model::ModelRows(spec.train.model)) params += row.numel();
-  const int64_t state = params * 12;  // fp32 parameter, exp_avg, exp_avg_sq
-  return kMemoryStepsKept * (1 + checkpoint.memory_replicas) * ((state + world - 1) / world);
+  const placement::ParallelSpec& parallel = spec.parallel;
+  const int64_t model_parallel = std::max(1, parallel.tp * parallel.pp);
+  const int64_t dp = std::max<int64_t>(1, world / model_parallel);
+  const bool diloco = spec.data_parallel.diloco();
+  // Per rank, in floats: the parameters, then both moments.
+  const int64_t part = (params + model_parallel - 1) / model_parallel;
+  const int64_t held_params = parallel.zero >= 3 || diloco ? (part + dp - 1) / dp : part;
+  const int64_t held_moments = parallel.zero >= 1 || diloco ? 2 * ((part + dp - 1) / dp) : 2 * part;
+  return kMemoryStepsKept * (1 + checkpoint.memory_replicas) * 4 * (held_params + held_moments);
 }
 
 absl::Status CheckMemoryTier(const placement::JobSpec& spec, const Membership& membership) {

@@ -47,12 +47,14 @@ absl::Status CommitMemoryStep(Job& job, int64_t step);
 
 // Where a new generation placed on `rank_nodes` (by rank) resumes from when the job's newest
 // committed memory step is newer than `job.train.resumed_step` (the disk's): that memory step
-// when every file of it is held on a node this generation has a rank on (the lowest such rank
-// sends it), filling train.memory_resume and train.resumed_step; else a note saying which file is
-// out of reach (and the memory step is dropped: the generation follows another history).
+// when the files held on nodes this generation has ranks on cover every box of it (the lowest
+// such rank sends each; the writers' own nodes' copies are tried alone first), filling
+// train.memory_resume (the manifest of those files) and train.resumed_step; else a note saying
+// which file is out of reach (and the memory step is dropped: the generation follows another
+// history).
 struct MemoryChoice {
   bool used = false;
-  std::string kind;  // "memory" or "memory replica"
+  std::string kind;  // "survivors" (the nodes' own copies) or "memory replica" (buddies' too)
   std::string note;  // why not, when a newer memory step was not used
 };
 MemoryChoice ChooseMemoryResume(Job& job, const std::vector<std::string>& rank_nodes);
@@ -64,8 +66,10 @@ inline constexpr int kMemoryStepsKept = 3;
 uint64_t MemoryStoreBytes(const TrainRecord::MemoryStep& step);
 
 // The host memory the memory tier takes on each rank's node for that rank, whatever its place:
-// kMemoryStepsKept steps of its share of the training state (fp32 parameters and both AdamW
-// moments, 12 bytes a parameter, over the ranks that write it), and as much again for the buddy's
+// kMemoryStepsKept steps of the training state it holds (ShardedGpt::Share::kHeld: fp32
+// parameters and both AdamW moments, 4 bytes each a parameter, whole over its tensor- and
+// pipeline-parallel part except what ZeRO shards over the data-parallel ranks: the moments from
+// stage 1, the parameters at 3; DiLoCo's sites save a share), and as much again for the buddy's
 // copy it holds with memory_replicas. 0 without a memory tier. `world`: the ranks.
 int64_t MemoryTierBytesPerRank(const placement::JobSpec& spec, int world);
 // At submit: a memory tier the cluster cannot give. InvalidArgument naming the key when

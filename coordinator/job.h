@@ -126,7 +126,7 @@ struct TrainRecord {
   Start start = Start::kUndecided;
   std::string resume_manifest;  // the step every rank resumes from; empty: fresh
   int64_t resumed_step = 0;     // its step
-  std::string resumed_from;     // "disk", "memory", "memory replica"; empty: fresh
+  std::string resumed_from;     // "disk", "survivors", "memory replica"; empty: fresh
   std::string resume_note;      // why a newer memory step was not used
   std::vector<checkpoint::SkippedStep> skipped;  // newer steps that failed verification
 

@@ -33,7 +33,7 @@ struct Recovery {
   std::string cause;  // FaultKindName of its cause; "other" for a grow
   double seconds = 0;
   int64_t steps_lost = 0;
-  // Where the new generation's state came from (monitoring::kResumeSources): "disk", "memory",
+  // Where the new generation's state came from (monitoring::kResumeSources): "disk", "survivors",
   // "memory_replica", or "fresh" (nothing committed).
   std::string source;
 };

@@ -82,8 +82,8 @@ struct GenerationRecord {
   std::string plan;           // "tp=2 pp=2 dp=1 zero=0 on 4 actors"
   int world = 0;
   int64_t resumed_step = 0;   // the committed step it loaded; 0: fresh
-  // Where that step came from: "disk", "memory" (the nodes' own copies), "memory replica"; empty
-  // when fresh. And why a newer memory step was not used, when there was one.
+  // Where that step came from: "disk", "survivors" (the nodes' own memory copies), "memory
+  // replica"; empty when fresh. And why a newer memory step was not used, when there was one.
   std::string resumed_from;
   std::string resume_note;
   int64_t last_step = 0;      // the newest step a rank reported

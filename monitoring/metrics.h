@@ -61,7 +61,7 @@ inline constexpr std::array<std::string_view, 8> kFaultCauses = {
 inline constexpr std::array<std::string_view, 4> kGroupKinds = {"world", "tp", "pp", "dp"};
 // Where a restarted train job's state came from: a disk step, a memory step from the nodes' own
 // copies, one from a buddy's copy, or nothing committed.
-inline constexpr std::array<std::string_view, 4> kResumeSources = {"disk", "memory",
+inline constexpr std::array<std::string_view, 4> kResumeSources = {"disk", "survivors",
                                                                    "memory_replica", "fresh"};
 inline constexpr std::array<std::string_view, 3> kActorExitOutcomes = {"success", "failure",
                                                                        "signal"};

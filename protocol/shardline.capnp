@@ -280,8 +280,8 @@ struct GenerationStatus {
                                    # generation's first step; -1: none
   detectionSeconds @12 :Float64;   # from the fault to the supervisor's abort; -1: not measured
   abortSeconds @13 :Float64;       # from the abort until every actor of it had exited or was lost
-  resumedFrom @14 :Text;           # "disk", "memory" (the nodes' own copies), "memory replica",
-                                   # or "" (fresh)
+  resumedFrom @14 :Text;           # "disk", "survivors" (the nodes' own memory copies),
+                                   # "memory replica", or "" (fresh)
   resumeNote @15 :Text;            # why a newer memory step was not used, when one was not
 }
 

@@ -208,7 +208,7 @@ TEST_F(MemoryTierTest, AStepOneRankNeverReportedIsNotUsedTheNewestCommittedOneIs
   EXPECT_EQ(job_.train.memory_step->manifest.step, 3);
   const MemoryChoice choice = ChooseMemoryResume(job_, {"a", "b"});
   ASSERT_TRUE(choice.used) << choice.note;
-  EXPECT_EQ(choice.kind, "memory");
+  EXPECT_EQ(choice.kind, "survivors");
   EXPECT_EQ(job_.train.resumed_step, 3);
   auto resume = checkpoint::ParseMemoryResume(job_.train.memory_resume, 2, "test");
   ASSERT_TRUE(resume.ok()) << resume.status();
@@ -244,10 +244,35 @@ TEST_F(MemoryTierTest, ALostNodesFilesComeFromTheReplicaAndWithoutOneFromDiskSay
   EXPECT_FALSE(choice.used);
   EXPECT_EQ(choice.note,
             "memory step 5 was not used: rank-00001.safetensors was held only on b, where this "
-            "generation has no rank");
+            "generation has no rank, and the files its nodes hold miss boxes of it");
   EXPECT_TRUE(alone.train.memory_resume.empty());
   EXPECT_EQ(alone.train.resumed_step, 2);
   EXPECT_FALSE(alone.train.memory_step.has_value());
+}
+
+TEST_F(MemoryTierTest, DataParallelRanksHoldingTheWholeStateCoverALostNodeWithoutReplicas) {
+  // Without ZeRO each data-parallel rank's memory step holds all it trains with: the same boxes.
+  Job job = MakeJob("parallel: {dp: 2}\ncheckpoint: {memory_interval: 1}\n");
+  ManualClock clock;
+  LayOut(job, {{"a", 0}, {"b", 0}}, clock.Now());
+  for (int rank = 0; rank < 2; ++rank) {
+    ShardReport whole = Shard(rank, 6);
+    whole.shard.pieces[0].offsets = {0};
+    whole.shard.pieces[0].shape = {4};
+    auto added = AddMemoryShard(job, whole, rank == 0 ? "a" : "b", {});
+    ASSERT_TRUE(added.ok()) << added.status();
+  }
+  ASSERT_TRUE(CommitMemoryStep(job, 6).ok());
+  const MemoryChoice choice = ChooseMemoryResume(job, {"a", "c"});
+  ASSERT_TRUE(choice.used) << choice.note;
+  EXPECT_EQ(choice.kind, "survivors");
+  auto resume = checkpoint::ParseMemoryResume(job.train.memory_resume, 2, "test");
+  ASSERT_TRUE(resume.ok()) << resume.status();
+  // Only the reachable file, and the manifest without the lost one.
+  ASSERT_EQ(resume->sources.size(), 1u);
+  EXPECT_EQ(resume->sources[0].file, "rank-00000.safetensors");
+  EXPECT_EQ(resume->manifest.files.size(), 1u);
+  EXPECT_EQ(resume->manifest.tensors.at("w").shards.size(), 1u);
 }
 
 TEST_F(MemoryTierTest, ADiskStepAsNewAsTheMemoryStepIsKept) {

@@ -411,10 +411,14 @@ absl::Status ShardedGpt::InitGpt2(uint64_t seed) {
 }
 
 template <typename Fn>
-void ShardedGpt::ForEachSavedRange(checkpoint::StateKind kind, Fn&& fn) const {
+void ShardedGpt::ForEachSavedRange(checkpoint::StateKind kind, Share share, Fn&& fn) const {
+  // DiLoCo's sites train models of their own between syncs: what one holds is not another's, and
+  // only the saved partition is one model's state.
+  const bool held = share == Share::kHeld && !data_parallel_->IndependentReplicas();
   for (const ShardTensor& t : layout_.tensors()) {
-    if (t.tied_copy || t.tp_replica) continue;
-    const auto [ob, oe] = data_parallel_->SavedRange(kind, t.unit);
+    if (t.tied_copy || (t.tp_replica && !held)) continue;
+    const auto [ob, oe] =
+        held ? data_parallel_->LoadRange(kind, t.unit) : data_parallel_->SavedRange(kind, t.unit);
     const int64_t begin = std::max(ob, t.offset), end = std::min(oe, t.offset + t.numel);
     if (begin < end) fn(t, begin - t.offset, end - t.offset);
   }
@@ -531,10 +535,10 @@ absl::Status ShardedGpt::LoadState(const BoxReader& read, bool with_moments,
   return absl::OkStatus();
 }
 
-std::vector<StatePiece> ShardedGpt::StatePieces() const {
+std::vector<StatePiece> ShardedGpt::StatePieces(Share share) const {
   std::vector<StatePiece> pieces;
   for (const SavedState& state : data_parallel_->SavedStates()) {
-    ForEachSavedRange(state.kind, [&](const ShardTensor& t, int64_t begin, int64_t end) {
+    ForEachSavedRange(state.kind, share, [&](const ShardTensor& t, int64_t begin, int64_t end) {
       for (checkpoint::Box& box : checkpoint::SplitFlatRange(t.box_shape, begin, end)) {
         for (size_t d = 0; d < box.offsets.size(); ++d) box.offsets[d] += t.box_offsets[d];
         const int64_t numel = static_cast<int64_t>(*checkpoint::NumElements(box.shape));
@@ -549,11 +553,11 @@ std::vector<StatePiece> ShardedGpt::StatePieces() const {
   return pieces;
 }
 
-absl::Status ShardedGpt::CopyState(std::span<float> out) const {
+absl::Status ShardedGpt::CopyState(std::span<float> out, Share share) const {
   size_t at = 0;
   absl::Status status;
   for (const SavedState& state : data_parallel_->SavedStates()) {
-    ForEachSavedRange(state.kind, [&](const ShardTensor& t, int64_t begin, int64_t end) {
+    ForEachSavedRange(state.kind, share, [&](const ShardTensor& t, int64_t begin, int64_t end) {
       const size_t n = static_cast<size_t>(end - begin);
       if (at + n > out.size()) {
         status = absl::InvalidArgumentError(

@@ -161,10 +161,19 @@ class ShardedGpt {
   // every stage, so that the data-parallel ranks share the writing), cut into boxes
   // (checkpoint::SplitFlatRange); tensor-parallel replicas only on tensor-parallel rank 0, the
   // tied copy of wte never. Together the world's pieces cover the whole state exactly once.
-  std::vector<StatePiece> StatePieces() const;
+  //
+  // kHeld instead: everything this rank keeps (LoadState's boxes: under ZeRO 0 its whole boxes
+  // of every kind, under ZeRO 1-2 whole parameters and owned moments, under ZeRO 3 the owned
+  // part; tensor-parallel replicas on every tensor-parallel rank). The world's pieces then cover
+  // the state with identical replicas, so that the ranks of any node together hold what they
+  // train with: the memory tier's copies (worker/training/memory_tier.h), from which the
+  // surviving nodes' ranks alone can give a lost node's boxes back. Under DiLoCo, whose sites
+  // train models of their own, kHeld is kSaved.
+  enum class Share { kSaved, kHeld };
+  std::vector<StatePiece> StatePieces(Share share = Share::kSaved) const;
   // Their values, back to back in StatePieces order; `out` holds the sum of their numel. No
   // collective: under ZeRO 3 each rank copies only what it owns.
-  absl::Status CopyState(std::span<float> out) const;
+  absl::Status CopyState(std::span<float> out, Share share = Share::kSaved) const;
 
   // One optimizer step on global step `step` (1-based: AdamW's bias correction) with the given
   // learning rate. Every rank of the job must call it together. Errors: a communicator failure
@@ -190,7 +199,7 @@ class ShardedGpt {
   // Calls fn(tensor, begin, end) for every tensor this rank saves of `kind`, [begin, end) being
   // the part of its box (flat, row-major) that it saves (DataParallelStrategy::SavedRange).
   template <typename Fn>
-  void ForEachSavedRange(checkpoint::StateKind kind, Fn&& fn) const;
+  void ForEachSavedRange(checkpoint::StateKind kind, Share share, Fn&& fn) const;
 
   // The unit holding the head's rows (wte's when tied on one stage), and the two ends' weights
   // from their units' parameters.

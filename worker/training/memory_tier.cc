@@ -169,7 +169,12 @@ absl::StatusOr<std::string> FetchMemoryStep(const MemoryTierOptions& options, in
       const std::string generation_dir,
       checkpoint::MemoryGenerationDir(options.store, options.job_id, resume.generation));
   const std::string dir = checkpoint::StepDir(generation_dir, manifest.step);
-  // The boxes this rank's load reads, recorded by a dry run of it (the real one follows).
+  // The boxes this rank's load reads, recorded by a dry run of it (the real one follows), and
+  // for each stored box they overlap one file holding it: this node's own copy when it has one
+  // (identical replicas: data-parallel ranks' copies, tensor-parallel replicas), else the first.
+  const auto here = [&](const std::string& file) {
+    return std::filesystem::exists(dir + "/" + file);
+  };
   std::set<std::string> wanted;
   RETURN_IF_ERROR(gpt.LoadState(
       [&](const std::string& name, const std::vector<int64_t>& offsets,
@@ -177,8 +182,18 @@ absl::StatusOr<std::string> FetchMemoryStep(const MemoryTierOptions& options, in
         int64_t numel = 1;
         for (int64_t d : shape) numel *= d;
         if (auto tensor = manifest.tensors.find(name); tensor != manifest.tensors.end()) {
-          for (const checkpoint::ShardSlice& slice : tensor->second.shards) {
-            if (Overlaps(offsets, shape, slice.offsets, slice.shape)) wanted.insert(slice.file);
+          const std::vector<checkpoint::ShardSlice>& slices = tensor->second.shards;
+          for (size_t i = 0; i < slices.size(); ++i) {
+            if (!Overlaps(offsets, shape, slices[i].offsets, slices[i].shape)) continue;
+            const auto same_box = [&](const checkpoint::ShardSlice& other) {
+              return other.offsets == slices[i].offsets && other.shape == slices[i].shape;
+            };
+            // Each set of replicas once, at its first.
+            if (std::any_of(slices.begin(), slices.begin() + i, same_box)) continue;
+            const bool held = std::any_of(slices.begin() + i, slices.end(), [&](const auto& s) {
+              return same_box(s) && here(s.file);
+            });
+            if (!held) wanted.insert(slices[i].file);
           }
         }
         return std::vector<float>(static_cast<size_t>(numel), 0.0f);
@@ -193,9 +208,7 @@ absl::StatusOr<std::string> FetchMemoryStep(const MemoryTierOptions& options, in
   std::vector<std::string> files;
   for (const auto& [file, info] : manifest.files) files.push_back(file);
   std::vector<int64_t> lacks(files.size(), 0);
-  for (size_t f = 0; f < files.size(); ++f) {
-    lacks[f] = wanted.contains(files[f]) && !std::filesystem::exists(dir + "/" + files[f]);
-  }
+  for (size_t f = 0; f < files.size(); ++f) lacks[f] = wanted.contains(files[f]);
   std::map<std::string, int64_t> provider;
   for (const checkpoint::MemoryResume::Source& source : resume.sources) {
     provider[source.file] = source.rank;
@@ -235,10 +248,18 @@ absl::StatusOr<std::string> FetchMemoryStep(const MemoryTierOptions& options, in
       }
     }
   }
-  // The manifest beside the files (every rank of the node writes the same one, atomically).
-  const std::string path = dir + "/" + std::string(checkpoint::kManifestFileName);
+  // The manifest beside the files, each set of replicas listed with the files here first: the
+  // reader takes the first of a set. Every rank of the node writes it, atomically; a rank's
+  // manifest lists first what its own load needs, which another rank's may list second: one
+  // file per rank.
+  checkpoint::Manifest local = manifest;
+  for (auto& [name, tensor] : local.tensors) {
+    std::stable_partition(tensor.shards.begin(), tensor.shards.end(),
+                          [&](const checkpoint::ShardSlice& slice) { return here(slice.file); });
+  }
+  const std::string path = dir + "/manifest-rank-" + std::to_string(rank) + ".json";
   RETURN_IF_ERROR(checkpoint::DefaultFileSystem().CreateDirectories(dir));
-  RETURN_IF_ERROR(checkpoint::WriteManifest(checkpoint::DefaultFileSystem(), path, manifest));
+  RETURN_IF_ERROR(checkpoint::WriteManifest(checkpoint::DefaultFileSystem(), path, local));
   return path;
 }
 

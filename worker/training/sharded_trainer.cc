@@ -162,8 +162,10 @@ absl::StatusOr<ShardedTrainResult> TrainSharded(const ShardedTrainOptions& optio
       PruneMemorySteps(memory, step - 2 * memory.interval, received);
       return memory.on_saved ? memory.on_saved(saved) : absl::OkStatus();
     };
-    memory_writer = worker::AsyncShardWriter::InPlace(worker::MakeShardPlan(gpt->StatePieces()),
-                                                      options.rank, on_written);
+    // Everything the rank holds, so that the ranks of the nodes left hold every box they can.
+    memory_writer = worker::AsyncShardWriter::InPlace(
+        worker::MakeShardPlan(gpt->StatePieces(model::ShardedGpt::Share::kHeld)), options.rank,
+        on_written);
   }
 
   ShardedTrainResult result;
@@ -203,7 +205,7 @@ absl::StatusOr<ShardedTrainResult> TrainSharded(const ShardedTrainOptions& optio
     if (memory_writer && !last && step % memory.interval == 0) {
       ASSIGN_OR_RETURN(std::string dir, MemoryStepDir(memory, step));
       RETURN_IF_ERROR(memory_writer->Prepare(dir));  // waits for the previous one
-      RETURN_IF_ERROR(gpt->CopyState(memory_writer->staging()));
+      RETURN_IF_ERROR(gpt->CopyState(memory_writer->staging(), model::ShardedGpt::Share::kHeld));
       RETURN_IF_ERROR(memory_writer->Start(step, std::move(dir)));
     }
     const bool logged = last || step % spec.log_interval == 0;
