@@ -7,7 +7,10 @@
 #include "cli/coordinator_client.h"
 #include "common/status_macros.h"
 #include "coordinator/calibration.h"
+#include "model/tensor_table.h"
 #include "nlohmann/json.hpp"
+#include "placement/byte_size.h"
+#include "placement/checkpoint_state.h"
 #include "placement/plan_request.h"
 #include "placement/planner.h"
 #include "placement/train_spec.h"
@@ -137,8 +140,30 @@ absl::StatusOr<std::string> PlanOutput(
     return Annotate(request.status(), where + " with model " + options.model_path);
   }
   ASSIGN_OR_RETURN(const placement::PlanReport report, placement::Plan(*request));
-  if (options.json) return placement::PlanToJson(report).dump(2) + "\n";
-  return placement::FormatPlan(report, options.explain);
+  // Memory steps, when the set-up keeps them: the host memory they take per rank of the plan.
+  int64_t memory_step_bytes = 0;
+  if (train.memory_interval > 0) {
+    int64_t params = 0;
+    for (const model::TensorRow& row : model::ModelRows(model)) params += row.numel();
+    memory_step_bytes = placement::MemoryStepBytesPerRank(params, report.best.parallel,
+                                                          /*diloco=*/false, train.memory_replicas);
+  }
+  if (options.json) {
+    nlohmann::json json = placement::PlanToJson(report);
+    if (train.memory_interval > 0) json["memory_step_bytes_per_rank"] = memory_step_bytes;
+    return json.dump(2) + "\n";
+  }
+  std::string text = placement::FormatPlan(report, options.explain);
+  if (train.memory_interval > 0) {
+    if (!text.empty() && text.back() != '\n') text += "\n";
+    text += "memory steps every " + std::to_string(train.memory_interval) +
+            (train.memory_interval == 1 ? " step" : " steps") + ": " +
+            placement::FormatApproxByteSize(static_cast<double>(memory_step_bytes)) +
+            " of host memory per rank (" + std::to_string(placement::kMemoryStepsKept) +
+            " steps of what it holds" +
+            (train.memory_replicas > 0 ? ", and as much for its buddy's copy" : "") + ")\n";
+  }
+  return text;
 }
 
 int Plan(const ClientOptions& client_options, const PlanOptions& options) {

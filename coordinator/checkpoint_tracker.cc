@@ -241,7 +241,7 @@ uint64_t MemoryStoreBytes(const TrainRecord::MemoryStep& step) {
   }
   uint64_t most = 0;
   for (const auto& [node, bytes] : per_node) most = std::max(most, bytes);
-  return most * kMemoryStepsKept;
+  return most * placement::kMemoryStepsKept;
 }
 
 int64_t MemoryTierBytesPerRank(const placement::JobSpec& spec, int world) {
@@ -251,15 +251,10 @@ int64_t MemoryTierBytesPerRank(const placement::JobSpec& spec, int world) {
   }
   int64_t params = 0;
   for (const model::TensorRow& row : model::ModelRows(spec.train.model)) params += row.numel();
-  const placement::ParallelSpec& parallel = spec.parallel;
-  const int64_t model_parallel = std::max(1, parallel.tp * parallel.pp);
-  const int64_t dp = std::max<int64_t>(1, world / model_parallel);
-  const bool diloco = spec.data_parallel.diloco();
-  // Per rank, in floats: the parameters, then both moments.
-  const int64_t part = (params + model_parallel - 1) / model_parallel;
-  const int64_t held_params = parallel.zero >= 3 || diloco ? (part + dp - 1) / dp : part;
-  const int64_t held_moments = parallel.zero >= 1 || diloco ? 2 * ((part + dp - 1) / dp) : 2 * part;
-  return kMemoryStepsKept * (1 + checkpoint.memory_replicas) * 4 * (held_params + held_moments);
+  placement::ParallelSpec parallel = spec.parallel;
+  parallel.dp = std::max(1, world / std::max(1, parallel.tp * parallel.pp));
+  return placement::MemoryStepBytesPerRank(params, parallel, spec.data_parallel.diloco(),
+                                           checkpoint.memory_replicas);
 }
 
 absl::Status CheckMemoryTier(const placement::JobSpec& spec, const Membership& membership) {
@@ -300,7 +295,7 @@ absl::Status CheckMemoryTier(const placement::JobSpec& spec, const Membership& m
     return absl::InvalidArgumentError(
         "checkpoint.memory_interval: the memory tier needs " +
         placement::FormatApproxByteSize(static_cast<double>(need)) + " of host memory per rank (" +
-        std::to_string(kMemoryStepsKept) + " steps" +
+        std::to_string(placement::kMemoryStepsKept) + " steps" +
         (checkpoint.memory_replicas > 0 ? " and a buddy's copy" : "") + " of 1/" +
         std::to_string(world) + " of the training state), " +
         placement::FormatApproxByteSize(

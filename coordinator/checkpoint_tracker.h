@@ -60,17 +60,11 @@ struct MemoryChoice {
 MemoryChoice ChooseMemoryResume(Job& job, const std::vector<std::string>& rank_nodes);
 
 // The host memory a job's memory steps take on its fullest node: the steps a node keeps at once
-// (kMemoryStepsKept: the ranks prune a step 2 intervals older than the one they start) times the
-// bytes of `step`'s files that node holds.
-inline constexpr int kMemoryStepsKept = 3;
+// (placement::kMemoryStepsKept) times the bytes of `step`'s files that node holds.
 uint64_t MemoryStoreBytes(const TrainRecord::MemoryStep& step);
 
-// The host memory the memory tier takes on each rank's node for that rank, whatever its place:
-// kMemoryStepsKept steps of the training state it holds (ShardedGpt::Share::kHeld: fp32
-// parameters and both AdamW moments, 4 bytes each a parameter, whole over its tensor- and
-// pipeline-parallel part except what ZeRO shards over the data-parallel ranks: the moments from
-// stage 1, the parameters at 3; DiLoCo's sites save a share), and as much again for the buddy's
-// copy it holds with memory_replicas. 0 without a memory tier. `world`: the ranks.
+// placement::MemoryStepBytesPerRank for the job's model and layout over `world` ranks (a
+// `parallel: auto` job's dp from it); 0 without a memory tier.
 int64_t MemoryTierBytesPerRank(const placement::JobSpec& spec, int world);
 // At submit: a memory tier the cluster cannot give. InvalidArgument naming the key when
 // memory_replicas asks for a copy on another node and fewer than 2 nodes are alive (saying how

@@ -1,5 +1,7 @@
 #include "placement/checkpoint_state.h"
 
+#include <algorithm>
+
 #include "checkpoint/model_config.h"
 
 namespace shardline::placement {
@@ -68,6 +70,17 @@ checkpoint::ResumeRequest ResumeRequestOf(const CheckpointSpec& checkpoint) {
   request.mode = checkpoint.resume;
   request.path = checkpoint.resume_path;
   return request;
+}
+
+int64_t MemoryStepBytesPerRank(int64_t params, const ParallelSpec& parallel, bool diloco,
+                               int64_t replicas) {
+  const int64_t model_parallel = std::max(1, parallel.tp * parallel.pp);
+  const int64_t dp = std::max(1, parallel.dp);
+  const int64_t part = (params + model_parallel - 1) / model_parallel;  // floats
+  const int64_t shard = (part + dp - 1) / dp;
+  const int64_t held_params = parallel.zero >= 3 || diloco ? shard : part;
+  const int64_t held_moments = 2 * (parallel.zero >= 1 || diloco ? shard : part);
+  return kMemoryStepsKept * (1 + replicas) * 4 * (held_params + held_moments);
 }
 
 }  // namespace shardline::placement

@@ -26,4 +26,16 @@ checkpoint::StepHeader CheckpointStepHeader(const TrainSpec& spec, const Paralle
 // Where the run resumes from, for checkpoint::DecideResume.
 checkpoint::ResumeRequest ResumeRequestOf(const CheckpointSpec& checkpoint);
 
+// Memory steps (checkpoint.memory_interval): a node keeps kMemoryStepsKept of them at once (a
+// rank removes a step two intervals older than the one it starts: a slower rank may still be
+// writing the previous one, so the one before it may be the newest committed).
+inline constexpr int kMemoryStepsKept = 3;
+// The host memory memory steps take on a rank's node for that rank: kMemoryStepsKept copies of
+// the training state it holds (ShardedGpt::Share::kHeld: fp32 parameters and both AdamW moments,
+// 4 bytes each a parameter, whole over its tensor- and pipeline-parallel part except what ZeRO
+// shards over the data-parallel ranks: the moments from stage 1, the parameters at 3; DiLoCo's
+// sites hold a share), and as much again for the buddy's copy it holds with `replicas`.
+int64_t MemoryStepBytesPerRank(int64_t params, const ParallelSpec& parallel, bool diloco,
+                               int64_t replicas);
+
 }  // namespace shardline::placement

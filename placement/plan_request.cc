@@ -24,6 +24,7 @@ constexpr std::string_view kRecompute = "recompute";
 constexpr std::string_view kSchedule = "schedule";
 constexpr std::string_view kVirtualStages = "virtual_stages";
 constexpr std::string_view kDevices = "devices";
+constexpr std::string_view kCheckpoint = "checkpoint";
 constexpr std::string_view kMin = "min";
 constexpr std::string_view kMax = "max";
 
@@ -208,7 +209,7 @@ absl::StatusOr<PlanTrainSpec> ParsePlanTrainSpec(const std::string& yaml_text,
   ASSIGN_OR_RETURN(const YamlMap map,
                    YamlMap::Parse(yaml_text, source_name,
                                   {kGlobalBatch, kSeqLen, kMicroBatch, kDtype, kZero, kRecompute,
-                                   kSchedule, kVirtualStages, kDevices}));
+                                   kSchedule, kVirtualStages, kDevices, kCheckpoint}));
   PlanTrainSpec spec;
   ASSIGN_OR_RETURN(spec.global_batch,
                    map.RequiredInt64(kGlobalBatch, {.min = 1, .max = kMaxBatch}));
@@ -223,6 +224,12 @@ absl::StatusOr<PlanTrainSpec> ParsePlanTrainSpec(const std::string& yaml_text,
   ASSIGN_OR_RETURN(const int64_t devices,
                    map.OptionalInt64(kDevices, 0, {.min = 1, .max = kMaxDevices}));
   spec.devices = static_cast<int>(devices);
+  ASSIGN_OR_RETURN(const YamlMap checkpoint,
+                   map.OptionalMap(kCheckpoint, {"memory_interval", "memory_replicas"}));
+  ASSIGN_OR_RETURN(spec.memory_interval,
+                   checkpoint.OptionalInt64("memory_interval", 0, {.min = 0, .max = kMaxBatch}));
+  ASSIGN_OR_RETURN(spec.memory_replicas,
+                   checkpoint.OptionalInt64("memory_replicas", 0, {.min = 0, .max = 1}));
   return spec;
 }
 

@@ -44,6 +44,10 @@ struct PlanTrainSpec {
   // PlanConstraints::virtual_stages: 1 for 1F1B, the interleaved schedule's chunk counts after.
   std::vector<int> virtual_stages = {1, 2, 4};
   int devices = 0;  // 0: any
+  // `checkpoint: {memory_interval, memory_replicas}` as a train job has them: `shardline plan`
+  // prints the host memory the memory steps would take per rank of the best plan.
+  int64_t memory_interval = 0;
+  int64_t memory_replicas = 0;
 };
 
 absl::StatusOr<PlanTrainSpec> ParsePlanTrainSpec(const std::string& yaml_text,

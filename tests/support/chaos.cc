@@ -172,12 +172,16 @@ absl::StatusOr<std::vector<ChaosRecord>> RunChaos(LocalCluster& cluster, const s
       }
     }
     // Back: the generation the fault ended has its recovery measured (the next one's first step).
+    // A generation that ended to grow just before the fault has none when the fault also ended
+    // the next one before its first step (a coordinator killed then): that fault is re-injected.
     auto back = cluster.WaitForJob(
         job_id,
         [&](const json& j) {
           if (j["state"] != "running") return true;
           const json* ended = GenerationRecord(j, generation);
-          return ended != nullptr && (*ended)["recovery_seconds"].get<double>() >= 0;
+          if (ended == nullptr) return false;
+          return (*ended)["recovery_seconds"].get<double>() >= 0 ||
+                 ((*ended)["ending"] == "grow" && j["generation"].get<int>() > generation + 1);
         },
         options.recovery_timeout);
     if (!back.ok()) return fail(ChaosFaultName(record.fault), back.status());

@@ -11,6 +11,7 @@
 
 #include "cli/plan.h"
 #include "nlohmann/json.hpp"
+#include "placement/checkpoint_state.h"
 #include "placement/plan_request.h"
 
 namespace shardline::cli {
@@ -99,6 +100,33 @@ TEST_F(PlanCommandTest, PrintsAPlan) {
   const nlohmann::json parsed = nlohmann::json::parse(*out, nullptr, false);
   ASSERT_FALSE(parsed.is_discarded()) << *out;
   EXPECT_TRUE(parsed.is_object());
+}
+
+TEST_F(PlanCommandTest, MemoryStepsSayTheHostMemoryTheyTakePerRankOfThePlan) {
+  PlanOptions options = options_;
+  options.train_path =
+      Write("memory.yaml",
+            std::string(kTrain) + "checkpoint: {memory_interval: 1, memory_replicas: 1}\n");
+  auto text = PlanOutput(options, NoLiveCluster);
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_THAT(*text, HasSubstr("memory steps every 1 step: "));
+  EXPECT_THAT(*text, HasSubstr(" of host memory per rank (3 steps of what it holds, and as much "
+                               "for its buddy's copy)"));
+  options.json = true;
+  auto out = PlanOutput(options, NoLiveCluster);
+  ASSERT_TRUE(out.ok()) << out.status();
+  const nlohmann::json parsed = nlohmann::json::parse(*out);
+  // The model's parameters, 4 bytes each for the parameter and both moments, over the plan's
+  // layout, 3 steps and a buddy's copy.
+  placement::ParallelSpec parallel;
+  parallel.tp = parsed["best"]["tp"];
+  parallel.pp = parsed["best"]["pp"];
+  parallel.dp = parsed["best"]["dp"];
+  parallel.zero = parsed["best"]["zero"];
+  const int64_t params = parsed["model"]["params"];
+  EXPECT_EQ(parsed["memory_step_bytes_per_rank"].get<int64_t>(),
+            placement::MemoryStepBytesPerRank(params, parallel, false, 1));
+  EXPECT_GT(parsed["memory_step_bytes_per_rank"].get<int64_t>(), 0);
 }
 
 TEST_F(PlanCommandTest, WithoutATrainFileTheDefaultsApply) {
