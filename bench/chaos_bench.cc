@@ -135,6 +135,15 @@ int main(int argc, char** argv) {
     std::printf("%-22s %5zu  %6.3f / %-8.3f %6.3f / %-8.3f %6.3f / %-8.3f %4.0f / %-4.0f  %s\n",
                 name.c_str(), list.size(), d50, d99, a50, a99, f50, f99, l50, l99, from.c_str());
   }
+  // The faults that lost more than a step with memory steps on, and why.
+  for (const ChaosRecord& r : *records) {
+    if (memory_interval > 0 && r.steps_lost > memory_interval) {
+      std::printf("lost %lld: %s resumed from %s step %lld%s%s\n",
+                  static_cast<long long>(r.steps_lost), ChaosFaultName(r.fault).c_str(),
+                  r.resumed_from.c_str(), static_cast<long long>(r.resumed_step),
+                  r.resume_note.empty() ? "" : ": ", r.resume_note.c_str());
+    }
+  }
   const auto [f50, f99] = Percentiles(all_first_step);
   std::vector<double> all_lost;
   for (const ChaosRecord& r : *records) all_lost.push_back(static_cast<double>(r.steps_lost));

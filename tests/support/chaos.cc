@@ -204,6 +204,8 @@ absl::StatusOr<std::vector<ChaosRecord>> RunChaos(LocalCluster& cluster, const s
     record.steps_lost = ended["steps_lost"];
     if (const json* next = GenerationRecord(*back, generation + 1); next != nullptr) {
       record.resumed_from = next->value("resumed_from", "");
+      record.resume_note = next->value("resume_note", "");
+      record.resumed_step = next->value("resumed_step", int64_t{0});
     }
     const double aborted_at_ms =
         ended["ended_unix_ms"].get<double>() -

@@ -55,6 +55,8 @@ struct ChaosRecord {
   // Where the next generation resumed from ("disk", "memory", "memory replica"; "" when it had
   // not said so when the record was taken).
   std::string resumed_from;
+  std::string resume_note;  // why not from a memory step, when it said
+  int64_t resumed_step = 0;
 };
 
 // Drives job `job_id`, which must be running on `cluster` with checkpoints on; returns a record

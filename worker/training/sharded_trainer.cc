@@ -177,6 +177,10 @@ absl::StatusOr<ShardedTrainResult> TrainSharded(const ShardedTrainOptions& optio
   const int64_t tokens_per_step = spec.batch * spec.seq_len;
   for (int64_t step = starting.step + 1; step <= spec.steps; ++step) {
     const float lr = static_cast<float>(LearningRateAt(spec.optimizer, step));
+    // A memory step is reported (and so, once every rank has, committed) before the next step
+    // begins: no rank can finish a step past the newest memory step while another still saves it,
+    // so a fault loses at most the step in flight beyond it.
+    if (memory_writer) RETURN_IF_ERROR(memory_writer->WaitIdle());
     ASSIGN_OR_RETURN(const model::StepStats stats,
                      gpt->TrainStep(StepSamples(sampler, step), step, lr));
     if (!std::isfinite(stats.loss)) {
