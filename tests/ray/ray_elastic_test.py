@@ -26,10 +26,11 @@ STEPS = 800
 
 
 def spec(name: str) -> str:
-    # 4 layers of d_model 128 on 3 ranks of one thread: ~0.03-0.05 s a step on 2 cores, so the
-    # job outlasts a node's removal and return (5-15 s) with room. A small lr keeps the fp32
-    # rounding of the plans it switches between (dp 3, 2, 3) inside the equivalence tolerance
-    # (Adam turns a rounding-sized gradient into an lr-sized step): measured without Ray
+    # 4 layers of d_model 128 on 3 ranks of one thread, 12 sequences a step: ~0.04-0.1 s a step on
+    # 2 cores, so the job outlasts a node's removal and return (5-15 s) with room (6 sequences
+    # a step, 0.019 s on a 2-core Zen 5, once ended before the node was back). A small lr keeps
+    # the fp32 rounding of the plans it switches between (dp 3, 2, 3) inside the equivalence
+    # tolerance (Adam turns a rounding-sized gradient into an lr-sized step): measured without Ray
     # (`shardline up`), 400 of 800 steps on dp 2 left the parameters within 1e-5 and the moments
     # within 1.1e-5 of dp 3 throughout at lr 1e-4, but 1.3e-5 and 5e-3 at lr 3e-4; at lr 3e-3
     # the run is chaotic (80 steps on dp 2: loss 0.61 at step 600 where dp 3 alone had 0.68).
@@ -40,7 +41,7 @@ model: {{layers: 4, heads: 4, d_model: 128, max_seq_len: 64}}
 data: {{synthetic: {{seed: 1, bytes: 256KiB}}}}
 optimizer: {{lr: 1.0e-4, warmup_steps: 10, weight_decay: 0.0, grad_clip: 1.0}}
 steps: {STEPS}
-batch: 6
+batch: 12
 micro_batch: 1
 seq_len: 64
 seed: 1

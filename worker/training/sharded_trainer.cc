@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <map>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/layout.h"
@@ -107,9 +108,11 @@ absl::StatusOr<ShardedTrainResult> TrainSharded(const ShardedTrainOptions& optio
                      checkpoint::ParseMemoryResume(options.memory.resume, job.parallel.world(),
                                                    "the assignment's memory step"));
   }
+  // Opened (and checked) before anything is allocated, so that a bad checkpoint fails at once; a
+  // memory step once this rank has fetched its files, below.
+  std::optional<StartingPoint> starting_point;
   if (!memory_resume) {
-    // Checked before anything is allocated: a bad checkpoint fails at once.
-    RETURN_IF_ERROR(OpenStartingPoint(spec, resume_manifest, data).status());
+    ASSIGN_OR_RETURN(starting_point, OpenStartingPoint(spec, resume_manifest, data));
   }
   ASSIGN_OR_RETURN(const std::unique_ptr<kernels::Backend> backend,
                    kernels::CreateBackend(options.backend));
@@ -121,8 +124,9 @@ absl::StatusOr<ShardedTrainResult> TrainSharded(const ShardedTrainOptions& optio
     // a disk step does.
     ASSIGN_OR_RETURN(resume_manifest,
                      FetchMemoryStep(options.memory, options.rank, *memory_resume, *gpt));
+    ASSIGN_OR_RETURN(starting_point, OpenStartingPoint(spec, resume_manifest, data));
   }
-  ASSIGN_OR_RETURN(const StartingPoint starting, OpenStartingPoint(spec, resume_manifest, data));
+  const StartingPoint& starting = *starting_point;
   RETURN_IF_ERROR(LoadStartingPoint(starting, spec.seed, *gpt));
 
   // Saves: the writer's thread writes this rank's shard and reports it; the coordinator commits
