@@ -20,6 +20,29 @@ using ::testing::HasSubstr;
 using testing::LayOut;
 using testing::MakeJob;
 
+// Rank `rank`'s report of its half of a 4-float tensor "w" at `step`, saved into `dir` as `file`
+// of `bytes`, trained on 1000 tokens of checksum `data_xxh3`: the part disk and memory shards
+// share.
+ShardReport HalfOfW(int rank, int64_t step, std::string dir, std::string file, uint64_t bytes,
+                    uint64_t data_xxh3 = 7) {
+  ShardReport report;
+  report.shard.rank = rank;
+  report.step = static_cast<uint64_t>(step);
+  report.dir = std::move(dir);
+  report.shard.file = std::move(file);
+  report.shard.bytes = bytes;
+  report.shard.xxh3 = 1;
+  checkpoint::SavedPiece piece;
+  piece.name = piece.tensor = "w";
+  piece.global_shape = {4};
+  piece.offsets = {2 * rank};
+  piece.shape = {2};
+  report.shard.pieces.push_back(piece);
+  report.data.tokens = 1000;
+  report.data.xxh3 = data_xxh3;
+  return report;
+}
+
 class CheckpointTrackerTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -40,22 +63,7 @@ class CheckpointTrackerTest : public ::testing::Test {
     std::filesystem::create_directories(dir);
     const std::string file = "rank-" + std::to_string(rank) + ".safetensors";
     std::ofstream(dir + "/" + file) << std::string(8, 'x');
-    ShardReport report;
-    report.shard.rank = rank;
-    report.step = static_cast<uint64_t>(step);
-    report.dir = dir;
-    report.shard.file = file;
-    report.shard.bytes = 8;
-    report.shard.xxh3 = 1;
-    checkpoint::SavedPiece piece;
-    piece.name = piece.tensor = "w";
-    piece.global_shape = {4};
-    piece.offsets = {2 * rank};
-    piece.shape = {2};
-    report.shard.pieces.push_back(piece);
-    report.data.tokens = 1000;
-    report.data.xxh3 = data_xxh3;
-    return report;
+    return HalfOfW(rank, step, dir, file, 8, data_xxh3);
   }
 
   std::filesystem::path root_;
@@ -133,22 +141,10 @@ class MemoryTierTest : public ::testing::Test {
 
   // Rank `rank`'s half of a 4-float tensor "w", as its memory step report says it.
   ShardReport Shard(int rank, int64_t step, uint32_t generation = 1) {
-    ShardReport report;
-    report.shard.rank = rank;
-    report.step = static_cast<uint64_t>(step);
-    report.dir = job_.id + "/g" + std::to_string(generation) + "/" + checkpoint::StepDirName(step);
-    report.shard.file = checkpoint::ShardFileName(rank);
-    report.shard.bytes = 100 + rank;
-    report.shard.xxh3 = 1;
-    checkpoint::SavedPiece piece;
-    piece.name = piece.tensor = "w";
-    piece.global_shape = {4};
-    piece.offsets = {2 * rank};
-    piece.shape = {2};
-    report.shard.pieces.push_back(piece);
-    report.data.tokens = 1000;
-    report.data.xxh3 = 7;
-    return report;
+    return HalfOfW(
+        rank, step,
+        job_.id + "/g" + std::to_string(generation) + "/" + checkpoint::StepDirName(step),
+        checkpoint::ShardFileName(rank), 100 + rank);
   }
 
   // Both ranks' step `step`, each holding the other's replica.
